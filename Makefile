@@ -1,0 +1,55 @@
+# Two commands do everything on a fresh machine:
+#   make serve   venv + install (builds the C++ extension) + Triton wheel + demo models + server on 8000/8001/8002
+#   make test    the whole suite, end-to-end tests against a real tritonserver included
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp)
+# Debian packages: libpython3.11 (the Triton Python stub links it), libb64-0d (perf_analyzer).
+APT_PACKAGES ?= libpython3.11 libb64-0d
+
+.PHONY: all install system-deps triton demo serve test unit e2e bench clean
+
+all: install
+
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+$(STAMP): pyproject.toml CMakeLists.txt $(NATIVE)
+	$(MAKE) system-deps
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[server,test]'
+	touch $@
+
+install: $(STAMP)
+
+triton: $(STAMP)
+	$(PY) -m triton_rec.runtime prepare
+
+demo: $(STAMP)
+	$(PY) -m ps_loader demo model_repository
+
+serve: triton demo
+	$(PY) -m triton_rec.runtime serve --model-repository model_repository
+
+test: $(STAMP) demo
+	$(VENV)/bin/pytest tests
+
+unit: $(STAMP)
+	$(VENV)/bin/pytest tests/unit
+
+e2e: $(STAMP) demo
+	$(VENV)/bin/pytest tests/e2e
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_lookup.py
+
+clean:
+	rm -rf build $(VENV) model_repository/*/1/*.model

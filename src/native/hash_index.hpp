@@ -1,0 +1,306 @@
+// Open-addressing hash index over int64 keys and the fused probe + gather
+// ("lookup") kernel. Header-only, no Python dependency.
+//
+// ============================ PERSISTED LAYOUT ==============================
+// An index is a C-contiguous int64 array of shape (capacity, 2), native
+// (little-endian) byte order; slot s occupies the two int64 words
+//     slots[2*s + 0] = key
+//     slots[2*s + 1] = row   (0-based row of the key in the table, or -1)
+// * row == -1 marks an EMPTY slot. Keys may be any int64 value (including -1
+//   and INT64_MIN), so emptiness is never encoded in the key word; the key
+//   word of an empty slot is unspecified (build_index writes 0).
+// * capacity = max(16, smallest power of two >= 2 * N)  (load factor <= 0.5);
+//   see index_capacity().
+// * home slot of key k: mix64(uint64(k)) & (capacity - 1), where mix64 is the
+//   splitmix64 finalizer:
+//       z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+//       z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+//       z =  z ^ (z >> 31)
+// * collisions: linear probing, slot = (slot + 1) & (capacity - 1), until the
+//   key or an empty slot is found. Keys are inserted in row order 0..N-1.
+// * keys are unique; rows are exactly 0..N-1, each appearing once.
+// Changing anything above changes the on-disk format.
+// ============================================================================
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace triton_rec {
+
+constexpr int64_t kEmptyRow = -1;
+constexpr uint64_t kMinCapacity = 16;
+// Largest table build_index accepts (keeps capacity arithmetic far from overflow).
+constexpr uint64_t kMaxKeys = uint64_t{1} << 60;
+// lookup() never gives a thread fewer keys than this (thread start-up costs more).
+constexpr size_t kMinKeysPerThread = 2048;
+
+#if defined(__GNUC__) || defined(__clang__)
+#define TRITON_REC_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#else
+#define TRITON_REC_PREFETCH(p) ((void)(p))
+#endif
+
+// splitmix64 finalizer: a bijective, strong 64-bit mixer.
+inline uint64_t mix64(uint64_t z) noexcept {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Number of slots of the index of a table with `num_keys` keys.
+inline uint64_t index_capacity(uint64_t num_keys) {
+  if (num_keys > kMaxKeys) {
+    throw std::length_error("too many keys for one index: " + std::to_string(num_keys));
+  }
+  uint64_t cap = kMinCapacity;
+  while (cap < 2 * num_keys) cap <<= 1;
+  return cap;
+}
+
+inline bool is_valid_capacity(uint64_t capacity) noexcept {
+  return capacity >= kMinCapacity && (capacity & (capacity - 1)) == 0;
+}
+
+// The same key appears twice in the table.
+class DuplicateKeyError : public std::runtime_error {
+ public:
+  DuplicateKeyError(int64_t key, int64_t first_row, int64_t second_row)
+      : std::runtime_error("duplicate key " + std::to_string(key) + " at rows " +
+                           std::to_string(first_row) + " and " + std::to_string(second_row)),
+        key(key), first_row(first_row), second_row(second_row) {}
+  int64_t key, first_row, second_row;
+};
+
+// An index slot holds a row id that cannot be valid (negative other than the
+// empty marker, or >= number of rows of the table it is used with).
+class CorruptIndexError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Read-only view of an index; capacity must satisfy is_valid_capacity().
+struct IndexView {
+  const int64_t* slots;
+  uint64_t capacity;
+  uint64_t mask() const noexcept { return capacity - 1; }
+  const int64_t* slot(uint64_t s) const noexcept { return slots + 2 * s; }
+};
+
+// Row-major float32 table of `rows` x `dim`.
+struct TableView {
+  const float* data;
+  int64_t rows;
+  size_t dim;
+};
+
+namespace detail {
+
+[[noreturn]] inline void throw_bad_row(uint64_t slot, int64_t key, int64_t row, int64_t num_rows) {
+  std::string msg = "corrupt index: slot " + std::to_string(slot) + " maps key " +
+                    std::to_string(key) + " to row " + std::to_string(row);
+  if (num_rows >= 0) {
+    msg += ", but vectors has " + std::to_string(num_rows) +
+           " rows (index built for another table?)";
+  }
+  throw CorruptIndexError(msg);
+}
+
+// Finds `key` starting at its home slot `h`; returns its row or kEmptyRow.
+// `num_rows` < 0 disables the upper bound check. A (corrupt) index without any
+// empty slot is scanned at most once, so this always terminates.
+inline int64_t find(const IndexView& ix, int64_t key, uint64_t h, int64_t num_rows) {
+  const uint64_t mask = ix.mask();
+  for (uint64_t n = 0; n < ix.capacity; ++n, h = (h + 1) & mask) {
+    const int64_t* s = ix.slot(h);
+    const int64_t row = s[1];
+    if (row == kEmptyRow) return kEmptyRow;
+    if (s[0] == key) {
+      if (row < 0 || (num_rows >= 0 && row >= num_rows)) throw_bad_row(h, key, row, num_rows);
+      return row;
+    }
+  }
+  return kEmptyRow;
+}
+
+inline void prefetch_bytes(const void* p, size_t bytes) noexcept {
+  // Touch every cache line of [p, p + bytes), capped at 32 lines; the hardware
+  // streamer picks up the rest of longer rows.
+  constexpr uintptr_t kLine = 64;
+  uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~(kLine - 1);
+  const uintptr_t end = std::min(reinterpret_cast<uintptr_t>(p) + bytes, a + 32 * kLine);
+  for (; a < end; a += kLine) TRITON_REC_PREFETCH(reinterpret_cast<const void*>(a));
+}
+
+}  // namespace detail
+
+// Fills `slots` (2 * capacity int64 words; capacity from index_capacity(n) or any
+// valid larger capacity) with the index of keys[0..n). Throws DuplicateKeyError
+// (for the first repeated key in row order).
+inline void build_index(const int64_t* keys, size_t n, int64_t* slots, uint64_t capacity) {
+  if (!is_valid_capacity(capacity) || capacity < 2 * static_cast<uint64_t>(n)) {
+    throw std::invalid_argument("build_index: capacity " + std::to_string(capacity) +
+                                " is too small or not a power of two for " +
+                                std::to_string(n) + " keys");
+  }
+  for (uint64_t s = 0; s < capacity; ++s) {
+    slots[2 * s] = 0;
+    slots[2 * s + 1] = kEmptyRow;
+  }
+  const uint64_t mask = capacity - 1;
+  constexpr size_t kAhead = 16;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      TRITON_REC_PREFETCH(slots + 2 * (mix64(static_cast<uint64_t>(keys[i + kAhead])) & mask));
+    }
+    const int64_t key = keys[i];
+    uint64_t h = mix64(static_cast<uint64_t>(key)) & mask;
+    for (;;) {
+      int64_t* s = slots + 2 * h;
+      if (s[1] == kEmptyRow) {
+        s[0] = key;
+        s[1] = static_cast<int64_t>(i);
+        break;
+      }
+      if (s[0] == key) throw DuplicateKeyError(key, s[1], static_cast<int64_t>(i));
+      h = (h + 1) & mask;
+    }
+  }
+}
+
+// Writes the row of every key (kEmptyRow when absent) to out_rows; returns the
+// number of absent keys. Throws CorruptIndexError for a negative row other than -1.
+inline int64_t probe(const IndexView& ix, const int64_t* keys, size_t m, int64_t* out_rows) {
+  constexpr size_t kAhead = 16;
+  const uint64_t mask = ix.mask();
+  int64_t missing = 0;
+  for (size_t i = 0; i < m; ++i) {
+    if (i + kAhead < m) {
+      TRITON_REC_PREFETCH(ix.slot(mix64(static_cast<uint64_t>(keys[i + kAhead])) & mask));
+    }
+    const int64_t row =
+        detail::find(ix, keys[i], mix64(static_cast<uint64_t>(keys[i])) & mask, -1);
+    out_rows[i] = row;
+    missing += (row == kEmptyRow);
+  }
+  return missing;
+}
+
+// Fused probe + gather for keys[0..m): out[i, :] = table row of keys[i], or
+// default_value everywhere when the key is absent (then missing[i] = 1, else 0,
+// when `missing` is non-null). Returns the number of absent keys.
+//
+// Software pipeline, per iteration i:
+//   stage 1: hash key i, prefetch its home slot          (kSlotAhead keys ahead)
+//   stage 2: probe key i - kSlotAhead, prefetch its row  (kRowAhead keys ahead)
+//   stage 3: copy the row of key i - kSlotAhead - kRowAhead into out
+// so the slot and row of a key are (usually) in cache when they are touched.
+inline int64_t lookup_range(const IndexView& ix, const TableView& table, const int64_t* keys,
+                            size_t m, float* out, float default_value, uint8_t* missing) {
+  constexpr size_t kSlotAhead = 16;
+  constexpr size_t kRowAhead = 8;
+  constexpr size_t kRing = 32;  // power of two > kSlotAhead + kRowAhead
+  static_assert((kRing & (kRing - 1)) == 0 && kRing > kSlotAhead + kRowAhead, "ring size");
+
+  const uint64_t mask = ix.mask();
+  const size_t dim = table.dim;
+  const size_t row_bytes = dim * sizeof(float);
+  uint64_t home[kRing];
+  int64_t rows[kRing];
+  int64_t n_missing = 0;
+
+  auto stage1 = [&](size_t i) {
+    const uint64_t h = mix64(static_cast<uint64_t>(keys[i])) & mask;
+    home[i & (kRing - 1)] = h;
+    TRITON_REC_PREFETCH(ix.slot(h));
+  };
+  auto stage2 = [&](size_t i) {
+    const int64_t row = detail::find(ix, keys[i], home[i & (kRing - 1)], table.rows);
+    rows[i & (kRing - 1)] = row;
+    if (row != kEmptyRow) {
+      detail::prefetch_bytes(table.data + static_cast<size_t>(row) * dim, row_bytes);
+    }
+  };
+  auto stage3 = [&](size_t i) {
+    const int64_t row = rows[i & (kRing - 1)];
+    float* dst = out + i * dim;
+    if (row != kEmptyRow) {
+      if (row_bytes) std::memcpy(dst, table.data + static_cast<size_t>(row) * dim, row_bytes);
+      if (missing) missing[i] = 0;
+    } else {
+      std::fill_n(dst, dim, default_value);
+      if (missing) missing[i] = 1;
+      ++n_missing;
+    }
+  };
+
+  constexpr size_t kLag = kSlotAhead + kRowAhead;
+  size_t i = 0;
+  // Prologue (also covers m < kLag).
+  for (; i < std::min(m, kLag); ++i) {
+    stage1(i);
+    if (i >= kSlotAhead) stage2(i - kSlotAhead);
+  }
+  // Steady state: all three stages, no bounds checks.
+  for (; i < m; ++i) {
+    stage1(i);
+    stage2(i - kSlotAhead);
+    stage3(i - kLag);
+  }
+  // Drain.
+  for (; i < m + kLag; ++i) {
+    if (i >= kSlotAhead && i - kSlotAhead < m) stage2(i - kSlotAhead);
+    if (i >= kLag) stage3(i - kLag);
+  }
+  return n_missing;
+}
+
+// lookup_range() over keys[0..m), split into up to `num_threads` contiguous
+// chunks run on std::threads (the calling thread takes the first chunk). An
+// exception from any chunk is rethrown here, after all threads have joined (the
+// one of the lowest chunk wins). The output is identical for any num_threads.
+inline int64_t lookup(const IndexView& ix, const TableView& table, const int64_t* keys, size_t m,
+                      float* out, float default_value, uint8_t* missing, size_t num_threads = 1) {
+  size_t chunks = std::max<size_t>(1, std::min(num_threads, m / kMinKeysPerThread));
+  if (chunks == 1) return lookup_range(ix, table, keys, m, out, default_value, missing);
+
+  std::vector<int64_t> counts(chunks, 0);
+  std::vector<std::exception_ptr> errors(chunks);
+  auto run = [&](size_t c) {
+    const size_t b = m * c / chunks, e = m * (c + 1) / chunks;
+    try {
+      counts[c] = lookup_range(ix, table, keys + b, e - b, out + b * table.dim, default_value,
+                               missing ? missing + b : nullptr);
+    } catch (...) {
+      errors[c] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> workers;
+  workers.reserve(chunks - 1);
+  size_t inline_from = chunks;  // chunks [inline_from, chunks) run here if a thread fails to start
+  for (size_t c = 1; c < chunks; ++c) {
+    try {
+      workers.emplace_back(run, c);
+    } catch (...) {
+      inline_from = c;
+      break;
+    }
+  }
+  run(0);
+  for (size_t c = inline_from; c < chunks; ++c) run(c);
+  for (auto& w : workers) w.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  return total;
+}
+
+}  // namespace triton_rec

@@ -1,0 +1,68 @@
+"""Checks of a Triton ``config.pbtxt`` (as the JSON that Triton hands to ``initialize``).
+
+Pure Python, so the rules are unit-tested without a server; the backends call these
+once in ``initialize`` and fail the load with the model and field named.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from triton_rec.errors import ConfigError
+
+#: Optional INT32 outputs that carry the HPS response parameters as tensors, for
+#: runtimes whose Python backend cannot attach response parameters (Triton 2.51).
+HPS_INFO_OUTPUTS = ("NumSample", "DeviceID")
+
+
+def model_parameter(config: Dict[str, Any], key: str) -> Optional[str]:
+    """``parameters { key: ... value { string_value: ... } }`` of config.pbtxt, or None."""
+    value = (config.get("parameters") or {}).get(key)
+    if isinstance(value, dict):
+        value = value.get("string_value")
+    return value or None
+
+
+def _io(config: Dict[str, Any], kind: str) -> List[Dict[str, Any]]:
+    return list(config.get(kind) or [])
+
+
+def check_hps_model_config(config: Dict[str, Any]) -> Tuple[str, Tuple[str, ...]]:
+    """Validate the inputs/outputs of an ``hps`` model.
+
+    Returns ``(embedding output name, declared info outputs)``.
+
+    Raises:
+        ConfigError: naming the model and the offending input/output.
+    """
+    name = config.get("name", "?")
+    inputs = {i["name"]: i for i in _io(config, "input")}
+    expected = {"KEYS": "TYPE_INT64", "NUMKEYS": "TYPE_INT32"}
+    for inp, dtype in expected.items():
+        if inp not in inputs:
+            raise ConfigError(f"model '{name}' config.pbtxt: missing input '{inp}' ({dtype})")
+        if inputs[inp].get("data_type") != dtype:
+            raise ConfigError(
+                f"model '{name}' config.pbtxt: input '{inp}' must be {dtype}, "
+                f"got {inputs[inp].get('data_type')}"
+            )
+    extra = sorted(set(inputs) - set(expected))
+    if extra:
+        raise ConfigError(f"model '{name}' config.pbtxt: unexpected inputs {extra}")
+    outputs = _io(config, "output")
+    info = tuple(o["name"] for o in outputs if o["name"] in HPS_INFO_OUTPUTS)
+    for o in outputs:
+        if o["name"] in HPS_INFO_OUTPUTS and o.get("data_type") != "TYPE_INT32":
+            raise ConfigError(f"model '{name}' config.pbtxt: output '{o['name']}' must be TYPE_INT32")
+    main = [o for o in outputs if o["name"] not in HPS_INFO_OUTPUTS]
+    if len(main) != 1:
+        raise ConfigError(
+            f"model '{name}' config.pbtxt: expected exactly one embedding output, "
+            f"got {[o['name'] for o in main]}"
+        )
+    if main[0].get("data_type") != "TYPE_FP32":
+        raise ConfigError(
+            f"model '{name}' config.pbtxt: output '{main[0]['name']}' must be TYPE_FP32, "
+            f"got {main[0].get('data_type')}"
+        )
+    return main[0]["name"], info

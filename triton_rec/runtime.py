@@ -1,0 +1,275 @@
+"""Run a real Triton Inference Server with this project's backends.
+
+The server binary comes from the PyPI wheel ``nvidia-pytriton`` (Triton 2.51, CPU-capable).
+:func:`prepare_backend_dir` lays out a backend directory Triton accepts:
+
+- ``python/``: the Python backend (``libtriton_python.so`` and its utils, *copied*:
+  Triton refuses a backend library whose real path escapes the backend directory) and
+  the stub built for the running Python version (``triton_python_backend_stub``);
+- ``hps/`` (and any other directory of the repository's ``backend/`` folder): the
+  Python-based backends, each a ``model.py``.
+
+:class:`TritonServer` starts it on given (or free) loopback ports with the stub's
+library path and this virtual environment first on ``PATH`` (the stub uses the
+site-packages of the first Python on ``PATH``), waits until it is ready and stops it.
+
+Command line: ``python -m triton_rec.runtime serve --model-repository DIR`` (used by
+``make serve``) and ``python -m triton_rec.runtime prepare`` (backend directory only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BACKEND_SOURCES = REPO_ROOT / "backend"
+DEFAULT_BACKEND_DIR = REPO_ROOT / "build" / "triton" / "backends"
+
+
+class RuntimeNotFound(RuntimeError):
+    """The Triton server wheel (nvidia-pytriton) is not installed in this environment."""
+
+
+def _pytriton_root() -> Path:
+    try:
+        import pytriton  # noqa: F401  (only to locate the wheel's files)
+    except ImportError as e:
+        raise RuntimeNotFound(
+            "the Triton server wheel is missing: pip install 'triton-rec[server]' "
+            "(or nvidia-pytriton==0.7.0)"
+        ) from e
+    return Path(pytriton.__file__).resolve().parent / "tritonserver"
+
+
+def tritonserver_binary() -> Path:
+    """Path of the ``tritonserver`` executable shipped in the wheel."""
+    return _pytriton_root() / "bin" / "tritonserver"
+
+
+def runtime_library_dir() -> Path:
+    """Directory of the shared libraries the server and the stub link (``nvidia_pytriton.libs``)."""
+    return _pytriton_root().parent.parent / "nvidia_pytriton.libs"
+
+
+def prepare_backend_dir(dest: Path = DEFAULT_BACKEND_DIR) -> Path:
+    """(Re)create the backend directory and return it. Cheap; safe to call every start."""
+    root = _pytriton_root()
+    py = dest / "python"
+    py.mkdir(parents=True, exist_ok=True)
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        shutil.copy2(root / "backends" / "python" / name, py / name)
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    if not stub.exists():
+        raise RuntimeNotFound(f"no Triton Python backend stub for Python {ver} in {stub.parent.parent}")
+    shutil.copy2(stub, py / "triton_python_backend_stub")
+    for src in sorted(BACKEND_SOURCES.iterdir()):
+        if (src / "model.py").exists():
+            target = dest / src.name
+            if target.is_symlink() or target.is_file():
+                target.unlink()
+            elif target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def free_port() -> int:
+    """A TCP port that is free on the loopback interface right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TritonServer:
+    """A tritonserver process serving ``model_repository`` on loopback.
+
+    Args:
+        model_repository: the repository directory.
+        http_port, grpc_port, metrics_port: ports; free ones are picked when None.
+        explicit: start in explicit model-control mode (load models with the client).
+        load_models: with ``explicit``, models to load at start (``--load-model``).
+        log_path: file that receives the server's output.
+        extra_args: more tritonserver flags.
+    """
+
+    def __init__(
+        self,
+        model_repository: os.PathLike,
+        http_port: Optional[int] = None,
+        grpc_port: Optional[int] = None,
+        metrics_port: Optional[int] = None,
+        explicit: bool = False,
+        load_models: Sequence[str] = (),
+        log_path: Optional[os.PathLike] = None,
+        extra_args: Sequence[str] = (),
+        backend_dir: Path = DEFAULT_BACKEND_DIR,
+    ):
+        self.model_repository = Path(model_repository).resolve()
+        self.http_port = http_port or free_port()
+        self.grpc_port = grpc_port or free_port()
+        self.metrics_port = metrics_port or free_port()
+        self.explicit = explicit
+        self.load_models = list(load_models)
+        self.log_path = Path(log_path) if log_path else None
+        self.extra_args = list(extra_args)
+        self.backend_dir = Path(backend_dir)
+        self.process: Optional[subprocess.Popen] = None
+        self._log = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def command(self) -> List[str]:
+        cmd = [
+            str(tritonserver_binary()),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={self.backend_dir.resolve()}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--http-address=127.0.0.1",
+            "--grpc-address=127.0.0.1",
+            "--allow-metrics=true",
+            "--exit-timeout-secs=10",
+        ]
+        if self.explicit:
+            cmd.append("--model-control-mode=explicit")
+            cmd += [f"--load-model={m}" for m in self.load_models]
+        return cmd + self.extra_args
+
+    def environment(self) -> dict:
+        env = dict(os.environ)
+        libdir = str(runtime_library_dir())
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p
+        )
+        # The stub runs the first `python` environment on PATH: make it ours.
+        env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+        env["VIRTUAL_ENV"] = sys.prefix
+        return env
+
+    def start(self, timeout: float = 120.0) -> "TritonServer":
+        """Start the server and wait until it reports ready (or raise with its log tail)."""
+        prepare_backend_dir(self.backend_dir)
+        out = subprocess.DEVNULL
+        if self.log_path:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "wb")
+            out = self._log
+        self.process = subprocess.Popen(
+            self.command(), stdout=out, stderr=subprocess.STDOUT, env=self.environment(),
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
+            if self.is_ready():
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready after {timeout} s:\n{self.log_tail()}")
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def is_live(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/live", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return "(no log file)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGINT (graceful), then SIGKILL of the whole process group if it hangs."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        if self.process:
+            self._wait_group_gone(timeout)
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def _wait_group_gone(self, timeout: float) -> None:
+        # Python-backend stub processes share the server's process group and clean up
+        # their shared memory after the server itself has exited: wait for them.
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.process.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m triton_rec.runtime", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("prepare", help="create the backend directory and print its path")
+    s = sub.add_parser("serve", help="run tritonserver in the foreground until Ctrl-C")
+    s.add_argument("--model-repository", required=True)
+    s.add_argument("--http-port", type=int, default=8000)
+    s.add_argument("--grpc-port", type=int, default=8001)
+    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--print-command", action="store_true", help="print the command and exit")
+    args = p.parse_args(argv)
+    if args.cmd == "prepare":
+        print(prepare_backend_dir())
+        return 0
+    server = TritonServer(args.model_repository, args.http_port, args.grpc_port, args.metrics_port)
+    # Listen on every interface when serving for real (the test fixtures keep loopback).
+    server_cmd = [a for a in server.command() if not a.startswith(("--http-address", "--grpc-address"))]
+    if args.print_command:
+        print(" ".join(server_cmd))
+        return 0
+    prepare_backend_dir(server.backend_dir)
+    os.execvpe(server_cmd[0], server_cmd, server.environment())
+    return 0  # unreachable
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""HPS-style lookup sessions: validate ``KEYS``/``NUMKEYS`` requests and answer them.
+
+Request layout (HPS backend, see docs/upstream-notes.md): ``KEYS`` holds every key of
+table 0, then every key of table 1, ...; ``NUMKEYS`` says how many keys each table
+has. The answer is one flat float32 array: the vectors of the keys in the same order,
+``sum_t numkeys[t] * vec_size[t]`` floats long.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+from ps_loader import read_table
+from triton_rec.config import ModelParams
+from triton_rec.errors import RequestError
+from triton_rec.table import EmbeddingTable
+
+
+@dataclass(frozen=True)
+class LookupRequest:
+    """A validated request.
+
+    Args:
+        keys: int64 ``[sum(counts)]``, table-major.
+        counts: keys per table.
+        num_samples: samples the request holds (the ``NumSample`` response parameter).
+    """
+
+    keys: np.ndarray
+    counts: Tuple[int, ...]
+    num_samples: int
+
+
+class LookupSession:
+    """Answers lookups for one model.
+
+    Args:
+        params: the model's ps.json entry.
+        tables: one :class:`EmbeddingTable` per entry of ``params.tables``.
+
+    Thread-safety: :meth:`lookup_many` may run in several threads at once.
+    """
+
+    def __init__(self, params: ModelParams, tables: Sequence[EmbeddingTable]):
+        if len(tables) != params.num_tables:
+            raise ValueError(f"{params.model}: {len(tables)} tables given, ps.json has {params.num_tables}")
+        for p, t in zip(params.tables, tables):
+            if t.vec_size != p.vec_size:
+                raise ValueError(f"{params.model}.{p.name}: vec_size {t.vec_size} != {p.vec_size}")
+        self.params = params
+        self.tables = list(tables)
+        self._vec = np.array([t.vec_size for t in params.tables], dtype=np.int64)
+        self._maxnum = np.array([t.max_keys_per_sample for t in params.tables], dtype=np.int64)
+
+    @classmethod
+    def from_params(cls, params: ModelParams) -> "LookupSession":
+        """Read every sparse file named by ``params`` (ModelFileError names a bad file)."""
+        tables = []
+        for t in params.tables:
+            keys, vectors = read_table(t.sparse_file, t.vec_size)
+            tables.append(EmbeddingTable(t.name, keys, vectors, t.default_value, t.sparse_file))
+        return cls(params, tables)
+
+    # -- validation -------------------------------------------------------------------
+    def parse_request(self, keys: np.ndarray, numkeys: np.ndarray) -> LookupRequest:
+        """Check a request's tensors against the model; RequestError says what is wrong.
+
+        Args:
+            keys: ``KEYS`` as received (int64, any shape; read flat).
+            numkeys: ``NUMKEYS`` as received: int32 of shape ``[T]`` or ``[1, T]``.
+        """
+        name = self.params.model
+        if keys.dtype != np.int64:
+            raise RequestError(f"model '{name}': KEYS must be INT64, got {keys.dtype}")
+        if not np.issubdtype(numkeys.dtype, np.integer):
+            raise RequestError(f"model '{name}': NUMKEYS must be INT32, got {numkeys.dtype}")
+        n_tables = self.params.num_tables
+        if numkeys.ndim == 2 and numkeys.shape[0] == 1:
+            numkeys = numkeys[0]
+        if numkeys.ndim != 1:
+            raise RequestError(
+                f"model '{name}': NUMKEYS must have shape [{n_tables}] or [1, {n_tables}], "
+                f"got {list(numkeys.shape)}"
+            )
+        if numkeys.shape[0] != n_tables:
+            raise RequestError(
+                f"model '{name}': NUMKEYS has {numkeys.shape[0]} counts but the model has "
+                f"{n_tables} tables ({', '.join(t.name for t in self.params.tables)})"
+            )
+        counts = numkeys.astype(np.int64)
+        negative = np.flatnonzero(counts < 0)
+        if negative.size:
+            t = int(negative[0])
+            raise RequestError(
+                f"model '{name}': NUMKEYS[{t}] (table '{self.params.tables[t].name}') is "
+                f"negative: {int(counts[t])}"
+            )
+        flat = keys.reshape(-1)
+        total = int(counts.sum())
+        if flat.shape[0] == 0:
+            raise RequestError(f"model '{name}': empty request, KEYS has no elements")
+        if total != flat.shape[0]:
+            raise RequestError(
+                f"model '{name}': NUMKEYS sums to {total} but KEYS has {flat.shape[0]} keys"
+            )
+        # Samples = the fewest that can hold every table's keys; equals upstream's
+        # len(KEYS) / sum(maxnum) for full requests (docs/upstream-notes.md).
+        num_samples = int(np.max(-(-counts // self._maxnum)))
+        if num_samples > self.params.max_batch_size:
+            worst = int(np.argmax(-(-counts // self._maxnum)))
+            raise RequestError(
+                f"model '{name}': request holds {num_samples} samples (table "
+                f"'{self.params.tables[worst].name}': {int(counts[worst])} keys at most "
+                f"{int(self._maxnum[worst])} per sample), more than max_batch_size "
+                f"{self.params.max_batch_size}"
+            )
+        return LookupRequest(
+            np.ascontiguousarray(flat), tuple(int(c) for c in counts), num_samples
+        )
+
+    def output_size(self, request: LookupRequest) -> int:
+        """Floats in the answer: ``sum_t counts[t] * vec_size[t]``."""
+        return int(np.dot(np.asarray(request.counts, dtype=np.int64), self._vec))
+
+    # -- lookup -------------------------------------------------------------------------
+    def lookup(self, request: LookupRequest) -> np.ndarray:
+        """The flat float32 answer to one request."""
+        return self.lookup_many([request])[0]
+
+    def lookup_many(self, requests: Sequence[LookupRequest]) -> List[np.ndarray]:
+        """Answer several requests with one native lookup per table.
+
+        The keys every request holds for table t are gathered into one array and looked
+        up in one call; each request's answer is then assembled from its slices.
+        """
+        if not requests:
+            return []
+        if len(requests) == 1:
+            return [self._lookup_one(requests[0])]
+        offsets = np.zeros((len(requests), self.params.num_tables + 1), dtype=np.int64)
+        offsets[:, 1:] = np.cumsum([r.counts for r in requests], axis=1)
+        per_table = []
+        for t, table in enumerate(self.tables):
+            keys = np.concatenate([r.keys[offsets[i, t] : offsets[i, t + 1]] for i, r in enumerate(requests)])
+            per_table.append(table.lookup(keys)[0])
+        answers = []
+        starts = np.zeros(self.params.num_tables, dtype=np.int64)
+        for i, r in enumerate(requests):
+            out = np.empty(self.output_size(r), dtype=np.float32)
+            pos = 0
+            for t in range(self.params.num_tables):
+                n = r.counts[t]
+                block = per_table[t][starts[t] : starts[t] + n]
+                out[pos : pos + block.size] = block.reshape(-1)
+                pos += block.size
+                starts[t] += n
+            answers.append(out)
+        return answers
+
+    def _lookup_one(self, r: LookupRequest) -> np.ndarray:
+        # One request: look up straight into the response buffer, table by table.
+        out = np.empty(self.output_size(r), dtype=np.float32)
+        pos = key_pos = 0
+        for t, table in enumerate(self.tables):
+            n = r.counts[t]
+            size = n * table.vec_size
+            table.lookup(r.keys[key_pos : key_pos + n], out[pos : pos + size].reshape(n, table.vec_size))
+            pos += size
+            key_pos += n
+        return out
