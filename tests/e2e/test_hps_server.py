@@ -14,14 +14,14 @@ from tests.e2e.conftest import TWO_TABLES, WDL_TABLES, infer_raw, make_client
 # -- an independent reference: read the raw files with numpy, answer with a dict ----------
 
 
-def _reference(repo, ps_entry_model: str, defaults):
-    ps = json.loads((repo / "ps.json").read_text())
-    entry = next(m for m in ps["models"] if m["model"] == ps_entry_model)
+def _reference(base_dir, entry, defaults):
+    """Read the raw files of a ps.json entry with numpy; answer lookups with a dict."""
     tables = []
     for path, vec in zip(entry["sparse_files"], entry["embedding_vecsize_per_table"]):
-        keys = np.fromfile(os.path.join(repo, path, "key"), dtype="<i8")
-        vecs = np.fromfile(os.path.join(repo, path, "emb_vector"), dtype="<f4").reshape(-1, vec)
+        keys = np.fromfile(os.path.join(base_dir, path, "key"), dtype="<i8")
+        vecs = np.fromfile(os.path.join(base_dir, path, "emb_vector"), dtype="<f4").reshape(-1, vec)
         tables.append(({int(k): i for i, k in enumerate(keys)}, vecs, keys))
+
     def answer(keys_per_table):
         parts = []
         for (index, vecs, _), keys, default in zip(tables, keys_per_table, defaults):
@@ -34,29 +34,17 @@ def _reference(repo, ps_entry_model: str, defaults):
 
 @pytest.fixture(scope="module")
 def wdl_ref(model_repo):
-    return _reference(model_repo, "hps_wdl", [t.default_value for t in WDL_TABLES])
+    ps = json.loads((model_repo / "ps.json").read_text())
+    entry = next(m for m in ps["models"] if m["model"] == "hps_wdl")
+    return _reference(model_repo, entry, [t.default_value for t in WDL_TABLES])
 
 
 @pytest.fixture(scope="module")
 def two_ref(model_repo):
-    # hps_two's ps.json is its own file; its sparse files sit in the repository too.
-    conf = json.loads((model_repo / "hps_two" / "conf" / "two.json").read_text())["models"][0]
-    tables = []
-    for path, vec in zip(conf["sparse_files"], conf["embedding_vecsize_per_table"]):
-        full = model_repo / "hps_two" / "conf" / path
-        keys = np.fromfile(full / "key", dtype="<i8")
-        vecs = np.fromfile(full / "emb_vector", dtype="<f4").reshape(-1, vec)
-        tables.append(({int(k): i for i, k in enumerate(keys)}, vecs, keys))
-    defaults = [t.default_value for t in TWO_TABLES]
-
-    def answer(keys_per_table):
-        parts = []
-        for (index, vecs, _), keys, default in zip(tables, keys_per_table, defaults):
-            for k in keys:
-                row = index.get(int(k))
-                parts.append(vecs[row] if row is not None else np.full(vecs.shape[1], default, np.float32))
-        return np.concatenate(parts)
-    return tables, answer
+    # hps_two's ps.json is its own file; its sparse paths are relative to it.
+    conf_dir = model_repo / "hps_two" / "conf"
+    entry = json.loads((conf_dir / "two.json").read_text())["models"][0]
+    return _reference(conf_dir, entry, [t.default_value for t in TWO_TABLES])
 
 
 def _draw(tables, specs, samples, rng, unknown=0):
