@@ -40,15 +40,17 @@ _MODEL_KEYS_USED = {
     "gpucache",
     "gpucacheper",
     "hit_rate_threshold",
+    "cache_refresh_percentage_per_iteration",
+    "refresh_interval",
+    "refresh_delay",
+    "init_ec",
+    "cache_policy",
+    "cache_ways",
 }
 _MODEL_KEYS_KNOWN = _MODEL_KEYS_USED | {
     "num_of_worker_buffer_in_pool",
     "num_of_refresher_buffer_in_pool",
-    "cache_refresh_percentage_per_iteration",
-    "refresh_interval",
-    "refresh_delay",
     "embedding_cache_type",
-    "init_ec",
     "label_dim",
     "slot_num",
     "maxnum_des_feature_per_sample",
@@ -70,6 +72,9 @@ _MODEL_KEYS_KNOWN = _MODEL_KEYS_USED | {
     "use_hctr_cache_implementation",
     "gpucache_type",
 }
+#: Cache policies a model may choose with the ``cache_policy`` key (our extension).
+CACHE_POLICIES = ("lru", "tinylfu")
+
 # HugeCTR's rule for model and table names (they end up in topic names and paths).
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,120}")
 _TOP_KEYS_KNOWN = {"supportlonglong", "volatile_db", "persistent_db", "update_source", "models"}
@@ -146,6 +151,12 @@ class ModelParams:
         gpucache: whether an embedding cache is used.
         gpucacheper: cache size as a fraction of each table's rows.
         hit_rate_threshold: below it, misses are fetched synchronously.
+        cache_policy: ``lru`` (HPS) or ``tinylfu`` (LRU eviction + TinyLFU admission).
+        cache_ways: ways per set of the set-associative cache.
+        init_ec: fill the cache from the table when it is created.
+        refresh_interval: seconds between cache refreshes (0 = never).
+        refresh_delay: seconds before the first refresh.
+        cache_refresh_percentage_per_iteration: fraction of cached rows per refresh.
         extra: documented keys this version does not act on, as given.
         unknown_keys: keys that nobody documented (kept for warnings).
     """
@@ -159,6 +170,12 @@ class ModelParams:
     gpucache: bool = True
     gpucacheper: float = 0.2
     hit_rate_threshold: float = 0.9
+    cache_policy: str = "lru"
+    cache_ways: int = 8
+    init_ec: bool = False
+    refresh_interval: float = 0.0
+    refresh_delay: float = 0.0
+    cache_refresh_percentage_per_iteration: float = 0.1
     extra: Dict[str, Any] = field(default_factory=dict)
     unknown_keys: Tuple[str, ...] = ()
 
@@ -287,6 +304,23 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
     gpucacheper = _as_float(obj.get("gpucacheper", 0.2), f"{where}.gpucacheper")
     if not 0.0 <= gpucacheper <= 1.0:
         raise _fail(where, f"'gpucacheper' must be within [0, 1], got {gpucacheper}")
+    policy = obj.get("cache_policy", "lru")
+    if policy not in CACHE_POLICIES:
+        raise _fail(where, f"'cache_policy' must be one of {list(CACHE_POLICIES)}, got {policy!r}")
+    refresh_fraction = _as_float(
+        obj.get("cache_refresh_percentage_per_iteration", 0.1),
+        f"{where}.cache_refresh_percentage_per_iteration",
+    )
+    if not 0.0 <= refresh_fraction <= 1.0:
+        raise _fail(
+            where,
+            f"'cache_refresh_percentage_per_iteration' must be within [0, 1], got {refresh_fraction}",
+        )
+    seconds = {}
+    for key in ("refresh_interval", "refresh_delay"):
+        seconds[key] = _as_float(obj.get(key, 0.0), f"{where}.{key}")
+        if seconds[key] < 0:
+            raise _fail(where, f"'{key}' must be >= 0 seconds, got {seconds[key]}")
     return ModelParams(
         model=name,
         tables=tables,
@@ -299,6 +333,12 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
         hit_rate_threshold=_as_float(
             obj.get("hit_rate_threshold", 0.9), f"{where}.hit_rate_threshold"
         ),
+        cache_policy=policy,
+        cache_ways=_as_int(obj.get("cache_ways", 8), f"{where}.cache_ways", 1),
+        init_ec=_as_bool(obj.get("init_ec", False), f"{where}.init_ec"),
+        refresh_interval=seconds["refresh_interval"],
+        refresh_delay=seconds["refresh_delay"],
+        cache_refresh_percentage_per_iteration=refresh_fraction,
         extra={k: v for k, v in obj.items() if k in _MODEL_KEYS_KNOWN - _MODEL_KEYS_USED},
         unknown_keys=tuple(sorted(k for k in obj if k not in _MODEL_KEYS_KNOWN)),
     )

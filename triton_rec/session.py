@@ -9,14 +9,27 @@ has. The answer is one flat float32 array: the vectors of the keys in the same o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ps_loader import read_table
-from triton_rec.config import ModelParams
+from triton_rec.backing_store import LocalTableStore
+from triton_rec.cached_table import BackgroundInserter, CachedTable, EmbeddingCache, Refresher
+from triton_rec.config import ModelParams, TableParams
 from triton_rec.errors import RequestError
 from triton_rec.table import EmbeddingTable
+
+#: ``(table params, loaded table) -> cache or None``: how a session gets its caches.
+CacheOpener = Callable[[TableParams, EmbeddingTable], Optional[EmbeddingCache]]
+#: ``table params -> EmbeddingTable``: how a session loads its tables.
+TableLoader = Callable[[TableParams], EmbeddingTable]
+
+
+def read_table_privately(t: TableParams) -> EmbeddingTable:
+    """Map the sparse files and build a private index (no node-local store)."""
+    keys, vectors = read_table(t.sparse_file, t.vec_size)
+    return EmbeddingTable(t.name, keys, vectors, t.default_value, t.sparse_file)
 
 
 @dataclass(frozen=True)
@@ -35,34 +48,93 @@ class LookupRequest:
 
 
 class LookupSession:
-    """Answers lookups for one model.
+    """Answers lookups for one model (one per model instance).
 
     Args:
         params: the model's ps.json entry.
-        tables: one :class:`EmbeddingTable` per entry of ``params.tables``.
+        tables: one entry per ``params.tables``: an :class:`EmbeddingTable` (read
+            directly, no cache) or a :class:`CachedTable` (cache in front of a store).
+        inserter, refresher: background threads the session owns and closes.
 
     Thread-safety: :meth:`lookup_many` may run in several threads at once.
     """
 
-    def __init__(self, params: ModelParams, tables: Sequence[EmbeddingTable]):
+    def __init__(
+        self,
+        params: ModelParams,
+        tables: Sequence[Union[EmbeddingTable, CachedTable]],
+        inserter: Optional[BackgroundInserter] = None,
+        refresher: Optional[Refresher] = None,
+    ):
         if len(tables) != params.num_tables:
             raise ValueError(f"{params.model}: {len(tables)} tables given, ps.json has {params.num_tables}")
         for p, t in zip(params.tables, tables):
             if t.vec_size != p.vec_size:
                 raise ValueError(f"{params.model}.{p.name}: vec_size {t.vec_size} != {p.vec_size}")
         self.params = params
-        self.tables = list(tables)
+        self.cached_tables = [
+            t if isinstance(t, CachedTable) else CachedTable(t.name, LocalTableStore(t)) for t in tables
+        ]
+        self.inserter = inserter
+        self.refresher = refresher
         self._vec = np.array([t.vec_size for t in params.tables], dtype=np.int64)
         self._maxnum = np.array([t.max_keys_per_sample for t in params.tables], dtype=np.int64)
 
+    @property
+    def tables(self) -> List[EmbeddingTable]:
+        """The node-local tables behind the caches (local stores only)."""
+        return [t.store.table for t in self.cached_tables if isinstance(t.store, LocalTableStore)]
+
     @classmethod
-    def from_params(cls, params: ModelParams) -> "LookupSession":
-        """Read every sparse file named by ``params`` (ModelFileError names a bad file)."""
-        tables = []
-        for t in params.tables:
-            keys, vectors = read_table(t.sparse_file, t.vec_size)
-            tables.append(EmbeddingTable(t.name, keys, vectors, t.default_value, t.sparse_file))
-        return cls(params, tables)
+    def from_params(
+        cls,
+        params: ModelParams,
+        load_table: TableLoader = read_table_privately,
+        open_cache: Optional[CacheOpener] = None,
+    ) -> "LookupSession":
+        """Load every table of ``params`` and put a cache in front when ``gpucache`` is on.
+
+        Args:
+            params: the model's ps.json entry.
+            load_table: loads one table (ModelFileError names a bad file).
+            open_cache: opens (creates or attaches) the shared cache of one table;
+                None or ``gpucache: false`` means no cache.
+        """
+        use_cache = params.gpucache and open_cache is not None
+        inserter = BackgroundInserter() if use_cache else None
+        cached = []
+        try:
+            for tp in params.tables:
+                table = load_table(tp)
+                cache = open_cache(tp, table) if use_cache else None
+                ct = CachedTable(tp.name, LocalTableStore(table), cache,
+                                 params.hit_rate_threshold, inserter)
+                if cache is not None and params.init_ec and getattr(cache, "created", False):
+                    ct.warm_up(int(getattr(cache, "capacity", 0)))
+                cached.append(ct)
+        except BaseException:
+            for ct in cached:
+                _close_cache(ct.cache)
+            if inserter is not None:
+                inserter.close()
+            raise
+        refresher = None
+        if use_cache and params.refresh_interval > 0:
+            refresher = Refresher(cached, params.refresh_interval,
+                                  params.cache_refresh_percentage_per_iteration,
+                                  delay=params.refresh_delay)
+        return cls(params, cached, inserter, refresher)
+
+    def close(self) -> None:
+        """Stop background threads and detach from the shared caches."""
+        if self.refresher is not None:
+            self.refresher.close()
+        if self.inserter is not None:
+            self.inserter.drain(5.0)
+            self.inserter.close()
+        for ct in self.cached_tables:
+            _close_cache(ct.cache)
+            ct.cache = None
 
     # -- validation -------------------------------------------------------------------
     def parse_request(self, keys: np.ndarray, numkeys: np.ndarray) -> LookupRequest:
@@ -143,9 +215,11 @@ class LookupSession:
         offsets = np.zeros((len(requests), self.params.num_tables + 1), dtype=np.int64)
         offsets[:, 1:] = np.cumsum([r.counts for r in requests], axis=1)
         per_table = []
-        for t, table in enumerate(self.tables):
+        for t, table in enumerate(self.cached_tables):
             keys = np.concatenate([r.keys[offsets[i, t] : offsets[i, t + 1]] for i, r in enumerate(requests)])
-            per_table.append(table.lookup(keys)[0])
+            buf = np.empty((keys.shape[0], table.vec_size), dtype=np.float32)
+            table.lookup(keys, buf)
+            per_table.append(buf)
         answers = []
         starts = np.zeros(self.params.num_tables, dtype=np.int64)
         for i, r in enumerate(requests):
@@ -164,10 +238,16 @@ class LookupSession:
         # One request: look up straight into the response buffer, table by table.
         out = np.empty(self.output_size(r), dtype=np.float32)
         pos = key_pos = 0
-        for t, table in enumerate(self.tables):
+        for t, table in enumerate(self.cached_tables):
             n = r.counts[t]
             size = n * table.vec_size
             table.lookup(r.keys[key_pos : key_pos + n], out[pos : pos + size].reshape(n, table.vec_size))
             pos += size
             key_pos += n
         return out
+
+
+def _close_cache(cache) -> None:
+    close = getattr(cache, "close", None)
+    if close is not None:
+        close()

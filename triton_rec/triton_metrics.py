@@ -1,0 +1,118 @@
+"""Triton custom metrics of the embedding cache, served on Triton's metrics port.
+
+Counters are per instance deltas of :class:`~triton_rec.cached_table.TableStats`; Triton
+adds up the increments of every instance that uses the same labels, so the figures are
+per model and table. Cache-wide values (size, inserts, evictions, which all instances
+share) are gauges set from the shared cache's own counters.
+
+``pb_utils`` (``triton_python_backend_utils``) is passed in, so this module imports
+without Triton.
+
+Exported (labels ``model``, ``table``; latencies also ``tier``):
+
+====================================== ======= ==========================================
+name                                   kind    meaning
+====================================== ======= ==========================================
+trec_cache_lookups_total               counter keys looked up
+trec_cache_hits_total                  counter keys answered by the cache
+trec_cache_misses_total                counter keys the cache did not hold
+trec_cache_default_answered_total      counter misses answered with the default value
+trec_cache_sync_fetched_total          counter misses fetched from the store synchronously
+trec_cache_dropped_total               counter background inserts dropped (queue full)
+trec_cache_refreshed_total             counter cached rows refreshed from the store
+trec_lookup_duration_us_total          counter time spent per tier (``cache``, ``store``)
+trec_instance_lookups_total            counter keys looked up, label ``instance`` too
+trec_cache_hit_rate                    gauge   hits / lookups since the model loaded
+trec_cache_size                        gauge   rows in the shared cache
+trec_cache_capacity                    gauge   rows the shared cache can hold
+trec_cache_inserts                     gauge   inserts into the shared cache (all instances)
+trec_cache_evictions                   gauge   evictions from the shared cache (all instances)
+====================================== ======= ==========================================
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+_COUNTERS = {
+    "lookups": ("trec_cache_lookups_total", "Keys looked up"),
+    "hits": ("trec_cache_hits_total", "Keys answered by the embedding cache"),
+    "misses": ("trec_cache_misses_total", "Keys the embedding cache did not hold"),
+    "default_answered": ("trec_cache_default_answered_total",
+                         "Misses answered with the default value (hit rate >= threshold)"),
+    "sync_fetched": ("trec_cache_sync_fetched_total", "Misses fetched from the store synchronously"),
+    "dropped": ("trec_cache_dropped_total", "Background inserts dropped because the queue was full"),
+    "refreshed": ("trec_cache_refreshed_total", "Cached rows refreshed from the store"),
+}
+_GAUGES = {
+    "size": ("trec_cache_size", "Rows in the shared embedding cache"),
+    "capacity": ("trec_cache_capacity", "Rows the shared embedding cache can hold"),
+    "inserts": ("trec_cache_inserts", "Inserts into the shared embedding cache, all instances"),
+    "evictions": ("trec_cache_evictions", "Evictions from the shared embedding cache, all instances"),
+}
+
+
+class CacheMetrics:
+    """Publishes the statistics of a :class:`~triton_rec.session.LookupSession`.
+
+    Args:
+        pb_utils: the ``triton_python_backend_utils`` module.
+        model: model name (label).
+        instance: model instance name (label of ``trec_instance_lookups_total``).
+        session: the session whose tables are reported.
+    """
+
+    def __init__(self, pb_utils, model: str, instance: str, session):
+        self.session = session
+        counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
+        fam = {}
+        for name, desc in list(_COUNTERS.values()):
+            fam[name] = pb_utils.MetricFamily(name=name, description=desc, kind=counter)
+        for name, desc in _GAUGES.values():
+            fam[name] = pb_utils.MetricFamily(name=name, description=desc, kind=gauge)
+        duration = pb_utils.MetricFamily(
+            name="trec_lookup_duration_us_total",
+            description="Time spent looking up embeddings, by tier", kind=counter)
+        per_instance = pb_utils.MetricFamily(
+            name="trec_instance_lookups_total",
+            description="Keys looked up by one model instance", kind=counter)
+        hit_rate = pb_utils.MetricFamily(
+            name="trec_cache_hit_rate", description="Cache hits / lookups since load", kind=gauge)
+        self._tables: List[Dict] = []
+        for t in session.cached_tables:
+            labels = {"model": model, "table": t.name}
+            self._tables.append({
+                "table": t,
+                "last": {k: 0 for k in list(_COUNTERS) + ["cache_ns", "store_ns"]},
+                "counters": {k: fam[n].Metric(labels=labels) for k, (n, _) in _COUNTERS.items()},
+                "gauges": {k: fam[n].Metric(labels=labels) for k, (n, _) in _GAUGES.items()},
+                "cache_us": duration.Metric(labels={**labels, "tier": "cache"}),
+                "store_us": duration.Metric(labels={**labels, "tier": t.store.tier}),
+                "instance": per_instance.Metric(labels={**labels, "instance": instance}),
+                "hit_rate": hit_rate.Metric(labels=labels),
+            })
+
+    def update(self) -> None:
+        """Push what changed since the last call (cheap; called after each execute)."""
+        for entry in self._tables:
+            t, last = entry["table"], entry["last"]
+            now = t.stats.snapshot()
+            for key, metric in entry["counters"].items():
+                delta = now[key] - last[key]
+                if delta:
+                    metric.increment(delta)
+            lookups = now["lookups"] - last["lookups"]
+            if lookups:
+                entry["instance"].increment(lookups)
+            for key, metric_key in (("cache_ns", "cache_us"), ("store_ns", "store_us")):
+                delta = now[key] - last[key]
+                if delta:
+                    entry[metric_key].increment(delta / 1000.0)
+            if now["lookups"]:
+                entry["hit_rate"].set(now["hits"] / now["lookups"])
+            if t.cache is not None:
+                stats = t.cache.stats()
+                for key, metric in entry["gauges"].items():
+                    if key in stats:
+                        metric.set(float(stats[key]))
+            entry["last"] = now
