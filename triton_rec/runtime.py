@@ -101,6 +101,8 @@ class TritonServer:
         load_models: with ``explicit``, models to load at start (``--load-model``).
         log_path: file that receives the server's output.
         extra_args: more tritonserver flags.
+        env: extra environment variables for the server and its backends
+            (e.g. ``TRITON_REC_STORE``).
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class TritonServer:
         log_path: Optional[os.PathLike] = None,
         extra_args: Sequence[str] = (),
         backend_dir: Path = DEFAULT_BACKEND_DIR,
+        env: Optional[dict] = None,
     ):
         self.model_repository = Path(model_repository).resolve()
         self.http_port = http_port or free_port()
@@ -124,6 +127,7 @@ class TritonServer:
         self.log_path = Path(log_path) if log_path else None
         self.extra_args = list(extra_args)
         self.backend_dir = Path(backend_dir)
+        self.extra_env = dict(env or {})
         self.process: Optional[subprocess.Popen] = None
         self._log = None
 
@@ -166,6 +170,7 @@ class TritonServer:
         # The stub runs the first `python` environment on PATH: make it ours.
         env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
         env["VIRTUAL_ENV"] = sys.prefix
+        env.update(self.extra_env)
         return env
 
     def start(self, timeout: float = 120.0) -> "TritonServer":
@@ -208,6 +213,28 @@ class TritonServer:
         if not self.log_path or not self.log_path.exists():
             return "(no log file)"
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def backend_pids(self, model: Optional[str] = None) -> List[int]:
+        """PIDs of the Python backend stub processes (one per model instance), optionally
+        only those of ``model`` (matched on the model directory in their command line)."""
+        if not self.process:
+            return []
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid != self.process.pid or not cmd or not cmd[0].endswith(b"triton_python_backend_stub"):
+                continue
+            if model is None or any(f"/{model}/".encode() in a or a.endswith(f"/{model}".encode()) for a in cmd):
+                pids.append(int(entry))
+        return sorted(pids)
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGINT (graceful), then SIGKILL of the whole process group if it hangs."""
