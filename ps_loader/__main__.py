@@ -1,4 +1,4 @@
-"""Command line: ``python -m ps_loader {demo,validate} ...`` (also installed as ``ps-loader``)."""
+"""Command line: ``python -m ps_loader {demo,validate,convert} ...`` (or ``ps-loader ...``)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,32 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from ps_loader.node_store import ProgressLogger, default_store_dir, ensure_layout
+
+    cfg = load_ps_config(args.ps_json)
+    models = [cfg.model(args.model)] if args.model else list(cfg.models)
+    store = os.path.abspath(args.store) if args.store else default_store_dir()
+    print(f"store: {store}")
+    for m in models:
+        for t in m.tables:
+            label = f"{m.model}.{t.name}"
+            res = ensure_layout(
+                t.sparse_file, t.vec_size, store, ProgressLogger(label, sys.stderr),
+                fsync=args.fsync, force=args.force,
+            )
+            mb = res.data_bytes / 1e6
+            rate = mb / max(res.seconds, 1e-9)
+            how = {
+                "converted": f"converted {mb:,.1f} MB in {res.seconds:.2f} s, {rate:,.0f} MB/s",
+                "aliased": f"same content as an existing layout, hashed in {res.seconds:.2f} s, "
+                f"{res.n_rows * (8 + 4 * res.vec_size) / 1e6 / max(res.seconds, 1e-9):,.0f} MB/s",
+                "reused": f"up to date, {res.seconds * 1e3:.1f} ms",
+            }[res.action]
+            print(f"{label}: {res.n_rows} rows x {res.vec_size} -> {res.path} [{how}]")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="ps-loader", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -58,6 +84,24 @@ def main(argv=None) -> int:
     v.add_argument("ps_json")
     v.add_argument("--model", help="only this model")
     v.set_defaults(fn=_validate)
+    c = sub.add_parser(
+        "convert",
+        help="convert every table of a ps.json into node-local layouts (once per content)",
+        description="Write the node-local layout of every table (keys, vectors and hash "
+        "index in one file, memory-mapped by every model instance). Tables already "
+        "converted, or with the content of a converted one, are not converted again.",
+    )
+    c.add_argument("ps_json")
+    c.add_argument("--model", help="only this model")
+    c.add_argument(
+        "--store",
+        help="store directory (default: $TRITON_REC_STORE, else ~/.cache/triton-rec/store)",
+    )
+    c.add_argument(
+        "--fsync", action="store_true", help="flush each layout to disk before publishing"
+    )
+    c.add_argument("--force", action="store_true", help="convert again even if up to date")
+    c.set_defaults(fn=_convert)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

@@ -34,6 +34,9 @@ class EmbeddingCache(Protocol):
     """What :class:`CachedTable` needs of a cache (CPU shared memory or device arrays)."""
 
     vec_size: int
+    capacity: int
+
+    def size(self) -> int: ...
 
     def query(self, keys: np.ndarray, out: np.ndarray, hit_mask: np.ndarray) -> int: ...
 

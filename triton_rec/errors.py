@@ -36,3 +36,21 @@ class DuplicateKeyError(ModelFileError):
 
 class RequestError(TritonRecError):
     """A lookup request is malformed (counts, sizes, batch limits)."""
+
+
+class CacheError(TritonRecError):
+    """The shared embedding cache cannot be created, attached to or used."""
+
+
+class CacheConfigMismatchError(ConfigError, CacheError):
+    """A shared cache segment exists, in use, with another configuration.
+
+    Args:
+        path: the segment file (always part of the message).
+        problem: how the configurations differ.
+    """
+
+    def __init__(self, path, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")

@@ -61,26 +61,33 @@ def runtime_library_dir() -> Path:
     return _pytriton_root().parent.parent / "nvidia_pytriton.libs"
 
 
+def _install(src: Path, dst: Path) -> None:
+    # Copy next to the target, then rename over it: a server already running from this
+    # directory keeps its (busy) files, and nobody sees a half-copied one.
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+
+
 def prepare_backend_dir(dest: Path = DEFAULT_BACKEND_DIR) -> Path:
-    """(Re)create the backend directory and return it. Cheap; safe to call every start."""
+    """(Re)create the backend directory and return it. Cheap; safe to call every start,
+    also while another server runs from the same directory."""
     root = _pytriton_root()
     py = dest / "python"
     py.mkdir(parents=True, exist_ok=True)
     for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
-        shutil.copy2(root / "backends" / "python" / name, py / name)
+        _install(root / "backends" / "python" / name, py / name)
     ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
     stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
     if not stub.exists():
         raise RuntimeNotFound(f"no Triton Python backend stub for Python {ver} in {stub.parent.parent}")
-    shutil.copy2(stub, py / "triton_python_backend_stub")
+    _install(stub, py / "triton_python_backend_stub")
     for src in sorted(BACKEND_SOURCES.iterdir()):
         if (src / "model.py").exists():
-            target = dest / src.name
-            if target.is_symlink() or target.is_file():
-                target.unlink()
-            elif target.exists():
-                shutil.rmtree(target)
-            shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
+            (dest / src.name).mkdir(exist_ok=True)
+            for f in src.iterdir():
+                if f.is_file() and f.suffix == ".py":
+                    _install(f, dest / src.name / f.name)
     return dest
 
 

@@ -109,8 +109,10 @@ class LookupSession:
                 cache = open_cache(tp, table) if use_cache else None
                 ct = CachedTable(tp.name, LocalTableStore(table), cache,
                                  params.hit_rate_threshold, inserter)
-                if cache is not None and params.init_ec and getattr(cache, "created", False):
-                    ct.warm_up(int(getattr(cache, "capacity", 0)))
+                if cache is not None and params.init_ec and cache.size() == 0:
+                    # init_ec: the first instance to find the shared cache empty fills it
+                    # (two instances starting together may both do it; same rows).
+                    ct.warm_up(int(cache.capacity))
                 cached.append(ct)
         except BaseException:
             for ct in cached:

@@ -22,7 +22,7 @@ trec_cache_dropped_total               counter background inserts dropped (queue
 trec_cache_refreshed_total             counter cached rows refreshed from the store
 trec_lookup_duration_us_total          counter time spent per tier (``cache``, ``store``)
 trec_instance_lookups_total            counter keys looked up, label ``instance`` too
-trec_cache_hit_rate                    gauge   hits / lookups since the model loaded
+trec_cache_hit_rate                    gauge   hits / lookups of the shared cache
 trec_cache_size                        gauge   rows in the shared cache
 trec_cache_capacity                    gauge   rows the shared cache can hold
 trec_cache_inserts                     gauge   inserts into the shared cache (all instances)
@@ -78,6 +78,8 @@ class CacheMetrics:
             description="Keys looked up by one model instance", kind=counter)
         hit_rate = pb_utils.MetricFamily(
             name="trec_cache_hit_rate", description="Cache hits / lookups since load", kind=gauge)
+        # Triton deletes a family's metrics when the family object goes away: keep them.
+        self._families = [*fam.values(), duration, per_instance, hit_rate]
         self._tables: List[Dict] = []
         for t in session.cached_tables:
             labels = {"model": model, "table": t.name}
@@ -108,11 +110,12 @@ class CacheMetrics:
                 delta = now[key] - last[key]
                 if delta:
                     entry[metric_key].increment(delta / 1000.0)
-            if now["lookups"]:
-                entry["hit_rate"].set(now["hits"] / now["lookups"])
             if t.cache is not None:
-                stats = t.cache.stats()
+                # Cache-wide figures: the same whichever instance sets them.
+                stats = dict(t.cache.stats(), size=t.cache.size(), capacity=t.cache.capacity)
                 for key, metric in entry["gauges"].items():
                     if key in stats:
                         metric.set(float(stats[key]))
+                if stats.get("lookups"):
+                    entry["hit_rate"].set(stats["hits"] / stats["lookups"])
             entry["last"] = now

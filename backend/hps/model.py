@@ -6,8 +6,13 @@ NVIDIA's HPS backend: inputs ``KEYS`` (INT64, table-major) and ``NUMKEYS`` (INT3
 samples) of length ``sum_t NUMKEYS[t] * vec_size[t]``.
 
 The model finds its ps.json through the config.pbtxt parameter ``ps`` (relative to
-the model directory), else ``ps.json`` at the repository root. All the work is in the
-``triton_rec`` package; this file reads tensors, reports errors, builds responses.
+the model directory), else ``ps.json`` at the repository root. Other parameters:
+``store_dir`` (node-local table store; default ``$TRITON_REC_STORE`` or
+``~/.cache/triton-rec/store``) and ``prefault`` (``true``/``false``, default true).
+
+All the work is in the ``triton_rec`` package (tables shared through the node-local
+store, one embedding cache per model/device/table shared by every instance); this
+file reads tensors, reports errors, builds responses and publishes metrics.
 """
 
 import json
@@ -16,9 +21,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from triton_rec.config import find_ps_config, load_ps_config
-from triton_rec.errors import RequestError, TritonRecError
+from triton_rec.deployment import InstanceSpec, open_session
+from triton_rec.errors import ConfigError, RequestError, TritonRecError
 from triton_rec.model_config import check_hps_model_config, model_parameter
-from triton_rec.session import LookupSession
+from triton_rec.triton_metrics import CacheMetrics
 
 
 def _supports_response_parameters():
@@ -29,6 +35,15 @@ def _supports_response_parameters():
         return True
     except TypeError:
         return False
+
+
+def _flag(config, key, default):
+    value = model_parameter(config, key)
+    if value is None:
+        return default
+    if value.lower() not in ("true", "false"):
+        raise ConfigError(f"config.pbtxt parameter '{key}' must be true or false, got {value!r}")
+    return value.lower() == "true"
 
 
 def _tensor(request, name):
@@ -47,10 +62,17 @@ class TritonPythonModel:
             self.output_name, self.extra_outputs = check_hps_model_config(config)
             ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
             params = load_ps_config(ps_path).model(self.model_name)
-            self.session = LookupSession.from_params(params)
+            spec = InstanceSpec(
+                kind=args.get("model_instance_kind", "CPU"),
+                device_id=self.device_id,
+                store_dir=model_parameter(config, "store_dir"),
+                prefault=_flag(config, "prefault", True),
+            )
+            self.session = open_session(params, spec)
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         self.response_parameters = _supports_response_parameters()
+        self.metrics = CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session)
         for key in params.unknown_keys:
             pb_utils.Logger.log_warn(f"{ps_path}: model '{self.model_name}': unknown key '{key}' ignored")
         pb_utils.Logger.log_info(
@@ -84,6 +106,10 @@ class TritonPythonModel:
             return responses
         for i, req, out in zip(slots, parsed, answers):
             responses[i] = self._response(out, req.num_samples)
+        try:
+            self.metrics.update()
+        except Exception as e:  # metrics must never fail a request
+            pb_utils.Logger.log_warn(f"model '{self.model_name}': metrics update failed: {e!r}")
         return responses
 
     def _response(self, out, num_samples):
@@ -95,5 +121,7 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def finalize(self):
-        self.session = None
+        if getattr(self, "session", None) is not None:
+            self.session.close()
+            self.session = None
 

@@ -1,4 +1,4 @@
-// Thin pybind11 layer over hash_index.hpp: argument validation (dtype,
+// Thin pybind11 layer over hash_index.hpp and shm_cache.hpp: argument validation (dtype,
 // C-contiguity, shape, writability; never a silent cast or copy), GIL release
 // around bulk work, and exception translation. Module: triton_rec._native.
 #include <pybind11/numpy.h>
@@ -6,10 +6,14 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "hash_index.hpp"
+#include "shm_cache.hpp"
 
 namespace py = pybind11;
 namespace tr = triton_rec;
@@ -178,6 +182,9 @@ int64_t lookup(const py::handle& index_obj, const py::handle& vectors_obj,
 
 }  // namespace
 
+// Defined at the end of this file: the ShmCacheView class (shm_cache.hpp).
+void register_shm_cache(py::module_& m);
+
 PYBIND11_MODULE(_native, m) {
   m.doc() =
       "Native core of triton_rec: an open-addressing int64 hash index stored as a plain "
@@ -240,4 +247,396 @@ PYBIND11_MODULE(_native, m) {
         "Fused probe + gather: out[i] = vectors[row of keys[i]], or default_value in every "
         "element when the key is absent (missing[i] = 1 then, else 0). Returns the number "
         "of absent keys. num_threads > 1 splits the keys across threads; output is identical.");
+
+  register_shm_cache(m);
+}
+
+// ============================================================================
+// ShmCacheView: the shared-memory embedding cache (shm_cache.hpp) over a
+// writable Python buffer (an mmap.mmap of a /dev/shm file, or a numpy uint8
+// array in tests). The view holds a buffer export (and so a reference to the
+// buffer object) until release(), so the memory outlives every native call.
+// ============================================================================
+namespace {
+
+PyObject* g_shm_cache_error = nullptr;  // triton_rec._native.ShmCacheError
+
+tr::CachePolicy parse_policy(const std::string& name) {
+  if (name == "lru") return tr::CachePolicy::kLru;
+  if (name == "tinylfu") return tr::CachePolicy::kTinyLfu;
+  throw py::value_error("policy must be 'lru' or 'tinylfu', got '" + name + "'");
+}
+
+tr::ShmCacheParams make_params(int64_t num_sets, int64_t ways, int64_t vec_size,
+                               const std::string& policy) {
+  auto positive = [](int64_t v, const char* name) {
+    if (v < 1) throw py::value_error(std::string(name) + " must be >= 1, got " + std::to_string(v));
+  };
+  positive(num_sets, "num_sets");
+  positive(ways, "ways");
+  positive(vec_size, "vec_size");
+  tr::ShmCacheParams p;
+  p.num_sets = static_cast<uint64_t>(num_sets);
+  p.ways = static_cast<uint32_t>(std::min<int64_t>(ways, UINT32_MAX));
+  p.vec_size = static_cast<uint32_t>(std::min<int64_t>(vec_size, UINT32_MAX));
+  p.policy = parse_policy(policy);
+  return p;
+}
+
+class ShmCacheView {
+ public:
+  // Takes a writable, C-contiguous buffer export of `obj`.
+  static Py_buffer get_buffer(const py::object& obj) {
+    Py_buffer buf;
+    if (PyObject_GetBuffer(obj.ptr(), &buf, PyBUF_WRITABLE) != 0) {
+      PyErr_Clear();
+      const std::string got = py::str(py::type::handle_of(obj).attr("__name__"));
+      throw py::type_error("buffer must be a writable C-contiguous buffer (mmap.mmap, numpy "
+                           "uint8 array, bytearray), got " + got);
+    }
+    return buf;
+  }
+
+  ShmCacheView(py::object obj, Py_buffer buf, tr::ShmCache cache)
+      : obj_(std::move(obj)), buf_(buf), cache_(cache) {}
+  ~ShmCacheView() {
+    if (!released_) PyBuffer_Release(&buf_);
+  }
+  ShmCacheView(const ShmCacheView&) = delete;
+  ShmCacheView& operator=(const ShmCacheView&) = delete;
+
+  static std::unique_ptr<ShmCacheView> initialize(py::object obj, int64_t num_sets, int64_t ways,
+                                                  int64_t vec_size, const std::string& policy,
+                                                  uint64_t checksum) {
+    const tr::ShmCacheParams p = make_params(num_sets, ways, vec_size, policy);
+    Py_buffer buf = get_buffer(obj);
+    try {
+      tr::ShmCache cache = [&] {
+        py::gil_scoped_release release;
+        return tr::ShmCache::initialize(buf.buf, static_cast<size_t>(buf.len), p, checksum);
+      }();
+      return std::make_unique<ShmCacheView>(std::move(obj), buf, cache);
+    } catch (...) {
+      PyBuffer_Release(&buf);
+      throw;
+    }
+  }
+
+  static std::unique_ptr<ShmCacheView> attach(py::object obj) {
+    Py_buffer buf = get_buffer(obj);
+    try {
+      tr::ShmCache cache = tr::ShmCache::attach(buf.buf, static_cast<size_t>(buf.len));
+      return std::make_unique<ShmCacheView>(std::move(obj), buf, cache);
+    } catch (...) {
+      PyBuffer_Release(&buf);
+      throw;
+    }
+  }
+
+  // Marks the view unusable, waits for calls still running in other threads and
+  // releases the buffer export (after which e.g. mmap.close() succeeds).
+  void release() {
+    if (released_) return;
+    released_ = true;
+    {
+      py::gil_scoped_release release;
+      while (inflight_.load() != 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    PyBuffer_Release(&buf_);
+  }
+  bool released() const { return released_; }
+
+  // Keeps the region mapped for the duration of one call (constructed with the GIL held).
+  class Use {
+   public:
+    explicit Use(const ShmCacheView& v) : v_(v) {
+      if (v.released_) throw py::value_error("ShmCacheView is released");
+      v_.inflight_.fetch_add(1);
+    }
+    ~Use() { v_.inflight_.fetch_sub(1); }
+    const tr::ShmCache& operator*() const { return v_.cache_; }
+    const tr::ShmCache* operator->() const { return &v_.cache_; }
+
+   private:
+    const ShmCacheView& v_;
+  };
+
+  int64_t query(const py::handle& keys_obj, const py::handle& out_obj,
+                const py::handle& hit_obj) const {
+    Use c(*this);
+    py::array keys = require_array(keys_obj, "keys", kInt64, 1, false);
+    py::array out = require_array(out_obj, "out", kFloat32, 2, true);
+    py::array hit = require_array(hit_obj, "hit_mask", kMask, 1, true);
+    const py::ssize_t m = keys.shape(0);
+    require_shape(out, "out", {m, static_cast<py::ssize_t>(c->vec_size())});
+    require_shape(hit, "hit_mask", {m});
+    require_disjoint(out, "out", keys, "keys");
+    require_disjoint(hit, "hit_mask", keys, "keys");
+    require_disjoint(hit, "hit_mask", out, "out");
+    require_outside(out, "out");
+    require_outside(hit, "hit_mask");
+    const auto* k = static_cast<const int64_t*>(keys.data());
+    auto* o = static_cast<float*>(out.mutable_data());
+    auto* h = static_cast<uint8_t*>(hit.mutable_data());
+    py::gil_scoped_release release;
+    return c->query(k, static_cast<size_t>(m), o, h);
+  }
+
+  py::tuple insert(const py::handle& keys_obj, const py::handle& vectors_obj) const {
+    Use c(*this);
+    py::array keys, vectors;
+    std::tie(keys, vectors) = keys_and_vectors(*c, keys_obj, vectors_obj);
+    tr::InsertResult r;
+    {
+      py::gil_scoped_release release;
+      r = c->insert(static_cast<const int64_t*>(keys.data()), static_cast<size_t>(keys.shape(0)),
+                    static_cast<const float*>(vectors.data()));
+    }
+    return py::make_tuple(r.inserted, r.evicted, r.rejected);
+  }
+
+  int64_t update(const py::handle& keys_obj, const py::handle& vectors_obj) const {
+    Use c(*this);
+    py::array keys, vectors;
+    std::tie(keys, vectors) = keys_and_vectors(*c, keys_obj, vectors_obj);
+    py::gil_scoped_release release;
+    return c->update(static_cast<const int64_t*>(keys.data()), static_cast<size_t>(keys.shape(0)),
+                     static_cast<const float*>(vectors.data()));
+  }
+
+  int64_t erase(const py::handle& keys_obj) const {
+    Use c(*this);
+    py::array keys = require_array(keys_obj, "keys", kInt64, 1, false);
+    py::gil_scoped_release release;
+    return c->erase(static_cast<const int64_t*>(keys.data()), static_cast<size_t>(keys.shape(0)));
+  }
+
+  void clear() const {
+    Use c(*this);
+    py::gil_scoped_release release;
+    c->clear();
+  }
+
+  py::array keys() const {
+    Use c(*this);
+    std::vector<int64_t> ks;
+    {
+      py::gil_scoped_release release;
+      ks = c->keys();
+    }
+    py::array_t<int64_t> out(static_cast<py::ssize_t>(ks.size()));
+    if (!ks.empty()) std::memcpy(out.mutable_data(), ks.data(), ks.size() * sizeof(int64_t));
+    return std::move(out);
+  }
+
+  uint64_t size() const {
+    Use c(*this);
+    py::gil_scoped_release release;
+    return c->size();
+  }
+
+  py::dict stats() const {
+    Use c(*this);
+    const tr::ShmCacheStats s = c->stats();
+    py::dict d;
+    d["lookups"] = s.lookups;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    d["inserts"] = s.inserts;
+    d["updates"] = s.updates;
+    d["evictions"] = s.evictions;
+    d["rejected_admissions"] = s.rejected_admissions;
+    d["erased"] = s.erased;
+    d["recovered_sets"] = s.recovered_sets;
+    d["sketch_agings"] = s.sketch_agings;
+    return d;
+  }
+
+  uint64_t capacity() const { return Use(*this)->capacity(); }
+  uint64_t num_sets() const { return Use(*this)->num_sets(); }
+  uint32_t ways() const { return Use(*this)->ways(); }
+  uint32_t vec_size() const { return Use(*this)->vec_size(); }
+  std::string policy() const { return tr::policy_name(Use(*this)->policy()); }
+  uint64_t checksum() const { return Use(*this)->checksum(); }
+  uint64_t nbytes() const { return Use(*this)->total_bytes(); }
+
+  // ---- attachment tokens and test hooks ------------------------------------------
+  bool register_token(int64_t token) const { return Use(*this)->register_token(token); }
+  int64_t unregister_token(int64_t token, bool all) const {
+    return Use(*this)->unregister_token(token, all);
+  }
+  py::list tokens() const {
+    py::list out;
+    for (int64_t t : Use(*this)->tokens()) out.append(t);
+    return out;
+  }
+
+  py::array set_of(const py::handle& keys_obj) const {
+    Use c(*this);
+    py::array keys = require_array(keys_obj, "keys", kInt64, 1, false);
+    py::array_t<int64_t> out(keys.shape(0));
+    const auto* k = static_cast<const int64_t*>(keys.data());
+    int64_t* o = out.mutable_data();
+    for (py::ssize_t i = 0; i < keys.shape(0); ++i) o[i] = static_cast<int64_t>(c->set_of(k[i]));
+    return std::move(out);
+  }
+
+  py::array estimate(const py::handle& keys_obj) const {
+    Use c(*this);
+    py::array keys = require_array(keys_obj, "keys", kInt64, 1, false);
+    py::array_t<uint8_t> out(keys.shape(0));
+    const auto* k = static_cast<const int64_t*>(keys.data());
+    uint8_t* o = out.mutable_data();
+    for (py::ssize_t i = 0; i < keys.shape(0); ++i) o[i] = static_cast<uint8_t>(c->estimate(k[i]));
+    return std::move(out);
+  }
+
+  uint64_t debug_set_seq(uint64_t s) const { return Use(*this)->debug_set_seq(s); }
+
+  void debug_hold_set(uint64_t s, double seconds) const {
+    Use c(*this);
+    py::gil_scoped_release release;
+    c->debug_hold_set(s, seconds);
+  }
+
+  std::string repr() const {
+    if (released_) return "<ShmCacheView (released)>";
+    const tr::ShmCache& c = cache_;
+    return "<ShmCacheView policy=" + std::string(tr::policy_name(c.policy())) +
+           " capacity=" + std::to_string(c.capacity()) + " (" + std::to_string(c.num_sets()) +
+           " sets x " + std::to_string(c.ways()) + " ways) vec_size=" +
+           std::to_string(c.vec_size()) + " nbytes=" + std::to_string(c.total_bytes()) + ">";
+  }
+
+ private:
+  std::pair<py::array, py::array> keys_and_vectors(const tr::ShmCache& c,
+                                                   const py::handle& keys_obj,
+                                                   const py::handle& vectors_obj) const {
+    py::array keys = require_array(keys_obj, "keys", kInt64, 1, false);
+    py::array vectors = require_array(vectors_obj, "vectors", kFloat32, 2, false);
+    require_shape(vectors, "vectors", {keys.shape(0), static_cast<py::ssize_t>(c.vec_size())});
+    require_outside(vectors, "vectors");
+    return {keys, vectors};
+  }
+
+  // An argument must not live inside the cache region itself.
+  void require_outside(const py::array& a, const char* name) const {
+    if (a.nbytes() == 0) return;
+    const auto* p = static_cast<const char*>(a.data());
+    const auto* b = static_cast<const char*>(buf_.buf);
+    if (p < b + buf_.len && b < p + a.nbytes()) {
+      throw py::value_error(std::string(name) + " must not overlap the cache region");
+    }
+  }
+
+  py::object obj_;
+  Py_buffer buf_;
+  tr::ShmCache cache_;
+  bool released_ = false;
+  mutable std::atomic<int> inflight_{0};
+};
+
+}  // namespace
+
+void register_shm_cache(py::module_& m) {
+  g_shm_cache_error = PyErr_NewExceptionWithDoc(
+      "triton_rec._native.ShmCacheError",
+      "A region is not an initialized shared cache, is malformed, or a lock cannot be used.",
+      PyExc_RuntimeError, nullptr);
+  if (!g_shm_cache_error) throw py::error_already_set();
+  m.attr("ShmCacheError") = py::handle(g_shm_cache_error);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const tr::ShmCacheError& e) {
+      PyErr_SetString(g_shm_cache_error, e.what());
+    }
+  });
+  m.attr("SHM_CACHE_LAYOUT_VERSION") = tr::kShmCacheLayoutVersion;
+  m.attr("SHM_CACHE_MAX_WAYS") = tr::kShmCacheMaxWays;
+  m.attr("SHM_CACHE_ATTACH_SLOTS") = tr::kShmCacheAttachSlots;
+  m.attr("SHM_CACHE_INITIALIZED_OFFSET") = tr::kShmCacheInitializedOffset;
+
+  py::class_<ShmCacheView>(
+      m, "ShmCacheView",
+      "Set-associative embedding cache laid out inside a writable buffer (a shared mapping "
+      "of a /dev/shm file; see src/native/shm_cache.hpp for the layout). Every method is "
+      "thread- and process-safe: query is lock-free (per-set seqlocks), writers take a "
+      "per-set process-shared robust mutex, and a writer killed mid-write is repaired by "
+      "the next process that takes its set lock. Built with initialize() or attach().")
+      .def_static(
+          "required_bytes",
+          [](int64_t num_sets, int64_t ways, int64_t vec_size, const std::string& policy) {
+            return tr::shm_cache_layout(make_params(num_sets, ways, vec_size, policy)).total_bytes;
+          },
+          py::arg("num_sets"), py::arg("ways"), py::arg("vec_size"), py::arg("policy") = "lru",
+          "required_bytes(num_sets: int, ways: int, vec_size: int, policy: str = 'lru') -> int"
+          "\n\nBytes of the region for these parameters (num_sets a power of two, ways <= 64, "
+          "policy 'lru' or 'tinylfu').")
+      .def_static("initialize", &ShmCacheView::initialize, py::arg("buffer"), py::arg("num_sets"),
+                  py::arg("ways"), py::arg("vec_size"), py::arg("policy") = "lru",
+                  py::arg("checksum") = 0,
+                  "initialize(buffer, num_sets: int, ways: int, vec_size: int, policy: str = "
+                  "'lru', checksum: int = 0) -> ShmCacheView\n\n"
+                  "Format the buffer as an empty cache (the 'initialized' flag is written last) "
+                  "and return a view of it. No other process may use the buffer meanwhile.")
+      .def_static("attach", &ShmCacheView::attach, py::arg("buffer"),
+                  "attach(buffer) -> ShmCacheView\n\n"
+                  "View of an already formatted buffer. Raises ShmCacheError if it is not an "
+                  "initialized cache of this layout version, or is malformed or truncated.")
+      .def("query", &ShmCacheView::query, py::arg("keys"), py::arg("out"), py::arg("hit_mask"),
+           "query(keys: int64[M], out: float32[M, D], hit_mask: uint8|bool[M]) -> int\n\n"
+           "out[i] = cached vector of keys[i] and hit_mask[i] = 1, or hit_mask[i] = 0 (out[i] "
+           "unspecified). Returns the number of hits. Lock-free; never returns a torn vector. "
+           "Under TinyLFU every key counts as an access in the frequency sketch.")
+      .def("insert", &ShmCacheView::insert, py::arg("keys"), py::arg("vectors"),
+           "insert(keys: int64[M], vectors: float32[M, D]) -> (inserted, evicted, rejected)\n\n"
+           "Insert keys in order (cached keys are overwritten: counted as updates). A full set "
+           "evicts its least recently used way; under TinyLFU a new key is admitted into a "
+           "full set only if it is more frequent than that victim (else rejected).")
+      .def("update", &ShmCacheView::update, py::arg("keys"), py::arg("vectors"),
+           "update(keys: int64[M], vectors: float32[M, D]) -> int\n\n"
+           "Overwrite the vectors of keys already cached (no insertion, recency untouched); "
+           "returns how many were cached.")
+      .def("erase", &ShmCacheView::erase, py::arg("keys"),
+           "erase(keys: int64[M]) -> int\n\nRemove keys; returns how many were cached.")
+      .def("clear", &ShmCacheView::clear,
+           "clear() -> None\n\nRemove every key (counters and TinyLFU sketch are kept).")
+      .def("keys", &ShmCacheView::keys,
+           "keys() -> int64[N]\n\nSnapshot of the cached keys (each set read consistently).")
+      .def("size", &ShmCacheView::size, "size() -> int\n\nNumber of cached keys (a scan).")
+      .def("stats", &ShmCacheView::stats,
+           "stats() -> dict\n\nNode-wide counters (all processes): lookups, hits, misses, "
+           "inserts, updates, evictions, rejected_admissions, erased, recovered_sets, "
+           "sketch_agings.")
+      .def_property_readonly("capacity", &ShmCacheView::capacity, "num_sets * ways")
+      .def_property_readonly("num_sets", &ShmCacheView::num_sets)
+      .def_property_readonly("ways", &ShmCacheView::ways)
+      .def_property_readonly("vec_size", &ShmCacheView::vec_size)
+      .def_property_readonly("policy", &ShmCacheView::policy, "'lru' or 'tinylfu'")
+      .def_property_readonly("checksum", &ShmCacheView::checksum)
+      .def_property_readonly("nbytes", &ShmCacheView::nbytes, "bytes of the region in use")
+      .def_property_readonly("released", &ShmCacheView::released)
+      .def("release", &ShmCacheView::release,
+           "release() -> None\n\nWait for calls running in other threads, then release the "
+           "buffer; every later call raises ValueError.")
+      .def("_register_token", &ShmCacheView::register_token, py::arg("token"),
+           "_register_token(token: int) -> bool: claim a free attachment slot (False: table full)")
+      .def("_unregister_token", &ShmCacheView::unregister_token, py::arg("token"),
+           py::arg("all") = false,
+           "_unregister_token(token: int, all: bool = False) -> int: free one (or every) slot "
+           "holding token; returns slots freed")
+      .def("_tokens", &ShmCacheView::tokens, "_tokens() -> list[int]: attachment tokens in use")
+      .def("_set_of", &ShmCacheView::set_of, py::arg("keys"),
+           "_set_of(keys: int64[M]) -> int64[M]: set index of each key")
+      .def("_estimate", &ShmCacheView::estimate, py::arg("keys"),
+           "_estimate(keys: int64[M]) -> uint8[M]: TinyLFU frequency estimates (0 under lru)")
+      .def("_debug_set_seq", &ShmCacheView::debug_set_seq, py::arg("set_index"),
+           "_debug_set_seq(set_index: int) -> int: the set's seqlock counter (odd: being written)")
+      .def("_debug_hold_set", &ShmCacheView::debug_hold_set, py::arg("set_index"),
+           py::arg("seconds"),
+           "_debug_hold_set(set_index: int, seconds: float) -> None\n\nTest hook: lock the set, "
+           "start a write, tear every vector of the set and sleep holding the lock (GIL "
+           "released), so that killing the process simulates a writer dying mid-write.")
+      .def("__repr__", &ShmCacheView::repr);
 }

@@ -92,9 +92,16 @@ def model_repo(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def server(model_repo, tmp_path_factory, nothing_left_in_dev_shm):
+def store_dir(tmp_path_factory) -> Path:
+    """The node-local table store the test servers use (never the user's default)."""
+    return tmp_path_factory.mktemp("store")
+
+
+@pytest.fixture(scope="session")
+def server(model_repo, tmp_path_factory, nothing_left_in_dev_shm, store_dir):
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
-    srv = TritonServer(model_repo, explicit=True, load_models=["hps_wdl", "hps_two", "hps_flat"], log_path=log)
+    srv = TritonServer(model_repo, explicit=True, load_models=["hps_wdl", "hps_two", "hps_flat"],
+                       log_path=log, env={"TRITON_REC_STORE": str(store_dir)})
     srv.start()
     yield srv
     srv.stop()

@@ -20,11 +20,11 @@ VENV_BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
-def demo_server(tmp_path_factory, nothing_left_in_dev_shm):
+def demo_server(tmp_path_factory, nothing_left_in_dev_shm, store_dir):
     if not (DEMO_REPO / "hps_demo" / "1" / "hps_demo0_sparse_0.model" / "key").exists():
         subprocess.run([sys.executable, "-m", "ps_loader", "demo", str(DEMO_REPO)], check=True)
     log = tmp_path_factory.mktemp("demo-logs") / "tritonserver.log"
-    with TritonServer(DEMO_REPO, log_path=log) as srv:
+    with TritonServer(DEMO_REPO, log_path=log, env={"TRITON_REC_STORE": str(store_dir)}) as srv:
         yield srv
 
 

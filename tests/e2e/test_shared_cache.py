@@ -1,0 +1,146 @@
+"""End to end: one embedding cache and one table copy per node, shared by 4 instances."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import re
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from ps_loader import write_table
+from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
+from tests.e2e.conftest import hps_config, infer_raw
+from triton_rec.runtime import TritonServer
+
+SEED = 21
+TABLES = [
+    SyntheticTable("ads", rows=20000, vec_size=32, max_keys_per_sample=2, default_value=-7.0),
+    SyntheticTable("users", rows=5000, vec_size=8, max_keys_per_sample=1, default_value=-9.0),
+]
+
+
+def _segments(model):
+    return sorted(e for e in os.listdir("/dev/shm") if e.startswith("trec_") and f"{model}." in e)
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory, nothing_left_in_dev_shm, store_dir):
+    repo = tmp_path_factory.mktemp("shared-repo")
+    entry = write_model(str(repo), "hps_shared", TABLES, seed=SEED)
+    # hit_rate_threshold 0: a miss is answered with the default value at once and
+    # inserted in the background, so an answer shows whether the cache held the key.
+    entry.update(gpucache=True, gpucacheper=0.5, hit_rate_threshold=0.0, cache_policy="lru")
+    (repo / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
+    (repo / "hps_shared" / "config.pbtxt").write_text(hps_config("hps_shared", 4))
+    log = tmp_path_factory.mktemp("shared-logs") / "tritonserver.log"
+    with TritonServer(repo, log_path=log, env={"TRITON_REC_STORE": str(store_dir)}) as srv:
+        yield srv
+
+
+def _lookup(server, keys_per_table, protocol="grpc"):
+    keys = np.concatenate(keys_per_table).astype(np.int64)[None, :]
+    numkeys = np.array([[len(k) for k in keys_per_table]], np.int32)
+    return infer_raw(server, protocol, "hps_shared",
+                     [("KEYS", keys, "INT64"), ("NUMKEYS", numkeys, "INT32")]).as_numpy("OUTPUT0")
+
+
+def _truth(keys_per_table):
+    return np.concatenate([expected_vectors(SEED, t, k, TABLES[t].vec_size).reshape(-1)
+                           for t, k in enumerate(keys_per_table)])
+
+
+def _metrics(server):
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        return r.read().decode()
+
+
+def test_four_instances_share_one_cache_per_table(shared_server):
+    rng = np.random.default_rng(1)
+    keys = [rng.choice(table_keys(SEED, t, s.rows), 3 * s.max_keys_per_sample, replace=False)
+            for t, s in enumerate(TABLES)]
+    # One cache segment per table, not one per instance.
+    assert len(shared_server.backend_pids("hps_shared")) == 4
+    assert len(_segments("hps_shared")) == len(TABLES), _segments("hps_shared")
+
+    first = _lookup(shared_server, keys)
+    defaults = np.concatenate([np.full(len(k) * s.vec_size, s.default_value, np.float32)
+                               for k, s in zip(keys, TABLES)])
+    np.testing.assert_array_equal(first, defaults)  # cold cache: defaults, inserted behind
+    time.sleep(1.0)  # let the background inserter of the instance that served it finish
+
+    # Many concurrent requests reach all four instances; every one must hit, which is
+    # only possible if the instances that never saw the keys share the cache.
+    with cf.ThreadPoolExecutor(16) as ex:
+        outs = list(ex.map(lambda _: _lookup(shared_server, keys), range(64)))
+    truth = _truth(keys)
+    for out in outs:
+        np.testing.assert_array_equal(out, truth)
+    text = _metrics(shared_server)
+    served = re.findall(r'trec_instance_lookups_total\{[^}]*instance="(hps_shared_0_\d)"[^}]*table="ads"\} (\d+)', text)
+    served += re.findall(r'trec_instance_lookups_total\{[^}]*table="ads"[^}]*instance="(hps_shared_0_\d)"\} (\d+)', text)
+    assert len({name for name, n in served if float(n) > 0}) >= 2, text
+
+
+def test_cache_metrics_are_served_on_the_metrics_port(shared_server):
+    rng = np.random.default_rng(2)
+    keys = [rng.choice(table_keys(SEED, t, s.rows), s.max_keys_per_sample) for t, s in enumerate(TABLES)]
+    _lookup(shared_server, keys, "http")
+    text = _metrics(shared_server)
+    for name in ("trec_cache_lookups_total", "trec_cache_hits_total", "trec_cache_misses_total",
+                 "trec_cache_hit_rate", "trec_cache_size", "trec_cache_capacity", "trec_cache_inserts",
+                 "trec_cache_evictions", "trec_lookup_duration_us_total"):
+        assert re.search(rf'^{name}\{{[^}}]*model="hps_shared"', text, re.M), name
+    lookups = sum(float(v) for v in re.findall(r'^trec_cache_lookups_total\{[^}]*model="hps_shared"[^}]*\} (\S+)', text, re.M))
+    hits = sum(float(v) for v in re.findall(r'^trec_cache_hits_total\{[^}]*model="hps_shared"[^}]*\} (\S+)', text, re.M))
+    misses = sum(float(v) for v in re.findall(r'^trec_cache_misses_total\{[^}]*model="hps_shared"[^}]*\} (\S+)', text, re.M))
+    assert lookups > 0 and hits + misses == lookups
+    capacity = re.search(r'^trec_cache_capacity\{[^}]*table="ads"[^}]*\} (\S+)', text, re.M)
+    assert capacity and float(capacity.group(1)) >= 0.5 * TABLES[0].rows
+
+
+# -- memory: one table copy for four instances ----------------------------------------------
+
+BIG_ROWS, BIG_VEC = 2_000_000, 256  # 2.0 GB of vectors
+
+
+def _pss_kb(pid):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no Pss in /proc/{pid}/smaps_rollup")
+
+
+def test_four_instances_hold_one_copy_of_a_large_table(tmp_path_factory, nothing_left_in_dev_shm, store_dir):
+    repo = tmp_path_factory.mktemp("big-repo")
+    rng = np.random.default_rng(3)
+    keys = rng.permutation(np.arange(BIG_ROWS, dtype=np.int64) * 7 + 3)
+    vectors = np.empty((BIG_ROWS, BIG_VEC), np.float32)
+    for i in range(0, BIG_ROWS, 250_000):
+        vectors[i:i + 250_000] = rng.random((min(250_000, BIG_ROWS - i), BIG_VEC), dtype=np.float32)
+    table_dir = repo / "hps_big" / "1" / "big0_sparse_0.model"
+    write_table(str(table_dir), keys, vectors)
+    table_bytes = keys.nbytes + vectors.nbytes
+    probe_rows = rng.choice(BIG_ROWS, 64, replace=False)
+    probe_keys, probe_vecs = keys[probe_rows].copy(), vectors[probe_rows].copy()
+    del vectors
+    entry = {"model": "hps_big", "sparse_files": [os.path.relpath(table_dir, repo)],
+             "embedding_vecsize_per_table": [BIG_VEC], "maxnum_catfeature_query_per_table_per_sample": [1],
+             "max_batch_size": 1024, "gpucache": True, "gpucacheper": 0.01, "hit_rate_threshold": 1.1}
+    (repo / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
+    (repo / "hps_big" / "config.pbtxt").write_text(hps_config("hps_big", 4))
+    log = tmp_path_factory.mktemp("big-logs") / "tritonserver.log"
+    with TritonServer(repo, log_path=log, env={"TRITON_REC_STORE": str(store_dir)}) as srv:
+        out = infer_raw(srv, "grpc", "hps_big", [("KEYS", probe_keys[None, :], "INT64"),
+                                                 ("NUMKEYS", np.array([[64]], np.int32), "INT32")])
+        np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), probe_vecs.reshape(-1))
+        pids = srv.backend_pids("hps_big")
+        assert len(pids) == 4
+        total_pss = sum(_pss_kb(p) for p in pids) * 1024
+    # Every instance prefaulted the whole table; private copies would be 4x.
+    assert total_pss < 1.2 * table_bytes, (total_pss / 2**20, table_bytes / 2**20)
