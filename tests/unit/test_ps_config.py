@@ -73,6 +73,10 @@ def test_defaults_fill_table_names_and_default_values():
         ({"sparse_files": []}, "non-empty list"),
         ({"gpucacheper": 1.5}, "gpucacheper"),
         ({"gpucache": "maybe"}, "expected a boolean"),
+        ({"cache_policy": "fifo"}, "'cache_policy' must be one of ['lru', 'tinylfu']"),
+        ({"cache_ways": 0}, "cache_ways: must be >= 1"),
+        ({"refresh_interval": -1}, "'refresh_interval' must be >= 0 seconds"),
+        ({"cache_refresh_percentage_per_iteration": 2}, "within [0, 1]"),
     ],
 )
 def test_bad_model_values_name_the_model_and_key(override, needle):
@@ -100,6 +104,16 @@ def test_top_level_rules():
         parse_ps_config(_doc(_model(), _model()))
     with pytest.raises(ConfigError, match="'volatile_db' must be an object"):
         parse_ps_config(_doc(volatile_db=[1]))
+
+
+def test_cache_keys_are_parsed_with_hps_defaults():
+    m = parse_ps_config(_doc()).model("m")
+    assert (m.cache_policy, m.cache_ways, m.init_ec, m.refresh_interval) == ("lru", 8, False, 0.0)
+    assert m.cache_refresh_percentage_per_iteration == 0.1 and m.gpucacheper == 0.2
+    m = parse_ps_config(_doc(_model(cache_policy="tinylfu", init_ec=True, refresh_interval=2.5,
+                                    refresh_delay=1, cache_refresh_percentage_per_iteration=0.3))).model("m")
+    assert (m.cache_policy, m.init_ec, m.refresh_interval, m.refresh_delay) == ("tinylfu", True, 2.5, 1.0)
+    assert m.cache_refresh_percentage_per_iteration == 0.3
 
 
 def test_model_names_follow_hugectrs_rule():
