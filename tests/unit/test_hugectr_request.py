@@ -1,0 +1,93 @@
+"""DES / CATCOLUMN / ROWINDEX: validation and regrouping of sample-major keys by table."""
+
+import numpy as np
+import pytest
+
+from triton_rec.errors import RequestError
+from triton_rec.hugectr_request import parse_hugectr_request
+
+
+def _build(samples, dense_dim=3, dtype=np.int64):
+    """samples: list (per sample) of list (per table) of list (per slot) of keys.
+    Built the way a HugeCTR client does: CATCOLUMN sample-major, ROWINDEX per table."""
+    n, n_tables = len(samples), len(samples[0])
+    cat = [k for s in samples for table in s for slot in table for k in slot]
+    rowindex = []
+    for t in range(n_tables):
+        rp = [0]
+        for s in samples:
+            for slot in s[t]:
+                rp.append(rp[-1] + len(slot))
+        rowindex += rp
+    des = np.arange(n * dense_dim, dtype=np.float32)
+    return des, np.array(cat, dtype=dtype), np.array(rowindex, np.int32)
+
+
+SAMPLES = [
+    [[[1], [2, 3]], [[10], [], [11, 12, 13]]],
+    [[[4], []], [[14], [15], [16]]],
+    [[[], [5]], [[], [], []]],
+]
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint32])
+def test_sample_major_keys_are_regrouped_by_table_with_their_own_row_pointers(dtype):
+    des, cat, rows = _build(SAMPLES, dtype=dtype)
+    r = parse_hugectr_request("m", des, cat, rows, slots=[2, 3], dense_dim=3, max_batch_size=8)
+    assert r.num_samples == 3
+    assert r.keys[0].tolist() == [1, 2, 3, 4, 5] and r.keys[0].dtype == np.int64
+    assert r.keys[1].tolist() == [10, 11, 12, 13, 14, 15, 16]
+    assert r.row_ptrs[0].tolist() == [0, 1, 3, 4, 4, 4, 5]
+    assert r.row_ptrs[1].tolist() == [0, 1, 1, 4, 5, 6, 7, 7, 7, 7]
+    np.testing.assert_array_equal(r.dense, des.reshape(3, 3))
+
+
+def test_the_documented_dlrm_single_sample_layout():
+    des = np.zeros(13, np.float32)
+    cat = np.arange(26, dtype=np.uint32)
+    rows = np.arange(27, dtype=np.int32)
+    r = parse_hugectr_request("dlrm", des, cat, rows, slots=[26], dense_dim=13, max_batch_size=64)
+    assert r.num_samples == 1 and r.keys[0].tolist() == list(range(26))
+
+
+def test_the_documented_wdl_layout_of_ten_samples():
+    rows = np.concatenate([np.arange(21), np.arange(261)]).astype(np.int32)
+    cat = np.arange(280, dtype=np.int64)
+    r = parse_hugectr_request("wdl", np.zeros(130, np.float32), cat, rows, [2, 26], 13, 64)
+    assert r.num_samples == 10
+    # sample 0: keys 0,1 (table 0) then 2..27 (table 1); sample 1 starts at 28
+    assert r.keys[0][:4].tolist() == [0, 1, 28, 29]
+    assert r.keys[1][:2].tolist() == [2, 3] and r.keys[1][26] == 30
+
+
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda d, c, r: (d, c, np.concatenate([r[:2], [0], r[3:]]).astype(np.int32)), "decreases at position"),
+        (lambda d, c, r: (d, c[:-1], r), "ROWINDEX points to 12 keys but CATCOLUMN has 11 (ROWINDEX points past the end"),
+        (lambda d, c, r: (d, np.concatenate([c, c[:1]]), r), "ROWINDEX points to 12 keys but CATCOLUMN has 13"),
+        (lambda d, c, r: (d[:-1], c, r), "DES has 8 values, not a multiple of dense_dim 3"),
+        (lambda d, c, r: (d[:6], c, r), "DES holds 2 samples but ROWINDEX holds 3"),
+        (lambda d, c, r: (np.where(np.arange(9) == 4, np.nan, d).astype(np.float32), c, r),
+         "non-finite value (nan) at sample 1, feature 1"),
+        (lambda d, c, r: (np.where(np.arange(9) == 8, np.inf, d).astype(np.float32), c, r),
+         "non-finite value (inf) at sample 2, feature 2"),
+        (lambda d, c, r: (d, c, r[:-1]), "ROWINDEX has 16 values; expected num_samples * 5 slots + 2"),
+        (lambda d, c, r: (d, c, (r + 1).astype(np.int32)), "must start at 0"),
+        (lambda d, c, r: (d.astype(np.float64), c, r), "DES must be FP32"),
+        (lambda d, c, r: (d, c.astype(np.int32), r), "CATCOLUMN must be UINT32 or INT64"),
+        (lambda d, c, r: (d, c, r.astype(np.int64)), "ROWINDEX must be INT32"),
+        (lambda d, c, r: (d[:0], c[:0], r[:0]), "empty request"),
+    ],
+)
+def test_malformed_requests_are_rejected_with_the_tensor_named(mutate, needle):
+    des, cat, rows = mutate(*_build(SAMPLES))
+    with pytest.raises(RequestError) as e:
+        parse_hugectr_request("m", des, cat, rows, slots=[2, 3], dense_dim=3, max_batch_size=8)
+    assert needle in str(e.value), str(e.value)
+
+
+def test_more_samples_than_max_batch_size_are_rejected():
+    des, cat, rows = _build(SAMPLES)
+    with pytest.raises(RequestError, match="holds 3 samples, more than max_batch_size 2"):
+        parse_hugectr_request("m", des, cat, rows, slots=[2, 3], dense_dim=3, max_batch_size=2)

@@ -1,0 +1,138 @@
+"""HugeCTR-backend requests: ``DES`` / ``CATCOLUMN`` / ``ROWINDEX`` validated and regrouped.
+
+Layout (HugeCTR Triton backend, see ``docs/upstream-notes.md`` and hps-compat):
+
+- ``DES``: float32, ``num_samples x dense_dim``, sample-major;
+- ``CATCOLUMN``: every key, sample-major: sample 0's keys of table 0, of table 1, ...,
+  then sample 1's ...; UINT32 or INT64;
+- ``ROWINDEX``: int32 CSR row pointers, one block per table, concatenated: table t
+  contributes ``num_samples * slots_t + 1`` values starting at 0; slot j of sample i of
+  table t holds keys ``rp_t[i*slots_t + j] .. rp_t[i*slots_t + j + 1]`` (0..n keys:
+  multi-hot), counted within table t's keys.
+- ``num_samples = (len(ROWINDEX) - num_tables) / sum_t slots_t``.
+
+:func:`parse_hugectr_request` checks all of it and returns, per table, its keys in
+table order and its own row pointers, ready for lookup and slot combination.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Tuple
+
+import numpy as np
+
+from triton_rec.errors import RequestError
+
+
+@dataclass(frozen=True)
+class HugeCTRRequest:
+    """A validated request.
+
+    Args:
+        num_samples: samples in the request.
+        dense: float32 ``[num_samples, dense_dim]``.
+        keys: per table, int64 keys in table order (sample by sample, slot by slot).
+        row_ptrs: per table, int64 ``[num_samples * slots_t + 1]`` pointers into ``keys[t]``.
+    """
+
+    num_samples: int
+    dense: np.ndarray
+    keys: Tuple[np.ndarray, ...]
+    row_ptrs: Tuple[np.ndarray, ...]
+
+
+def parse_hugectr_request(
+    model: str,
+    des: np.ndarray,
+    catcolumn: np.ndarray,
+    rowindex: np.ndarray,
+    slots: Sequence[int],
+    dense_dim: int,
+    max_batch_size: int,
+) -> HugeCTRRequest:
+    """Validate the three tensors and regroup CATCOLUMN by table.
+
+    Args:
+        model: model name, for messages.
+        des, catcolumn, rowindex: the tensors as received (any shape; read flat).
+        slots: slots per table (from the network's Data layer).
+        dense_dim: dense features per sample.
+        max_batch_size: most samples a request may hold.
+
+    Raises:
+        RequestError: naming the tensor and what is wrong with it.
+    """
+    p = f"model '{model}'"
+    if des.dtype != np.float32:
+        raise RequestError(f"{p}: DES must be FP32, got {des.dtype}")
+    if catcolumn.dtype not in (np.uint32, np.int64):
+        raise RequestError(f"{p}: CATCOLUMN must be UINT32 or INT64, got {catcolumn.dtype}")
+    if rowindex.dtype != np.int32:
+        raise RequestError(f"{p}: ROWINDEX must be INT32, got {rowindex.dtype}")
+    des, cat, rows = des.reshape(-1), catcolumn.reshape(-1), rowindex.reshape(-1).astype(np.int64)
+    n_tables, total_slots = len(slots), int(sum(slots))
+    extra = rows.shape[0] - n_tables
+    if rows.shape[0] == 0 or extra <= 0:
+        raise RequestError(f"{p}: empty request (ROWINDEX has {rows.shape[0]} values)")
+    if extra % total_slots:
+        raise RequestError(
+            f"{p}: ROWINDEX has {rows.shape[0]} values; expected num_samples * {total_slots} slots "
+            f"+ {n_tables} (one block of num_samples*slots+1 row pointers per table)"
+        )
+    n = extra // total_slots
+    if n > max_batch_size:
+        raise RequestError(f"{p}: request holds {n} samples, more than max_batch_size {max_batch_size}")
+    if des.shape[0] % dense_dim:
+        raise RequestError(
+            f"{p}: DES has {des.shape[0]} values, not a multiple of dense_dim {dense_dim}"
+        )
+    if des.shape[0] != n * dense_dim:
+        raise RequestError(
+            f"{p}: DES holds {des.shape[0] // dense_dim} samples but ROWINDEX holds {n}"
+        )
+    bad = ~np.isfinite(des)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise RequestError(
+            f"{p}: DES holds a non-finite value ({des[i]}) at sample {i // dense_dim}, "
+            f"feature {i % dense_dim}"
+        )
+    ptrs, counts, start = [], [], 0
+    for t, s in enumerate(slots):
+        rp = rows[start : start + n * s + 1]
+        start += n * s + 1
+        if rp[0] != 0:
+            raise RequestError(f"{p}: ROWINDEX block of table {t} must start at 0, got {int(rp[0])}")
+        steps = np.diff(rp)
+        if (steps < 0).any():
+            j = int(np.flatnonzero(steps < 0)[0])
+            raise RequestError(
+                f"{p}: ROWINDEX block of table {t} decreases at position {j + 1} "
+                f"({int(rp[j])} -> {int(rp[j + 1])}); row pointers must be non-decreasing"
+            )
+        ptrs.append(rp)
+        # keys of each sample for this table
+        counts.append(rp[s::s] - rp[:-1:s] if s else np.zeros(n, np.int64))
+    per_sample = np.stack(counts, axis=1)  # [n, T]
+    total = int(per_sample.sum())
+    if total != cat.shape[0]:
+        raise RequestError(
+            f"{p}: ROWINDEX points to {total} keys but CATCOLUMN has {cat.shape[0]}"
+            + (" (ROWINDEX points past the end of CATCOLUMN)" if total > cat.shape[0] else "")
+        )
+    # Sample-major CATCOLUMN -> table-major: block (i, t) starts at the running sum of
+    # the counts in (i, t) order.
+    block_start = np.concatenate([[0], np.cumsum(per_sample.reshape(-1))[:-1]]).reshape(n, n_tables)
+    cat64 = cat.astype(np.int64, copy=False)
+    keys = []
+    for t in range(n_tables):
+        c = per_sample[:, t]
+        m = int(c.sum())
+        if m == 0:
+            keys.append(np.empty(0, np.int64))
+            continue
+        first = np.repeat(block_start[:, t] - np.concatenate([[0], np.cumsum(c)[:-1]]), c)
+        keys.append(np.ascontiguousarray(cat64[first + np.arange(m)]))
+    dense = des.reshape(n, dense_dim)
+    return HugeCTRRequest(n, dense, tuple(keys), tuple(ptrs))
