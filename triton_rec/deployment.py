@@ -25,7 +25,7 @@ from typing import Optional
 
 from ps_loader import node_store
 from triton_rec.config import ModelParams, TableParams
-from triton_rec.session import LookupSession
+from triton_rec.session import LookupSession, TableSet
 from triton_rec.table import EmbeddingTable
 
 
@@ -66,6 +66,12 @@ def cache_name(params: ModelParams, spec: InstanceSpec, tp: TableParams, table: 
 
 
 def open_session(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> LookupSession:
+    """An ``hps`` lookup session over :func:`open_tables`."""
+    ts = open_tables(params, spec)
+    return LookupSession(params, ts.tables, ts.inserter, ts.refresher)
+
+
+def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> TableSet:
     """Load the model's tables from the node-local store and attach the shared caches."""
 
     def load(tp: TableParams) -> EmbeddingTable:
@@ -91,4 +97,4 @@ def open_session(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Lo
         )
         return shared
 
-    return LookupSession.from_params(params, load_table=load, open_cache=open_cache)
+    return TableSet.open(params, load_table=load, open_cache=open_cache)

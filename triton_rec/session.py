@@ -32,6 +32,73 @@ def read_table_privately(t: TableParams) -> EmbeddingTable:
     return EmbeddingTable(t.name, keys, vectors, t.default_value, t.sparse_file)
 
 
+@dataclass
+class TableSet:
+    """The tables of one model instance and the background threads that serve them.
+
+    Args:
+        tables: one :class:`CachedTable` per table of the model, in ps.json order.
+        inserter: background inserter shared by the tables (None without caches).
+        refresher: periodic cache refresher (None unless ``refresh_interval > 0``).
+    """
+
+    tables: List[CachedTable]
+    inserter: Optional[BackgroundInserter] = None
+    refresher: Optional[Refresher] = None
+
+    @classmethod
+    def open(
+        cls,
+        params: ModelParams,
+        load_table: TableLoader = read_table_privately,
+        open_cache: Optional[CacheOpener] = None,
+    ) -> "TableSet":
+        """Load every table of ``params`` and put a cache in front when ``gpucache`` is on.
+
+        Args:
+            params: the model's ps.json entry.
+            load_table: loads one table (ModelFileError names a bad file).
+            open_cache: opens (creates or attaches) the shared cache of one table;
+                None or ``gpucache: false`` means no cache.
+        """
+        use_cache = params.gpucache and open_cache is not None
+        inserter = BackgroundInserter() if use_cache else None
+        cached: List[CachedTable] = []
+        try:
+            for tp in params.tables:
+                table = load_table(tp)
+                cache = open_cache(tp, table) if use_cache else None
+                ct = CachedTable(tp.name, LocalTableStore(table), cache,
+                                 params.hit_rate_threshold, inserter)
+                cached.append(ct)
+                if cache is not None and params.init_ec and cache.size() == 0:
+                    # init_ec: the first instance to find the shared cache empty fills it
+                    # (two instances starting together may both do it; same rows).
+                    ct.warm_up(int(cache.capacity))
+        except BaseException:
+            cls(cached, inserter).close()
+            raise
+        refresher = None
+        if use_cache and params.refresh_interval > 0:
+            refresher = Refresher(cached, params.refresh_interval,
+                                  params.cache_refresh_percentage_per_iteration,
+                                  delay=params.refresh_delay)
+        return cls(cached, inserter, refresher)
+
+    def close(self) -> None:
+        """Stop the background threads and detach from the shared caches."""
+        if self.refresher is not None:
+            self.refresher.close()
+        if self.inserter is not None:
+            self.inserter.drain(5.0)
+            self.inserter.close()
+        for ct in self.tables:
+            close = getattr(ct.cache, "close", None)
+            if close is not None:
+                close()
+            ct.cache = None
+
+
 @dataclass(frozen=True)
 class LookupRequest:
     """A validated request.
@@ -92,51 +159,13 @@ class LookupSession:
         load_table: TableLoader = read_table_privately,
         open_cache: Optional[CacheOpener] = None,
     ) -> "LookupSession":
-        """Load every table of ``params`` and put a cache in front when ``gpucache`` is on.
-
-        Args:
-            params: the model's ps.json entry.
-            load_table: loads one table (ModelFileError names a bad file).
-            open_cache: opens (creates or attaches) the shared cache of one table;
-                None or ``gpucache: false`` means no cache.
-        """
-        use_cache = params.gpucache and open_cache is not None
-        inserter = BackgroundInserter() if use_cache else None
-        cached = []
-        try:
-            for tp in params.tables:
-                table = load_table(tp)
-                cache = open_cache(tp, table) if use_cache else None
-                ct = CachedTable(tp.name, LocalTableStore(table), cache,
-                                 params.hit_rate_threshold, inserter)
-                if cache is not None and params.init_ec and cache.size() == 0:
-                    # init_ec: the first instance to find the shared cache empty fills it
-                    # (two instances starting together may both do it; same rows).
-                    ct.warm_up(int(cache.capacity))
-                cached.append(ct)
-        except BaseException:
-            for ct in cached:
-                _close_cache(ct.cache)
-            if inserter is not None:
-                inserter.close()
-            raise
-        refresher = None
-        if use_cache and params.refresh_interval > 0:
-            refresher = Refresher(cached, params.refresh_interval,
-                                  params.cache_refresh_percentage_per_iteration,
-                                  delay=params.refresh_delay)
-        return cls(params, cached, inserter, refresher)
+        """Load every table of ``params`` (see :meth:`TableSet.open`)."""
+        ts = TableSet.open(params, load_table, open_cache)
+        return cls(params, ts.tables, ts.inserter, ts.refresher)
 
     def close(self) -> None:
         """Stop background threads and detach from the shared caches."""
-        if self.refresher is not None:
-            self.refresher.close()
-        if self.inserter is not None:
-            self.inserter.drain(5.0)
-            self.inserter.close()
-        for ct in self.cached_tables:
-            _close_cache(ct.cache)
-            ct.cache = None
+        TableSet(self.cached_tables, self.inserter, self.refresher).close()
 
     # -- validation -------------------------------------------------------------------
     def parse_request(self, keys: np.ndarray, numkeys: np.ndarray) -> LookupRequest:
@@ -248,8 +277,3 @@ class LookupSession:
             key_pos += n
         return out
 
-
-def _close_cache(cache) -> None:
-    close = getattr(cache, "close", None)
-    if close is not None:
-        close()
