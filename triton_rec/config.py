@@ -31,6 +31,7 @@ _MODEL_KEYS_USED = {
     "sparse_files",
     "dense_file",
     "network_file",
+    "non_trainable_params_file",
     "embedding_table_names",
     "embedding_vecsize_per_table",
     "maxnum_catfeature_query_per_table_per_sample",
@@ -147,6 +148,8 @@ class ModelParams:
         max_batch_size: most samples one request may hold.
         dense_file: resolved dense weight file, if any.
         network_file: resolved network JSON, if any.
+        non_trainable_params_file: resolved JSON of BatchNorm running statistics, if any
+            (our extension; HugeCTR's inference parser takes it as a separate argument).
         deployed_device_list: devices the model is deployed on.
         gpucache: whether an embedding cache is used.
         gpucacheper: cache size as a fraction of each table's rows.
@@ -166,6 +169,7 @@ class ModelParams:
     max_batch_size: int
     dense_file: Optional[str] = None
     network_file: Optional[str] = None
+    non_trainable_params_file: Optional[str] = None
     deployed_device_list: Tuple[int, ...] = (0,)
     gpucache: bool = True
     gpucacheper: float = 0.2
@@ -327,6 +331,7 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
         max_batch_size=max_batch,
         dense_file=opt_path("dense_file"),
         network_file=opt_path("network_file"),
+        non_trainable_params_file=opt_path("non_trainable_params_file"),
         deployed_device_list=devices,
         gpucache=_as_bool(obj.get("gpucache", True), f"{where}.gpucache"),
         gpucacheper=gpucacheper,

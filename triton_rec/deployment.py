@@ -98,3 +98,47 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
         return shared
 
     return TableSet.open(params, load_table=load, open_cache=open_cache)
+
+
+def load_dense_model(params: ModelParams, model_dir: str, config_network: Optional[str] = None, xp=None):
+    """The dense part of a whole model, from its ps.json entry.
+
+    - ``dense_file`` ending in ``.onnx``: run with onnxruntime (tables' layout from the
+      ONNX inputs, combiners from ``network_file`` if given, else ``sum``);
+    - otherwise a HugeCTR dense file with its network JSON: ``network_file`` of ps.json,
+      else the config.pbtxt parameter ``config`` (relative to the model directory), as
+      the upstream HugeCTR backend samples have it.
+    """
+    from triton_rec.errors import ConfigError
+
+    if not params.dense_file:
+        raise ConfigError(f"model '{params.model}': ps.json names no 'dense_file'")
+    network = params.network_file
+    if network is None and config_network:
+        network = config_network if os.path.isabs(config_network) else os.path.join(model_dir, config_network)
+    if params.dense_file.endswith(".onnx"):
+        from triton_rec.dense.onnx_model import OnnxDenseModel
+
+        return OnnxDenseModel.load(params.dense_file, network_file=network)
+    if network is None:
+        raise ConfigError(
+            f"model '{params.model}': a HugeCTR dense file needs a network JSON "
+            "('network_file' in ps.json or the config.pbtxt parameter 'config')"
+        )
+    from triton_rec.dense.hugectr_network import HugeCTRNetwork
+
+    return HugeCTRNetwork.load(network, params.dense_file, params.non_trainable_params_file)
+
+
+def open_ranking_session(params: ModelParams, spec: InstanceSpec, model_dir: str,
+                         config_network: Optional[str] = None):
+    """A ``hugectr`` whole-model session: the dense model + :func:`open_tables`."""
+    from triton_rec.ranking import RankingSession
+
+    dense = load_dense_model(params, model_dir, config_network)
+    tables = open_tables(params, spec)
+    try:
+        return RankingSession(params, tables, dense)
+    except BaseException:
+        tables.close()
+        raise

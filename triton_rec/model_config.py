@@ -66,3 +66,32 @@ def check_hps_model_config(config: Dict[str, Any]) -> Tuple[str, Tuple[str, ...]
             f"got {main[0].get('data_type')}"
         )
     return main[0]["name"], info
+
+
+def check_hugectr_model_config(config: Dict[str, Any]) -> str:
+    """Validate the inputs/outputs of a ``hugectr`` (whole model) config; the output name.
+
+    Inputs ``DES`` (TYPE_FP32), ``CATCOLUMN`` (TYPE_UINT32 or TYPE_INT64), ``ROWINDEX``
+    (TYPE_INT32); one TYPE_FP32 output (predictions).
+    """
+    name = config.get("name", "?")
+    inputs = {i["name"]: i for i in _io(config, "input")}
+    expected = {"DES": ("TYPE_FP32",), "CATCOLUMN": ("TYPE_UINT32", "TYPE_INT64"), "ROWINDEX": ("TYPE_INT32",)}
+    for inp, dtypes in expected.items():
+        if inp not in inputs:
+            raise ConfigError(f"model '{name}' config.pbtxt: missing input '{inp}' ({' or '.join(dtypes)})")
+        if inputs[inp].get("data_type") not in dtypes:
+            raise ConfigError(
+                f"model '{name}' config.pbtxt: input '{inp}' must be {' or '.join(dtypes)}, "
+                f"got {inputs[inp].get('data_type')}"
+            )
+    extra = sorted(set(inputs) - set(expected))
+    if extra:
+        raise ConfigError(f"model '{name}' config.pbtxt: unexpected inputs {extra}")
+    outputs = _io(config, "output")
+    if len(outputs) != 1 or outputs[0].get("data_type") != "TYPE_FP32":
+        raise ConfigError(
+            f"model '{name}' config.pbtxt: expected one TYPE_FP32 output, got "
+            f"{[(o['name'], o.get('data_type')) for o in outputs]}"
+        )
+    return outputs[0]["name"]
