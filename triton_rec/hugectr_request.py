@@ -18,7 +18,7 @@ table order and its own row pointers, ready for lookup and slot combination.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
@@ -64,13 +64,42 @@ def parse_hugectr_request(
         RequestError: naming the tensor and what is wrong with it.
     """
     p = f"model '{model}'"
-    if des.dtype != np.float32:
-        raise RequestError(f"{p}: DES must be FP32, got {des.dtype}")
     if catcolumn.dtype not in (np.uint32, np.int64):
         raise RequestError(f"{p}: CATCOLUMN must be UINT32 or INT64, got {catcolumn.dtype}")
+    cat = catcolumn.reshape(-1)
+    n, dense, ptrs, counts = _dense_and_row_pointers(p, des, rowindex, slots, dense_dim, max_batch_size)
+    n_tables = len(slots)
+    per_sample = np.stack(counts, axis=1)  # [n, T]
+    total = int(per_sample.sum())
+    if total != cat.shape[0]:
+        raise RequestError(
+            f"{p}: ROWINDEX points to {total} keys but CATCOLUMN has {cat.shape[0]}"
+            + (" (ROWINDEX points past the end of CATCOLUMN)" if total > cat.shape[0] else "")
+        )
+    # Sample-major CATCOLUMN -> table-major: block (i, t) starts at the running sum of
+    # the counts in (i, t) order.
+    block_start = np.concatenate([[0], np.cumsum(per_sample.reshape(-1))[:-1]]).reshape(n, n_tables)
+    cat64 = cat.astype(np.int64, copy=False)
+    keys = []
+    for t in range(n_tables):
+        c = per_sample[:, t]
+        m = int(c.sum())
+        if m == 0:
+            keys.append(np.empty(0, np.int64))
+            continue
+        first = np.repeat(block_start[:, t] - np.concatenate([[0], np.cumsum(c)[:-1]]), c)
+        keys.append(np.ascontiguousarray(cat64[first + np.arange(m)]))
+    return HugeCTRRequest(n, dense, tuple(keys), tuple(ptrs))
+
+
+def _dense_and_row_pointers(p, des, rowindex, slots, dense_dim, max_batch_size):
+    """Validate DES and ROWINDEX; (num_samples, dense [n, dense_dim], per-table row
+    pointers, per-table keys-per-sample counts)."""
+    if des.dtype != np.float32:
+        raise RequestError(f"{p}: DES must be FP32, got {des.dtype}")
     if rowindex.dtype != np.int32:
         raise RequestError(f"{p}: ROWINDEX must be INT32, got {rowindex.dtype}")
-    des, cat, rows = des.reshape(-1), catcolumn.reshape(-1), rowindex.reshape(-1).astype(np.int64)
+    des, rows = des.reshape(-1), rowindex.reshape(-1).astype(np.int64)
     n_tables, total_slots = len(slots), int(sum(slots))
     extra = rows.shape[0] - n_tables
     if rows.shape[0] == 0 or extra <= 0:
@@ -112,27 +141,40 @@ def parse_hugectr_request(
                 f"({int(rp[j])} -> {int(rp[j + 1])}); row pointers must be non-decreasing"
             )
         ptrs.append(rp)
-        # keys of each sample for this table
-        counts.append(rp[s::s] - rp[:-1:s] if s else np.zeros(n, np.int64))
-    per_sample = np.stack(counts, axis=1)  # [n, T]
-    total = int(per_sample.sum())
-    if total != cat.shape[0]:
+        counts.append(rp[s::s] - rp[:-1:s])  # keys of each sample in this table
+    return n, des.reshape(n, dense_dim), ptrs, counts
+
+
+def parse_embedding_request(
+    model: str,
+    des: np.ndarray,
+    embeddings: np.ndarray,
+    rowindex: np.ndarray,
+    slots: Sequence[int],
+    vec_sizes: Sequence[int],
+    dense_dim: int,
+    max_batch_size: int,
+) -> Tuple[int, np.ndarray, List[np.ndarray], List[np.ndarray]]:
+    """Requests of a dense model fed by an ``hps`` model (ensemble path).
+
+    ``EMBEDDINGS`` is the ``hps`` answer: the vectors of every key, table-major; the
+    ROWINDEX layout is the ``hugectr`` one, counted within each table's keys.
+
+    Returns ``(num_samples, dense, per-table vectors [keys_t, vec_t], per-table row pointers)``.
+    """
+    p = f"model '{model}'"
+    if embeddings.dtype != np.float32:
+        raise RequestError(f"{p}: EMBEDDINGS must be FP32, got {embeddings.dtype}")
+    n, dense, ptrs, _ = _dense_and_row_pointers(p, des, rowindex, slots, dense_dim, max_batch_size)
+    flat = embeddings.reshape(-1)
+    sizes = [int(rp[-1]) * int(v) for rp, v in zip(ptrs, vec_sizes)]
+    if sum(sizes) != flat.shape[0]:
         raise RequestError(
-            f"{p}: ROWINDEX points to {total} keys but CATCOLUMN has {cat.shape[0]}"
-            + (" (ROWINDEX points past the end of CATCOLUMN)" if total > cat.shape[0] else "")
+            f"{p}: ROWINDEX points to {[int(rp[-1]) for rp in ptrs]} keys per table, i.e. "
+            f"{sum(sizes)} floats of embeddings, but EMBEDDINGS has {flat.shape[0]}"
         )
-    # Sample-major CATCOLUMN -> table-major: block (i, t) starts at the running sum of
-    # the counts in (i, t) order.
-    block_start = np.concatenate([[0], np.cumsum(per_sample.reshape(-1))[:-1]]).reshape(n, n_tables)
-    cat64 = cat.astype(np.int64, copy=False)
-    keys = []
-    for t in range(n_tables):
-        c = per_sample[:, t]
-        m = int(c.sum())
-        if m == 0:
-            keys.append(np.empty(0, np.int64))
-            continue
-        first = np.repeat(block_start[:, t] - np.concatenate([[0], np.cumsum(c)[:-1]]), c)
-        keys.append(np.ascontiguousarray(cat64[first + np.arange(m)]))
-    dense = des.reshape(n, dense_dim)
-    return HugeCTRRequest(n, dense, tuple(keys), tuple(ptrs))
+    vectors, pos = [], 0
+    for size, v in zip(sizes, vec_sizes):
+        vectors.append(flat[pos : pos + size].reshape(-1, int(v)))
+        pos += size
+    return n, dense, vectors, ptrs

@@ -95,3 +95,13 @@ def check_hugectr_model_config(config: Dict[str, Any]) -> str:
             f"{[(o['name'], o.get('data_type')) for o in outputs]}"
         )
     return outputs[0]["name"]
+
+
+def model_flag(config: Dict[str, Any], key: str, default: bool) -> bool:
+    """A ``true``/``false`` string parameter of config.pbtxt (ConfigError otherwise)."""
+    value = model_parameter(config, key)
+    if value is None:
+        return default
+    if value.lower() not in ("true", "false"):
+        raise ConfigError(f"config.pbtxt parameter '{key}' must be true or false, got {value!r}")
+    return value.lower() == "true"

@@ -22,8 +22,9 @@ import triton_python_backend_utils as pb_utils
 
 from triton_rec.config import find_ps_config, load_ps_config
 from triton_rec.deployment import InstanceSpec, open_session
-from triton_rec.errors import ConfigError, RequestError, TritonRecError
-from triton_rec.model_config import check_hps_model_config, model_parameter
+from triton_rec.errors import TritonRecError
+from triton_rec.model_config import check_hps_model_config, model_flag, model_parameter
+from triton_rec.triton_glue import run_requests, update_metrics
 from triton_rec.triton_metrics import CacheMetrics
 
 
@@ -35,20 +36,6 @@ def _supports_response_parameters():
         return True
     except TypeError:
         return False
-
-
-def _flag(config, key, default):
-    value = model_parameter(config, key)
-    if value is None:
-        return default
-    if value.lower() not in ("true", "false"):
-        raise ConfigError(f"config.pbtxt parameter '{key}' must be true or false, got {value!r}")
-    return value.lower() == "true"
-
-
-def _tensor(request, name):
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    return None if t is None else t.as_numpy()
 
 
 class TritonPythonModel:
@@ -66,7 +53,7 @@ class TritonPythonModel:
                 kind=args.get("model_instance_kind", "CPU"),
                 device_id=self.device_id,
                 store_dir=model_parameter(config, "store_dir"),
-                prefault=_flag(config, "prefault", True),
+                prefault=model_flag(config, "prefault", True),
             )
             self.session = open_session(params, spec)
         except TritonRecError as e:
@@ -81,39 +68,16 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        responses = [None] * len(requests)
-        parsed, slots = [], []
-        for i, request in enumerate(requests):
-            try:
-                keys = _tensor(request, "KEYS")
-                numkeys = _tensor(request, "NUMKEYS")
-                if keys is None or numkeys is None:
-                    raise RequestError(f"model '{self.model_name}': KEYS and NUMKEYS are both required")
-                parsed.append(self.session.parse_request(keys, numkeys))
-                slots.append(i)
-            except RequestError as e:
-                responses[i] = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
-                )
         # Every valid request of this call is looked up together, one pass per table.
-        try:
-            answers = self.session.lookup_many(parsed)
-        except Exception as e:  # a bug must not take the other requests' answers down
-            pb_utils.Logger.log_error(f"model '{self.model_name}': lookup failed: {e!r}")
-            err = pb_utils.TritonError(f"model '{self.model_name}': lookup failed: {e}")
-            for i in slots:
-                responses[i] = pb_utils.InferenceResponse(error=err)
-            return responses
-        for i, req, out in zip(slots, parsed, answers):
-            responses[i] = self._response(out, req.num_samples)
-        try:
-            self.metrics.update()
-        except Exception as e:  # metrics must never fail a request
-            pb_utils.Logger.log_warn(f"model '{self.model_name}': metrics update failed: {e!r}")
+        responses = run_requests(
+            pb_utils, self.model_name, requests, ("KEYS", "NUMKEYS"),
+            self.session.parse_request, self.session.lookup_many, self._response,
+        )
+        update_metrics(pb_utils, self.model_name, self.metrics)
         return responses
 
-    def _response(self, out, num_samples):
-        info = {"NumSample": num_samples, "DeviceID": self.device_id}
+    def _response(self, request, out):
+        info = {"NumSample": request.num_samples, "DeviceID": self.device_id}
         tensors = [pb_utils.Tensor(self.output_name, out)]
         tensors += [pb_utils.Tensor(n, np.array([info[n]], np.int32)) for n in self.extra_outputs]
         if self.response_parameters:
@@ -124,4 +88,3 @@ class TritonPythonModel:
         if getattr(self, "session", None) is not None:
             self.session.close()
             self.session = None
-

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -129,16 +129,22 @@ def client_module(protocol: str):
     return tc
 
 
+@contextlib.contextmanager
 def make_client(server, protocol):
+    """A client that is closed afterwards (open connections delay the server's shutdown
+    past its exit timeout, and then Triton kills the backend stubs uncleanly)."""
     tc = client_module(protocol)
-    return tc.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    client = tc.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 def infer_raw(server, protocol, model, inputs, outputs=("OUTPUT0",)):
     """inputs: list of (name, np.ndarray, triton dtype). Returns the result object."""
     tc = client_module(protocol)
-    client = make_client(server, protocol)
-    try:
+    with make_client(server, protocol) as client:
         ins = []
         for name, arr, dtype in inputs:
             i = tc.InferInput(name, list(arr.shape), dtype)
@@ -146,8 +152,6 @@ def infer_raw(server, protocol, model, inputs, outputs=("OUTPUT0",)):
             ins.append(i)
         outs = [tc.InferRequestedOutput(o) for o in outputs]
         return client.infer(model, ins, outputs=outs)
-    finally:
-        client.close()
 
 
 @pytest.fixture(params=["http", "grpc"])

@@ -111,7 +111,8 @@ def test_two_models_and_two_instances_serve_concurrent_clients_correctly(server,
         results = list(ex.map(run, jobs))
     assert all(results)
     # Requests did arrive together: the dynamic batcher formed batches larger than 1.
-    stats = make_client(server, "http").get_inference_statistics("hps_two")
+    with make_client(server, "http") as client:
+        stats = client.get_inference_statistics("hps_two")
     batch_sizes = [int(b["batch_size"]) for b in stats["model_stats"][0]["batch_stats"]]
     assert batch_sizes, stats
 
@@ -153,8 +154,8 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, pro
     with pytest.raises(InferenceServerException) as e:
         infer_raw(server, protocol, model, inputs)
     assert needle in str(e.value), str(e.value)
-    client = make_client(server, protocol)
-    assert client.is_server_ready() and client.is_model_ready(model)
+    with make_client(server, protocol) as client:
+        assert client.is_server_ready() and client.is_model_ready(model)
     tables, answer = two_ref
     keys = _draw(tables, TWO_TABLES, samples=2, rng=np.random.default_rng(5))
     np.testing.assert_array_equal(_hps(server, protocol, model, keys).as_numpy("OUTPUT0"), answer(keys))
@@ -194,14 +195,14 @@ def test_a_bad_request_batched_with_good_ones_fails_alone(server, two_ref):
 def test_a_broken_sparse_file_fails_the_load_naming_the_file(server, model, names, wdl_ref):
     from tritonclient.utils import InferenceServerException
 
-    client = make_client(server, "http")
-    with pytest.raises(InferenceServerException) as e:
-        client.load_model(model)
-    assert names in str(e.value), str(e.value)
-    assert not client.is_model_ready(model)
-    # (With Triton's default strict readiness a failed load makes /v2/health/ready
-    # report false; the server is live and keeps serving its other models.)
-    assert client.is_server_live() and client.is_model_ready("hps_wdl")
+    with make_client(server, "http") as client:
+        with pytest.raises(InferenceServerException) as e:
+            client.load_model(model)
+        assert names in str(e.value), str(e.value)
+        assert not client.is_model_ready(model)
+        # (With Triton's default strict readiness a failed load makes /v2/health/ready
+        # report false; the server is live and keeps serving its other models.)
+        assert client.is_server_live() and client.is_model_ready("hps_wdl")
     tables, answer = wdl_ref
     keys = _draw(tables, WDL_TABLES, samples=1, rng=np.random.default_rng(7))
     np.testing.assert_array_equal(_hps(server, "http", "hps_wdl", keys).as_numpy("OUTPUT0"), answer(keys))

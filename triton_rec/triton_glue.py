@@ -1,0 +1,73 @@
+"""The request loop the Python backends share (``pb_utils`` is passed in).
+
+Every backend's ``execute`` is the same shape: read each request's input tensors,
+validate them (a malformed request gets its own ``INVALID_ARG`` error and does not
+disturb the others), run every valid request of the call together, build one response
+per request. An unexpected failure of the batched run answers the valid requests of
+that call with an error instead of taking the model instance down.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Sequence
+
+from triton_rec.errors import RequestError
+
+
+def run_requests(
+    pb_utils,
+    model_name: str,
+    requests: Sequence,
+    input_names: Sequence[str],
+    parse: Callable,
+    run: Callable[[List], List],
+    respond: Callable,
+) -> List:
+    """One ``execute`` call.
+
+    Args:
+        pb_utils: ``triton_python_backend_utils``.
+        model_name: for messages.
+        requests: the call's requests.
+        input_names: tensors to read, passed to ``parse`` in this order.
+        parse: ``parse(*tensors) -> parsed request``; raises RequestError.
+        run: ``run(parsed requests) -> answers`` (one per request, same order).
+        respond: ``respond(parsed, answer) -> pb_utils.InferenceResponse``.
+    """
+    responses = [None] * len(requests)
+    parsed, slots = [], []
+    for i, request in enumerate(requests):
+        try:
+            tensors = []
+            for name in input_names:
+                t = pb_utils.get_input_tensor_by_name(request, name)
+                if t is None:
+                    raise RequestError(
+                        f"model '{model_name}': missing input {name} (needs {', '.join(input_names)})"
+                    )
+                tensors.append(t.as_numpy())
+            parsed.append(parse(*tensors))
+            slots.append(i)
+        except RequestError as e:
+            responses[i] = pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
+            )
+    try:
+        answers = run(parsed)
+    except Exception as e:  # a bug must not take the other requests' answers down
+        pb_utils.Logger.log_error(f"model '{model_name}': inference failed: {e!r}")
+        err = pb_utils.TritonError(f"model '{model_name}': inference failed: {e}")
+        for i in slots:
+            responses[i] = pb_utils.InferenceResponse(error=err)
+        return responses
+    for i, req, out in zip(slots, parsed, answers):
+        responses[i] = respond(req, out)
+    return responses
+
+
+def update_metrics(pb_utils, model_name: str, metrics) -> None:
+    """Push metrics; a metrics failure is logged, never raised into a request."""
+    try:
+        metrics.update()
+    except Exception as e:
+        pb_utils.Logger.log_warn(f"model '{model_name}': metrics update failed: {e!r}")
