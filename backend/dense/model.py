@@ -1,0 +1,48 @@
+"""Triton Python-based backend ``dense``: the dense half of an hps -> dense ensemble.
+
+Inputs ``DES`` (FP32), ``EMBEDDINGS`` (FP32: the output of an ``hps`` model for the
+request's keys, table-major) and ``ROWINDEX`` (INT32, the ``hugectr`` layout counted
+within each table's keys, so multi-hot slots work); one FP32 output of predictions.
+
+The dense network (ONNX via onnxruntime, or a HugeCTR dense file + network JSON) is
+named by the ps.json entry of the config.pbtxt parameter ``ps_model`` (default: this
+model's own name): typically the ``hps`` model of the same ensemble, whose entry holds
+``dense_file`` / ``network_file`` next to its ``sparse_files``.
+"""
+
+import json
+
+import triton_python_backend_utils as pb_utils
+
+from triton_rec.config import find_ps_config, load_ps_config
+from triton_rec.deployment import load_dense_model
+from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.model_config import model_parameter
+from triton_rec.ranking import DenseSession
+from triton_rec.triton_glue import run_requests
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.model_name = args["model_name"]
+        try:
+            outputs = config.get("output") or []
+            if len(outputs) != 1 or outputs[0].get("data_type") != "TYPE_FP32":
+                raise ConfigError(f"model '{self.model_name}' config.pbtxt: expected one TYPE_FP32 output")
+            self.output_name = outputs[0]["name"]
+            ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
+            params = load_ps_config(ps_path).model(model_parameter(config, "ps_model") or self.model_name)
+            dense = load_dense_model(params, args["model_repository"], model_parameter(config, "config"))
+            self.session = DenseSession(self.model_name, dense, params.max_batch_size)
+        except TritonRecError as e:
+            raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
+        pb_utils.Logger.log_info(f"dense model '{self.model_name}' ready: {dense!r}")
+
+    def execute(self, requests):
+        return run_requests(
+            pb_utils, self.model_name, requests, ("DES", "EMBEDDINGS", "ROWINDEX"),
+            self.session.parse_request, self.session.predict_many,
+            lambda req, out: pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor(self.output_name, out)]),
+        )

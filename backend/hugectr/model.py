@@ -1,0 +1,65 @@
+"""Triton Python-based backend ``hugectr``: whole recommendation models, HugeCTR-compatible.
+
+Select it with ``backend: "hugectr"``. Interface of NVIDIA's HugeCTR backend: inputs
+``DES`` (FP32, samples x dense_dim), ``CATCOLUMN`` (UINT32 or INT64, keys sample-major),
+``ROWINDEX`` (INT32, per-table CSR row pointers); one FP32 output with one prediction
+per sample (x label_dim).
+
+The model's ps.json entry (found like the ``hps`` backend's: parameter ``ps`` or
+``ps.json`` at the repository root) names the sparse files and the dense model: a
+HugeCTR dense file + network JSON (``network_file``, else the config.pbtxt parameter
+``config`` as in the upstream samples), or an ONNX file as ``dense_file``. Embeddings
+come from the node-local store and the shared cache, exactly as for ``hps`` models.
+"""
+
+import json
+
+import triton_python_backend_utils as pb_utils
+
+from triton_rec.config import find_ps_config, load_ps_config
+from triton_rec.deployment import InstanceSpec, open_ranking_session
+from triton_rec.errors import TritonRecError
+from triton_rec.model_config import check_hugectr_model_config, model_flag, model_parameter
+from triton_rec.triton_glue import run_requests, update_metrics
+from triton_rec.triton_metrics import CacheMetrics
+
+
+class TritonPythonModel:
+    """One instance per Triton model instance (each its own process)."""
+
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.model_name = args["model_name"]
+        try:
+            self.output_name = check_hugectr_model_config(config)
+            ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
+            params = load_ps_config(ps_path).model(self.model_name)
+            spec = InstanceSpec(
+                kind=args.get("model_instance_kind", "CPU"),
+                device_id=int(args.get("model_instance_device_id") or 0),
+                store_dir=model_parameter(config, "store_dir"),
+                prefault=model_flag(config, "prefault", True),
+            )
+            self.session = open_ranking_session(
+                params, spec, args["model_repository"], model_parameter(config, "config")
+            )
+        except TritonRecError as e:
+            raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
+        self.metrics = CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session)
+        pb_utils.Logger.log_info(f"hugectr model '{self.model_name}' ready: {self.session.dense!r}")
+
+    def execute(self, requests):
+        # All valid requests of the call: one lookup per table, one dense forward pass.
+        responses = run_requests(
+            pb_utils, self.model_name, requests, ("DES", "CATCOLUMN", "ROWINDEX"),
+            self.session.parse_request, self.session.predict_many,
+            lambda req, out: pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor(self.output_name, out)]),
+        )
+        update_metrics(pb_utils, self.model_name, self.metrics)
+        return responses
+
+    def finalize(self):
+        if getattr(self, "session", None) is not None:
+            self.session.close()
+            self.session = None

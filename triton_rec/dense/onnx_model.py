@@ -1,0 +1,158 @@
+"""ONNX dense models, run in-process with onnxruntime.
+
+Contract of the ONNX file (what ``model_repository/dlrm/train.py`` exports):
+
+- input ``dense``: float32 ``[B, dense_dim]``;
+- one input per table, ``emb_0``, ``emb_1``, ...: float32 ``[B, slot_num_t, vec_size_t]``,
+  the embeddings already combined per slot (static slot and vector dims);
+- the first output: float32 ``[B, label_dim]`` (or ``[B]``), the predictions.
+
+The combiner of each table (how a multi-hot slot's vectors are combined before the
+network) is not part of ONNX: it comes from the embedding layers of a HugeCTR network
+JSON when one is given (``network_file``), else ``sum``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from triton_rec.dense import Combiner, DenseModel, TableSpec
+from triton_rec.errors import ConfigError, ModelFileError
+
+_EMBEDDING_LAYERS = (
+    "DistributedSlotSparseEmbeddingHash",
+    "LocalizedSlotSparseEmbeddingHash",
+    "LocalizedSlotSparseEmbeddingOneHot",
+)
+
+
+def network_combiners(network_file: str) -> List[Combiner]:
+    """The combiner of each embedding layer of a HugeCTR network JSON, in order."""
+    try:
+        with open(network_file, encoding="utf-8") as f:
+            layers = json.load(f).get("layers", [])
+    except FileNotFoundError as e:
+        raise ModelFileError(network_file, "network JSON does not exist") from e
+    except (ValueError, AttributeError) as e:
+        raise ModelFileError(network_file, f"not a network JSON ({e})") from e
+    out = []
+    for layer in layers:
+        if layer.get("type") in _EMBEDDING_LAYERS:
+            hp = layer.get("sparse_embedding_hparam", {})
+            out.append(
+                Combiner.parse(
+                    hp.get("combiner", "sum"), f"{network_file}: layer {layer.get('name')}"
+                )
+            )
+    return out
+
+
+class OnnxDenseModel(DenseModel):
+    """An ONNX dense network (see the module docstring for the contract).
+
+    Args:
+        session: an ``onnxruntime.InferenceSession``.
+        path: the file, for messages.
+        combiners: per table; default ``sum``.
+    """
+
+    def __init__(self, session, path: str, combiners: Optional[Sequence] = None):
+        self.session = session
+        self.path = path
+        inputs = {i.name: i for i in session.get_inputs()}
+        if "dense" not in inputs:
+            raise ModelFileError(
+                path, f"ONNX model has no input 'dense' (inputs: {sorted(inputs)})"
+            )
+        emb = sorted((n for n in inputs if re.fullmatch(r"emb_\d+", n)), key=lambda n: int(n[4:]))
+        if [int(n[4:]) for n in emb] != list(range(len(emb))) or not emb:
+            raise ModelFileError(
+                path, f"ONNX model needs inputs emb_0, emb_1, ... (inputs: {sorted(inputs)})"
+            )
+        extra = sorted(set(inputs) - {"dense", *emb})
+        if extra:
+            raise ModelFileError(path, f"ONNX model has unexpected inputs {extra}")
+        combiners = list(combiners) if combiners else [Combiner.SUM] * len(emb)
+        if len(combiners) != len(emb):
+            raise ConfigError(
+                f"{path}: {len(emb)} embedding inputs but {len(combiners)} combiners from the network JSON"
+            )
+        self._dense_dim = self._static(inputs["dense"], 1)
+        specs = []
+        for t, name in enumerate(emb):
+            specs.append(
+                TableSpec(
+                    name=name,
+                    slot_num=self._static(inputs[name], 1),
+                    vec_size=self._static(inputs[name], 2),
+                    combiner=combiners[t],
+                    input_name=name,
+                )
+            )
+        self._tables = tuple(specs)
+        out = session.get_outputs()[0]
+        self.output_name = out.name
+        shape = out.shape
+        self._label_dim = int(shape[1]) if len(shape) == 2 and isinstance(shape[1], int) else 1
+
+    def _static(self, node, axis: int) -> int:
+        shape = node.shape
+        if len(shape) <= axis or not isinstance(shape[axis], int):
+            raise ModelFileError(
+                self.path, f"input '{node.name}' needs a static dimension {axis}, got {shape}"
+            )
+        return int(shape[axis])
+
+    @classmethod
+    def load(
+        cls, path: str, network_file: Optional[str] = None, threads: int = 1
+    ) -> "OnnxDenseModel":
+        """Open ``path`` with onnxruntime (CPU; ``threads`` intra-op threads per instance)."""
+        if not os.path.isfile(path):
+            raise ModelFileError(path, "ONNX dense model does not exist")
+        try:
+            import onnxruntime as ort
+        except ImportError as e:
+            raise ConfigError("ONNX dense models need onnxruntime: pip install onnxruntime") from e
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        try:
+            session = ort.InferenceSession(
+                path, sess_options=opts, providers=["CPUExecutionProvider"]
+            )
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise ModelFileError(path, f"onnxruntime cannot load it: {e}") from e
+        combiners = network_combiners(network_file) if network_file else None
+        return cls(session, path, combiners)
+
+    @property
+    def dense_dim(self) -> int:
+        return self._dense_dim
+
+    @property
+    def label_dim(self) -> int:
+        return self._label_dim
+
+    @property
+    def tables(self) -> Tuple[TableSpec, ...]:
+        return self._tables
+
+    def predict(self, dense, embeddings: Sequence) -> np.ndarray:
+        batch, dense, embs = self._check_inputs(dense, embeddings, np)
+        feeds = {"dense": np.ascontiguousarray(dense)}
+        for spec, e in zip(self._tables, embs):
+            feeds[spec.input_name] = np.ascontiguousarray(e)
+        out = self.session.run([self.output_name], feeds)[0]
+        return np.asarray(out, dtype=np.float32).reshape(batch, -1)
+
+    def __repr__(self) -> str:
+        return (
+            f"OnnxDenseModel({os.path.basename(self.path)!r}, dense_dim={self._dense_dim}, "
+            f"tables={[(t.slot_num, t.vec_size, t.combiner.value) for t in self._tables]})"
+        )

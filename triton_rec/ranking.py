@@ -1,0 +1,139 @@
+"""Whole-model inference (the ``hugectr`` backend): embeddings + dense network -> predictions.
+
+A :class:`RankingSession` answers HugeCTR-style requests (``DES``/``CATCOLUMN``/
+``ROWINDEX``, see :mod:`triton_rec.hugectr_request`): per table it looks the keys up
+through the shared cache / node-local table (the same :class:`~triton_rec.session.TableSet`
+the ``hps`` backend uses: never a private copy), combines each slot's vectors with
+the table's combiner (sum or mean, multi-hot slots allowed), and runs the dense
+network on all samples at once.
+
+Requests that reach one ``execute`` call are answered together: one lookup per table
+and one dense forward pass for all their samples.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import numpy as np
+
+from triton_rec.config import ModelParams
+from triton_rec.dense import DenseModel, combine_slots
+from triton_rec.errors import ConfigError
+from triton_rec.hugectr_request import HugeCTRRequest, parse_embedding_request, parse_hugectr_request
+from triton_rec.session import TableSet
+
+
+class RankingSession:
+    """One model instance's whole-model session.
+
+    Args:
+        params: the model's ps.json entry (tables in the order of the network's
+            embedding layers).
+        tables: the instance's tables (shared caches, node-local stores).
+        dense: the dense network.
+
+    Raises:
+        ConfigError: the tables do not match the network's embedding inputs.
+    """
+
+    def __init__(self, params: ModelParams, tables: TableSet, dense: DenseModel):
+        specs = dense.tables
+        if len(specs) != params.num_tables:
+            raise ConfigError(
+                f"model '{params.model}': the dense network has {len(specs)} embedding inputs "
+                f"but ps.json names {params.num_tables} sparse files"
+            )
+        for i, (spec, tp) in enumerate(zip(specs, params.tables)):
+            if spec.vec_size != tp.vec_size:
+                raise ConfigError(
+                    f"model '{params.model}': table {i} ('{tp.name}') has vec_size {tp.vec_size} "
+                    f"in ps.json but {spec.vec_size} in the network"
+                )
+        self.params = params
+        self.table_set = tables
+        self.dense = dense
+        self.slots = [int(s.slot_num) for s in specs]
+        self.combiners = [s.combiner for s in specs]
+
+    @property
+    def cached_tables(self):
+        return self.table_set.tables
+
+    def parse_request(self, des: np.ndarray, catcolumn: np.ndarray, rowindex: np.ndarray) -> HugeCTRRequest:
+        """Validate one request (RequestError says what is wrong)."""
+        return parse_hugectr_request(
+            self.params.model, des, catcolumn, rowindex, self.slots, self.dense.dense_dim,
+            self.params.max_batch_size,
+        )
+
+    def predict_many(self, requests: Sequence[HugeCTRRequest]) -> List[np.ndarray]:
+        """Predictions (float32 ``[num_samples * label_dim]``) for each request."""
+        if not requests:
+            return []
+        embeddings = []
+        for t, table in enumerate(self.cached_tables):
+            keys = np.concatenate([r.keys[t] for r in requests])
+            vectors = np.empty((keys.shape[0], table.vec_size), dtype=np.float32)
+            table.lookup(keys, vectors)
+            # Row pointers of all requests, shifted into the concatenated key array.
+            ptrs, offset = [np.zeros(1, np.int64)], 0
+            for r in requests:
+                ptrs.append(r.row_ptrs[t][1:] + offset)
+                offset += r.keys[t].shape[0]
+            combined = combine_slots(vectors, np.concatenate(ptrs), self.combiners[t])
+            total = sum(r.num_samples for r in requests)
+            embeddings.append(combined.reshape(total, self.slots[t], table.vec_size))
+        dense = np.concatenate([r.dense for r in requests], axis=0)
+        out = np.asarray(self.dense.predict(dense, embeddings), dtype=np.float32)
+        answers, pos = [], 0
+        for r in requests:
+            answers.append(np.ascontiguousarray(out[pos : pos + r.num_samples]).reshape(-1))
+            pos += r.num_samples
+        return answers
+
+    def close(self) -> None:
+        self.table_set.close()
+
+
+class DenseSession:
+    """The dense half of an ensemble: ``DES`` + the ``hps`` model's ``EMBEDDINGS`` +
+    ``ROWINDEX`` -> predictions (see :func:`~triton_rec.hugectr_request.parse_embedding_request`).
+
+    Args:
+        model: model name, for messages.
+        dense: the dense network.
+        max_batch_size: most samples one request may hold.
+    """
+
+    def __init__(self, model: str, dense: DenseModel, max_batch_size: int):
+        self.model = model
+        self.dense = dense
+        self.max_batch_size = int(max_batch_size)
+        self.slots = [int(t.slot_num) for t in dense.tables]
+        self.vec_sizes = [int(t.vec_size) for t in dense.tables]
+
+    def parse_request(self, des: np.ndarray, embeddings: np.ndarray, rowindex: np.ndarray):
+        """Validate one request (RequestError says what is wrong)."""
+        return parse_embedding_request(self.model, des, embeddings, rowindex, self.slots,
+                                       self.vec_sizes, self.dense.dense_dim, self.max_batch_size)
+
+    def predict_many(self, requests) -> List[np.ndarray]:
+        """Predictions for each parsed request, one dense forward pass for all of them."""
+        if not requests:
+            return []
+        combined = []
+        for t, spec in enumerate(self.dense.tables):
+            per_request = [combine_slots(r[2][t], r[3][t], spec.combiner, slot_num=self.slots[t])
+                           for r in requests]
+            combined.append(np.concatenate(per_request, axis=0))
+        dense = np.concatenate([r[1] for r in requests], axis=0)
+        out = np.asarray(self.dense.predict(dense, combined), dtype=np.float32)
+        answers, pos = [], 0
+        for r in requests:
+            answers.append(np.ascontiguousarray(out[pos : pos + r[0]]).reshape(-1))
+            pos += r[0]
+        return answers
+
+    def close(self) -> None:
+        pass
