@@ -164,6 +164,12 @@ def fmt_s(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.2f} ms"
 
 
+def cpu_seconds() -> float:
+    """User + system CPU time of this process so far (all threads)."""
+    t = os.times()
+    return t.user + t.system
+
+
 def timed(fn):
     t0 = time.perf_counter()
     out = fn()
@@ -206,7 +212,9 @@ def main(argv=None) -> int:
 
         # 1. first conversion
         progress = node_store.ProgressLogger("convert", sys.stderr)
+        c0 = cpu_seconds()
         conv, s = timed(lambda: node_store.ensure_layout(src, dim, store, progress))
+        res["convert_cpu_s"] = cpu_seconds() - c0
         assert conv.action == "converted", conv
         res["convert_s"], res["layout_data_bytes"] = s, conv.data_bytes
         res["layout_path"] = conv.path
@@ -218,8 +226,9 @@ def main(argv=None) -> int:
         if args.cold:
             evict(os.path.join(src, VECTOR_FILE))
         ref = os.path.join(store, "reference-copy")
+        c0 = cpu_seconds()
         _, s = timed(lambda: copy_file(os.path.join(src, VECTOR_FILE), ref))
-        res["reference_copy_s"] = s
+        res["reference_copy_s"], res["reference_copy_cpu_s"] = s, cpu_seconds() - c0
         res["fsync_reference_s"] = timed(lambda: fsync(ref))[1]
         os.unlink(ref)
 
@@ -277,7 +286,9 @@ def main(argv=None) -> int:
         os.utime(os.path.join(src, KEY_FILE), ns=(kst.st_atime_ns, kst.st_mtime_ns + 10**9))
         if args.cold:
             evict(*src_files)
+        c0 = cpu_seconds()
         re, s = timed(lambda: node_store.ensure_layout(src, dim, store))
+        res["rehash_cpu_s"] = cpu_seconds() - c0
         assert re.action == "aliased" and re.path == conv.path, re
         res["rehash_s"] = s
     finally:
@@ -297,31 +308,32 @@ def main(argv=None) -> int:
         f"{lay / gb:.2f} GB (keys + vectors + index of {res['private_index_bytes'] / 1e6:.0f} MB)"
         + ("; page cache evicted before each step (cold)" if args.cold else "; warm page cache"),
         "",
-        "| step | time | throughput |",
-        "|---|---:|---:|",
+        "| step | time | throughput | CPU (user + sys) |",
+        "|---|---:|---:|---:|",
         f"| first conversion (read + hash + write + index) | {fmt_s(res['convert_s'])} | "
-        f"{lay / gb / res['convert_s']:.2f} GB/s |",
+        f"{lay / gb / res['convert_s']:.2f} GB/s | {res['convert_cpu_s']:.1f} s |",
         f"| ... then `fsync` of the layout (not done by default) | "
         f"+{fmt_s(res['fsync_layout_s'])} | "
-        f"{lay / gb / conv_sync:.2f} GB/s overall |",
+        f"{lay / gb / conv_sync:.2f} GB/s overall | |",
         f"| reference: plain copy of `emb_vector` (`copy_file_range`) | "
-        f"{fmt_s(res['reference_copy_s'])} | {vec_gb / res['reference_copy_s']:.2f} GB/s |",
+        f"{fmt_s(res['reference_copy_s'])} | {vec_gb / res['reference_copy_s']:.2f} GB/s | "
+        f"{res['reference_copy_cpu_s']:.1f} s |",
         f"| ... then `fsync` of the copy | +{fmt_s(res['fsync_reference_s'])} | "
-        f"{vec_gb / ref_sync:.2f} GB/s overall |",
+        f"{vec_gb / ref_sync:.2f} GB/s overall | |",
         f"| second `load_table` (fast path), median of {args.reps} | "
-        f"{fmt_s(res['fast_path_median_s'])} | max {fmt_s(res['fast_path_max_s'])} |",
-        f"| `open_table` (map + checks) | {fmt_s(res['open_s'])} | |",
+        f"{fmt_s(res['fast_path_median_s'])} | max {fmt_s(res['fast_path_max_s'])} | |",
+        f"| `open_table` (map + checks) | {fmt_s(res['open_s'])} | | |",
         f"| `prefault()` of the layout | {fmt_s(res['prefault_s'])} | "
-        f"{res['prefault_bytes'] / gb / res['prefault_s']:.2f} GB/s |",
+        f"{res['prefault_bytes'] / gb / res['prefault_s']:.2f} GB/s | |",
         f"| old way: `read_table` + `build_index` (per instance) | {fmt_s(res['old_way_s'])} | "
-        f"{rows / res['old_way_s'] / 1e6:.1f} M keys/s |",
+        f"{rows / res['old_way_s'] / 1e6:.1f} M keys/s | |",
         f"| old way, then `prefault()` (source files + private index) | "
-        f"{fmt_s(res['old_way_prefault_s'])} | |",
+        f"{fmt_s(res['old_way_prefault_s'])} | | |",
         f"| lookups of 65,536 random keys, layout / old way (median of 15) | | "
         f"{res['lookup_layout_keys_per_s'] / 1e6:.1f} / "
-        f"{res['lookup_old_way_keys_per_s'] / 1e6:.1f} M keys/s |",
+        f"{res['lookup_old_way_keys_per_s'] / 1e6:.1f} M keys/s | |",
         f"| touched source, same content: found by digest | {fmt_s(res['rehash_s'])} | "
-        f"{src_bytes / gb / res['rehash_s']:.2f} GB/s |",
+        f"{src_bytes / gb / res['rehash_s']:.2f} GB/s | {res['rehash_cpu_s']:.1f} s |",
         "",
         f"Machine: {info['cpu_model']}, {info['nproc']} CPUs, {info['ram_gb']} GB RAM, "
         f"{info['disk_free_gb']} GB free on {info['filesystem']} ({work}), Linux "

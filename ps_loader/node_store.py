@@ -79,7 +79,8 @@ Little-endian; every section starts at a multiple of 4096 bytes (zero padding be
 
 :func:`open_table` checks the header (magic, version, checksum, that sizes and offsets
 follow from N, D, capacity), that the file is exactly ``file_size`` bytes long, and
-probes 64 evenly spaced keys through the index; it does not read the data.
+probes 16 evenly spaced keys through the index (~32 page reads: ~0.1 s when the
+layout is not in the page cache, microseconds when it is); it does not read the data.
 :func:`verify_layout` recomputes both digests (reads everything).
 
 Crash safety: layouts are written to a temporary name and published atomically; a
@@ -90,13 +91,18 @@ check catch most such files; :func:`verify_layout` catches all).
 
 Never truncate or rewrite a layout in place: processes mapping it would get SIGBUS.
 Delete it (``unlink`` is safe, mapped copies live on) and let the next load reconvert.
+
+Limits: the lock is per source fingerprint, so two *different* sources with the same
+content converted at the same moment are both converted (the first layout published
+is kept, the other discarded). Nothing deletes old layouts yet: a store grows by one
+layout per table content ever loaded; removing ``layouts/*.tbl`` and ``sources/*`` by
+hand is safe while no load is running (mapped files live on until unmapped).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import fcntl
 import hashlib
 import logging
@@ -117,7 +123,7 @@ from ps_loader.hugectr_sparse import KEY_FILE, VECTOR_FILE
 from ps_loader.tables import read_table
 from triton_rec import _native
 from triton_rec.errors import DuplicateKeyError, ModelFileError, TritonRecError
-from triton_rec.table import EmbeddingTable, mapping_of
+from triton_rec.table import MADV_POPULATE_READ, EmbeddingTable, mapping_of
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +140,7 @@ _HDR = struct.Struct("<8sIIQQQQQQQQq32s32s16sH")
 _SOURCE_AT = _HDR.size  # 170
 _SOURCE_MAX = 2048
 _CHECKSUM_AT = HEADER_SIZE - 32
-_SPOT_CHECKS = 64
+_SPOT_CHECKS = 16
 
 #: ``progress(done_bytes, total_bytes)``
 Progress = Callable[[int, int], None]
@@ -292,7 +298,7 @@ def _map_layout(path: str) -> _Mapped:
 
 
 def _spot_check(path: str, keys: np.ndarray, index: np.ndarray) -> None:
-    """Probe a few evenly spaced keys: each must lead to its own row (touches ~128 pages)."""
+    """Probe a few evenly spaced keys: each must lead to its own row (touches ~32 pages)."""
     n = keys.shape[0]
     rows = np.unique(np.linspace(0, max(n - 1, 0), min(n, _SPOT_CHECKS)).astype(np.int64))
     found = np.empty(rows.shape[0], np.int64)
@@ -316,7 +322,7 @@ def open_table(
             (default: ``layout_path``).
 
     The arrays (``keys``, ``vectors``, ``index``) are read-only views of one shared
-    mapping. Checks the header, that the file is complete and 64 index probes; not
+    mapping. Checks the header, that the file is complete and 16 index probes; not
     the data (see :func:`verify_layout`).
 
     Raises:
@@ -567,6 +573,37 @@ def _pwrite_all(fd: int, buf: memoryview, offset: int) -> None:
         buf, offset = buf[n:], offset + n
 
 
+class _Populator:
+    """Faults in the pages of chunks of a file-mapped array before they are written out.
+
+    ``write(2)`` straight from mapped pages that are not yet faulted in copies in small
+    steps, and the page cache of the layout gets 4 KiB folios, mapped later with 4 KiB
+    TLB entries. With the source range populated first (``MADV_POPULATE_READ``), the
+    copy goes in large steps into large folios, mapped with 2 MiB pages (ext4, Linux
+    6.x). Measured here (2 vCPU VM): random lookups over a 2 GB layout 7.5 vs 5.2 M
+    keys/s (median, 64k-key batches, D=64). The price is kernel CPU at conversion
+    (large-folio allocation): 11-13 s instead of ~5 s of system time for 4.3 GB, once
+    per table content. A layout read back from disk gets large folios either way
+    (readahead). No-op for in-memory arrays and on kernels before 5.14.
+    """
+
+    def __init__(self, a: np.ndarray):
+        self.mm = mapping_of(a)
+        if self.mm is not None:
+            self.base = np.frombuffer(self.mm, np.uint8).ctypes.data
+
+    def __call__(self, chunk: memoryview) -> None:
+        if self.mm is None:
+            return
+        start = np.frombuffer(chunk, np.uint8).ctypes.data - self.base
+        lo = start - start % mmap.PAGESIZE
+        hi = min(start + chunk.nbytes, len(self.mm))
+        try:
+            self.mm.madvise(MADV_POPULATE_READ, lo, hi - lo)
+        except (OSError, ValueError):
+            self.mm = None  # not supported here: plain writes, still correct
+
+
 def _build_index(keys: np.ndarray, source_path: str) -> np.ndarray:
     try:
         return _native.build_index(keys)
@@ -599,24 +636,22 @@ def _write_layout(
     _, vec_off, idx_off, file_size = _offsets(n, d, cap)
     total = keys.nbytes + vectors.nbytes + index.nbytes
     tmp = os.path.join(store.layouts, f".tmp-{fp}-{os.getpid()}-{secrets.token_hex(4)}{SUFFIX}")
+    # A full disk should fail now, not after gigabytes. (Not posix_fallocate: writing
+    # into preallocated extents with large folios measured ~40% slower on ext4.)
+    st = os.statvfs(store.layouts)
+    if st.f_bavail * st.f_frsize < file_size:
+        raise StoreError(
+            f"{store.layouts}: {st.f_bavail * st.f_frsize / 1e9:.2f} GB free, the layout of "
+            f"{source_path} needs {file_size / 1e9:.2f} GB"
+        )
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except OSError as e:
         raise StoreError(f"{store.layouts}: cannot create a layout file ({e.strerror})") from e
     try:
-        try:  # reserve the space: a full disk fails now, not after gigabytes
-            os.posix_fallocate(fd, 0, file_size)
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise
         if progress:
             progress(0, total)
         done = 0
-        # Bytes of a file mapping (a HugeCTR source) are written through an anonymous
-        # buffer: write(2) straight from not-yet-faulted mapped pages copies in small
-        # steps and fills the page cache with 4 KiB folios, which later map with 4 KiB
-        # TLB entries; from a buffer it uses large folios (2 MiB mappings on ext4/xfs).
-        bounce = None
         with _hash_pool() as pool:
             content = None if digest else _TreeHash(pool, b"trec-content", n, d)
             index_tree = _TreeHash(pool, b"trec-index", cap, 2)
@@ -625,18 +660,12 @@ def _write_layout(
                 (vectors, vec_off, content),
                 (index, idx_off, index_tree),
             ):
-                mapped = mapping_of(a) is not None
+                populate = _Populator(a)
                 for c in _chunks(a):
+                    populate(c)
                     if tree is not None:
                         tree.add(c)  # hashed from the source itself, in worker threads
-                    if mapped:
-                        if bounce is None:
-                            bounce = np.empty(HASH_CHUNK, np.uint8)
-                        buf = bounce[: c.nbytes]
-                        np.copyto(buf, np.frombuffer(c, np.uint8))
-                        _pwrite_all(fd, memoryview(buf), offset)
-                    else:
-                        _pwrite_all(fd, c, offset)
+                    _pwrite_all(fd, c, offset)
                     offset += c.nbytes
                     done += c.nbytes
                     if progress and done < total:

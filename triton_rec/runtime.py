@@ -162,6 +162,9 @@ class TritonServer:
             "--grpc-address=127.0.0.1",
             "--allow-metrics=true",
             "--exit-timeout-secs=10",
+            # Our configs are complete; auto-completion would start an extra stub per
+            # model (with a fixed 1 s wait inside the Python backend) at every load.
+            "--disable-auto-complete-config",
         ]
         if self.explicit:
             cmd.append("--model-control-mode=explicit")

@@ -22,7 +22,7 @@ from triton_rec.errors import DuplicateKeyError
 PAGE_SIZE = mmap.PAGESIZE
 # madvise(2) MADV_POPULATE_READ (Linux >= 5.14): fault every page of a range in, in the
 # kernel, without copying anything. Not exported by Python's mmap module (3.11).
-_MADV_POPULATE_READ = 22
+MADV_POPULATE_READ = 22
 
 
 class EmbeddingTable:
@@ -162,7 +162,7 @@ class EmbeddingTable:
             except (OSError, ValueError):
                 pass
             try:
-                m.madvise(_MADV_POPULATE_READ)
+                m.madvise(MADV_POPULATE_READ)
                 populated.add(id(m))
             except (OSError, ValueError):
                 pass  # old kernel: fall back to touching the pages below

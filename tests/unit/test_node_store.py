@@ -259,6 +259,22 @@ def test_a_broken_source_fails_naming_its_file(tmp_path, damage, names):
     assert e.value.path.endswith(names)
 
 
+def test_a_store_without_room_fails_before_writing_and_names_the_store(tmp_path, monkeypatch):
+    src, _, _ = _source(tmp_path)
+    store = str(tmp_path / "store")
+    real_statvfs = os.statvfs
+
+    def nearly_full(path):
+        st = tuple(real_statvfs(path))
+        return os.statvfs_result(st[:4] + (1,) + st[5:])  # f_bavail: one block
+
+    monkeypatch.setattr(os, "statvfs", nearly_full)
+    with pytest.raises(node_store.StoreError, match="GB free") as e:
+        node_store.convert_table(src, 8, store)
+    assert os.path.join(store, "layouts") in str(e.value) and src in str(e.value)
+    assert _layouts(store) == []
+
+
 def test_the_arrays_of_a_loaded_table_are_read_only_views_of_one_mapping(tmp_path):
     src, _, _ = _source(tmp_path)
     t = node_store.load_table(_params(src), str(tmp_path / "store"))
