@@ -33,7 +33,12 @@ install: $(STAMP)
 triton: $(STAMP)
 	$(PY) -m triton_rec.runtime prepare
 
-demo: $(STAMP)
+# The demo DLRM is trained here (deterministic, CPU, seconds); retrained when its code changes.
+DLRM := model_repository/dlrm/1/dlrm_dense_0.model
+$(DLRM): model_repository/dlrm/train.py ps_loader/torch_dlrm.py | $(STAMP)
+	$(PY) model_repository/dlrm/train.py
+
+demo: $(STAMP) $(DLRM)
 	$(PY) -m ps_loader demo model_repository
 
 serve: triton demo

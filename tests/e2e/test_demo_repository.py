@@ -12,20 +12,10 @@ import numpy as np
 import pytest
 
 from ps_loader.synthetic import DEMO_MODELS, DEMO_SEED, expected_vectors, table_keys
-from triton_rec.runtime import TritonServer
 
-REPO = Path(__file__).resolve().parents[2]
-DEMO_REPO = REPO / "model_repository"
+from tests.e2e.conftest import DEMO_REPO
+
 VENV_BIN = Path(sys.executable).parent
-
-
-@pytest.fixture(scope="module")
-def demo_server(tmp_path_factory, nothing_left_in_dev_shm, store_dir):
-    if not (DEMO_REPO / "hps_demo" / "1" / "hps_demo0_sparse_0.model" / "key").exists():
-        subprocess.run([sys.executable, "-m", "ps_loader", "demo", str(DEMO_REPO)], check=True)
-    log = tmp_path_factory.mktemp("demo-logs") / "tritonserver.log"
-    with TritonServer(DEMO_REPO, log_path=log, env={"TRITON_REC_STORE": str(store_dir)}) as srv:
-        yield srv
 
 
 def _expected(model, keys_per_table):

@@ -1,0 +1,346 @@
+"""Embedding tables from PyTorch state dicts -> HugeCTR sparse directories or ``.npz`` tables.
+
+    python -m ps_loader.torch_import state.pt --out DIR [--table NAME]... \\
+        [--keys NAME=keys.npy]... [--format hugectr|npz] [--prefix P] [--list]
+
+Files are read with ``torch.load(path, weights_only=True)``: plain tensors and
+containers only. A file that needs arbitrary objects unpickled is refused (the error
+names the file and the object); nothing from it is executed.
+
+Layouts found without ``--table`` (nested checkpoints such as ``{"state_dict": {...}}``
+are flattened with ``.``-joined keys first):
+
+- TorchRec ``EmbeddingBagCollection`` / ``EmbeddingCollection``:
+  ``[<module prefix>.]embedding_bags.<table>.weight`` or ``...embeddings.<table>.weight``
+  (e.g. ``model.sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight``);
+  the table is called ``<table>``;
+- an ``nn.Embedding`` / ``nn.EmbeddingBag`` state dict (only ``weight``), or a bare tensor:
+  one table named after the file;
+- ``<prefix>.weight`` of a module whose name contains ``emb`` and that has no bias
+  (``nn.Embedding`` / ``nn.EmbeddingBag`` inside a model): the table is ``<prefix>``.
+
+``--table NAME`` picks tables explicitly (in that order): a table name from the list
+above, a state-dict key, or a module prefix (``NAME.weight``).
+
+Row i of a ``[N, D]`` weight gets key i, unless keys are given for the table (int64,
+N unique values, e.g. the ids the model was trained with). Weights of any floating
+dtype are stored as float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ps_loader.tables import write_table
+from triton_rec.errors import ModelFileError, TritonRecError
+
+FORMATS = ("hugectr", "npz")
+_TORCHREC_RE = re.compile(r"(?:^|\.)(?:embedding_bags|embeddings)\.([^.]+)\.weight$")
+_LISTED_KEYS = 40
+
+
+@dataclass(frozen=True)
+class TorchTable:
+    """One embedding table found in a state dict.
+
+    Args:
+        name: table name (used in file listings and ps.json ``embedding_table_names``).
+        key: the state-dict key of its weight.
+        weight: float32 ``[rows, vec_size]``.
+    """
+
+    name: str
+    key: str
+    weight: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def vec_size(self) -> int:
+        return int(self.weight.shape[1])
+
+
+@dataclass(frozen=True)
+class ImportedTable:
+    """A table written by :func:`write_tables`: where from, where to, how big."""
+
+    name: str
+    key: str
+    rows: int
+    vec_size: int
+    path: str
+
+
+def load_state_dict(path: str) -> Dict[str, Any]:
+    """``torch.load(path, weights_only=True)``, flattened to ``{dotted key: tensor}``.
+
+    Raises:
+        ModelFileError: naming ``path``: missing, not a PyTorch file, or needing
+            arbitrary objects unpickled (refused).
+    """
+    if not os.path.isfile(path):
+        raise ModelFileError(path, "PyTorch state dict file does not exist")
+    import pickle
+
+    import torch
+
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        text = str(e)
+        m = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+        if m:
+            raise ModelFileError(
+                path,
+                f"refused: loading it needs arbitrary Python objects unpickled (global "
+                f"{m.group(1)}); only files that torch.load(weights_only=True) accepts are "
+                "read (save the model's state_dict(), not the model)",
+            ) from e
+        m = re.search(r"WeightsUnpickler error:\s*(.*?)\s*(?:\n\n|$)", text, re.S)
+        why = " ".join(m.group(1).split()) if m else (text.splitlines() or [""])[0]
+        raise ModelFileError(path, f"not a readable PyTorch file ({why})") from e
+    except Exception as e:  # noqa: BLE001 - torch's loader raises anything on a foreign file
+        first = str(e).splitlines()[0] if str(e).strip() else ""
+        first = f"{type(e).__name__}: {first}" if first else type(e).__name__
+        raise ModelFileError(path, f"not a readable PyTorch file ({first})") from e
+    return flatten_state(obj)
+
+
+def flatten_state(obj: Any, prefix: str = "") -> Dict[str, Any]:
+    """Tensors of a (nested) state dict / checkpoint as ``{dotted key: tensor}``.
+
+    A bare tensor becomes ``{"weight": tensor}``; non-tensor leaves are dropped.
+    """
+    import torch
+
+    out: Dict[str, Any] = {}
+    if isinstance(obj, torch.Tensor):
+        out[prefix or "weight"] = obj
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            out.update(flatten_state(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(flatten_state(v, f"{prefix}.{i}" if prefix else str(i)))
+    return out
+
+
+def _describe(state: Mapping[str, Any]) -> str:
+    items = [f"{k} {list(v.shape)}" for k, v in state.items()]
+    more = len(items) - _LISTED_KEYS
+    text = ", ".join(items[:_LISTED_KEYS]) or "none"
+    return text + (f", ... ({more} more)" if more > 0 else "")
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:120] or "table"
+
+
+def _candidates(state: Mapping[str, Any], default_name: str) -> Dict[str, str]:
+    """Auto-detected tables: ``{table name: state-dict key}`` in state-dict order."""
+    two_d = [k for k, v in state.items() if getattr(v, "ndim", 0) == 2]
+    found: List[tuple] = []
+    for k in two_d:
+        m = _TORCHREC_RE.search(k)
+        if m:
+            found.append((m.group(1), k))
+    if not found and list(state) == ["weight"] and two_d == ["weight"]:
+        found.append((default_name, "weight"))
+    if not found:
+        for k in two_d:
+            if not k.endswith(".weight"):
+                continue
+            module = k[: -len(".weight")]
+            if "emb" in module.rsplit(".", 1)[-1].lower() and f"{module}.bias" not in state:
+                found.append((module, k))
+    names = [n for n, _ in found]
+    # A table name seen twice (two collections) is qualified by its full module path.
+    return {
+        _safe_name(n if names.count(n) == 1 else k[: -len(".weight")]): k for n, k in found
+    }
+
+
+def find_tables(state: Mapping[str, Any], names: Optional[Sequence[str]] = None,
+                source: str = "<state dict>") -> List[TorchTable]:
+    """Embedding tables of a flattened state dict (see the module docstring).
+
+    Args:
+        state: ``{key: tensor}`` (nested dicts are flattened here too).
+        names: tables to take, in order (table name, state-dict key or module prefix);
+            None: every auto-detected table.
+        source: the file, for messages (also the default name of a bare table).
+
+    Raises:
+        ModelFileError: naming ``source``: no table found / a name matching nothing,
+            with the tensors the file holds; a weight that is not a 2-D float tensor.
+    """
+    state = flatten_state(state)
+    stem = os.path.splitext(os.path.basename(source))[0] if source != "<state dict>" else "table"
+    auto = _candidates(state, _safe_name(stem))
+    if names is None:
+        if not auto:
+            raise ModelFileError(
+                source,
+                "no embedding table found (expected TorchRec-style "
+                "'embedding_bags.<table>.weight' / 'embeddings.<table>.weight', an "
+                "nn.Embedding/EmbeddingBag state dict holding 'weight', or '<module>.weight' "
+                "of a module named *emb*; choose tensors with --table). "
+                f"Tensors found: {_describe(state)}",
+            )
+        chosen = list(auto.items())
+    else:
+        chosen = []
+        for n in names:
+            if n in auto:
+                chosen.append((n, auto[n]))
+            elif n in state:
+                chosen.append((_safe_name(n[: -len(".weight")] if n.endswith(".weight") else n), n))
+            elif f"{n}.weight" in state:
+                chosen.append((_safe_name(n), f"{n}.weight"))
+            else:
+                raise ModelFileError(
+                    source, f"no table or tensor named '{n}'. Tables found: "
+                    f"{sorted(auto) or 'none'}; tensors found: {_describe(state)}")
+    seen = [n for n, _ in chosen]
+    if len(set(seen)) != len(seen):
+        raise ModelFileError(source, f"table names repeat: {seen}")
+    return [TorchTable(n, k, _as_matrix(state[k], k, source)) for n, k in chosen]
+
+
+def _as_matrix(t: Any, key: str, source: str) -> np.ndarray:
+    import torch
+
+    if t.ndim != 2 or not torch.is_floating_point(t):
+        raise ModelFileError(
+            source, f"'{key}' is {t.dtype} {list(t.shape)}, not a 2-D floating-point weight")
+    return t.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+
+
+def _check_keys(table: TorchTable, keys: Any) -> np.ndarray:
+    keys = np.asarray(keys)
+    if keys.ndim != 1 or keys.shape[0] != table.rows:
+        raise ValueError(
+            f"table {table.name}: {table.rows} keys needed (one per row), got shape {keys.shape}")
+    if keys.size and not np.issubdtype(keys.dtype, np.integer):
+        raise ValueError(f"table {table.name}: keys must be integers, got {keys.dtype}")
+    keys = keys.astype(np.int64)
+    if np.unique(keys).shape[0] != keys.shape[0]:
+        raise ValueError(f"table {table.name}: keys are not unique")
+    return keys
+
+
+def table_path(out_dir: str, index: int, fmt: str = "hugectr", prefix: str = "",
+               iteration: int = 0) -> str:
+    """HugeCTR ``<prefix><i>_sparse_<iteration>.model`` (directory) or ``<prefix><i>.npz``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    if fmt == "npz":
+        return os.path.join(out_dir, f"{prefix}{index}.npz")
+    return os.path.join(out_dir, f"{prefix}{index}_sparse_{iteration}.model")
+
+
+def write_tables(tables: Sequence[TorchTable], out_dir: str,
+                 keys: Optional[Mapping[str, Any]] = None, fmt: str = "hugectr",
+                 prefix: str = "", iteration: int = 0) -> List[ImportedTable]:
+    """Write table i to :func:`table_path` (``out_dir`` is created).
+
+    Args:
+        keys: per table name, the key of every row (default: row ids 0..N-1).
+    """
+    keys = dict(keys or {})
+    unknown = set(keys) - {t.name for t in tables}
+    if unknown:
+        raise ValueError(f"keys given for unknown tables {sorted(unknown)}; "
+                         f"tables: {[t.name for t in tables]}")
+    checked = {t.name: (_check_keys(t, keys[t.name]) if t.name in keys
+                        else np.arange(t.rows, dtype=np.int64)) for t in tables}
+    os.makedirs(out_dir, exist_ok=True)
+    out = []
+    for i, t in enumerate(tables):
+        path = table_path(out_dir, i, fmt, prefix, iteration)
+        write_table(path, checked[t.name], t.weight)
+        out.append(ImportedTable(t.name, t.key, t.rows, t.vec_size, path))
+    return out
+
+
+def import_tables(path: str, out_dir: str, names: Optional[Sequence[str]] = None,
+                  keys: Optional[Mapping[str, Any]] = None, fmt: str = "hugectr",
+                  prefix: str = "", iteration: int = 0) -> List[ImportedTable]:
+    """:func:`load_state_dict` + :func:`find_tables` + :func:`write_tables`."""
+    tables = find_tables(load_state_dict(path), names, source=path)
+    return write_tables(tables, out_dir, keys, fmt, prefix, iteration)
+
+
+def _parse_keys(specs: Sequence[str]) -> Dict[str, np.ndarray]:
+    out = {}
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        if not sep or not name or not file:
+            raise ValueError(f"--keys wants NAME=FILE.npy, got {spec!r}")
+        try:
+            out[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise ModelFileError(file, f"cannot read keys as a .npy array ({e})") from e
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m ps_loader.torch_import",
+        description="Embedding tables from a PyTorch state dict (torch.load weights_only=True) "
+        "-> HugeCTR sparse directories or .npz tables.")
+    p.add_argument("state", help="a .pt/.pth file saved with torch.save(model.state_dict())")
+    p.add_argument("--out", help="output directory (required unless --list)")
+    p.add_argument("--table", action="append", dest="tables", metavar="NAME",
+                   help="table to take (repeatable; order = table index): table name, "
+                   "state-dict key or module prefix; default: every table found")
+    p.add_argument("--keys", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="int64 key of every row of table NAME (default: row ids)")
+    p.add_argument("--format", choices=FORMATS, default="hugectr")
+    p.add_argument("--prefix", default="",
+                   help="file name prefix (HugeCTR: <prefix><i>_sparse_0.model)")
+    p.add_argument("--iteration", type=int, default=0, help="HugeCTR file name iteration number")
+    p.add_argument("--list", action="store_true", help="list the tables found, write nothing")
+    args = p.parse_args(argv)
+    if not args.list and not args.out:
+        p.error("--out is required (or --list)")
+    try:
+        tables = find_tables(load_state_dict(args.state), args.tables, source=args.state)
+        print(f"{args.state}: {len(tables)} table(s)")
+        for i, t in enumerate(tables):
+            print(f"  {i}: {t.name}: {t.rows} rows x {t.vec_size} ({t.key})")
+        if args.list:
+            return 0
+        written = write_tables(tables, args.out, _parse_keys(args.keys), args.format,
+                               args.prefix, args.iteration)
+    except (TritonRecError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for w in written:
+        print(f"wrote {w.path}")
+    print("ps.json: " + json_fields(written))
+    return 0
+
+
+def json_fields(written: Sequence[ImportedTable]) -> str:
+    """The ps.json ``models[]`` fields these tables fill, as JSON text."""
+    import json
+
+    return json.dumps({
+        "sparse_files": [w.path for w in written],
+        "embedding_table_names": [w.name for w in written],
+        "embedding_vecsize_per_table": [w.vec_size for w in written],
+    })
+
+
+if __name__ == "__main__":
+    sys.exit(main())

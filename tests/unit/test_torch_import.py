@@ -1,0 +1,209 @@
+"""Embedding tables from PyTorch state dicts (ps_loader.torch_import)."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from ps_loader import read_table  # noqa: E402
+from ps_loader.torch_import import (  # noqa: E402
+    find_tables,
+    import_tables,
+    load_state_dict,
+    main,
+    write_tables,
+)
+from triton_rec.errors import ModelFileError  # noqa: E402
+
+
+class _TouchOnLoad:
+    """Unpickling this object would create a file: proof that nothing was executed."""
+
+    def __init__(self, marker):
+        self.marker = pathlib.Path(marker)
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (self.marker,))
+
+
+class _TwoTower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.user_emb = nn.Embedding(30, 8)
+        self.item_embedding = nn.EmbeddingBag(50, 8, mode="sum")
+        self.fc = nn.Linear(16, 4)
+        self.proj_emb = nn.Linear(8, 8)  # has a bias: not an embedding table
+
+
+def _save(tmp_path, obj, name="state.pt"):
+    path = tmp_path / name
+    torch.save(obj, path)
+    return str(path)
+
+
+def _assert_table(path, weight, keys=None):
+    k, v = read_table(path, weight.shape[1])
+    expected_keys = np.arange(weight.shape[0]) if keys is None else keys
+    np.testing.assert_array_equal(k, expected_keys)
+    np.testing.assert_array_equal(v, weight.detach().float().numpy())
+
+
+def test_an_embedding_bag_state_dict_round_trips_to_a_hugectr_directory(tmp_path):
+    bag = nn.EmbeddingBag(50, 8)
+    path = _save(tmp_path, bag.state_dict(), "items.pt")
+    [t] = import_tables(path, str(tmp_path / "out"))
+    assert (t.name, t.key, t.rows, t.vec_size) == ("items", "weight", 50, 8)
+    assert t.path == str(tmp_path / "out" / "0_sparse_0.model")
+    _assert_table(t.path, bag.weight)
+
+
+def test_an_embedding_saved_as_a_bare_tensor_is_one_table(tmp_path):
+    w = torch.randn(7, 3)
+    [t] = import_tables(_save(tmp_path, w, "bare.pt"), str(tmp_path / "out"), fmt="npz")
+    assert t.path.endswith("0.npz")
+    _assert_table(t.path, w)
+
+
+def test_embeddings_inside_a_model_are_found_by_module_name_and_linears_are_not(tmp_path):
+    model = _TwoTower()
+    path = _save(tmp_path, model.state_dict())
+    tables = find_tables(load_state_dict(path), source=path)
+    assert [(t.name, t.key) for t in tables] == [
+        ("user_emb", "user_emb.weight"), ("item_embedding", "item_embedding.weight")]
+    written = write_tables(tables, str(tmp_path / "out"), prefix="tt")
+    names = [pathlib.Path(w.path).name for w in written]
+    assert names == ["tt0_sparse_0.model", "tt1_sparse_0.model"]
+    _assert_table(written[0].path, model.user_emb.weight)
+    _assert_table(written[1].path, model.item_embedding.weight)
+
+
+@pytest.mark.parametrize("prefix", ["", "model.sparse_arch.embedding_bag_collection."])
+@pytest.mark.parametrize("collection", ["embedding_bags", "embeddings"])
+def test_torchrec_style_collections_are_found_with_or_without_a_module_prefix(
+        tmp_path, prefix, collection):
+    w0, w1 = torch.randn(40, 16), torch.randn(12, 4)
+    state = {
+        f"{prefix}{collection}.t_cat_0.weight": w0,
+        f"{prefix}{collection}.t_cat_1.weight": w1,
+        "model.over_arch.0.weight": torch.randn(4, 4),  # dense layers are left alone
+        "model.over_arch.0.bias": torch.randn(4),
+    }
+    written = import_tables(_save(tmp_path, state), str(tmp_path / "out"))
+    assert [(w.name, w.rows, w.vec_size) for w in written] == [
+        ("t_cat_0", 40, 16), ("t_cat_1", 12, 4)]
+    _assert_table(written[0].path, w0)
+    _assert_table(written[1].path, w1)
+
+
+def test_a_checkpoint_nesting_the_state_dict_is_flattened(tmp_path):
+    w = torch.randn(9, 4)
+    ckpt = {"epoch": 3, "state_dict": {"embedding_bags.users.weight": w}, "note": "x"}
+    [t] = import_tables(_save(tmp_path, ckpt), str(tmp_path / "out"))
+    assert (t.name, t.key) == ("users", "state_dict.embedding_bags.users.weight")
+    _assert_table(t.path, w)
+
+
+def test_tables_can_be_picked_by_name_key_or_module_prefix_in_the_given_order(tmp_path):
+    model = _TwoTower()
+    path = _save(tmp_path, model.state_dict())
+    state = load_state_dict(path)
+    picked = find_tables(state, ["item_embedding", "fc.weight", "user_emb"], source=path)
+    assert [(t.name, t.key) for t in picked] == [
+        ("item_embedding", "item_embedding.weight"), ("fc", "fc.weight"),
+        ("user_emb", "user_emb.weight")]
+    np.testing.assert_array_equal(picked[1].weight, model.fc.weight.detach().numpy())
+
+
+def test_caller_provided_keys_replace_row_ids(tmp_path):
+    w = torch.randn(20, 4)
+    keys = (np.arange(20, dtype=np.int64) * 7_919_000_003) ^ 0x5A5A
+    [t] = import_tables(_save(tmp_path, {"embedding_bags.t.weight": w}), str(tmp_path / "out"),
+                        keys={"t": keys})
+    _assert_table(t.path, w, keys)
+
+
+@pytest.mark.parametrize("keys, needle", [
+    (np.arange(19), "20 keys needed"),
+    (np.zeros(20, np.int64), "not unique"),
+    (np.linspace(0, 1, 20), "must be integers"),
+])
+def test_bad_caller_keys_are_rejected(tmp_path, keys, needle):
+    tables = find_tables({"embedding_bags.t.weight": torch.randn(20, 4)})
+    with pytest.raises(ValueError, match=needle):
+        write_tables(tables, str(tmp_path / "out"), keys={"t": keys})
+    with pytest.raises(ValueError, match="unknown tables"):
+        write_tables(tables, str(tmp_path / "out"), keys={"other": np.arange(20)})
+
+
+def test_half_and_bfloat16_weights_are_stored_as_float32(tmp_path):
+    w = torch.randn(10, 8)
+    state = {"embedding_bags.a.weight": w.half(), "embedding_bags.b.weight": w.bfloat16()}
+    written = import_tables(_save(tmp_path, state), str(tmp_path / "out"))
+    _assert_table(written[0].path, w.half())
+    _assert_table(written[1].path, w.bfloat16())
+
+
+def test_a_file_that_needs_unpickling_is_refused_naming_the_file_and_nothing_runs(tmp_path):
+    marker = tmp_path / "executed"
+    state = {"emb.weight": torch.randn(3, 2), "obj": _TouchOnLoad(marker)}
+    path = _save(tmp_path, state, "evil.pt")
+    with pytest.raises(ModelFileError) as e:
+        import_tables(path, str(tmp_path / "out"))
+    assert str(e.value).startswith(path + ": refused")
+    assert "weights_only=True" in str(e.value) and "(global " in str(e.value)
+    assert not marker.exists()
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_whole_pickled_model_is_refused(tmp_path):
+    path = _save(tmp_path, nn.Embedding(4, 2), "model.pt")
+    with pytest.raises(ModelFileError, match=r"refused.*global torch\.nn.*state_dict\(\)"):
+        load_state_dict(path)
+
+
+@pytest.mark.parametrize("content", [b"not a torch file at all", b""])
+def test_garbage_and_missing_files_fail_naming_the_file(tmp_path, content):
+    path = tmp_path / "junk.pt"
+    path.write_bytes(content)
+    with pytest.raises(ModelFileError, match=f"^{path}: not a readable PyTorch file"):
+        load_state_dict(str(path))
+    with pytest.raises(ModelFileError, match="does not exist"):
+        load_state_dict(str(tmp_path / "nope.pt"))
+
+
+def test_an_unknown_layout_fails_listing_the_tensors_found(tmp_path):
+    path = _save(tmp_path, {"lin.weight": torch.zeros(2, 3), "lin.bias": torch.zeros(2),
+                            "step": 5}, "dense_only.pt")
+    with pytest.raises(ModelFileError) as e:
+        import_tables(path, str(tmp_path / "out"))
+    msg = str(e.value)
+    assert msg.startswith(path + ": no embedding table found")
+    assert "lin.weight [2, 3], lin.bias [2]" in msg and "--table" in msg
+
+
+def test_a_table_name_that_matches_nothing_lists_tables_and_tensors(tmp_path):
+    path = _save(tmp_path, _TwoTower().state_dict())
+    with pytest.raises(ModelFileError, match=r"no table or tensor named 'items'.*"
+                       r"Tables found: \['item_embedding', 'user_emb'\].*fc\.bias \[4\]"):
+        find_tables(load_state_dict(path), ["items"], source=path)
+    with pytest.raises(ModelFileError, match="'fc.bias' is torch.float32 \\[4\\], not a 2-D"):
+        find_tables(load_state_dict(path), ["fc.bias"], source=path)
+
+
+def test_the_command_line_lists_and_writes_tables(tmp_path, capsys):
+    w = torch.randn(6, 4)
+    path = _save(tmp_path, {"model.embedding_bags.users.weight": w})
+    np.save(tmp_path / "keys.npy", np.arange(100, 106, dtype=np.int64))
+    assert main([path, "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "1 table(s)" in out and "0: users: 6 rows x 4 (model.embedding_bags.users.weight)" in out
+    assert not (tmp_path / "out").exists()
+    assert main([path, "--out", str(tmp_path / "out"), "--table", "users", "--prefix", "m",
+                 "--keys", f"users={tmp_path / 'keys.npy'}"]) == 0
+    assert '"embedding_table_names": ["users"]' in capsys.readouterr().out
+    _assert_table(str(tmp_path / "out" / "m0_sparse_0.model"), w, np.arange(100, 106))
+    assert main([str(tmp_path / "absent.pt"), "--out", str(tmp_path / "o2")]) == 1
+    assert "absent.pt: PyTorch state dict file does not exist" in capsys.readouterr().err
