@@ -1,7 +1,7 @@
 """HugeCTR network JSON + dense file: every layer against an independent PyTorch reference.
 
 The references are written here with torch (CPU) from the rules in
-/work/shared/reference/hugectr-layers.md, never with the code under test.
+shared/reference/hugectr-layers.md, never with the code under test.
 """
 
 import json
@@ -15,13 +15,20 @@ from triton_rec.dense import Combiner, DenseModel, TableSpec, combine_slots
 from triton_rec.dense.hugectr_network import HugeCTRNetwork
 from triton_rec.errors import ConfigError, ModelFileError, RequestError
 
-SAMPLES = "/work/shared/reference/samples"
-DCN = os.path.join(SAMPLES, "hugectr_v3.0_dcn", "dcn.json")
-DEEPFM = os.path.join(SAMPLES, "hugectr_v3.0_deepfm", "deepfm.json")
+# Copies of the upstream samples (shared/reference/samples/hugectr_v3.0_*).
+DATA = os.path.join(os.path.dirname(__file__), "..", "data")
+DCN = os.path.join(DATA, "dcn.json")
+DEEPFM = os.path.join(DATA, "deepfm.json")
 ATOL = 1e-5
 B = 7
 
-torch.set_grad_enabled(False)
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    # Only inside this module's tests: other modules train with autograd.
+    with torch.no_grad():
+        yield
 
 
 # ---------------------------------------------------------------------------------------

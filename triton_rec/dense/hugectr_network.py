@@ -8,7 +8,7 @@ dense file's size exactly, and runs the network's inference semantics.
 Where each rule comes from: HugeCTR tag ``v23.08.00`` (commit 0c8c125e), paths relative
 to ``HugeCTR/``; "CN" is ``src/parsers/create_network.cpp`` of that tag. Function names
 are given next to line numbers so a rule can be found in later tags too. Nothing here is
-copied from upstream; ``/work/shared/reference/hugectr-layers.md`` summarizes the rules.
+copied from upstream; ``shared/reference/hugectr-layers.md`` (the project's reference notes) summarizes the rules.
 
 Decisions that differ from upstream, on purpose:
 
