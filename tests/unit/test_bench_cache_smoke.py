@@ -1,0 +1,57 @@
+"""benchmarks/bench_cache.py runs end to end on tiny sizes and prints every table
+(so the benchmark cannot rot silently)."""
+
+import importlib.util
+import json
+import os
+import sys
+import time
+
+_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_cache.py")
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_cache", os.path.abspath(_PATH))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_cache", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_cache_runs_on_tiny_sizes_and_prints_every_table(capsys, tmp_path):
+    bc = _load()
+    out_json = tmp_path / "bench_cache.json"
+    t0 = time.perf_counter()
+    rc = bc.main(["--rows", "3000", "--dim", "8", "--batch", "256", "--cache-rows", "512",
+                  "--reps", "2", "--e2e-reps", "2", "--insert-reps", "2", "--mp-iters", "2",
+                  "--mp-reps", "1", "--json", str(out_json)])
+    elapsed = time.perf_counter() - t0
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert elapsed < 30, f"smoke run took {elapsed:.1f} s"
+    # every section, in order, each followed by a markdown table
+    positions = [text.index(title) for title in bc.SECTIONS]
+    assert positions == sorted(positions)
+    for title in bc.SECTIONS:
+        assert "|---" in text[text.index(title):], title
+    assert text.startswith("machine: ")
+    for header in ("| hit rate | hits | shm lru | shm tinylfu |",
+                   "| hit rate | sync ms |",
+                   "| hit rate | misses | query | glue | fetch |",
+                   "| policy | cache | median ms |",
+                   "| hit rate | array ms |",
+                   "| workload | 1 process Mkeys/s |"):
+        assert header in text, header
+    for rate in ("100%", "90%", "50%", "10%", "0%"):
+        assert f"| {rate} |" in text
+    for row in ("| lru | empty |", "| lru | full |", "| tinylfu | full, cold keys |",
+                "| tinylfu | full, keys queried once |", "| shm lru query, 100% hits |",
+                "| fused table lookup (no cache) |"):
+        assert row in text, row
+    data = json.loads(out_json.read_text())
+    assert set(data["query"]) == {"1.0", "0.9", "0.5", "0.1", "0.0"}
+    assert data["processes"] and data["insert"]
+    # no segment left behind in /dev/shm
+    prefix = f"trec_bench-cache-{os.getpid()}-"
+    leftovers = [f for f in os.listdir("/dev/shm") if f.startswith(prefix)]
+    assert leftovers == []
