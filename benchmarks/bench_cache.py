@@ -61,7 +61,8 @@ import uuid
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_lookup import machine_info, timed, unique_random_keys  # noqa: E402
+from bench_lookup import timed, unique_random_keys  # noqa: E402
+from machine import machine_info  # noqa: E402
 
 from triton_rec import _native  # noqa: E402
 from triton_rec.array_cache import ArrayEmbeddingCache  # noqa: E402
@@ -101,23 +102,6 @@ def gbs(nbytes, t):
 
 def ratio(num, den):
     return f"{num / den:.2f}"
-
-
-def extra_machine_info() -> dict:
-    info = {}
-    try:
-        with open("/proc/loadavg") as f:
-            info["loadavg"] = " ".join(f.read().split()[:3])
-    except OSError:
-        info["loadavg"] = "?"
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal"):
-                    info["mem_gib"] = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return info
 
 
 def make_batch(rng, resident, cold, batch, hit_rate):
@@ -671,7 +655,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = p.parse_args(argv)
 
-    machine = {**machine_info(), **extra_machine_info()}
+    machine = machine_info()
     print(f"machine: {machine['cpu_model']} (cache {machine['cpu_cache_size']}), "
           f"nproc={machine['nproc']}, {machine.get('mem_gib', '?')} GiB RAM, "
           f"load average {machine['loadavg']}, numpy {machine['numpy']}, "
@@ -691,7 +675,7 @@ def main(argv=None) -> int:
     finally:
         b.close()
     elapsed = time.perf_counter() - t_all
-    load_after = extra_machine_info()["loadavg"]
+    load_after = machine_info()["loadavg"]
     print(f"\ntotal {elapsed:.0f} s; load average at the end {load_after}")
 
     if args.json:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,32 +32,8 @@ import time
 import numpy as np
 
 from triton_rec import _native
-
-
-def machine_info() -> dict:
-    model, cache = "unknown", None
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("cache size") and cache is None:
-                    cache = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return {
-        "cpu_model": model,
-        "cpu_cache_size": cache,
-        "nproc": usable,
-        "cpu_count": os.cpu_count(),
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import machine_info  # noqa: E402
 
 
 def unique_random_keys(rng: np.random.Generator, n: int) -> np.ndarray:

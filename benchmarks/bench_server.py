@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -55,6 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ps_loader import node_store  # noqa: E402
 from ps_loader.hugectr_sparse import KEY_FILE, VECTOR_FILE  # noqa: E402
 from triton_rec.runtime import TritonServer, prepare_backend_dir  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import machine_info  # noqa: E402
 
 KEY_BASE = 1_000_000_007  # keys are KEY_BASE + a permutation of range(rows)
 CHUNK_BYTES = 64 << 20
@@ -82,39 +83,6 @@ PREFAULT_OFF = 'parameters { key: "prefault" value: { string_value: "false" } }\
 
 
 # -- machine ------------------------------------------------------------------------------
-
-
-def machine_info(path: str) -> dict:
-    info = {"cpu_model": "unknown", "nproc": len(os.sched_getaffinity(0)), "kernel": platform.release(),
-            "python": platform.python_version(), "numpy": np.__version__}
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-    with contextlib.suppress(OSError):
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal:"):
-                info["ram_gib"] = round(int(line.split()[1]) / 2**20, 1)
-    du = shutil.disk_usage(path)
-    info["disk_total_gb"], info["disk_free_gb"] = round(du.total / 1e9), round(du.free / 1e9, 1)
-    with contextlib.suppress(OSError):
-        real, best = os.path.realpath(path), ""
-        for line in open("/proc/mounts"):
-            dev, mnt, typ = line.split()[:3]
-            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
-                best, info["filesystem"], info["device"] = mnt, typ, dev
-    dev = os.path.basename(info.get("device", ""))
-    with contextlib.suppress(OSError):
-        rot = open(f"/sys/block/{dev}/queue/rotational").read().strip()
-        info["rotational"] = rot == "1"
-    with contextlib.suppress(OSError):
-        info["shm_gb"] = round(shutil.disk_usage("/dev/shm").total / 1e9, 1)
-    with contextlib.suppress(Exception):
-        import importlib.metadata as md
-
-        info["nvidia_pytriton"] = md.version("nvidia-pytriton")
-    return info
 
 
 def loadavg() -> str:

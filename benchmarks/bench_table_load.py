@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -46,54 +45,10 @@ from ps_loader import node_store, read_table
 from ps_loader.hugectr_sparse import KEY_FILE, VECTOR_FILE
 from triton_rec.config import TableParams
 from triton_rec.table import EmbeddingTable
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import machine_info  # noqa: E402
 
 CHUNK_ROWS_BYTES = 64 << 20
-
-
-def machine_info(path: str) -> dict:
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    mem_total = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    mem_total = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    du = shutil.disk_usage(path)
-    try:
-        nproc = len(os.sched_getaffinity(0))
-    except AttributeError:
-        nproc = os.cpu_count()
-    fs = "unknown"
-    try:  # filesystem type of the mount holding `path`
-        best = ""
-        real = os.path.realpath(path)
-        with open("/proc/mounts") as f:
-            for line in f:
-                _, mnt, typ = line.split()[:3]
-                if real.startswith(mnt) and len(mnt) > len(best):
-                    best, fs = mnt, typ
-    except OSError:
-        pass
-    return {
-        "cpu_model": model,
-        "nproc": nproc,
-        "ram_gb": round(mem_total / 1e9, 1) if mem_total else None,
-        "disk_free_gb": round(du.free / 1e9, 1),
-        "filesystem": fs,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-    }
 
 
 def write_source(path: str, rows: int, dim: int, seed: int) -> float:

@@ -61,13 +61,14 @@ import heapq
 import json
 import math
 import os
-import platform
 import sys
 import time
 from collections import OrderedDict
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import machine_info  # noqa: E402
 
 _M64 = (1 << 64) - 1
 _C1 = 0xBF58476D1CE4E5B9
@@ -685,24 +686,6 @@ def _job(args):
     r.update(alpha=alpha, size_fraction=fraction, capacity=capacity, num_sets=num_sets,
              ways=ways, capacity_fraction=capacity / n)
     return r
-
-
-def machine_info() -> Dict:
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        nproc = len(os.sched_getaffinity(0))
-    except AttributeError:
-        nproc = os.cpu_count()
-    return {"cpu_model": model, "nproc": nproc, "python": platform.python_version(),
-            "numpy": np.__version__, "platform": platform.platform()}
 
 
 def markdown_table(results: List[Dict], policies: Sequence[str], n: int,

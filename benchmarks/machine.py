@@ -1,0 +1,67 @@
+"""What machine a benchmark ran on: one function every benchmark script reports with."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+from typing import Optional
+
+import numpy as np
+
+
+def machine_info(path: Optional[str] = None) -> dict:
+    """CPU, memory, load and software versions; with ``path``, also the disk holding it.
+
+    Keys: cpu_model, cpu_cache_size, nproc (usable CPUs), cpu_count, ram_gb, ram_gib
+    (= mem_gib), kernel, platform, python, numpy, loadavg; with ``path``:
+    disk_total_gb, disk_free_gb, filesystem, device, rotational, shm_gb, nvidia_pytriton.
+    """
+    info = {"cpu_model": "unknown", "cpu_cache_size": None, "kernel": platform.release(),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "numpy": np.__version__, "cpu_count": os.cpu_count(), "loadavg": "?"}
+    try:
+        info["nproc"] = len(os.sched_getaffinity(0))
+    except AttributeError:
+        info["nproc"] = os.cpu_count()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and info["cpu_model"] == "unknown":
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                elif line.startswith("cache size") and info["cpu_cache_size"] is None:
+                    info["cpu_cache_size"] = line.split(":", 1)[1].strip()
+    with contextlib.suppress(OSError):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    kib = int(line.split()[1])
+                    info["ram_gb"] = round(kib * 1024 / 1e9, 1)
+                    info["ram_gib"] = info["mem_gib"] = round(kib / 2**20, 1)
+    with contextlib.suppress(OSError):
+        with open("/proc/loadavg") as f:
+            info["loadavg"] = " ".join(f.read().split()[:3])
+    if path is None:
+        return info
+    du = shutil.disk_usage(path)
+    info["disk_total_gb"], info["disk_free_gb"] = round(du.total / 1e9), round(du.free / 1e9, 1)
+    info["filesystem"] = "unknown"
+    with contextlib.suppress(OSError):
+        real, best = os.path.realpath(path), ""
+        with open("/proc/mounts") as f:
+            for line in f:
+                dev, mnt, typ = line.split()[:3]
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
+                    best, info["filesystem"], info["device"] = mnt, typ, dev
+    dev = os.path.basename(info.get("device", ""))
+    with contextlib.suppress(OSError):
+        with open(f"/sys/block/{dev}/queue/rotational") as f:
+            info["rotational"] = f.read().strip() == "1"
+    with contextlib.suppress(OSError):
+        info["shm_gb"] = round(shutil.disk_usage("/dev/shm").total / 1e9, 1)
+    with contextlib.suppress(Exception):
+        import importlib.metadata as md
+
+        info["nvidia_pytriton"] = md.version("nvidia-pytriton")
+    return info
