@@ -27,6 +27,25 @@ def _io(config: Dict[str, Any], kind: str) -> List[Dict[str, Any]]:
     return list(config.get(kind) or [])
 
 
+def _check_inputs(config: Dict[str, Any], expected: Dict[str, Tuple[str, ...]]) -> str:
+    """Exactly the ``expected`` inputs, each of one of its allowed types; the model name."""
+    name = config.get("name", "?")
+    inputs = {i["name"]: i for i in _io(config, "input")}
+    for inp, dtypes in expected.items():
+        allowed = " or ".join(dtypes)
+        if inp not in inputs:
+            raise ConfigError(f"model '{name}' config.pbtxt: missing input '{inp}' ({allowed})")
+        if inputs[inp].get("data_type") not in dtypes:
+            raise ConfigError(
+                f"model '{name}' config.pbtxt: input '{inp}' must be {allowed}, "
+                f"got {inputs[inp].get('data_type')}"
+            )
+    extra = sorted(set(inputs) - set(expected))
+    if extra:
+        raise ConfigError(f"model '{name}' config.pbtxt: unexpected inputs {extra}")
+    return name
+
+
 def check_hps_model_config(config: Dict[str, Any]) -> Tuple[str, Tuple[str, ...]]:
     """Validate the inputs/outputs of an ``hps`` model.
 
@@ -35,20 +54,7 @@ def check_hps_model_config(config: Dict[str, Any]) -> Tuple[str, Tuple[str, ...]
     Raises:
         ConfigError: naming the model and the offending input/output.
     """
-    name = config.get("name", "?")
-    inputs = {i["name"]: i for i in _io(config, "input")}
-    expected = {"KEYS": "TYPE_INT64", "NUMKEYS": "TYPE_INT32"}
-    for inp, dtype in expected.items():
-        if inp not in inputs:
-            raise ConfigError(f"model '{name}' config.pbtxt: missing input '{inp}' ({dtype})")
-        if inputs[inp].get("data_type") != dtype:
-            raise ConfigError(
-                f"model '{name}' config.pbtxt: input '{inp}' must be {dtype}, "
-                f"got {inputs[inp].get('data_type')}"
-            )
-    extra = sorted(set(inputs) - set(expected))
-    if extra:
-        raise ConfigError(f"model '{name}' config.pbtxt: unexpected inputs {extra}")
+    name = _check_inputs(config, {"KEYS": ("TYPE_INT64",), "NUMKEYS": ("TYPE_INT32",)})
     outputs = _io(config, "output")
     info = tuple(o["name"] for o in outputs if o["name"] in HPS_INFO_OUTPUTS)
     for o in outputs:
@@ -74,20 +80,10 @@ def check_hugectr_model_config(config: Dict[str, Any]) -> str:
     Inputs ``DES`` (TYPE_FP32), ``CATCOLUMN`` (TYPE_UINT32 or TYPE_INT64), ``ROWINDEX``
     (TYPE_INT32); one TYPE_FP32 output (predictions).
     """
-    name = config.get("name", "?")
-    inputs = {i["name"]: i for i in _io(config, "input")}
-    expected = {"DES": ("TYPE_FP32",), "CATCOLUMN": ("TYPE_UINT32", "TYPE_INT64"), "ROWINDEX": ("TYPE_INT32",)}
-    for inp, dtypes in expected.items():
-        if inp not in inputs:
-            raise ConfigError(f"model '{name}' config.pbtxt: missing input '{inp}' ({' or '.join(dtypes)})")
-        if inputs[inp].get("data_type") not in dtypes:
-            raise ConfigError(
-                f"model '{name}' config.pbtxt: input '{inp}' must be {' or '.join(dtypes)}, "
-                f"got {inputs[inp].get('data_type')}"
-            )
-    extra = sorted(set(inputs) - set(expected))
-    if extra:
-        raise ConfigError(f"model '{name}' config.pbtxt: unexpected inputs {extra}")
+    name = _check_inputs(
+        config,
+        {"DES": ("TYPE_FP32",), "CATCOLUMN": ("TYPE_UINT32", "TYPE_INT64"), "ROWINDEX": ("TYPE_INT32",)},
+    )
     outputs = _io(config, "output")
     if len(outputs) != 1 or outputs[0].get("data_type") != "TYPE_FP32":
         raise ConfigError(

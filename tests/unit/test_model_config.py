@@ -3,7 +3,7 @@
 import pytest
 
 from triton_rec.errors import ConfigError
-from triton_rec.model_config import check_hps_model_config, model_parameter
+from triton_rec.model_config import check_hps_model_config, check_hugectr_model_config, model_parameter
 
 
 def _cfg(inputs=None, outputs=None, **kw):
@@ -51,3 +51,21 @@ def test_string_parameters_are_read_from_config_pbtxt():
     assert model_parameter(cfg, "ps") == "../ps.json"
     assert model_parameter(cfg, "other") is None
     assert model_parameter(_cfg(), "ps") is None
+
+
+def _hugectr(cat="TYPE_UINT32", outputs=None):
+    return {
+        "name": "dcn",
+        "input": [{"name": "DES", "data_type": "TYPE_FP32"}, {"name": "CATCOLUMN", "data_type": cat},
+                  {"name": "ROWINDEX", "data_type": "TYPE_INT32"}],
+        "output": outputs if outputs is not None else [{"name": "OUTPUT0", "data_type": "TYPE_FP32"}],
+    }
+
+
+def test_the_hugectr_interface_takes_uint32_or_int64_keys():
+    assert check_hugectr_model_config(_hugectr("TYPE_UINT32")) == "OUTPUT0"
+    assert check_hugectr_model_config(_hugectr("TYPE_INT64")) == "OUTPUT0"
+    with pytest.raises(ConfigError, match="input 'CATCOLUMN' must be TYPE_UINT32 or TYPE_INT64, got TYPE_INT32"):
+        check_hugectr_model_config(_hugectr("TYPE_INT32"))
+    with pytest.raises(ConfigError, match="expected one TYPE_FP32 output"):
+        check_hugectr_model_config(_hugectr(outputs=[]))
