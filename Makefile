@@ -6,8 +6,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp)
-# Debian packages: libpython3.11 (the Triton Python stub links it), libb64-0d (perf_analyzer).
-APT_PACKAGES ?= libpython3.11 libb64-0d
+# Debian packages: libpython3.11 (the Triton Python stub links it), libb64-0d (perf_analyzer),
+# redis-server + openssl (the Redis Cluster tier and its tests).
+APT_PACKAGES ?= libpython3.11 libb64-0d redis-server openssl
 
 .PHONY: all install system-deps triton demo serve test unit e2e bench clean
 
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml CMakeLists.txt $(NATIVE)
 	$(MAKE) system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[server,test]'
+	$(PY) -m pip install -q -e '.[server,test,tiers]'
 	touch $@
 
 install: $(STAMP)

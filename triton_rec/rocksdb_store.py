@@ -1,0 +1,297 @@
+"""The persistent tier: one table in a RocksDB database (HPS ``persistent_db``), via rocksdict.
+
+Layout (the HPS layout; one database may hold the tables of many models):
+
+- one RocksDB database per ``path`` (ps.json ``persistent_db.path``);
+- one **column family per table**, named ``<model>.<table>``
+  (:func:`triton_rec.backing_store.tier_table_name`), e.g. ``hps_demo.item``;
+- key: the int64 key as 8 little-endian bytes; value: the vector as ``vec_size``
+  little-endian float32 (``4 * vec_size`` bytes), nothing else.
+
+A stored value of another length is reported (:class:`StoreDataError` naming the table
+and the key), never returned in part.
+
+Opening: RocksDB allows one read-write opener per database (a second process gets
+:class:`StoreUnavailableError` naming the lock); any number of read-only openers, each
+seeing the database as it was when it opened it (serving processes should open it
+``read_only``; following a writer needs RocksDB's secondary mode, not done yet). In one
+process, the stores of a database share one read-write handle; read-only stores share
+a read-only handle that holds their table (or the read-write one, which is current).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+from typing import Dict, List
+
+import numpy as np
+
+from triton_rec.backing_store import (
+    BackingStore,
+    StoreError,
+    StoreUnavailableError,
+    check_keys,
+    check_rows,
+    chunks,
+    decode_keys,
+    decode_values,
+    encode_keys,
+    last_occurrence,
+)
+
+try:  # optional dependency (pip install rocksdict)
+    import rocksdict
+except ImportError:  # pragma: no cover - exercised only without rocksdict
+    rocksdict = None
+
+log = logging.getLogger(__name__)
+
+_TABLE_RE = re.compile(r"[A-Za-z0-9_.-]{1,250}")
+
+
+@dataclass
+class _OpenDB:
+    db: "rocksdict.Rdict"
+    read_only: bool
+    users: int
+
+
+# The open databases of this process, by real path, shared by every store using them: a
+# read-write handle serves every store of its database; a read-only one (a snapshot taken
+# when it opened) serves the read-only stores whose table it holds.
+_DBS: Dict[str, List[_OpenDB]] = {}
+_DBS_LOCK = threading.Lock()
+
+
+def _options(num_threads: int, create: bool) -> "rocksdict.Options":
+    opts = rocksdict.Options(raw_mode=True)
+    if create:
+        opts.create_if_missing(True)
+    if num_threads > 1:
+        opts.increase_parallelism(num_threads)
+    return opts
+
+
+def _column_family(db: "rocksdict.Rdict", name: str, create: bool):
+    """The column family ``name`` of ``db`` (created if ``create``), or None if absent."""
+    try:
+        return db.get_column_family(name)
+    except Exception:  # rocksdict: "column name ... does not exist"
+        if not create:
+            return None
+    return db.create_column_family(name, rocksdict.Options(raw_mode=True))
+
+
+def _open(path: str, real: str, read_only: bool, num_threads: int) -> "rocksdict.Rdict":
+    try:
+        if read_only:
+            if not os.path.isdir(real):
+                raise StoreUnavailableError(
+                    f"RocksDB {path}: no database there (opened read-only)")
+            return rocksdict.Rdict(real, _options(num_threads, create=False),
+                                   access_type=rocksdict.AccessType.read_only())
+        os.makedirs(real, exist_ok=True)
+        return rocksdict.Rdict(real, _options(num_threads, create=True))
+    except StoreError:
+        raise
+    except Exception as e:  # rocksdict raises plain Exception
+        hint = (" (another process holds it read-write: open it read_only there or here)"
+                if "lock" in str(e).lower() else "")
+        raise StoreUnavailableError(f"RocksDB {path}: cannot open: {e}{hint}") from e
+
+
+def _acquire(path: str, table: str, read_only: bool, num_threads: int, where: str):
+    """``(real path, handle, column family view)`` for one store; see ``_DBS``."""
+    real = os.path.realpath(path)
+    with _DBS_LOCK:
+        handles = _DBS.setdefault(real, [])
+        try:
+            for h in sorted(handles, key=lambda h: h.read_only):  # read-write first
+                if h.read_only and not read_only:
+                    continue
+                cf = _column_family(h.db, table, create=not read_only)
+                if cf is not None:
+                    h.users += 1
+                    return real, h, cf
+            db = _open(path, real, read_only, num_threads)
+            cf = _column_family(db, table, create=not read_only)
+            if cf is None:
+                db.close()
+                have = [c for c in rocksdict.Rdict.list_cf(real) if c != "default"]
+                raise StoreUnavailableError(f"{where}: no such column family in the database "
+                                            f"(it has: {', '.join(have) or 'none'})")
+        except StoreError:
+            raise
+        except Exception as e:
+            raise StoreUnavailableError(f"{where}: cannot open the column family: {e}") from e
+        finally:
+            if not handles:
+                _DBS.pop(real, None)
+        h = _OpenDB(db, read_only, 1)
+        _DBS.setdefault(real, []).append(h)
+        return real, h, cf
+
+
+def _release(real: str, h: _OpenDB) -> None:
+    with _DBS_LOCK:
+        h.users -= 1
+        if h.users == 0:
+            handles = _DBS.get(real, [])
+            if h in handles:
+                handles.remove(h)
+            if not handles:
+                _DBS.pop(real, None)
+            try:
+                h.db.close()
+            except Exception as e:  # e.g. the directory was removed under it
+                log.warning("RocksDB %s: close failed: %s", real, e)
+
+
+class RocksDBStore(BackingStore):
+    """One table (a column family) of a RocksDB database.
+
+    Args:
+        path: the database directory (created, with the column family, unless read_only).
+        table_name: the column family, ``<model>.<table>`` by convention
+            (:func:`~triton_rec.backing_store.tier_table_name`).
+        vec_size: floats per vector.
+        default_value: value of every element of an unknown key's vector.
+        read_only: open the database read-only (the table must exist); upsert/delete raise
+            :class:`~triton_rec.backing_store.ReadOnlyStoreError`.
+        max_batch_size: most keys per multi-get or write batch.
+        num_threads: RocksDB background threads (``persistent_db.num_threads``).
+
+    Raises:
+        StoreUnavailableError: the database cannot be opened (missing, locked by another
+            process) or, read-only, has no such column family (the message lists those it has).
+
+    ``num_rows`` is RocksDB's estimate (``rocksdb.estimate-num-keys``): exact after plain
+    inserts, approximate once keys are overwritten or deleted.
+
+    Thread-safety: every method may be called from any number of threads.
+    """
+
+    tier = "rocksdb"
+    exact_num_rows = False
+
+    def __init__(self, path, table_name: str, vec_size: int, default_value: float = 0.0,
+                 read_only: bool = False, max_batch_size: int = 10000, num_threads: int = 16):
+        if rocksdict is None:
+            raise StoreUnavailableError("RocksDB store: the rocksdict package is not installed "
+                                        "(pip install rocksdict)")
+        if not isinstance(table_name, str) or not _TABLE_RE.fullmatch(table_name):
+            raise ValueError(
+                f"RocksDB table name {table_name!r}: letters, digits, '_', '-', '.' only")
+        if int(vec_size) < 1 or int(max_batch_size) < 1:
+            raise ValueError(
+                f"vec_size and max_batch_size must be >= 1, got {vec_size}, {max_batch_size}")
+        self.path = str(path)
+        self.table_name = table_name
+        self.vec_size = int(vec_size)
+        self.default_value = float(default_value)
+        self.read_only = bool(read_only)
+        self.max_batch_size = int(max_batch_size)
+        self._where = f"RocksDB {self.path} table {table_name!r}"
+        self._real, self._h, self._cf = _acquire(self.path, table_name, self.read_only,
+                                                 int(num_threads), self._where)
+        try:
+            self._handle = (None if self.read_only
+                            else self._h.db.get_column_family_handle(table_name))
+        except Exception as e:
+            self._cf.close()
+            self._cf = None
+            _release(self._real, self._h)
+            raise StoreUnavailableError(f"{self._where}: cannot open the column family: {e}") from e
+        self._closed = False
+
+    def _call(self, what: str, fn, *args):
+        if self._closed:
+            raise StoreError(f"{self._where}: store is closed")
+        try:
+            return fn(*args)
+        except StoreError:
+            raise
+        except Exception as e:
+            raise StoreError(f"{self._where}: {what} failed: {e}") from e
+
+    def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        keys = check_keys(keys)
+        found = np.zeros(keys.shape[0], dtype=bool)
+        raw = encode_keys(keys)
+        for s, e in chunks(keys.shape[0], self.max_batch_size):
+            values = self._call("multi-get", self._cf.get, raw[s:e])
+            decode_values(values, keys[s:e], out[s:e], found[s:e], self.default_value, self._where)
+        return found
+
+    def _write(self, fill) -> None:
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        wb.set_default_column_family(self._handle)
+        fill(wb)
+        self._call("write", self._h.db.write, wb)
+
+    def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        if self.read_only:
+            return super().upsert(keys, vectors)
+        keys, vectors = check_rows(keys, vectors, self.vec_size)
+        idx = last_occurrence(keys)
+        keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx], dtype="<f4")
+        raw_k = encode_keys(keys)
+        raw_v = vectors.view(f"V{4 * self.vec_size}").ravel().tolist()
+        for s, e in chunks(keys.shape[0], self.max_batch_size):
+            def fill(wb, s=s, e=e):
+                for k, v in zip(raw_k[s:e], raw_v[s:e]):
+                    wb.put(k, v)
+            self._write(fill)
+        return int(keys.shape[0])
+
+    def delete(self, keys: np.ndarray) -> int:
+        """Remove ``keys``; one multi-get first counts those present (RocksDB does not say)."""
+        if self.read_only:
+            return super().delete(keys)
+        keys = np.unique(check_keys(keys))
+        raw = encode_keys(keys)
+        present = 0
+        for s, e in chunks(keys.shape[0], self.max_batch_size):
+            present += sum(v is not None for v in self._call("multi-get", self._cf.get, raw[s:e]))
+            def fill(wb, s=s, e=e):
+                for k in raw[s:e]:
+                    wb.delete(k)
+            self._write(fill)
+        return present
+
+    def num_rows(self) -> int:
+        """RocksDB's estimate of the keys in the column family (see the class docstring)."""
+        n = self._call("num_rows", self._cf.property_int_value, "rocksdb.estimate-num-keys")
+        return int(n or 0)
+
+    def sample_keys(self, n: int) -> np.ndarray:
+        """The first ``n`` keys in RocksDB order (bytewise order of the little-endian keys)."""
+        def first_n():
+            raw = []
+            it = self._cf.iter()
+            it.seek_to_first()
+            while it.valid() and len(raw) < n:
+                raw.append(it.key())
+                it.next()
+            return raw
+        return decode_keys(self._call("iteration", first_n) if n > 0 else [], self._where)
+
+    def close(self) -> None:
+        """Release this store's column family; the last store of a database closes it."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._cf.close()
+        finally:
+            # the column-family objects keep the database open (and locked) until dropped
+            self._cf = self._handle = None
+            _release(self._real, self._h)
+
+    def __repr__(self) -> str:
+        mode = ", read_only" if self.read_only else ""
+        return f"RocksDBStore({self.path!r}, {self.table_name!r}, vec_size={self.vec_size}{mode})"
