@@ -55,7 +55,7 @@ from ps_loader import node_store  # noqa: E402
 from ps_loader.hugectr_sparse import KEY_FILE, VECTOR_FILE  # noqa: E402
 from triton_rec.runtime import TritonServer, prepare_backend_dir  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import machine_info  # noqa: E402
+from machine import evict_files, machine_info  # noqa: E402
 
 KEY_BASE = 1_000_000_007  # keys are KEY_BASE + a permutation of range(rows)
 CHUNK_BYTES = 64 << 20
@@ -93,16 +93,6 @@ def loadavg() -> str:
 
 # -- page cache ---------------------------------------------------------------------------
 
-
-def evict_files(*paths) -> None:
-    """Write back and drop these files' pages from the page cache."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def warm_file(path: str) -> float:

@@ -46,7 +46,7 @@ from ps_loader.hugectr_sparse import KEY_FILE, VECTOR_FILE
 from triton_rec.config import TableParams
 from triton_rec.table import EmbeddingTable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import machine_info  # noqa: E402
+from machine import evict_files, machine_info  # noqa: E402
 
 CHUNK_ROWS_BYTES = 64 << 20
 
@@ -78,16 +78,6 @@ def fsync(*paths: str) -> None:
         finally:
             os.close(fd)
 
-
-def evict(*paths: str) -> None:
-    """Drop these files' pages from the page cache (written back first)."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def copy_file(src: str, dst: str) -> None:
@@ -163,7 +153,7 @@ def main(argv=None) -> int:
         src_bytes = 8 * rows + 4 * rows * dim
         res["source_bytes"] = src_bytes
         if args.cold:
-            evict(*src_files)
+            evict_files(*src_files)
 
         # 1. first conversion
         progress = node_store.ProgressLogger("convert", sys.stderr)
@@ -179,7 +169,7 @@ def main(argv=None) -> int:
         # hashing, no index), timed up to the last byte handed to the page cache, like
         # the conversion (no fsync in either).
         if args.cold:
-            evict(os.path.join(src, VECTOR_FILE))
+            evict_files(os.path.join(src, VECTOR_FILE))
         ref = os.path.join(store, "reference-copy")
         c0 = cpu_seconds()
         _, s = timed(lambda: copy_file(os.path.join(src, VECTOR_FILE), ref))
@@ -198,7 +188,7 @@ def main(argv=None) -> int:
 
         # 3. open + prefault
         if args.cold:
-            evict(conv.path)
+            evict_files(conv.path)
         mapped, s = timed(lambda: node_store.open_table(conv.path, "t"))
         res["open_s"] = s
         touched, s = timed(mapped.prefault)
@@ -207,7 +197,7 @@ def main(argv=None) -> int:
 
         # 4. the per-instance way: map the source, build a private index
         if args.cold:
-            evict(*src_files)
+            evict_files(*src_files)
 
         def old_way():
             keys, vectors = read_table(src, dim)
@@ -240,7 +230,7 @@ def main(argv=None) -> int:
         kst = os.stat(os.path.join(src, KEY_FILE))
         os.utime(os.path.join(src, KEY_FILE), ns=(kst.st_atime_ns, kst.st_mtime_ns + 10**9))
         if args.cold:
-            evict(*src_files)
+            evict_files(*src_files)
         c0 = cpu_seconds()
         re, s = timed(lambda: node_store.ensure_layout(src, dim, store))
         res["rehash_cpu_s"] = cpu_seconds() - c0

@@ -1,4 +1,4 @@
-"""What machine a benchmark ran on: one function every benchmark script reports with."""
+"""What machine a benchmark ran on (one function every benchmark reports with), and page-cache control."""
 
 from __future__ import annotations
 
@@ -65,3 +65,14 @@ def machine_info(path: Optional[str] = None) -> dict:
 
         info["nvidia_pytriton"] = md.version("nvidia-pytriton")
     return info
+
+
+def evict_files(*paths: str) -> None:
+    """Drop these files' pages from the page cache (written back first), for cold runs."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
