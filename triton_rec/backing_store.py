@@ -23,6 +23,7 @@ Tables in the remote tiers are named ``<model>.<table>`` (:func:`tier_table_name
 from __future__ import annotations
 
 import abc
+import contextlib
 import re
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -209,6 +210,22 @@ class BackingStore(abc.ABC):
     def close(self) -> None:  # pragma: no cover - trivial default
         """Release connections/mappings."""
 
+    # -- import bookkeeping (writable tiers; see triton_rec.tiers.import_table) --------
+
+    def get_meta(self, name: str) -> Optional[str]:
+        """A small string stored beside the table (e.g. the content digest of the sparse
+        files it was imported from), or None. Stores without metadata return None."""
+        return None
+
+    def set_meta(self, name: str, value: str) -> None:
+        """Store ``value`` under ``name`` beside the table (writable tiers)."""
+        raise ReadOnlyStoreError(f"store {self!r} keeps no metadata")
+
+    def import_lock(self, timeout: float):
+        """A context manager held while importing into this table: one importer at a time,
+        whichever process or node it runs on. The default is a no-op (private stores)."""
+        return contextlib.nullcontext()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(tier={self.tier!r}, vec_size={self.vec_size})"
 
@@ -266,7 +283,16 @@ class DictStore(BackingStore):
         self.default_value = float(default_value)
         self.name = name
         self._rows: Dict[int, np.ndarray] = {}
+        self._meta: Dict[str, str] = {}
         self._lock = threading.Lock()
+
+    def get_meta(self, name: str) -> Optional[str]:
+        with self._lock:
+            return self._meta.get(name)
+
+    def set_meta(self, name: str, value: str) -> None:
+        with self._lock:
+            self._meta[name] = str(value)
 
     def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
         keys = check_keys(keys)

@@ -17,6 +17,7 @@ Compatibility rules (see ``docs/upstream-notes.md`` for where they come from):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -47,6 +48,7 @@ _MODEL_KEYS_USED = {
     "init_ec",
     "cache_policy",
     "cache_ways",
+    "freeze_sparse",
 }
 _MODEL_KEYS_KNOWN = _MODEL_KEYS_USED | {
     "num_of_worker_buffer_in_pool",
@@ -59,7 +61,6 @@ _MODEL_KEYS_KNOWN = _MODEL_KEYS_USED | {
     "use_context_stream",
     "fuse_embedding_table",
     "sparse_model_files",
-    "freeze_sparse",
     "use_mixed_precision",
     "scaler",
     "use_algorithm_search",
@@ -119,6 +120,364 @@ def _resolve(path: str, base_dir: str) -> str:
     return path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
 
 
+# ---- storage tiers (top-level volatile_db / persistent_db / update_source) -------------
+
+#: ``volatile_db.type`` values and what serves them here: every HPS in-memory hash map
+#: type is the node-local store (one memory-mapped copy per node, read-only).
+VOLATILE_TYPES = {
+    "hash_map": "hash_map",
+    "parallel_hash_map": "hash_map",
+    "multi_process_hash_map": "hash_map",
+    "redis_cluster": "redis_cluster",
+    "disabled": "disabled",
+}
+PERSISTENT_TYPES = {"rocks_db": "rocks_db", "rocksdb": "rocks_db", "disabled": "disabled"}
+UPDATE_SOURCE_TYPES = {"null": "null", "none": "null", "redis_stream": "redis_stream"}
+OVERFLOW_POLICIES = ("evict_oldest", "evict_random", "evict_least_used")
+#: what a lookup does when a tier cannot be reached: raise (the request fails with an
+#: error naming the tier) or go on with the next tier (then the default value).
+ON_UNAVAILABLE = ("fail", "next_tier")
+
+_REDIS_KEYS = {
+    "address", "user_name", "password", "num_partitions", "num_node_connections",
+    "enable_tls", "tls_ca_certificate", "tls_client_certificate", "tls_client_key",
+    "tls_server_name_identification", "max_batch_size", "connect_timeout", "socket_timeout",
+}
+_VOLATILE_KEYS_USED = _REDIS_KEYS | {
+    "type", "overflow_margin", "overflow_policy", "overflow_resolution_target",
+    "initial_cache_rate", "cache_missed_embeddings", "update_filters",
+    "refresh_time_after_fetch", "on_unavailable",
+}
+# Documented for HPS but meaningless here (hash map internals) or obsolete: accepted.
+_VOLATILE_KEYS_KNOWN = _VOLATILE_KEYS_USED | {
+    "algorithm", "allocation_rate", "shared_memory_size", "shared_memory_name",
+    "max_get_batch_size", "max_set_batch_size", "initialize_after_startup",
+}
+_PERSISTENT_KEYS_USED = {"type", "path", "num_threads", "read_only", "max_batch_size",
+                         "update_filters", "on_unavailable"}
+_PERSISTENT_KEYS_KNOWN = _PERSISTENT_KEYS_USED | {"max_get_batch_size", "max_set_batch_size"}
+_UPDATE_KEYS_USED = _REDIS_KEYS | {"type", "group", "poll_timeout_ms", "max_batch_size",
+                                   "failure_backoff_ms", "start"}
+_UPDATE_KEYS_KNOWN = _UPDATE_KEYS_USED | {
+    "brokers", "metadata_refresh_interval_ms", "receive_buffer_size", "max_commit_interval",
+    "send_buffer_size",
+}
+_DEFAULT_UPDATE_FILTERS = ("^hps_.+$",)
+
+
+@dataclass(frozen=True)
+class RedisParams:
+    """How to reach a Redis Cluster (``volatile_db`` of type ``redis_cluster``, and
+    ``update_source`` of type ``redis_stream``); HPS names and defaults."""
+
+    address: str = "127.0.0.1:7000"
+    user_name: str = "default"
+    password: str = ""
+    num_node_connections: int = 5
+    enable_tls: bool = False
+    tls_ca_certificate: Optional[str] = None
+    tls_client_certificate: Optional[str] = None
+    tls_client_key: Optional[str] = None
+    tls_server_name_identification: Optional[str] = None
+    connect_timeout: float = 2.0
+    socket_timeout: float = 2.0
+
+    def client_kwargs(self) -> Dict[str, Any]:
+        """Keyword arguments of :class:`~triton_rec.redis_store.RedisClusterStore` (and
+        the update producer/consumer) for these settings."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "address"}
+
+
+@dataclass(frozen=True)
+class VolatileDBParams:
+    """``volatile_db``: the first tier behind the embedding cache.
+
+    Args:
+        type: ``hash_map`` (every HPS hash map type: the node-local store), ``redis_cluster``
+            or ``disabled``.
+        redis: connection settings (``redis_cluster``).
+        num_partitions: Redis hashes per table (HPS default 8).
+        max_batch_size: most keys per Redis command (``max_get/set_batch_size`` are read
+            as its older spelling).
+        overflow_margin: most rows per partition (None: unbounded). For
+            ``redis_cluster`` only with a ``persistent_db`` behind, which holds every row;
+            ignored (and logged) for the hash map types, which hold whole tables.
+        overflow_policy: ``evict_oldest`` (by write time, or access time with
+            ``refresh_time_after_fetch``), ``evict_random``, ``evict_least_used``.
+        overflow_resolution_target: a partition past the margin is pruned to
+            ``margin * target`` rows.
+        initial_cache_rate: fraction of each table imported into this tier at load (< 1
+            only with a persistent tier holding the rest).
+        cache_missed_embeddings: rows found in the persistent tier are copied here.
+        update_filters: regexes; online updates of topics matching one are written here.
+        on_unavailable: ``fail`` or ``next_tier`` (see :data:`ON_UNAVAILABLE`).
+        extra: documented keys not acted on (hash map internals), as given.
+        unknown_keys: undocumented keys.
+    """
+
+    type: str = "hash_map"
+    redis: RedisParams = field(default_factory=RedisParams)
+    num_partitions: int = 8
+    max_batch_size: int = 10000
+    overflow_margin: Optional[int] = None
+    overflow_policy: str = "evict_oldest"
+    overflow_resolution_target: float = 0.8
+    initial_cache_rate: float = 1.0
+    cache_missed_embeddings: bool = False
+    refresh_time_after_fetch: bool = False
+    update_filters: Tuple[str, ...] = _DEFAULT_UPDATE_FILTERS
+    on_unavailable: str = "fail"
+    extra: Dict[str, Any] = field(default_factory=dict)
+    unknown_keys: Tuple[str, ...] = ()
+
+    def ignored_settings(self) -> Tuple[str, ...]:
+        """Settings given for a hash map type that do nothing here (the backends log them):
+        the node-local store holds whole tables, so it never overflows or caches part."""
+        if self.type != "hash_map":
+            return ()
+        out = []
+        if self.overflow_margin is not None:
+            out.append(f"overflow_margin={self.overflow_margin}")
+        if self.initial_cache_rate < 1.0:
+            out.append(f"initial_cache_rate={self.initial_cache_rate}")
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class PersistentDBParams:
+    """``persistent_db``: the tier behind the volatile one (RocksDB on local disk).
+
+    Args:
+        type: ``rocks_db`` or ``disabled`` (the HPS default).
+        path: the database directory (relative paths resolve against ps.json's directory).
+        num_threads: RocksDB background threads.
+        read_only: open read-only (no import, no updates; the database must hold the tables).
+        max_batch_size: most keys per RocksDB batch.
+        update_filters, on_unavailable: as for :class:`VolatileDBParams`.
+    """
+
+    type: str = "disabled"
+    path: str = "/tmp/rocksdb"
+    num_threads: int = 16
+    read_only: bool = False
+    max_batch_size: int = 10000
+    update_filters: Tuple[str, ...] = _DEFAULT_UPDATE_FILTERS
+    on_unavailable: str = "fail"
+    unknown_keys: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class UpdateSourceParams:
+    """``update_source``: where online updates come from.
+
+    Args:
+        type: ``null`` (none) or ``redis_stream`` (Redis Streams in a Redis Cluster, HPS
+            message format, one stream per ``hps_et.<model>.<table>`` topic). HPS's
+            ``kafka_message_queue`` is not supported (a ConfigError says so).
+        redis: connection settings of the cluster holding the streams.
+        group: consumer group; one per inference node (default: the host name), so
+            every node sees every update.
+        poll_timeout_ms, max_batch_size, failure_backoff_ms: HPS names and defaults.
+        start: where a new group starts: ``earliest`` (everything the stream holds) or
+            ``latest`` (only what is published from now on).
+    """
+
+    type: str = "null"
+    redis: RedisParams = field(default_factory=RedisParams)
+    group: Optional[str] = None
+    poll_timeout_ms: int = 500
+    max_batch_size: int = 8192
+    failure_backoff_ms: int = 50
+    start: str = "earliest"
+    unknown_keys: Tuple[str, ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return self.type != "null"
+
+
+def _choice(v: Any, choices, where: str) -> str:
+    if not isinstance(v, str) or v.lower() not in choices:
+        raise _fail(where, f"must be one of {sorted(set(choices))}, got {v!r}")
+    return choices[v.lower()] if isinstance(choices, dict) else v.lower()
+
+
+def _filters(v: Any, where: str) -> Tuple[str, ...]:
+    items = _as_list(v, where)
+    for i, f in enumerate(items):
+        if not isinstance(f, str):
+            raise _fail(f"{where}[{i}]", f"expected a regular expression string, got {f!r}")
+        try:
+            re.compile(f)
+        except re.error as e:
+            raise _fail(f"{where}[{i}]", f"not a valid regular expression: {e}") from e
+    return tuple(items)
+
+
+def _batch_size(sec: dict, where: str, default: int) -> int:
+    # max_batch_size, or the older max_get/set_batch_size pair (the smaller wins).
+    for key in ("max_batch_size", "max_get_batch_size", "max_set_batch_size"):
+        if key in sec:
+            _as_int(sec[key], f"{where}.{key}", 1)
+    if "max_batch_size" in sec:
+        return int(sec["max_batch_size"])
+    old = [int(sec[k]) for k in ("max_get_batch_size", "max_set_batch_size") if k in sec]
+    return min(old) if old else default
+
+
+def _redis_params(sec: dict, where: str, base_dir: str) -> RedisParams:
+    d = RedisParams()
+
+    def opt_str(key):
+        v = sec.get(key)
+        if v is None or v == "":
+            return None
+        if not isinstance(v, str):
+            raise _fail(f"{where}.{key}", f"expected a string, got {v!r}")
+        return v
+
+    def opt_file(key):
+        v = opt_str(key)
+        return None if v is None else _resolve(v, base_dir)
+
+    timeouts = {}
+    for key in ("connect_timeout", "socket_timeout"):
+        timeouts[key] = _as_float(sec.get(key, getattr(d, key)), f"{where}.{key}")
+        if timeouts[key] <= 0:
+            raise _fail(f"{where}.{key}", f"must be > 0 seconds, got {timeouts[key]}")
+    address = sec.get("address", d.address)
+    if not isinstance(address, str) or not address.strip():
+        raise _fail(f"{where}.address", f"expected 'host:port[,host:port...]', got {address!r}")
+    return RedisParams(
+        address=address,
+        user_name=opt_str("user_name") or d.user_name,
+        password=opt_str("password") or "",
+        num_node_connections=_as_int(sec.get("num_node_connections", d.num_node_connections),
+                                     f"{where}.num_node_connections", 1),
+        enable_tls=_as_bool(sec.get("enable_tls", False), f"{where}.enable_tls"),
+        tls_ca_certificate=opt_file("tls_ca_certificate"),
+        tls_client_certificate=opt_file("tls_client_certificate"),
+        tls_client_key=opt_file("tls_client_key"),
+        tls_server_name_identification=opt_str("tls_server_name_identification"),
+        **timeouts,
+    )
+
+
+def _parse_volatile(sec: dict, base_dir: str, source: str) -> VolatileDBParams:
+    where = f"{source}: volatile_db"
+    d = VolatileDBParams()
+    typ = _choice(sec.get("type", "parallel_hash_map"), VOLATILE_TYPES, f"{where}.type")
+    margin = sec.get("overflow_margin")
+    if margin is not None:
+        margin = _as_int(margin, f"{where}.overflow_margin", 1)
+        if margin >= 2 ** 63:  # HPS's default is SIZE_MAX: unbounded
+            margin = None
+    target = _as_float(sec.get("overflow_resolution_target", d.overflow_resolution_target),
+                       f"{where}.overflow_resolution_target")
+    if not 0.0 < target < 1.0:
+        raise _fail(f"{where}.overflow_resolution_target", f"must be within ]0, 1[, got {target}")
+    rate = _as_float(sec.get("initial_cache_rate", 1.0), f"{where}.initial_cache_rate")
+    if not 0.0 <= rate <= 1.0:
+        raise _fail(f"{where}.initial_cache_rate", f"must be within [0, 1], got {rate}")
+    return VolatileDBParams(
+        type=typ,
+        redis=_redis_params(sec, where, base_dir),
+        num_partitions=_as_int(sec.get("num_partitions", d.num_partitions),
+                               f"{where}.num_partitions", 1),
+        max_batch_size=_batch_size(sec, where, d.max_batch_size),
+        overflow_margin=margin,
+        overflow_policy=_choice(sec.get("overflow_policy", d.overflow_policy),
+                                OVERFLOW_POLICIES, f"{where}.overflow_policy"),
+        overflow_resolution_target=target,
+        initial_cache_rate=rate,
+        cache_missed_embeddings=_as_bool(sec.get("cache_missed_embeddings", False),
+                                         f"{where}.cache_missed_embeddings"),
+        refresh_time_after_fetch=_as_bool(sec.get("refresh_time_after_fetch", False),
+                                          f"{where}.refresh_time_after_fetch"),
+        update_filters=_filters(sec.get("update_filters", list(_DEFAULT_UPDATE_FILTERS)),
+                                f"{where}.update_filters"),
+        on_unavailable=_choice(sec.get("on_unavailable", "fail"), ON_UNAVAILABLE,
+                               f"{where}.on_unavailable"),
+        extra={k: v for k, v in sec.items() if k in _VOLATILE_KEYS_KNOWN - _VOLATILE_KEYS_USED},
+        unknown_keys=tuple(sorted(k for k in sec if k not in _VOLATILE_KEYS_KNOWN)),
+    )
+
+
+def _parse_persistent(sec: dict, base_dir: str, source: str) -> PersistentDBParams:
+    where = f"{source}: persistent_db"
+    d = PersistentDBParams()
+    path = sec.get("path", d.path)
+    if not isinstance(path, str) or not path:
+        raise _fail(f"{where}.path", f"expected a directory path, got {path!r}")
+    return PersistentDBParams(
+        type=_choice(sec.get("type", "disabled"), PERSISTENT_TYPES, f"{where}.type"),
+        path=_resolve(path, base_dir),
+        num_threads=_as_int(sec.get("num_threads", d.num_threads), f"{where}.num_threads", 1),
+        read_only=_as_bool(sec.get("read_only", False), f"{where}.read_only"),
+        max_batch_size=_batch_size(sec, where, d.max_batch_size),
+        update_filters=_filters(sec.get("update_filters", list(_DEFAULT_UPDATE_FILTERS)),
+                                f"{where}.update_filters"),
+        on_unavailable=_choice(sec.get("on_unavailable", "fail"), ON_UNAVAILABLE,
+                               f"{where}.on_unavailable"),
+        unknown_keys=tuple(sorted(k for k in sec if k not in _PERSISTENT_KEYS_KNOWN)),
+    )
+
+
+def _parse_update_source(sec: dict, base_dir: str, source: str) -> UpdateSourceParams:
+    where = f"{source}: update_source"
+    d = UpdateSourceParams()
+    raw = sec.get("type", "null")
+    if raw is None:
+        raw = "null"
+    if isinstance(raw, str) and raw.lower() in ("kafka", "kafka_message_queue"):
+        raise _fail(f"{where}.type",
+                    "Kafka is not supported by this backend: publish updates to Redis Streams "
+                    "and set \"type\": \"redis_stream\" (see README, online updates)")
+    group = sec.get("group")
+    if group is not None and (not isinstance(group, str) or not group):
+        raise _fail(f"{where}.group", f"expected a non-empty string, got {group!r}")
+    return UpdateSourceParams(
+        type=_choice(raw, UPDATE_SOURCE_TYPES, f"{where}.type"),
+        redis=_redis_params(sec, where, base_dir),
+        group=group,
+        poll_timeout_ms=_as_int(sec.get("poll_timeout_ms", d.poll_timeout_ms),
+                                f"{where}.poll_timeout_ms", 1),
+        max_batch_size=_as_int(sec.get("max_batch_size", d.max_batch_size),
+                               f"{where}.max_batch_size", 1),
+        failure_backoff_ms=_as_int(sec.get("failure_backoff_ms", d.failure_backoff_ms),
+                                   f"{where}.failure_backoff_ms", 1),
+        start=_choice(sec.get("start", "earliest"), ("earliest", "latest"), f"{where}.start"),
+        unknown_keys=tuple(sorted(k for k in sec if k not in _UPDATE_KEYS_KNOWN)),
+    )
+
+
+def _check_tiers(vol: VolatileDBParams, per: PersistentDBParams, upd: UpdateSourceParams,
+                 source: str) -> None:
+    """Combinations that would lose rows or updates without saying so."""
+    if vol.type == "disabled" and per.type == "disabled":
+        raise _fail(source, "volatile_db and persistent_db are both disabled: "
+                            "no tier would hold the embeddings")
+    if per.type == "disabled" and vol.type == "redis_cluster":
+        if vol.overflow_margin is not None:
+            raise _fail(f"{source}: volatile_db.overflow_margin",
+                        "evicting from the only tier would lose embeddings: "
+                        "set a persistent_db or remove overflow_margin")
+        if vol.initial_cache_rate < 1.0:
+            raise _fail(f"{source}: volatile_db.initial_cache_rate",
+                        f"{vol.initial_cache_rate} < 1 without a persistent_db would leave "
+                        "rows in no tier")
+    if upd.enabled:
+        if vol.type == "hash_map":
+            raise _fail(f"{source}: update_source",
+                        "online updates need writable tiers: the hash map volatile_db types "
+                        "are the read-only node-local store; use volatile_db redis_cluster "
+                        "and/or persistent_db rocks_db with volatile_db disabled")
+        if (vol.type == "disabled" or vol.type == "hash_map") and per.read_only:
+            raise _fail(f"{source}: update_source",
+                        "online updates need a writable tier: persistent_db is read_only "
+                        "and there is no redis_cluster volatile_db")
+
+
 @dataclass(frozen=True)
 class TableParams:
     """One embedding table of a model.
@@ -160,6 +519,10 @@ class ModelParams:
         refresh_interval: seconds between cache refreshes (0 = never).
         refresh_delay: seconds before the first refresh.
         cache_refresh_percentage_per_iteration: fraction of cached rows per refresh.
+        freeze_sparse: keep what the writable tiers hold when the model is loaded again
+            (no re-import of changed sparse files; online updates stay).
+        volatile_db, persistent_db, update_source: the file's tier sections (shared by
+            every model of the file).
         extra: documented keys this version does not act on, as given.
         unknown_keys: keys that nobody documented (kept for warnings).
     """
@@ -180,6 +543,10 @@ class ModelParams:
     refresh_interval: float = 0.0
     refresh_delay: float = 0.0
     cache_refresh_percentage_per_iteration: float = 0.1
+    freeze_sparse: bool = False
+    volatile_db: VolatileDBParams = field(default_factory=VolatileDBParams)
+    persistent_db: PersistentDBParams = field(default_factory=PersistentDBParams)
+    update_source: UpdateSourceParams = field(default_factory=UpdateSourceParams)
     extra: Dict[str, Any] = field(default_factory=dict)
     unknown_keys: Tuple[str, ...] = ()
 
@@ -201,16 +568,17 @@ class PSConfig:
         path: the file it came from ("<memory>" when parsed from a dict).
         supportlonglong: whether keys are 64-bit (``KEYS`` is always INT64 here).
         models: the model entries, by order of appearance.
-        volatile_db, persistent_db, update_source: the tier sections as given.
+        volatile_db, persistent_db, update_source: the parsed tier sections (also copied
+            into every :class:`ModelParams`).
         unknown_keys: undocumented top-level keys.
     """
 
     path: str
     supportlonglong: bool
     models: Tuple[ModelParams, ...]
-    volatile_db: Dict[str, Any] = field(default_factory=dict)
-    persistent_db: Dict[str, Any] = field(default_factory=dict)
-    update_source: Dict[str, Any] = field(default_factory=dict)
+    volatile_db: VolatileDBParams = field(default_factory=VolatileDBParams)
+    persistent_db: PersistentDBParams = field(default_factory=PersistentDBParams)
+    update_source: UpdateSourceParams = field(default_factory=UpdateSourceParams)
     unknown_keys: Tuple[str, ...] = ()
 
     def model(self, name: str) -> ModelParams:
@@ -344,6 +712,7 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
         refresh_interval=seconds["refresh_interval"],
         refresh_delay=seconds["refresh_delay"],
         cache_refresh_percentage_per_iteration=refresh_fraction,
+        freeze_sparse=_as_bool(obj.get("freeze_sparse", False), f"{where}.freeze_sparse"),
         extra={k: v for k, v in obj.items() if k in _MODEL_KEYS_KNOWN - _MODEL_KEYS_USED},
         unknown_keys=tuple(sorted(k for k in obj if k not in _MODEL_KEYS_KNOWN)),
     )
@@ -382,13 +751,19 @@ def parse_ps_config(obj: Any, base_dir: str = ".", source: str = "<memory>") -> 
         if m.model in seen:
             raise _fail(source, f"model {m.model!r} appears twice in 'models'")
         seen.add(m.model)
+    vol = _parse_volatile(_section(obj, "volatile_db", source), base_dir, source)
+    per = _parse_persistent(_section(obj, "persistent_db", source), base_dir, source)
+    upd = _parse_update_source(_section(obj, "update_source", source), base_dir, source)
+    _check_tiers(vol, per, upd, source)
+    models = tuple(dataclasses.replace(m, volatile_db=vol, persistent_db=per, update_source=upd)
+                   for m in models)
     return PSConfig(
         path=source,
         supportlonglong=_as_bool(obj["supportlonglong"], f"{source}: supportlonglong"),
         models=models,
-        volatile_db=_section(obj, "volatile_db", source),
-        persistent_db=_section(obj, "persistent_db", source),
-        update_source=_section(obj, "update_source", source),
+        volatile_db=vol,
+        persistent_db=per,
+        update_source=upd,
         unknown_keys=tuple(sorted(k for k in obj if k not in _TOP_KEYS_KNOWN)),
     )
 

@@ -27,8 +27,14 @@ raise :class:`StoreUnavailableError` naming the cluster's address.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
+import socket
+import threading
+import time
+import uuid
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -66,6 +72,8 @@ try:  # optional dependency (pip install redis)
     from redis.retry import Retry
 except ImportError:  # pragma: no cover - exercised only without redis-py
     redis = None
+
+log = logging.getLogger(__name__)
 
 _TABLE_RE = re.compile(r"[A-Za-z0-9_.-]{1,250}")
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -186,7 +194,9 @@ class RedisClusterStore(BackingStore):
                  tls_client_certificate: Optional[str] = None, tls_client_key: Optional[str] = None,
                  tls_server_name_identification: Optional[str] = None,
                  num_node_connections: int = 5, connect_timeout: float = 2.0,
-                 socket_timeout: float = 2.0, retries: int = 2, pool_timeout: float = 5.0):
+                 socket_timeout: float = 2.0, retries: int = 2, pool_timeout: float = 5.0,
+                 overflow_margin: Optional[int] = None, overflow_policy: str = "evict_oldest",
+                 overflow_resolution_target: float = 0.8, refresh_time_after_fetch: bool = False):
         if redis is None:
             raise StoreUnavailableError(
                 "Redis store: the redis package is not installed (pip install redis)")
@@ -205,6 +215,26 @@ class RedisClusterStore(BackingStore):
         self.num_partitions = int(num_partitions)
         self.max_batch_size = int(max_batch_size)
         self.hash_keys = [f"{{{table_name}/p{i}}}".encode() for i in range(self.num_partitions)]
+        # Overflow bookkeeping: one sorted set per partition, in the partition's slot (same
+        # hash tag), scoring every key by write time (evict_oldest; access time too with
+        # refresh_time_after_fetch) or by reads (evict_least_used). Only kept with a margin.
+        if overflow_policy not in ("evict_oldest", "evict_random", "evict_least_used"):
+            raise ValueError(f"overflow_policy {overflow_policy!r}: evict_oldest, evict_random "
+                             "or evict_least_used")
+        if overflow_margin is not None and int(overflow_margin) < 1:
+            raise ValueError(f"overflow_margin must be >= 1, got {overflow_margin}")
+        if not 0.0 < float(overflow_resolution_target) < 1.0:
+            raise ValueError(f"overflow_resolution_target must be within ]0, 1[, "
+                             f"got {overflow_resolution_target}")
+        self.overflow_margin = None if overflow_margin is None else int(overflow_margin)
+        self.overflow_policy = overflow_policy
+        self.overflow_target = (None if overflow_margin is None else
+                                max(0, int(self.overflow_margin * float(overflow_resolution_target))))
+        self.refresh_time_after_fetch = bool(refresh_time_after_fetch)
+        self._scored = self.overflow_margin is not None and overflow_policy != "evict_random"
+        self.score_keys = [h + b"t" for h in self.hash_keys]
+        self.meta_key = f"{{{table_name}/meta}}".encode()
+        self.evicted = 0  # rows removed by overflow handling (this process)
         self._where = f"Redis Cluster {address} table {table_name!r}"
         nodes = parse_address(address)
 
@@ -304,6 +334,9 @@ class RedisClusterStore(BackingStore):
             for i, v in zip(idx.tolist(), reply):
                 values[i] = v
         decode_values(values, keys, out, found, self.default_value, self._where)
+        if self._scored and (self.refresh_time_after_fetch
+                             or self.overflow_policy == "evict_least_used"):
+            self._touch(keys, found, raw)
         return found
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
@@ -314,17 +347,83 @@ class RedisClusterStore(BackingStore):
             return 0
         raw_k = encode_keys(keys)
         raw_v = vectors.view(f"V{4 * self.vec_size}").ravel().tolist()
+        touched = set()
+        now = time.time()
 
         def commands(pipe):
             for p, sub in self._by_partition(keys):
+                touched.add(p)
                 items: List[bytes] = []
                 for i in sub.tolist():
                     items.append(raw_k[i])
                     items.append(raw_v[i])
                 pipe.hset(self.hash_keys[p], items=items)
+                if self._scored:
+                    if self.overflow_policy == "evict_oldest":
+                        pipe.zadd(self.score_keys[p], {raw_k[i]: now for i in sub.tolist()})
+                    else:  # evict_least_used: new rows start unused, rewrites keep their count
+                        pipe.zadd(self.score_keys[p], {raw_k[i]: 0 for i in sub.tolist()}, nx=True)
 
         self._run("HSET", commands)
+        if self.overflow_margin is not None:
+            self._resolve_overflow(sorted(touched))
         return int(keys.shape[0])
+
+    # -- overflow handling ----------------------------------------------------------
+
+    def _resolve_overflow(self, parts: List[int]) -> None:
+        """Prune every partition of ``parts`` holding more than ``overflow_margin`` rows
+        down to ``overflow_margin * overflow_resolution_target`` rows (HPS semantics)."""
+        def lens(pipe):
+            for p in parts:
+                pipe.hlen(self.hash_keys[p])
+
+        for p, n in zip(parts, self._run("HLEN", lens)):
+            if int(n) > self.overflow_margin:
+                self._prune(p, int(n) - self.overflow_target)
+
+    def _prune(self, p: int, n: int) -> None:
+        h, z = self.hash_keys[p], self.score_keys[p]
+        victims: List[bytes] = []
+        if self._scored:  # lowest scores first: oldest writes / fewest reads
+            popped = self._run("ZPOPMIN", lambda pipe: pipe.zpopmin(z, n))[0]
+            victims = [m for m, _ in popped]
+        if len(victims) < n:  # evict_random, or rows the sorted set does not know
+            more = self._run("HRANDFIELD",
+                             lambda pipe: pipe.hrandfield(h, n - len(victims)))[0] or []
+            victims += [v for v in more if v not in set(victims)]
+        if not victims:
+            return
+
+        def drop(pipe):
+            pipe.hdel(h, *victims)
+            if self._scored:
+                pipe.zrem(z, *victims)
+
+        removed = self._run("HDEL", drop)[0]
+        self.evicted += int(removed)
+
+    def _touch(self, keys: np.ndarray, found: np.ndarray, raw: List[bytes]) -> None:
+        """Record reads for the overflow policy (evict_least_used, or evict_oldest with
+        refresh_time_after_fetch). Best effort: a failure here never fails the lookup."""
+        hit = np.flatnonzero(found)
+        if hit.shape[0] == 0:
+            return
+        now = time.time()
+
+        def commands(pipe):
+            for p, sub in self._by_partition(keys[hit]):
+                members = [raw[i] for i in hit[sub].tolist()]
+                if self.overflow_policy == "evict_oldest":
+                    pipe.zadd(self.score_keys[p], {m: now for m in members}, xx=True)
+                else:
+                    for m in members:
+                        pipe.zincrby(self.score_keys[p], 1, m)
+
+        try:
+            self._run("ZADD", commands)
+        except StoreError as e:
+            log.warning("%s", e)
 
     def delete(self, keys: np.ndarray) -> int:
         keys = np.unique(check_keys(keys))
@@ -335,8 +434,11 @@ class RedisClusterStore(BackingStore):
         def commands(pipe):
             for p, sub in self._by_partition(keys):
                 pipe.hdel(self.hash_keys[p], *[raw[i] for i in sub.tolist()])
+                if self._scored:
+                    pipe.zrem(self.score_keys[p], *[raw[i] for i in sub.tolist()])
 
-        return int(sum(self._run("HDEL", commands)))
+        replies = self._run("HDEL", commands)
+        return int(sum(replies[::2] if self._scored else replies))
 
     def num_rows(self) -> int:
         """Exact: the sum of HLEN over the table's partitions."""
@@ -364,6 +466,56 @@ class RedisClusterStore(BackingStore):
             if len(raw) >= n:
                 break
         return decode_keys(list(raw), self._where)
+
+    # -- import bookkeeping ------------------------------------------------------------
+
+    def get_meta(self, name: str) -> Optional[str]:
+        v = self._run("HGET", lambda pipe: pipe.hget(self.meta_key, name))[0]
+        return None if v is None else v.decode()
+
+    def set_meta(self, name: str, value: str) -> None:
+        self._run("HSET", lambda pipe: pipe.hset(self.meta_key, name, str(value)))
+
+    @contextlib.contextmanager
+    def import_lock(self, timeout: float, ttl: float = 15.0):
+        """One importer of this table across every node: ``SET <lock> <token> NX PX``,
+        kept alive by a thread while held (a crashed holder frees it after ``ttl``).
+
+        Raises:
+            StoreUnavailableError: not acquired within ``timeout`` seconds.
+        """
+        key = self.meta_key + b"lock"
+        token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}".encode()
+        ttl_ms = int(ttl * 1000)
+        deadline = time.monotonic() + timeout
+        while not self._run("SET", lambda pipe: pipe.set(key, token, nx=True, px=ttl_ms))[0]:
+            if time.monotonic() > deadline:
+                holder = self._run("GET", lambda pipe: pipe.get(key))[0]
+                raise StoreUnavailableError(
+                    f"{self._where}: another loader ({holder!r}) holds the import lock; "
+                    f"gave up after {timeout:.0f} s")
+            time.sleep(0.1)
+        stop = threading.Event()
+
+        def keep_alive():
+            while not stop.wait(ttl / 3):
+                try:
+                    self._run("PEXPIRE", lambda pipe: pipe.pexpire(key, ttl_ms))
+                except StoreError as e:  # the import itself will fail and say why
+                    log.warning("%s", e)
+
+        t = threading.Thread(target=keep_alive, name="trec-import-lock", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join()
+            try:
+                if self._run("GET", lambda pipe: pipe.get(key))[0] == token:
+                    self._run("DEL", lambda pipe: pipe.delete(key))
+            except StoreError as e:  # expires by itself
+                log.warning("%s", e)
 
     def close(self) -> None:
         if self._closed:

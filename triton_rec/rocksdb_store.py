@@ -21,12 +21,17 @@ a read-only handle that holds their table (or the read-write one, which is curre
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import re
+import shutil
 import threading
+import time
+import uuid
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -295,3 +300,259 @@ class RocksDBStore(BackingStore):
     def __repr__(self) -> str:
         mode = ", read_only" if self.read_only else ""
         return f"RocksDBStore({self.path!r}, {self.table_name!r}, vec_size={self.vec_size}{mode})"
+
+
+META_COLUMN_FAMILY = "__trec_meta__"
+
+
+class NodeRocksDBTable(BackingStore):
+    """One table of a RocksDB database that several processes of a node serve at once.
+
+    RocksDB allows one read-write opener per database, and every Triton model instance
+    is its own process. So each instance reads through its own **secondary** handle
+    (``AccessType.secondary``), which follows the database's writes when it catches up
+    (at most every ``catch_up_interval`` seconds, inside :meth:`fetch`, and right after
+    its own writes); writes (:meth:`upsert`, :meth:`delete`, :meth:`set_meta`) take an
+    exclusive ``flock`` on ``<path>.writer.lock``, open the database read-write, write
+    one batch and close it again (about 10-15 ms per batch on this VM), so any
+    process may write while the others keep serving.
+
+    Metadata (:meth:`get_meta`) lives in the column family ``__trec_meta__`` under the
+    key ``<table>/<name>``.
+
+    Args:
+        path: the database directory (created with the column family on first use).
+        table_name, vec_size, default_value, max_batch_size, num_threads: as for
+            :class:`RocksDBStore`.
+        lock_timeout: seconds a write waits for the writer lock before
+            :class:`StoreUnavailableError`.
+        catch_up_interval: seconds between catch-ups with the writers.
+
+    Thread-safety: every method may be called from any number of threads.
+    """
+
+    tier = "rocksdb"
+    read_only = False
+    exact_num_rows = False
+
+    def __init__(self, path, table_name: str, vec_size: int, default_value: float = 0.0,
+                 max_batch_size: int = 10000, num_threads: int = 4,
+                 lock_timeout: float = 600.0, catch_up_interval: float = 0.5):
+        if rocksdict is None:
+            raise StoreUnavailableError("RocksDB store: the rocksdict package is not installed "
+                                        "(pip install rocksdict)")
+        if not isinstance(table_name, str) or not _TABLE_RE.fullmatch(table_name):
+            raise ValueError(
+                f"RocksDB table name {table_name!r}: letters, digits, '_', '-', '.' only")
+        self.path = os.path.abspath(str(path))
+        self.table_name = table_name
+        self.vec_size = int(vec_size)
+        self.default_value = float(default_value)
+        self.max_batch_size = int(max_batch_size)
+        self.num_threads = int(num_threads)
+        self.lock_timeout = float(lock_timeout)
+        self.catch_up_interval = float(catch_up_interval)
+        self._where = f"RocksDB {self.path} table {table_name!r}"
+        self._lock_path = self.path + ".writer.lock"
+        self._io = threading.Lock()  # serialises catch-up with reads of this process
+        self._closed = False
+        # Create the database and the column families once (under the writer lock), then
+        # follow it as a secondary.
+        with self._primary():
+            pass
+        self._secondary_dir = os.path.join(
+            self.path + ".secondary", f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            os.makedirs(self._secondary_dir, exist_ok=True)
+            opts = rocksdict.Options(raw_mode=True)
+            opts.set_keep_log_file_num(2)
+            self._db = rocksdict.Rdict(
+                self.path, opts, access_type=rocksdict.AccessType.secondary(self._secondary_dir))
+            self._cf = self._db.get_column_family(table_name)
+            self._meta = self._db.get_column_family(META_COLUMN_FAMILY)
+        except Exception as e:
+            shutil.rmtree(self._secondary_dir, ignore_errors=True)
+            raise StoreUnavailableError(f"{self._where}: cannot open as a secondary: {e}") from e
+        self._last_catch_up = time.monotonic()
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _primary(self):
+        """The database opened read-write under the node-wide writer lock; yields
+        ``(db, column family handle of the table)``."""
+        if self._closed:
+            raise StoreError(f"{self._where}: store is closed")
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        with _flock(self._lock_path, self.lock_timeout, self._where):
+            db = None
+            try:
+                opts = _options(self.num_threads, create=True)
+                opts.set_keep_log_file_num(2)
+                cf_opts = {}
+                if os.path.isdir(self.path):
+                    cf_opts = {c: rocksdict.Options(raw_mode=True)
+                               for c in rocksdict.Rdict.list_cf(self.path) if c != "default"}
+                db = rocksdict.Rdict(self.path, opts, column_families=cf_opts or None)
+                for name in (self.table_name, META_COLUMN_FAMILY):
+                    if name not in cf_opts:
+                        db.create_column_family(name, rocksdict.Options(raw_mode=True))
+                yield db
+            except StoreError:
+                raise
+            except Exception as e:
+                hint = (" (a process outside this backend holds it read-write)"
+                        if "lock" in str(e).lower() else "")
+                raise StoreUnavailableError(f"{self._where}: write failed: {e}{hint}") from e
+            finally:
+                if db is not None:
+                    try:
+                        db.close()
+                    except Exception as e:  # pragma: no cover - best effort
+                        log.warning("%s: close failed: %s", self._where, e)
+                    del db
+
+    def catch_up(self) -> None:
+        """Make this process's view current with every write made so far."""
+        with self._io:
+            self._catch_up_locked()
+
+    def _catch_up_locked(self) -> None:
+        try:
+            self._db.try_catch_up_with_primary()
+        except Exception as e:
+            raise StoreUnavailableError(f"{self._where}: catch-up failed: {e}") from e
+        self._last_catch_up = time.monotonic()
+
+    def _read(self, what: str, fn, *args):
+        if self._closed:
+            raise StoreError(f"{self._where}: store is closed")
+        with self._io:
+            if time.monotonic() - self._last_catch_up > self.catch_up_interval:
+                self._catch_up_locked()
+            try:
+                return fn(*args)
+            except Exception as e:
+                raise StoreError(f"{self._where}: {what} failed: {e}") from e
+
+    def _write_batches(self, fill_batches) -> None:
+        with self._primary() as db:
+            handle = db.get_column_family_handle(self.table_name)
+            for fill in fill_batches:
+                wb = rocksdict.WriteBatch(raw_mode=True)
+                wb.set_default_column_family(handle)
+                fill(wb)
+                db.write(wb)
+            del handle
+        self.catch_up()
+
+    # -- BackingStore ---------------------------------------------------------------
+
+    def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        keys = check_keys(keys)
+        found = np.zeros(keys.shape[0], dtype=bool)
+        raw = encode_keys(keys)
+        for s, e in chunks(keys.shape[0], self.max_batch_size):
+            values = self._read("multi-get", self._cf.get, raw[s:e])
+            decode_values(values, keys[s:e], out[s:e], found[s:e], self.default_value, self._where)
+        return found
+
+    def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        keys, vectors = check_rows(keys, vectors, self.vec_size)
+        idx = last_occurrence(keys)
+        keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx], dtype="<f4")
+        raw_k = encode_keys(keys)
+        raw_v = vectors.view(f"V{4 * self.vec_size}").ravel().tolist()
+
+        def batch(s, e):
+            def fill(wb):
+                for k, v in zip(raw_k[s:e], raw_v[s:e]):
+                    wb.put(k, v)
+            return fill
+
+        self._write_batches(batch(s, e) for s, e in chunks(keys.shape[0], self.max_batch_size))
+        return int(keys.shape[0])
+
+    def delete(self, keys: np.ndarray) -> int:
+        keys = np.unique(check_keys(keys))
+        raw = encode_keys(keys)
+        present = 0
+        for s, e in chunks(keys.shape[0], self.max_batch_size):
+            self.catch_up()
+            present += sum(v is not None for v in self._read("multi-get", self._cf.get, raw[s:e]))
+
+        def batch(s, e):
+            def fill(wb):
+                for k in raw[s:e]:
+                    wb.delete(k)
+            return fill
+
+        self._write_batches(batch(s, e) for s, e in chunks(keys.shape[0], self.max_batch_size))
+        return present
+
+    def num_rows(self) -> int:
+        n = self._read("num_rows", self._cf.property_int_value, "rocksdb.estimate-num-keys")
+        return int(n or 0)
+
+    def sample_keys(self, n: int) -> np.ndarray:
+        def first_n():
+            raw = []
+            it = self._cf.iter()
+            it.seek_to_first()
+            while it.valid() and len(raw) < n:
+                raw.append(it.key())
+                it.next()
+            return raw
+        return decode_keys(self._read("iteration", first_n) if n > 0 else [], self._where)
+
+    def get_meta(self, name: str) -> Optional[str]:
+        self.catch_up()
+        v = self._read("meta read", self._meta.get, f"{self.table_name}/{name}".encode())
+        return None if v is None else bytes(v).decode()
+
+    def set_meta(self, name: str, value: str) -> None:
+        with self._primary() as db:
+            meta = db.get_column_family(META_COLUMN_FAMILY)
+            meta[f"{self.table_name}/{name}".encode()] = str(value).encode()
+            del meta
+        self.catch_up()
+
+    def import_lock(self, timeout: float):
+        """One importer per table and node: an ``flock`` of ``<path>.<table>.import.lock``."""
+        return _flock(f"{self.path}.{self.table_name}.import.lock", timeout, self._where)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._io:
+            self._cf = self._meta = None
+            try:
+                self._db.close()
+            except Exception as e:  # pragma: no cover - best effort
+                log.warning("%s: close failed: %s", self._where, e)
+            self._db = None
+        shutil.rmtree(self._secondary_dir, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"NodeRocksDBTable({self.path!r}, {self.table_name!r}, vec_size={self.vec_size})"
+
+
+@contextlib.contextmanager
+def _flock(path: str, timeout: float, where: str):
+    """An exclusive ``flock`` of ``path`` (created), waited for at most ``timeout`` s."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StoreUnavailableError(
+                        f"{where}: {path} is held by another loader; gave up after {timeout:.0f} s")
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)

@@ -40,8 +40,9 @@ from triton_rec.table import EmbeddingTable
 
 I64_MIN, I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 SMALL_BATCH = 7  # max_batch_size of the remote stores: every test batch is chunked
-KINDS = ["dict", "local", "rocksdb", "rocksdb-read-only", "redis"]  # every store reads
-WRITABLE = ["dict", "rocksdb", "redis"]
+KINDS = ["dict", "local", "rocksdb", "rocksdb-read-only", "rocksdb-node", "redis",
+         "tiered"]  # every store reads
+WRITABLE = ["dict", "rocksdb", "rocksdb-node", "redis", "tiered"]
 READ_ONLY = ["local", "rocksdb-read-only"]
 
 
@@ -72,6 +73,9 @@ class Stores:
         backend = ("rocksdb_dir" if kind.startswith("rocksdb")
                    else "redis_cluster" if kind == "redis" else None)
         self.backend = request.getfixturevalue(backend) if backend else None
+        if kind == "tiered":
+            self.backend = (request.getfixturevalue("redis_cluster"),
+                            request.getfixturevalue("rocksdb_dir"))
 
     def make(self, keys, vectors, default=0.0, vec=None):
         vec = vectors.shape[1] if vec is None else vec
@@ -82,12 +86,33 @@ class Stores:
             s = LocalTableStore(EmbeddingTable("t", keys.copy(), vectors.copy(), default))
         elif self.kind.startswith("rocksdb"):
             from triton_rec.rocksdb_store import RocksDBStore
-            s = RocksDBStore(self.backend, name, vec, default, max_batch_size=SMALL_BATCH)
+            if self.kind == "rocksdb-node":
+                from triton_rec.rocksdb_store import NodeRocksDBTable
+                s = NodeRocksDBTable(self.backend / "node", name, vec, default,
+                                     max_batch_size=SMALL_BATCH)
+            else:
+                s = RocksDBStore(self.backend, name, vec, default, max_batch_size=SMALL_BATCH)
             if self.kind == "rocksdb-read-only":
                 s.upsert(keys, vectors)
                 s.close()
                 s = RocksDBStore(self.backend, name, vec, default, read_only=True,
                                  max_batch_size=SMALL_BATCH)
+        elif self.kind == "tiered":
+            # Redis in front of a node RocksDB, copying what it misses (an empty Redis
+            # with every row in RocksDB: each answer has to come through the chain).
+            from triton_rec.redis_store import RedisClusterStore
+            from triton_rec.rocksdb_store import NodeRocksDBTable
+            from triton_rec.tiers import Tier, TieredStore
+            redis_cluster_, rdir = self.backend
+            vol = RedisClusterStore(redis_cluster_.address, name, vec, default,
+                                    max_batch_size=SMALL_BATCH)
+            per = NodeRocksDBTable(rdir / "node", name, vec, default, max_batch_size=SMALL_BATCH)
+            if keys.shape[0]:
+                per.upsert(keys, vectors)
+            s = TieredStore(name, [Tier("volatile", vol), Tier("persistent", per)],
+                            cache_missed_embeddings=True)
+            self.opened.append(s)
+            return s
         else:
             from triton_rec.redis_store import RedisClusterStore
             s = RedisClusterStore(self.backend.address, name, vec, default,

@@ -41,7 +41,10 @@ def test_the_upstream_wdl_sample_parses_unchanged_with_its_obsolete_keys():
     assert m.gpucache is True and m.gpucacheper == 0.5 and m.hit_rate_threshold == 0.9
     assert m.extra["num_of_worker_buffer_in_pool"] == 3
     assert m.unknown_keys == ()
-    assert cfg.volatile_db["max_get_batch_size"] == 100000  # obsolete key kept, not fatal
+    assert cfg.volatile_db.type == "hash_map" and cfg.volatile_db.max_batch_size == 100000
+    assert cfg.volatile_db.extra["max_get_batch_size"] == 100000  # obsolete key kept, not fatal
+    assert cfg.volatile_db.ignored_settings() == ("overflow_margin=10000000",)
+    assert m.volatile_db is cfg.volatile_db and m.persistent_db.type == "disabled"
 
 
 def test_relative_paths_resolve_against_the_file_that_names_them(tmp_path):
