@@ -141,6 +141,8 @@ class RedisClusterProcesses:
     ssl_context: Optional[ssl.SSLContext] = None
     #: TLS material (paths) of a TLS cluster: ca, client_cert, client_key
     tls: dict = field(default_factory=dict)
+    #: the command line of each master (for :meth:`restart`)
+    argv: List[List[str]] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -155,6 +157,20 @@ class RedisClusterProcesses:
         p = self.procs[i]
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=5)
+
+    def restart(self, i: int, timeout: float = START_TIMEOUT) -> None:
+        """Start master ``i`` again after :meth:`kill` (same port and cluster config
+        file, so it takes its slots back; its data is gone: no persistence) and wait
+        until the cluster is ok."""
+        if self.procs[i].poll() is None:
+            raise RuntimeError(f"master {i} (:{self.ports[i]}) is still running")
+        log = open(self.workdir / f"redis-{self.ports[i]}.log", "ab")
+        try:
+            self.procs[i] = subprocess.Popen(self.argv[i], stdin=subprocess.DEVNULL,
+                                             stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
+        _wait_ok(self, [self.workdir / f"redis-{p}.log" for p in self.ports], timeout)
 
     def stop(self) -> None:
         for p in self.procs:
@@ -172,17 +188,18 @@ class RedisClusterProcesses:
 def _launch(c: RedisClusterProcesses, extra_args) -> None:
     for port, extra in zip(c.ports, extra_args):
         log = open(c.workdir / f"redis-{port}.log", "wb")
+        argv = [REDIS_SERVER, *extra, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                "--cluster-config-file", str(c.workdir / f"nodes-{port}.conf"),
+                "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", str(c.workdir)]
+        c.argv.append(argv)
         try:
-            c.procs.append(subprocess.Popen(
-                [REDIS_SERVER, *extra, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                 "--cluster-config-file", str(c.workdir / f"nodes-{port}.conf"),
-                 "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", str(c.workdir)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
+            c.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT))
         finally:
             log.close()
 
 
-def _wait_ok(c: RedisClusterProcesses, logs: List[Path]) -> None:
+def _wait_ok(c: RedisClusterProcesses, logs: List[Path], timeout: float = START_TIMEOUT) -> None:
     def all_ok():
         for i, p in enumerate(c.procs):
             if p.poll() is not None:
@@ -190,7 +207,7 @@ def _wait_ok(c: RedisClusterProcesses, logs: List[Path]) -> None:
         return all("cluster_state:ok" in c.command(i, "CLUSTER", "INFO")
                    for i in range(len(c.ports)))
 
-    _wait("cluster_state:ok on every node", all_ok, START_TIMEOUT, logs)
+    _wait("cluster_state:ok on every node", all_ok, timeout, logs)
 
 
 @contextlib.contextmanager

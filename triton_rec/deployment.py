@@ -18,15 +18,22 @@ one node serving the same content share one.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 from ps_loader import node_store
+from triton_rec.backing_store import BackingStore, LocalTableStore, tier_table_name
 from triton_rec.config import ModelParams, TableParams
+from triton_rec.redis_store import RedisClusterStore
+from triton_rec.rocksdb_store import NodeRocksDBTable, RocksDBStore
 from triton_rec.session import LookupSession, TableSet
 from triton_rec.table import EmbeddingTable
+from triton_rec.tiers import Tier, TieredStore, import_table
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,11 +75,91 @@ def cache_name(params: ModelParams, spec: InstanceSpec, tp: TableParams, table: 
 def open_session(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> LookupSession:
     """An ``hps`` lookup session over :func:`open_tables`."""
     ts = open_tables(params, spec)
-    return LookupSession(params, ts.tables, ts.inserter, ts.refresher)
+    return LookupSession(params, ts.tables, ts.inserter, ts.refresher, ts.services)
+
+
+def uses_tiers(params: ModelParams) -> bool:
+    """Whether the model's tables live in database tiers (else: the node-local store only)."""
+    return not (params.volatile_db.type == "hash_map" and params.persistent_db.type == "disabled")
+
+
+def content_digest(table: EmbeddingTable) -> str:
+    """The content digest of a node-local table (its layout file is named by it)."""
+    layout = getattr(table, "layout_path", None) or table.path
+    return os.path.splitext(os.path.basename(layout))[0]
+
+
+def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable) -> BackingStore:
+    """The store a table's cache sits in front of, per the ps.json tier sections.
+
+    - ``hash_map`` volatile and no persistent tier: the node-local table itself;
+    - otherwise a :class:`~triton_rec.tiers.TieredStore`: [node-local table (hash map
+      types) | Redis Cluster (``redis_cluster``)] then [RocksDB (``rocks_db``)].
+      Tables are named ``<model>.<table>``; RocksDB keeps each table in a database of its
+      own, ``<persistent_db.path>/<model>/<table>``: each Triton model runs in processes
+      of its own, RocksDB has one writer per database, and a process following a
+      database (secondary mode) cannot follow column families created after it opened.
+
+    The writable tiers get the sparse files' rows on first use (:func:`import_table`,
+    once per content and tier; ``freeze_sparse`` keeps an existing import) from the
+    node-local table ``table``, which was converted from them.
+    """
+    vol, per = params.volatile_db, params.persistent_db
+    if not uses_tiers(params):
+        return LocalTableStore(table)
+    name = tier_table_name(params.model, tp.name)
+    digest = content_digest(table)
+    row_bytes = 4 * tp.vec_size
+    opened: List[Tier] = []
+    persistent: Optional[Tier] = None
+
+    def imported(store: BackingStore, role: str, fraction: float = 1.0) -> None:
+        progress = node_store.ProgressLogger(f"importing {name} into the {role} tier")
+        result = import_table(store, table.keys, table.vectors, digest, fraction=fraction,
+                              freeze=params.freeze_sparse,
+                              progress=lambda d, t: progress(d * row_bytes, t * row_bytes))
+        log.info("%s: %s tier %r: %s", name, role, store, result)
+
+    try:
+        if vol.type == "hash_map":
+            opened.append(Tier("local", LocalTableStore(table)))
+        if per.type == "rocks_db":
+            path = os.path.join(per.path, params.model, tp.name)
+            if per.read_only:
+                store = RocksDBStore(path, name, tp.vec_size, tp.default_value, read_only=True,
+                                     max_batch_size=per.max_batch_size,
+                                     num_threads=per.num_threads)
+            else:
+                store = NodeRocksDBTable(path, name, tp.vec_size, tp.default_value,
+                                         max_batch_size=per.max_batch_size,
+                                         num_threads=per.num_threads)
+            persistent = Tier("persistent", store, per.on_unavailable, per.update_filters)
+            if not per.read_only:
+                imported(store, "persistent")
+        if vol.type == "redis_cluster":
+            store = RedisClusterStore(
+                vol.redis.address, name, tp.vec_size, tp.default_value,
+                num_partitions=vol.num_partitions, max_batch_size=vol.max_batch_size,
+                overflow_margin=vol.overflow_margin, overflow_policy=vol.overflow_policy,
+                overflow_resolution_target=vol.overflow_resolution_target,
+                refresh_time_after_fetch=vol.refresh_time_after_fetch,
+                **vol.redis.client_kwargs())
+            opened.append(Tier("volatile", store, vol.on_unavailable, vol.update_filters))
+            imported(store, "volatile", vol.initial_cache_rate if persistent else 1.0)
+        if persistent is not None:
+            opened.append(persistent)
+    except BaseException:
+        for t in opened:
+            t.store.close()
+        if persistent is not None and persistent not in opened:
+            persistent.store.close()
+        raise
+    return TieredStore(tp.name, opened, cache_missed_embeddings=vol.cache_missed_embeddings)
 
 
 def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> TableSet:
-    """Load the model's tables from the node-local store and attach the shared caches."""
+    """Load the model's tables (node-local store, then the database tiers of ps.json),
+    attach the shared caches and start the online-update consumer if configured."""
 
     def load(tp: TableParams) -> EmbeddingTable:
         return node_store.load_table(tp, spec.store_dir, prefault=spec.prefault)
@@ -97,7 +184,17 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
         )
         return shared
 
-    return TableSet.open(params, load_table=load, open_cache=open_cache)
+    ts = TableSet.open(params, load_table=load, open_cache=open_cache,
+                       open_store=lambda tp, table: open_tier_store(params, tp, table))
+    if params.update_source.enabled:
+        try:
+            from triton_rec.online_updates import start_update_consumer
+
+            ts.services.append(start_update_consumer(params, ts.tables))
+        except BaseException:
+            ts.close()
+            raise
+    return ts
 
 
 def load_dense_model(params: ModelParams, model_dir: str, config_network: Optional[str] = None, xp=None):

@@ -8,13 +8,13 @@ has. The answer is one flat float32 array: the vectors of the keys in the same o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ps_loader import read_table
-from triton_rec.backing_store import LocalTableStore
+from triton_rec.backing_store import BackingStore, LocalTableStore
 from triton_rec.cached_table import BackgroundInserter, CachedTable, EmbeddingCache, Refresher
 from triton_rec.config import ModelParams, TableParams
 from triton_rec.errors import RequestError
@@ -24,6 +24,9 @@ from triton_rec.table import EmbeddingTable
 CacheOpener = Callable[[TableParams, EmbeddingTable], Optional[EmbeddingCache]]
 #: ``table params -> EmbeddingTable``: how a session loads its tables.
 TableLoader = Callable[[TableParams], EmbeddingTable]
+#: ``(table params, loaded table) -> BackingStore``: what the cache of a table sits in
+#: front of (default: the loaded table itself).
+StoreOpener = Callable[[TableParams, EmbeddingTable], BackingStore]
 
 
 def read_table_privately(t: TableParams) -> EmbeddingTable:
@@ -45,6 +48,8 @@ class TableSet:
     tables: List[CachedTable]
     inserter: Optional[BackgroundInserter] = None
     refresher: Optional[Refresher] = None
+    #: other background services the set owns (e.g. the online-update consumer): closed first
+    services: List = field(default_factory=list)
 
     @classmethod
     def open(
@@ -52,6 +57,7 @@ class TableSet:
         params: ModelParams,
         load_table: TableLoader = read_table_privately,
         open_cache: Optional[CacheOpener] = None,
+        open_store: StoreOpener = lambda tp, table: LocalTableStore(table),
     ) -> "TableSet":
         """Load every table of ``params`` and put a cache in front when ``gpucache`` is on.
 
@@ -60,6 +66,7 @@ class TableSet:
             load_table: loads one table (ModelFileError names a bad file).
             open_cache: opens (creates or attaches) the shared cache of one table;
                 None or ``gpucache: false`` means no cache.
+            open_store: what the cache sits in front of (default: the loaded table).
         """
         use_cache = params.gpucache and open_cache is not None
         inserter = BackgroundInserter() if use_cache else None
@@ -67,9 +74,13 @@ class TableSet:
         try:
             for tp in params.tables:
                 table = load_table(tp)
-                cache = open_cache(tp, table) if use_cache else None
-                ct = CachedTable(tp.name, LocalTableStore(table), cache,
-                                 params.hit_rate_threshold, inserter)
+                store = open_store(tp, table)
+                try:
+                    cache = open_cache(tp, table) if use_cache else None
+                except BaseException:
+                    store.close()
+                    raise
+                ct = CachedTable(tp.name, store, cache, params.hit_rate_threshold, inserter)
                 cached.append(ct)
                 if cache is not None and params.init_ec and cache.size() == 0:
                     # init_ec: the first instance to find the shared cache empty fills it
@@ -86,7 +97,10 @@ class TableSet:
         return cls(cached, inserter, refresher)
 
     def close(self) -> None:
-        """Stop the background threads and detach from the shared caches."""
+        """Stop the background threads, detach from the shared caches, close the stores."""
+        for service in self.services:
+            service.close()
+        self.services = []
         if self.refresher is not None:
             self.refresher.close()
         if self.inserter is not None:
@@ -97,6 +111,7 @@ class TableSet:
             if close is not None:
                 close()
             ct.cache = None
+            ct.store.close()
 
 
 @dataclass(frozen=True)
@@ -121,7 +136,7 @@ class LookupSession:
         params: the model's ps.json entry.
         tables: one entry per ``params.tables``: an :class:`EmbeddingTable` (read
             directly, no cache) or a :class:`CachedTable` (cache in front of a store).
-        inserter, refresher: background threads the session owns and closes.
+        inserter, refresher, services: background threads the session owns and closes.
 
     Thread-safety: :meth:`lookup_many` may run in several threads at once.
     """
@@ -132,6 +147,7 @@ class LookupSession:
         tables: Sequence[Union[EmbeddingTable, CachedTable]],
         inserter: Optional[BackgroundInserter] = None,
         refresher: Optional[Refresher] = None,
+        services: Sequence = (),
     ):
         if len(tables) != params.num_tables:
             raise ValueError(f"{params.model}: {len(tables)} tables given, ps.json has {params.num_tables}")
@@ -144,6 +160,7 @@ class LookupSession:
         ]
         self.inserter = inserter
         self.refresher = refresher
+        self.services = list(services)
         self._vec = np.array([t.vec_size for t in params.tables], dtype=np.int64)
         self._maxnum = np.array([t.max_keys_per_sample for t in params.tables], dtype=np.int64)
 
@@ -151,6 +168,11 @@ class LookupSession:
     def tables(self) -> List[EmbeddingTable]:
         """The node-local tables behind the caches (local stores only)."""
         return [t.store.table for t in self.cached_tables if isinstance(t.store, LocalTableStore)]
+
+    def describe(self) -> str:
+        """One line per table: what serves it (cache, stores), for the load log."""
+        return "; ".join(f"{t.name}: cache={'yes' if t.cache is not None else 'no'} "
+                         f"store={t.store!r}" for t in self.cached_tables)
 
     @classmethod
     def from_params(
@@ -165,7 +187,8 @@ class LookupSession:
 
     def close(self) -> None:
         """Stop background threads and detach from the shared caches."""
-        TableSet(self.cached_tables, self.inserter, self.refresher).close()
+        TableSet(self.cached_tables, self.inserter, self.refresher, self.services).close()
+        self.services = []
 
     # -- validation -------------------------------------------------------------------
     def parse_request(self, keys: np.ndarray, numkeys: np.ndarray) -> LookupRequest:

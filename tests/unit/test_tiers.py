@@ -1,0 +1,210 @@
+"""Storage tiers behind the cache, through ``open_session`` as a model instance opens them:
+a real 3-master Redis Cluster and RocksDB in a temporary directory.
+
+Expected values always come from the sparse files' generator
+(``ps_loader.synthetic.expected_vectors``), never from the code under test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
+from tests.storage_fixtures import redis_cluster, rocksdb_dir, start_redis_cluster  # noqa: F401
+from triton_rec.backing_store import StoreUnavailableError, tier_table_name
+from triton_rec.config import parse_ps_config
+from triton_rec.deployment import InstanceSpec, open_session
+from triton_rec.redis_store import RedisClusterStore
+from triton_rec.errors import ConfigError
+from triton_rec.tiers import SOURCE_META, TieredStore
+
+SEED = 5
+TABLES = [SyntheticTable("a", rows=2000, vec_size=8, max_keys_per_sample=2, default_value=-1.0),
+          SyntheticTable("b", rows=300, vec_size=4, max_keys_per_sample=1, default_value=-2.0)]
+_counter = iter(range(10**6))
+
+
+@pytest.fixture
+def make(tmp_path, rocksdb_dir):  # noqa: F811
+    """``make(volatile=..., persistent=..., seed=..., model=..., **model_keys) -> ModelParams``."""
+    def make(volatile=None, persistent=None, seed=SEED, model=None, **over):
+        model = model or f"tier{next(_counter)}"
+        entry = write_model(str(tmp_path / "repo"), model, TABLES, seed)
+        entry.update({"gpucacheper": 0.3, **over})
+        doc = {"supportlonglong": True, "models": [entry]}
+        if volatile is not None:
+            doc["volatile_db"] = volatile
+        if persistent is not None:
+            doc["persistent_db"] = {"path": str(rocksdb_dir), **persistent}
+        return parse_ps_config(doc, base_dir=str(tmp_path / "repo")).models[0]
+    return make
+
+
+@pytest.fixture
+def spec(tmp_path):
+    return InstanceSpec(store_dir=str(tmp_path / "store"))
+
+
+def redis(cluster, **over):
+    return {"type": "redis_cluster", "address": cluster.address, "num_partitions": 4, **over}
+
+
+ROCKS = {"type": "rocks_db"}
+
+
+def request(session, seed=0, samples=64, unknown=4):
+    """Known keys of every table plus ``unknown`` keys no file holds."""
+    rng = np.random.default_rng(seed)
+    keys = []
+    for t, s in enumerate(TABLES):
+        k = rng.choice(table_keys(SEED, t, s.rows), samples * s.max_keys_per_sample - unknown)
+        keys.append(np.concatenate([k, rng.integers(2**62, 2**63 - 1, unknown, dtype=np.int64)]))
+    counts = np.array([len(k) for k in keys], np.int32)
+    return keys, session.parse_request(np.concatenate(keys), counts)
+
+
+def truth(keys, seed=SEED):
+    out = []
+    for t, k in enumerate(keys):
+        v = expected_vectors(seed, t, k, TABLES[t].vec_size)
+        v[k >= 2**62] = TABLES[t].default_value  # the unknown keys
+        out.append(v.reshape(-1))
+    return np.concatenate(out)
+
+
+TIER_CONFIGS = {
+    "redis": lambda c: dict(volatile=redis(c)),
+    "rocksdb": lambda c: dict(volatile={"type": "disabled"}, persistent=ROCKS),
+    "redis+rocksdb, 30% in redis, misses copied": lambda c: dict(
+        volatile=redis(c, initial_cache_rate=0.3, cache_missed_embeddings=True), persistent=ROCKS),
+    "hash_map+rocksdb": lambda c: dict(volatile={"type": "hash_map"}, persistent=ROCKS),
+}
+
+
+@pytest.mark.parametrize("gpucache", [False, True], ids=["no-cache", "cache"])
+@pytest.mark.parametrize("config", list(TIER_CONFIGS))
+def test_lookups_through_each_tier_match_the_source_files(make, spec, redis_cluster,  # noqa: F811
+                                                          config, gpucache):
+    params = make(gpucache=gpucache, hit_rate_threshold=2.0, **TIER_CONFIGS[config](redis_cluster))
+    session = open_session(params, spec)
+    try:
+        assert all(isinstance(ct.store, TieredStore) for ct in session.cached_tables)
+        for seed in range(3):  # the second and third pass partly hit the cache
+            keys, req = request(session, seed)
+            np.testing.assert_array_equal(session.lookup(req), truth(keys))
+        counters = session.cached_tables[0].store.counters()
+        if config.startswith("redis+rocksdb"):
+            assert counters["persistent_found"] > 0 and counters["promoted"] > 0
+    finally:
+        session.close()
+
+
+def test_rows_copied_from_the_persistent_tier_are_then_served_by_redis(make, spec, redis_cluster):  # noqa: F811
+    params = make(gpucache=False, volatile=redis(redis_cluster, initial_cache_rate=0.0,
+                                                 cache_missed_embeddings=True), persistent=ROCKS)
+    session = open_session(params, spec)
+    try:
+        keys, req = request(session, 1)
+        np.testing.assert_array_equal(session.lookup(req), truth(keys))
+        store = session.cached_tables[0].store
+        first = store.counters()
+        np.testing.assert_array_equal(session.lookup(req), truth(keys))
+        second = store.counters()
+        known = int((keys[0] < 2**62).sum())
+        assert first.get("volatile_found", 0) == 0 and first["persistent_found"] == known
+        assert second["volatile_found"] == known  # now in Redis
+        assert second["persistent_found"] == known  # not asked again
+    finally:
+        session.close()
+
+
+def test_import_runs_once_per_content_and_freeze_sparse_keeps_what_the_tier_holds(
+        make, spec, redis_cluster, tmp_path):  # noqa: F811
+    model = f"imp{next(_counter)}"
+    table = tier_table_name(model, "a")
+    key = table_keys(SEED, 0, TABLES[0].rows)[:1]
+    sentinel = np.full((1, 8), 42.0, np.float32)
+    direct = RedisClusterStore(redis_cluster.address, table, 8, num_partitions=4)
+    got = np.empty((1, 8), np.float32)
+    try:
+        open_session(make(model=model, gpucache=False, volatile=redis(redis_cluster)), spec).close()
+        digest = direct.get_meta(SOURCE_META)
+        assert digest
+        direct.upsert(key, sentinel)  # an "online update" after the import
+        # same files: no re-import, the update stays
+        open_session(make(model=model, gpucache=False, volatile=redis(redis_cluster)), spec).close()
+        direct.fetch(key, got)
+        np.testing.assert_array_equal(got, sentinel)
+        # new files + freeze_sparse: still no re-import
+        p = make(model=model, seed=SEED + 1, gpucache=False, freeze_sparse=True,
+                 volatile=redis(redis_cluster))
+        open_session(p, spec).close()
+        new_key = table_keys(SEED + 1, 0, TABLES[0].rows)[:1]
+        assert not direct.fetch(new_key, got)[0]  # the new files' rows were not imported
+        assert direct.get_meta(SOURCE_META) == digest
+        # new files without freeze: re-imported (an upsert, as in HPS: rows of keys the
+        # new files lack stay)
+        p = make(model=model, seed=SEED + 1, gpucache=False, volatile=redis(redis_cluster))
+        open_session(p, spec).close()
+        assert direct.fetch(new_key, got)[0]
+        np.testing.assert_array_equal(got, expected_vectors(SEED + 1, 0, new_key, 8))
+        assert direct.get_meta(SOURCE_META) not in (None, digest)
+    finally:
+        direct.close()
+
+
+@pytest.mark.parametrize("policy", ["evict_oldest", "evict_random", "evict_least_used"])
+def test_redis_overflow_is_pruned_and_lookups_stay_exact(make, spec, redis_cluster, policy):  # noqa: F811
+    margin = 100  # per partition; 4 partitions hold at most 400 of 2000 rows
+    params = make(gpucache=False, volatile=redis(
+        redis_cluster, overflow_margin=margin, overflow_policy=policy,
+        overflow_resolution_target=0.5, cache_missed_embeddings=True,
+        max_batch_size=50), persistent=ROCKS)
+    session = open_session(params, spec)
+    try:
+        vol = session.cached_tables[0].store.tiers[0].store
+        assert vol.num_rows() <= 4 * margin
+        for seed in range(3):
+            keys, req = request(session, seed)
+            np.testing.assert_array_equal(session.lookup(req), truth(keys))
+        assert vol.num_rows() <= 4 * margin and vol.evicted > 0
+    finally:
+        session.close()
+
+
+def test_a_killed_redis_master_fails_requests_or_falls_through_per_config(make, spec, tmp_path):
+    with start_redis_cluster(3) as cluster:
+        fail = make(gpucache=False, volatile=redis(cluster, socket_timeout=0.5), persistent=ROCKS)
+        skip = make(gpucache=False, volatile=redis(cluster, socket_timeout=0.5,
+                                                   on_unavailable="next_tier"), persistent=ROCKS)
+        a, b = open_session(fail, spec), open_session(skip, spec)
+        try:
+            keys, req = request(a, 3)
+            cluster.kill(1)
+            with pytest.raises(StoreUnavailableError, match=cluster.address.split(",")[0]):
+                a.lookup(req)
+            np.testing.assert_array_equal(b.lookup(req), truth(keys))  # from RocksDB
+            cluster.restart(1)  # back, empty: RocksDB answers what it lost
+            np.testing.assert_array_equal(a.lookup(req), truth(keys))
+        finally:
+            a.close()
+            b.close()
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"volatile_db": {"type": "disabled"}}, "both disabled"),
+    ({"volatile_db": {"type": "redis_cluster", "overflow_margin": 10}}, "lose embeddings"),
+    ({"volatile_db": {"type": "redis_cluster", "initial_cache_rate": 0.5}}, "no tier"),
+    ({"update_source": {"type": "kafka_message_queue"}}, "Kafka is not supported"),
+    ({"update_source": {"type": "redis_stream"}}, "need writable tiers"),
+    ({"volatile_db": {"type": "memcached"}}, "volatile_db.type"),
+    ({"volatile_db": {"type": "redis_cluster", "update_filters": ["("]}}, "regular expression"),
+    ({"volatile_db": {"type": "redis_cluster", "overflow_resolution_target": 1.0}}, "]0, 1["),
+    ({"persistent_db": {"type": "rocks_db", "on_unavailable": "retry"}}, "on_unavailable"),
+])
+def test_tier_combinations_that_would_lose_rows_are_refused(doc, message):
+    entry = {"model": "m", "sparse_files": ["x"], "embedding_vecsize_per_table": [4],
+             "maxnum_catfeature_query_per_table_per_sample": [1], "max_batch_size": 8}
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_ps_config({"supportlonglong": True, "models": [entry], **doc})
