@@ -795,3 +795,17 @@ def find_ps_config(model_dir: str, parameter: Optional[str]) -> str:
         return _resolve(parameter, os.path.abspath(model_dir))
     return os.path.join(os.path.dirname(os.path.abspath(model_dir)), "ps.json")
 
+
+
+def config_warnings(source: str, params: ModelParams) -> Tuple[str, ...]:
+    """What a backend logs at load about a model's ps.json: unknown keys (ignored) and
+    tier settings that do nothing here."""
+    out = [f"{source}: model '{params.model}': unknown key '{k}' ignored"
+           for k in params.unknown_keys]
+    for section, keys in (("volatile_db", params.volatile_db.unknown_keys),
+                          ("persistent_db", params.persistent_db.unknown_keys),
+                          ("update_source", params.update_source.unknown_keys)):
+        out += [f"{source}: {section}: unknown key '{k}' ignored" for k in keys]
+    out += [f"{source}: volatile_db: {s} ignored: the node-local store of the hash map types "
+            "holds whole tables" for s in params.volatile_db.ignored_settings()]
+    return tuple(out)

@@ -101,3 +101,25 @@ def model_flag(config: Dict[str, Any], key: str, default: bool) -> bool:
     if value.lower() not in ("true", "false"):
         raise ConfigError(f"config.pbtxt parameter '{key}' must be true or false, got {value!r}")
     return value.lower() == "true"
+
+
+def with_model_parameters(config: Dict[str, Any], params):
+    """``params`` (a ModelParams) with what config.pbtxt's string parameters override, as
+    in the HPS backend: ``refresh_interval``, ``refresh_delay`` (seconds, >= 0) and
+    ``freeze_sparse`` (true/false). ConfigError names a malformed value."""
+    import dataclasses
+
+    over = {}
+    for key in ("refresh_interval", "refresh_delay"):
+        value = model_parameter(config, key)
+        if value is None:
+            continue
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not seconds >= 0.0:
+            raise ConfigError(f"config.pbtxt parameter '{key}' must be seconds >= 0, got {value!r}")
+        over[key] = seconds
+    over["freeze_sparse"] = model_flag(config, "freeze_sparse", params.freeze_sparse)
+    return dataclasses.replace(params, **over)

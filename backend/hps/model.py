@@ -20,10 +20,15 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from triton_rec.config import find_ps_config, load_ps_config
+from triton_rec.config import config_warnings, find_ps_config, load_ps_config
 from triton_rec.deployment import InstanceSpec, open_session
 from triton_rec.errors import TritonRecError
-from triton_rec.model_config import check_hps_model_config, model_flag, model_parameter
+from triton_rec.model_config import (
+    check_hps_model_config,
+    model_flag,
+    model_parameter,
+    with_model_parameters,
+)
 from triton_rec.triton_glue import run_requests, update_metrics
 from triton_rec.triton_metrics import CacheMetrics
 
@@ -48,7 +53,7 @@ class TritonPythonModel:
         try:
             self.output_name, self.extra_outputs = check_hps_model_config(config)
             ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
-            params = load_ps_config(ps_path).model(self.model_name)
+            params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
             spec = InstanceSpec(
                 kind=args.get("model_instance_kind", "CPU"),
                 device_id=self.device_id,
@@ -60,12 +65,9 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         self.response_parameters = _supports_response_parameters()
         self.metrics = CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session)
-        for key in params.unknown_keys:
-            pb_utils.Logger.log_warn(f"{ps_path}: model '{self.model_name}': unknown key '{key}' ignored")
-        pb_utils.Logger.log_info(
-            f"hps model '{self.model_name}' ready: "
-            + ", ".join(repr(t) for t in self.session.tables)
-        )
+        for line in config_warnings(ps_path, params):
+            pb_utils.Logger.log_warn(line)
+        pb_utils.Logger.log_info(f"hps model '{self.model_name}' ready: {self.session.describe()}")
 
     def execute(self, requests):
         # Every valid request of this call is looked up together, one pass per table.

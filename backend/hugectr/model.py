@@ -16,10 +16,15 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from triton_rec.config import find_ps_config, load_ps_config
+from triton_rec.config import config_warnings, find_ps_config, load_ps_config
 from triton_rec.deployment import InstanceSpec, open_ranking_session
 from triton_rec.errors import TritonRecError
-from triton_rec.model_config import check_hugectr_model_config, model_flag, model_parameter
+from triton_rec.model_config import (
+    check_hugectr_model_config,
+    model_flag,
+    model_parameter,
+    with_model_parameters,
+)
 from triton_rec.triton_glue import run_requests, update_metrics
 from triton_rec.triton_metrics import CacheMetrics
 
@@ -33,7 +38,7 @@ class TritonPythonModel:
         try:
             self.output_name = check_hugectr_model_config(config)
             ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
-            params = load_ps_config(ps_path).model(self.model_name)
+            params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
             spec = InstanceSpec(
                 kind=args.get("model_instance_kind", "CPU"),
                 device_id=int(args.get("model_instance_device_id") or 0),
@@ -46,6 +51,8 @@ class TritonPythonModel:
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         self.metrics = CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session)
+        for line in config_warnings(ps_path, params):
+            pb_utils.Logger.log_warn(line)
         pb_utils.Logger.log_info(f"hugectr model '{self.model_name}' ready: {self.session.dense!r}")
 
     def execute(self, requests):

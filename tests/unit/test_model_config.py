@@ -69,3 +69,23 @@ def test_the_hugectr_interface_takes_uint32_or_int64_keys():
         check_hugectr_model_config(_hugectr("TYPE_INT32"))
     with pytest.raises(ConfigError, match="expected one TYPE_FP32 output"):
         check_hugectr_model_config(_hugectr(outputs=[]))
+
+
+def test_config_pbtxt_parameters_override_refresh_and_freeze_sparse():
+    from triton_rec.config import parse_ps_config
+    from triton_rec.model_config import with_model_parameters
+
+    entry = {"model": "m", "sparse_files": ["x"], "embedding_vecsize_per_table": [4],
+             "maxnum_catfeature_query_per_table_per_sample": [1], "max_batch_size": 8,
+             "refresh_interval": 5}
+    params = parse_ps_config({"supportlonglong": True, "models": [entry]}).models[0]
+
+    def cfg(**kv):
+        return {"parameters": {k: {"string_value": v} for k, v in kv.items()}}
+
+    assert with_model_parameters(cfg(), params) == params
+    p = with_model_parameters(cfg(refresh_interval="0.5", refresh_delay="2", freeze_sparse="true"), params)
+    assert (p.refresh_interval, p.refresh_delay, p.freeze_sparse) == (0.5, 2.0, True)
+    for bad in (dict(refresh_interval="-1"), dict(refresh_delay="soon"), dict(freeze_sparse="yes")):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            with_model_parameters(cfg(**bad), params)
