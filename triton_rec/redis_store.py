@@ -70,8 +70,9 @@ try:  # optional dependency (pip install redis)
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
     from redis.retry import Retry
-except ImportError:  # pragma: no cover - exercised only without redis-py
+except ImportError as _e:  # pragma: no cover - exercised only without redis-py
     redis = None
+    _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +200,8 @@ class RedisClusterStore(BackingStore):
                  overflow_resolution_target: float = 0.8, refresh_time_after_fetch: bool = False):
         if redis is None:
             raise StoreUnavailableError(
-                "Redis store: the redis package is not installed (pip install redis)")
+                f"Redis store: the redis package cannot be imported ({_IMPORT_ERROR}; "
+                "pip install redis)")
         if not isinstance(table_name, str) or not _TABLE_RE.fullmatch(table_name):
             raise ValueError(
                 f"Redis table name {table_name!r}: letters, digits, '_', '-', '.' only")

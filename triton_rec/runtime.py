@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 import urllib.request
 from pathlib import Path
@@ -96,6 +97,22 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def python_library_dir() -> str:
+    """The directory of this interpreter's own ``libpython3.X.so.1.0``, if it has one.
+
+    The backend stub links ``libpython3.X.so.1.0`` and would otherwise load the system's
+    (e.g. Debian's 3.11.2) while importing this interpreter's standard library (e.g.
+    3.11.7): C modules such as ``_ssl`` then fail with undefined symbols (seen with
+    pyenv), and packages needing them (redis-py) cannot be imported in the stub.
+    Returns "" when the interpreter is not a shared build.
+    """
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    soname = sysconfig.get_config_var("INSTSONAME") or ""
+    if libdir and soname and os.path.exists(os.path.join(libdir, soname)):
+        return libdir
+    return ""
 
 
 class TritonServer:
@@ -175,7 +192,7 @@ class TritonServer:
         env = dict(os.environ)
         libdir = str(runtime_library_dir())
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p
+            p for p in (python_library_dir(), libdir, env.get("LD_LIBRARY_PATH", "")) if p
         )
         # The stub runs the first `python` environment on PATH: make it ours.
         env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
