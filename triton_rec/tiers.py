@@ -253,6 +253,9 @@ def import_table(store: BackingStore, keys: np.ndarray, vectors: np.ndarray, dig
                          np.ascontiguousarray(vectors[s:e], dtype=np.float32))
             if progress is not None:
                 progress(e, n)
+        compact = getattr(store, "compact", None)
+        if compact is not None:  # RocksDB: one sorted run instead of a file per batch
+            compact()
         store.set_meta(SOURCE_META, digest)
         log.info("%r: imported %d row(s) in %.1f s", store, n, time.monotonic() - t0)
         return "imported"
