@@ -253,6 +253,67 @@ def test_a_new_version_reloads_under_load_without_failing_the_other_model(env):
         client.load_model("tier_a")
 
 
+def test_a_second_node_shares_the_redis_cluster_skips_the_import_and_gets_updates(
+        env, tmp_path_factory, store_dir):
+    """Node B: its own model repository, node-local store, RocksDB and consumer group;
+    the same Redis Cluster and the same files as node A (the running server)."""
+    from triton_rec.updates import UpdateProducer, stream_info
+
+    import tritonclient.grpc as tc
+
+    c, repo = env["cluster"], env["repo"]
+    s = TABLES[0]
+    key = table_keys(SEED + 1, 0, s.rows)[:1]
+    sentinel = np.full((1, s.vec_size), 123.0, np.float32)
+    direct = RedisClusterStore(c.address, tier_table_name("tier_b", s.name), s.vec_size,
+                               num_partitions=6)
+    try:
+        direct.upsert(key, sentinel)  # changed in Redis only, after node A's import
+        repo_b = tmp_path_factory.mktemp("node-b-repo")
+        entry = dict(env["models"][1])
+        entry["sparse_files"] = [str(repo / f) for f in entry["sparse_files"]]
+        write_ps(repo_b, c, tmp_path_factory.mktemp("node-b-rocks"), [entry])
+        ps = json.loads((repo_b / "ps.json").read_text())
+        ps["update_source"]["group"] = "node-b"
+        (repo_b / "ps.json").write_text(json.dumps(ps))
+        (repo_b / "tier_b" / "1").mkdir(parents=True)
+        (repo_b / "tier_b" / "config.pbtxt").write_text(hps_config("tier_b", 1))
+        log = tmp_path_factory.mktemp("node-b-logs") / "tritonserver.log"
+        node_b = TritonServer(repo_b, log_path=log,
+                              env={"TRITON_REC_STORE": str(tmp_path_factory.mktemp("node-b-store"))})
+        with node_b:
+            with make_client(node_b, "grpc") as client:
+                # Redis was not re-imported by node B: the changed row is still there,
+                # and node B serves it (Redis is asked before its own RocksDB)
+                got = lookup(client, tc, "tier_b", [key, np.empty(0, np.int64)])
+                np.testing.assert_array_equal(got, sentinel.reshape(-1))
+                # an update reaches both nodes' consumer groups
+                new = np.full((1, s.vec_size), 7.0, np.float32)
+                with UpdateProducer(c.address) as producer:
+                    producer.publish("tier_b", s.name, key, new)
+                topic_len = None
+                deadline = time.monotonic() + 10
+                while True:
+                    info = stream_info(c.address, "tier_b", s.name)
+                    groups = {g["name"]: g for g in info["groups"]}
+                    topic_len = info["length"]
+                    done = (set(groups) >= {"node-a", "node-b"} and all(
+                        g["pending"] == 0 and g["last-delivered-id"] != "0-0"
+                        for g in groups.values()))
+                    if done and np.array_equal(
+                            lookup(client, tc, "tier_b", [key, np.empty(0, np.int64)]),
+                            new.reshape(-1)):
+                        break
+                    assert time.monotonic() < deadline, f"update not consumed by both: {info}"
+                    time.sleep(0.05)
+                assert topic_len >= 1
+            with make_client(env["server"], "grpc") as client:
+                np.testing.assert_array_equal(
+                    lookup(client, tc, "tier_b", [key, np.empty(0, np.int64)]), new.reshape(-1))
+    finally:
+        direct.close()
+
+
 def test_a_killed_redis_master_gives_clear_errors_never_hangs_and_recovers(env):
     srv, c = env["server"], env["cluster"]
     import tritonclient.grpc as tc
