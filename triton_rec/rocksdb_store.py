@@ -376,6 +376,7 @@ class NodeRocksDBTable(BackingStore):
         # follow it as a secondary.
         with self._primary():
             pass
+        _remove_dead_secondaries(self.path + ".secondary")
         self._secondary_dir = os.path.join(
             self.path + ".secondary", f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
@@ -563,6 +564,25 @@ class NodeRocksDBTable(BackingStore):
 
     def __repr__(self) -> str:
         return f"NodeRocksDBTable({self.path!r}, {self.table_name!r}, vec_size={self.vec_size})"
+
+
+def _remove_dead_secondaries(parent: str) -> None:
+    """Remove the secondary-handle directories (``<pid>-<id>``) of processes that no
+    longer exist (a SIGKILLed instance cannot remove its own)."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name.split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
 
 
 @contextlib.contextmanager

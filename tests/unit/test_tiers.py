@@ -208,3 +208,36 @@ def test_tier_combinations_that_would_lose_rows_are_refused(doc, message):
              "maxnum_catfeature_query_per_table_per_sample": [1], "max_batch_size": 8}
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_ps_config({"supportlonglong": True, "models": [entry], **doc})
+
+
+def test_an_unreachable_redis_fails_the_load_naming_the_address(make, spec):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    params = make(volatile={"type": "redis_cluster", "address": f"127.0.0.1:{port}",
+                            "connect_timeout": 0.3, "socket_timeout": 0.3})
+    with pytest.raises(StoreUnavailableError, match=f"127.0.0.1:{port}"):
+        open_session(params, spec)
+
+
+def test_secondary_directories_of_dead_processes_are_removed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from triton_rec.rocksdb_store import NodeRocksDBTable
+
+    db = tmp_path / "db"
+    # a process that opens the table and is killed without closing it
+    code = ("import os, sys; from triton_rec.rocksdb_store import NodeRocksDBTable as T; "
+            f"T({str(db)!r}, 'm.t', 4); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    left = os.listdir(str(db) + ".secondary")
+    assert len(left) == 1  # the dead process's directory
+    t = NodeRocksDBTable(db, "m.t", 4)
+    try:
+        assert os.listdir(str(db) + ".secondary") == [os.path.basename(t._secondary_dir)]
+    finally:
+        t.close()
