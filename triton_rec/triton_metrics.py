@@ -27,6 +27,16 @@ trec_cache_size                        gauge   rows in the shared cache
 trec_cache_capacity                    gauge   rows the shared cache can hold
 trec_cache_inserts                     gauge   inserts into the shared cache (all instances)
 trec_cache_evictions                   gauge   evictions from the shared cache (all instances)
+trec_tier_keys_total                   counter keys a storage tier answered (label ``tier``:
+                                               ``local``/``volatile``/``persistent``; ``none``:
+                                               found nowhere, default value)
+trec_tier_unavailable_total            counter lookups that found a tier unreachable
+trec_tier_promoted_total               counter rows copied into the volatile tier
+                                               (``cache_missed_embeddings``)
+trec_updates_vectors_total             counter online-update vectors applied (label ``model``)
+trec_updates_messages_total            counter online-update messages applied
+trec_updates_malformed_total           counter malformed update messages dropped
+trec_updates_errors_total              counter failed update batches (retried) and Redis errors
 ====================================== ======= ==========================================
 """
 
@@ -43,6 +53,13 @@ _COUNTERS = {
     "sync_fetched": ("trec_cache_sync_fetched_total", "Misses fetched from the store synchronously"),
     "dropped": ("trec_cache_dropped_total", "Background inserts dropped because the queue was full"),
     "refreshed": ("trec_cache_refreshed_total", "Cached rows refreshed from the store"),
+}
+_UPDATE_COUNTERS = {
+    "vectors": ("trec_updates_vectors_total", "Online-update vectors applied"),
+    "messages": ("trec_updates_messages_total", "Online-update messages applied"),
+    "malformed": ("trec_updates_malformed_total", "Malformed update messages dropped"),
+    "errors": ("trec_updates_errors_total",
+               "Update batches that failed (retried later) and Redis errors of the consumer"),
 }
 _GAUGES = {
     "size": ("trec_cache_size", "Rows in the shared embedding cache"),
@@ -64,6 +81,8 @@ class CacheMetrics:
 
     def __init__(self, pb_utils, model: str, instance: str, session):
         self.session = session
+        self._pb = pb_utils
+        self._model = model
         counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
         fam = {}
         for name, desc in list(_COUNTERS.values()):
@@ -78,8 +97,34 @@ class CacheMetrics:
             description="Keys looked up by one model instance", kind=counter)
         hit_rate = pb_utils.MetricFamily(
             name="trec_cache_hit_rate", description="Cache hits / lookups since load", kind=gauge)
+        tier_keys = pb_utils.MetricFamily(
+            name="trec_tier_keys_total", description="Keys answered by each storage tier",
+            kind=counter)
+        tier_down = pb_utils.MetricFamily(
+            name="trec_tier_unavailable_total",
+            description="Lookups that found a storage tier unreachable", kind=counter)
+        promoted = pb_utils.MetricFamily(
+            name="trec_tier_promoted_total",
+            description="Rows copied into the volatile tier (cache_missed_embeddings)", kind=counter)
+        # TieredStore.counters() key -> (family, extra labels)
+        self._tier_map = {"not_found": (tier_keys, {"tier": "none"}),
+                          "promoted": (promoted, {})}
+        for role in ("local", "volatile", "persistent"):
+            self._tier_map[f"{role}_found"] = (tier_keys, {"tier": role})
+            self._tier_map[f"{role}_unavailable"] = (tier_down, {"tier": role})
+        self._update_families = {
+            key: pb_utils.MetricFamily(name=name, description=desc, kind=counter)
+            for key, (name, desc) in _UPDATE_COUNTERS.items()}
+        services = getattr(session, "services", None)
+        if services is None:
+            services = getattr(getattr(session, "table_set", None), "services", [])
+        self._consumers = [s for s in services if hasattr(s, "stats")]
+        self._update_metrics = {k: f.Metric(labels={"model": model})
+                                for k, f in self._update_families.items()} if self._consumers else {}
+        self._update_last = {k: 0 for k in _UPDATE_COUNTERS}
         # Triton deletes a family's metrics when the family object goes away: keep them.
-        self._families = [*fam.values(), duration, per_instance, hit_rate]
+        self._families = [*fam.values(), duration, per_instance, hit_rate, tier_keys, tier_down,
+                          promoted, *self._update_families.values()]
         self._tables: List[Dict] = []
         for t in session.cached_tables:
             labels = {"model": model, "table": t.name}
@@ -92,6 +137,9 @@ class CacheMetrics:
                 "store_us": duration.Metric(labels={**labels, "tier": t.store.tier}),
                 "instance": per_instance.Metric(labels={**labels, "instance": instance}),
                 "hit_rate": hit_rate.Metric(labels=labels),
+                "labels": labels,
+                "tier_metrics": {},
+                "tier_last": {},
             })
 
     def update(self) -> None:
@@ -119,3 +167,33 @@ class CacheMetrics:
                 if stats.get("lookups"):
                     entry["hit_rate"].set(stats["hits"] / stats["lookups"])
             entry["last"] = now
+            counters = getattr(t.store, "counters", None)
+            if counters is not None:
+                self._update_tiers(entry, counters())
+        if self._consumers:
+            totals = {k: 0 for k in _UPDATE_COUNTERS}
+            for c in self._consumers:
+                st = c.stats()
+                totals["vectors"] += st["vectors"]
+                totals["messages"] += st["messages"]
+                totals["malformed"] += st["malformed"]
+                totals["errors"] += st["apply_errors"] + st["redis_errors"]
+            for key, metric in self._update_metrics.items():
+                delta = totals[key] - self._update_last[key]
+                if delta:
+                    metric.increment(delta)
+            self._update_last = totals
+
+    def _update_tiers(self, entry: Dict, now: Dict[str, int]) -> None:
+        for key, value in now.items():
+            if key not in self._tier_map:
+                continue
+            metric = entry["tier_metrics"].get(key)
+            if metric is None:
+                family, extra = self._tier_map[key]
+                metric = entry["tier_metrics"][key] = family.Metric(
+                    labels={**entry["labels"], **extra})
+            delta = value - entry["tier_last"].get(key, 0)
+            if delta:
+                metric.increment(delta)
+            entry["tier_last"][key] = value
