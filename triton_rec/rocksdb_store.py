@@ -156,7 +156,47 @@ def _release(real: str, h: _OpenDB) -> None:
                 log.warning("RocksDB %s: close failed: %s", real, e)
 
 
-class RocksDBStore(BackingStore):
+class _ColumnFamilyReads(BackingStore):
+    """The reads both RocksDB stores share. Subclasses set ``_cf`` (the table's column
+    family), ``_where``, ``max_batch_size`` and ``default_value``, and implement
+    :meth:`_get` (run a read, translating errors)."""
+
+    def _get(self, what: str, fn, *args):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        keys = check_keys(keys)
+        found = np.zeros(keys.shape[0], dtype=bool)
+        raw = encode_keys(keys)
+        for s, e in chunks(keys.shape[0], self.max_batch_size):
+            values = self._get("multi-get", self._cf.get, raw[s:e])
+            decode_values(values, keys[s:e], out[s:e], found[s:e], self.default_value, self._where)
+        return found
+
+    def _count_present(self, raw: List[bytes]) -> int:
+        """How many of the encoded keys ``raw`` the table holds (RocksDB deletes do not say)."""
+        return sum(sum(v is not None for v in self._get("multi-get", self._cf.get, raw[s:e]))
+                   for s, e in chunks(len(raw), self.max_batch_size))
+
+    def num_rows(self) -> int:
+        """RocksDB's estimate of the keys in the column family (``rocksdb.estimate-num-keys``)."""
+        n = self._get("num_rows", self._cf.property_int_value, "rocksdb.estimate-num-keys")
+        return int(n or 0)
+
+    def sample_keys(self, n: int) -> np.ndarray:
+        """The first ``n`` keys in RocksDB order (bytewise order of the little-endian keys)."""
+        def first_n():
+            raw = []
+            it = self._cf.iter()
+            it.seek_to_first()
+            while it.valid() and len(raw) < n:
+                raw.append(it.key())
+                it.next()
+            return raw
+        return decode_keys(self._get("iteration", first_n) if n > 0 else [], self._where)
+
+
+class RocksDBStore(_ColumnFamilyReads):
     """One table (a column family) of a RocksDB database.
 
     Args:
@@ -213,7 +253,7 @@ class RocksDBStore(BackingStore):
             raise StoreUnavailableError(f"{self._where}: cannot open the column family: {e}") from e
         self._closed = False
 
-    def _call(self, what: str, fn, *args):
+    def _get(self, what: str, fn, *args):
         if self._closed:
             raise StoreError(f"{self._where}: store is closed")
         try:
@@ -223,20 +263,11 @@ class RocksDBStore(BackingStore):
         except Exception as e:
             raise StoreError(f"{self._where}: {what} failed: {e}") from e
 
-    def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
-        keys = check_keys(keys)
-        found = np.zeros(keys.shape[0], dtype=bool)
-        raw = encode_keys(keys)
-        for s, e in chunks(keys.shape[0], self.max_batch_size):
-            values = self._call("multi-get", self._cf.get, raw[s:e])
-            decode_values(values, keys[s:e], out[s:e], found[s:e], self.default_value, self._where)
-        return found
-
     def _write(self, fill) -> None:
         wb = rocksdict.WriteBatch(raw_mode=True)
         wb.set_default_column_family(self._handle)
         fill(wb)
-        self._call("write", self._h.db.write, wb)
+        self._get("write", self._h.db.write, wb)
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
         if self.read_only:
@@ -259,31 +290,13 @@ class RocksDBStore(BackingStore):
             return super().delete(keys)
         keys = np.unique(check_keys(keys))
         raw = encode_keys(keys)
-        present = 0
+        present = self._count_present(raw)
         for s, e in chunks(keys.shape[0], self.max_batch_size):
-            present += sum(v is not None for v in self._call("multi-get", self._cf.get, raw[s:e]))
             def fill(wb, s=s, e=e):
                 for k in raw[s:e]:
                     wb.delete(k)
             self._write(fill)
         return present
-
-    def num_rows(self) -> int:
-        """RocksDB's estimate of the keys in the column family (see the class docstring)."""
-        n = self._call("num_rows", self._cf.property_int_value, "rocksdb.estimate-num-keys")
-        return int(n or 0)
-
-    def sample_keys(self, n: int) -> np.ndarray:
-        """The first ``n`` keys in RocksDB order (bytewise order of the little-endian keys)."""
-        def first_n():
-            raw = []
-            it = self._cf.iter()
-            it.seek_to_first()
-            while it.valid() and len(raw) < n:
-                raw.append(it.key())
-                it.next()
-            return raw
-        return decode_keys(self._call("iteration", first_n) if n > 0 else [], self._where)
 
     def close(self) -> None:
         """Release this store's column family; the last store of a database closes it."""
@@ -321,7 +334,7 @@ def _node_options(num_threads: int = 1, create: bool = False) -> "rocksdict.Opti
     return opts
 
 
-class NodeRocksDBTable(BackingStore):
+class NodeRocksDBTable(_ColumnFamilyReads):
     """One table of a RocksDB database that several processes of a node serve at once.
 
     RocksDB allows one read-write opener per database, and every Triton model instance
@@ -440,7 +453,7 @@ class NodeRocksDBTable(BackingStore):
             raise StoreUnavailableError(f"{self._where}: catch-up failed: {e}") from e
         self._last_catch_up = time.monotonic()
 
-    def _read(self, what: str, fn, *args):
+    def _get(self, what: str, fn, *args):
         if self._closed:
             raise StoreError(f"{self._where}: store is closed")
         with self._io:
@@ -476,15 +489,6 @@ class NodeRocksDBTable(BackingStore):
 
     # -- BackingStore ---------------------------------------------------------------
 
-    def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
-        keys = check_keys(keys)
-        found = np.zeros(keys.shape[0], dtype=bool)
-        raw = encode_keys(keys)
-        for s, e in chunks(keys.shape[0], self.max_batch_size):
-            values = self._read("multi-get", self._cf.get, raw[s:e])
-            decode_values(values, keys[s:e], out[s:e], found[s:e], self.default_value, self._where)
-        return found
-
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
         keys, vectors = check_rows(keys, vectors, self.vec_size)
         idx = last_occurrence(keys)
@@ -504,10 +508,8 @@ class NodeRocksDBTable(BackingStore):
     def delete(self, keys: np.ndarray) -> int:
         keys = np.unique(check_keys(keys))
         raw = encode_keys(keys)
-        present = 0
-        for s, e in chunks(keys.shape[0], self.max_batch_size):
-            self.catch_up()
-            present += sum(v is not None for v in self._read("multi-get", self._cf.get, raw[s:e]))
+        self.catch_up()
+        present = self._count_present(raw)
 
         def batch(s, e):
             def fill(wb):
@@ -518,24 +520,9 @@ class NodeRocksDBTable(BackingStore):
         self._write_batches(batch(s, e) for s, e in chunks(keys.shape[0], self.max_batch_size))
         return present
 
-    def num_rows(self) -> int:
-        n = self._read("num_rows", self._cf.property_int_value, "rocksdb.estimate-num-keys")
-        return int(n or 0)
-
-    def sample_keys(self, n: int) -> np.ndarray:
-        def first_n():
-            raw = []
-            it = self._cf.iter()
-            it.seek_to_first()
-            while it.valid() and len(raw) < n:
-                raw.append(it.key())
-                it.next()
-            return raw
-        return decode_keys(self._read("iteration", first_n) if n > 0 else [], self._where)
-
     def get_meta(self, name: str) -> Optional[str]:
         self.catch_up()
-        v = self._read("meta read", self._meta.get, f"{self.table_name}/{name}".encode())
+        v = self._get("meta read", self._meta.get, f"{self.table_name}/{name}".encode())
         return None if v is None else bytes(v).decode()
 
     def set_meta(self, name: str, value: str) -> None:
