@@ -156,6 +156,18 @@ def _release(real: str, h: _OpenDB) -> None:
                 log.warning("RocksDB %s: close failed: %s", real, e)
 
 
+def _check_args(table_name: str, vec_size: int, max_batch_size: int) -> None:
+    """Constructor checks both RocksDB stores make."""
+    if rocksdict is None:
+        raise StoreUnavailableError("RocksDB store: the rocksdict package is not installed "
+                                    "(pip install rocksdict)")
+    if not isinstance(table_name, str) or not _TABLE_RE.fullmatch(table_name):
+        raise ValueError(f"RocksDB table name {table_name!r}: letters, digits, '_', '-', '.' only")
+    if int(vec_size) < 1 or int(max_batch_size) < 1:
+        raise ValueError(
+            f"vec_size and max_batch_size must be >= 1, got {vec_size}, {max_batch_size}")
+
+
 class _ColumnFamilyReads(BackingStore):
     """The reads both RocksDB stores share. Subclasses set ``_cf`` (the table's column
     family), ``_where``, ``max_batch_size`` and ``default_value``, and implement
@@ -225,15 +237,7 @@ class RocksDBStore(_ColumnFamilyReads):
 
     def __init__(self, path, table_name: str, vec_size: int, default_value: float = 0.0,
                  read_only: bool = False, max_batch_size: int = 10000, num_threads: int = 16):
-        if rocksdict is None:
-            raise StoreUnavailableError("RocksDB store: the rocksdict package is not installed "
-                                        "(pip install rocksdict)")
-        if not isinstance(table_name, str) or not _TABLE_RE.fullmatch(table_name):
-            raise ValueError(
-                f"RocksDB table name {table_name!r}: letters, digits, '_', '-', '.' only")
-        if int(vec_size) < 1 or int(max_batch_size) < 1:
-            raise ValueError(
-                f"vec_size and max_batch_size must be >= 1, got {vec_size}, {max_batch_size}")
+        _check_args(table_name, vec_size, max_batch_size)
         self.path = str(path)
         self.table_name = table_name
         self.vec_size = int(vec_size)
@@ -367,12 +371,7 @@ class NodeRocksDBTable(_ColumnFamilyReads):
     def __init__(self, path, table_name: str, vec_size: int, default_value: float = 0.0,
                  max_batch_size: int = 10000, num_threads: int = 4,
                  lock_timeout: float = 600.0, catch_up_interval: float = 0.5):
-        if rocksdict is None:
-            raise StoreUnavailableError("RocksDB store: the rocksdict package is not installed "
-                                        "(pip install rocksdict)")
-        if not isinstance(table_name, str) or not _TABLE_RE.fullmatch(table_name):
-            raise ValueError(
-                f"RocksDB table name {table_name!r}: letters, digits, '_', '-', '.' only")
+        _check_args(table_name, vec_size, max_batch_size)
         self.path = os.path.abspath(str(path))
         self.table_name = table_name
         self.vec_size = int(vec_size)
