@@ -22,11 +22,16 @@ def _load():
 def test_bench_tiers_runs_on_tiny_sizes_with_sane_figures(capsys, tmp_path):
     bt = _load()
     paths = {k: tmp_path / f"bench_tiers.{k}" for k in ("json", "md", "png")}
+    try:  # the plot needs matplotlib, which only the `bench` extra installs
+        import matplotlib  # noqa: F401
+        plot = True
+    except ImportError:
+        plot = False
     t0 = time.perf_counter()
     result = bt.main(["--rows", "4000", "--dim", "8", "--reps-scale", "0.05",
                       "--upsert-rows", "2000", "--updates", "3000", "--cache-warmup", "3",
                       "--cache-reps", "8", "--json", str(paths["json"]),
-                      "--md", str(paths["md"]), "--plot", str(paths["png"])])
+                      "--md", str(paths["md"]), "--plot", str(paths["png"]) if plot else ""])
     elapsed = time.perf_counter() - t0
     text = capsys.readouterr().out
     assert elapsed < 20, f"smoke run took {elapsed:.1f} s"
@@ -38,7 +43,7 @@ def test_bench_tiers_runs_on_tiny_sizes_with_sane_figures(capsys, tmp_path):
     for title in bt.SECTIONS:
         assert "|---" in text[text.index(title):], title
     assert paths["md"].read_text() in text
-    assert paths["png"].stat().st_size > 1000
+    assert paths["png"].stat().st_size > 1000 if plot else not paths["png"].exists()
     data = json.loads(paths["json"].read_text())
     assert data["args"]["rows"] == 4000 and data["machine"]["nproc"] >= 1
 
