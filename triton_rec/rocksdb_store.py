@@ -346,9 +346,10 @@ class NodeRocksDBTable(_ColumnFamilyReads):
     (``AccessType.secondary``), which follows the database's writes when it catches up
     (at most every ``catch_up_interval`` seconds, inside :meth:`fetch`, and right after
     its own writes); writes (:meth:`upsert`, :meth:`delete`, :meth:`set_meta`) take an
-    exclusive ``flock`` on ``<path>.writer.lock``, open the database read-write, write
-    one batch and close it again (about 10-15 ms per batch on this VM), so any
-    process may write while the others keep serving.
+    exclusive ``flock`` on ``<path>.writer.lock`` and open the database read-write
+    (20-60 ms on this VM), keep both while writes keep coming (``hold_seconds`` idle,
+    ``max_hold_seconds`` at most), then close it, so any process may write while the
+    others keep serving.
 
     Metadata (:meth:`get_meta`) lives in the column family ``__trec_meta__`` under the
     key ``<table>/<name>``.
@@ -360,6 +361,8 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         lock_timeout: seconds a write waits for the writer lock before
             :class:`StoreUnavailableError`.
         catch_up_interval: seconds between catch-ups with the writers.
+        hold_seconds, max_hold_seconds: how long the writer lock and handle are kept
+            after a write / at most in one go.
 
     Thread-safety: every method may be called from any number of threads.
     """
@@ -370,7 +373,8 @@ class NodeRocksDBTable(_ColumnFamilyReads):
 
     def __init__(self, path, table_name: str, vec_size: int, default_value: float = 0.0,
                  max_batch_size: int = 10000, num_threads: int = 4,
-                 lock_timeout: float = 600.0, catch_up_interval: float = 0.5):
+                 lock_timeout: float = 600.0, catch_up_interval: float = 0.5,
+                 hold_seconds: float = 0.5, max_hold_seconds: float = 2.0):
         _check_args(table_name, vec_size, max_batch_size)
         self.path = os.path.abspath(str(path))
         self.table_name = table_name
@@ -383,6 +387,11 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         self._where = f"RocksDB {self.path} table {table_name!r}"
         self._lock_path = self.path + ".writer.lock"
         self._io = threading.Lock()  # serialises catch-up with reads of this process
+        self._writer = threading.RLock()  # serialises this process's writes
+        self._held = None  # (lock fd, read-write handle, time acquired) while writing
+        self._generation = 0
+        self.hold_seconds = float(hold_seconds)
+        self.max_hold_seconds = float(max_hold_seconds)
         self._closed = False
         # Create the database and the column families once (under the writer lock), then
         # follow it as a secondary.
@@ -408,37 +417,77 @@ class NodeRocksDBTable(_ColumnFamilyReads):
 
     @contextlib.contextmanager
     def _primary(self):
-        """The database opened read-write under the node-wide writer lock; yields
-        ``(db, column family handle of the table)``."""
+        """The database opened read-write under the node-wide writer lock; yields it.
+
+        The lock and the handle are kept for ``hold_seconds`` after the last write (a
+        steady stream of updates does not pay an open per batch, and RocksDB's own
+        background flushes and compactions get to run), but never longer than
+        ``max_hold_seconds`` in one go, so the other processes of the node get their
+        turn to write."""
         if self._closed:
             raise StoreError(f"{self._where}: store is closed")
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        with _flock(self._lock_path, self.lock_timeout, self._where):
-            db = None
+        with self._writer:
+            if self._held is None:
+                self._held = self._open_primary()
+            self._generation += 1  # any pending idle release is now stale
             try:
-                opts = _node_options(self.num_threads, create=True)
-                cf_opts = {}
-                if os.path.isdir(self.path):
-                    cf_opts = {c: _node_options()
-                               for c in rocksdict.Rdict.list_cf(self.path) if c != "default"}
-                db = rocksdict.Rdict(self.path, opts, column_families=cf_opts or None)
-                for name in (self.table_name, META_COLUMN_FAMILY):
-                    if name not in cf_opts:
-                        db.create_column_family(name, _node_options())
-                yield db
+                yield self._held[1]
             except StoreError:
+                self._release_primary()
                 raise
             except Exception as e:
+                self._release_primary()
                 hint = (" (a process outside this backend holds it read-write)"
                         if "lock" in str(e).lower() else "")
                 raise StoreUnavailableError(f"{self._where}: write failed: {e}{hint}") from e
-            finally:
-                if db is not None:
-                    try:
-                        db.close()
-                    except Exception as e:  # pragma: no cover - best effort
-                        log.warning("%s: close failed: %s", self._where, e)
-                    del db
+            if self._held is not None:
+                if time.monotonic() - self._held[2] >= self.max_hold_seconds:
+                    self._release_primary()
+                else:
+                    gen = self._generation
+                    t = threading.Timer(self.hold_seconds, self._release_if_idle, (gen,))
+                    t.daemon = True
+                    t.start()
+
+    def _open_primary(self):
+        """``(lock fd, read-write handle, time acquired)``: flock, then open/create."""
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        fd = _lock_fd(self._lock_path, self.lock_timeout, self._where)
+        try:
+            cf_opts = {}
+            if os.path.isdir(self.path):
+                cf_opts = {c: _node_options()
+                           for c in rocksdict.Rdict.list_cf(self.path) if c != "default"}
+            db = rocksdict.Rdict(self.path, _node_options(self.num_threads, create=True),
+                                 column_families=cf_opts or None)
+            for name in (self.table_name, META_COLUMN_FAMILY):
+                if name not in cf_opts:
+                    db.create_column_family(name, _node_options())
+        except Exception as e:
+            os.close(fd)
+            hint = (" (a process outside this backend holds it read-write)"
+                    if "lock" in str(e).lower() else "")
+            raise StoreUnavailableError(f"{self._where}: cannot open read-write: {e}{hint}") from e
+        return fd, db, time.monotonic()
+
+    def _release_if_idle(self, generation: int) -> None:
+        with self._writer:
+            if generation == self._generation:
+                self._release_primary()
+
+    def _release_primary(self) -> None:
+        """Close the read-write handle and release the writer lock (``_writer`` held)."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        fd, db, _ = held
+        try:
+            db.close()
+        except Exception as e:  # pragma: no cover - best effort
+            log.warning("%s: close failed: %s", self._where, e)
+        finally:
+            del db, held
+            os.close(fd)  # releases the flock
 
     def catch_up(self) -> None:
         """Make this process's view current with every write made so far."""
@@ -539,6 +588,9 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         if self._closed:
             return
         self._closed = True
+        with self._writer:
+            self._generation += 1
+            self._release_primary()
         with self._io:
             self._cf = self._meta = None
             try:
@@ -571,21 +623,28 @@ def _remove_dead_secondaries(parent: str) -> None:
             pass
 
 
+def _lock_fd(path: str, timeout: float, where: str) -> int:
+    """An fd of ``path`` (created) holding an exclusive ``flock``, waited for at most
+    ``timeout`` s; closing the fd releases it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise StoreUnavailableError(
+                    f"{where}: {path} is held by another process; gave up after {timeout:.0f} s")
+            time.sleep(0.005)
+
+
 @contextlib.contextmanager
 def _flock(path: str, timeout: float, where: str):
     """An exclusive ``flock`` of ``path`` (created), waited for at most ``timeout`` s."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _lock_fd(path, timeout, where)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise StoreUnavailableError(
-                        f"{where}: {path} is held by another loader; gave up after {timeout:.0f} s")
-                time.sleep(0.05)
         yield
     finally:
         os.close(fd)

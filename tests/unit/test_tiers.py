@@ -241,3 +241,39 @@ def test_secondary_directories_of_dead_processes_are_removed(tmp_path):
         assert os.listdir(str(db) + ".secondary") == [os.path.basename(t._secondary_dir)]
     finally:
         t.close()
+
+
+def test_processes_of_a_node_write_one_rocksdb_table_in_turn_and_read_each_others_rows(tmp_path):
+    """Two writer processes at once (each holds the writer lock while its writes keep
+    coming, then lets the other in); a third process reads everything through its
+    secondary handle."""
+    import subprocess
+    import sys
+
+    from triton_rec.rocksdb_store import NodeRocksDBTable
+
+    db = tmp_path / "db"
+    reader = NodeRocksDBTable(db, "m.t", 4)
+    code = """
+import sys, numpy as np
+from triton_rec.rocksdb_store import NodeRocksDBTable
+t = NodeRocksDBTable(sys.argv[1], "m.t", 4, lock_timeout=30)
+base = int(sys.argv[2])
+for i in range(40):
+    k = np.arange(base + 10 * i, base + 10 * i + 10, dtype=np.int64)
+    t.upsert(k, np.repeat(k[:, None].astype(np.float32), 4, axis=1))
+t.close()
+"""
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(db), str(base)])
+             for base in (0, 100000)]
+    try:
+        assert [p.wait(timeout=120) for p in procs] == [0, 0]
+        keys = np.concatenate([np.arange(0, 400), np.arange(100000, 100400)]).astype(np.int64)
+        out = np.empty((keys.shape[0], 4), np.float32)
+        reader.catch_up()
+        assert reader.fetch(keys, out).all()
+        np.testing.assert_array_equal(out, np.repeat(keys[:, None].astype(np.float32), 4, axis=1))
+    finally:
+        for p in procs:
+            p.kill()
+        reader.close()
