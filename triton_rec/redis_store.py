@@ -275,8 +275,11 @@ class RedisClusterStore(BackingStore):
 
     # -- plumbing -------------------------------------------------------------------
 
-    def _run(self, what: str, commands) -> list:
-        """Pipeline ``commands(pipe)`` and return the replies; redis errors translated."""
+    def run_commands(self, what: str, commands) -> list:
+        """Pipeline ``commands(pipe)`` (a redis-py cluster pipeline) and return the
+        replies, with this store's timeouts and retries; redis errors become
+        :class:`StoreUnavailableError` / :class:`StoreError` naming the cluster. Also
+        used by :mod:`triton_rec.updates` for the update streams."""
         if self._closed:
             raise StoreError(f"{self._where}: store is closed")
         try:
@@ -332,7 +335,7 @@ class RedisClusterStore(BackingStore):
                 pipe.hmget(self.hash_keys[p], [raw[i] for i in idx.tolist()])
 
         values: List[Optional[bytes]] = [None] * m
-        for (_, idx), reply in zip(groups, self._run("HMGET", commands)):
+        for (_, idx), reply in zip(groups, self.run_commands("HMGET", commands)):
             for i, v in zip(idx.tolist(), reply):
                 values[i] = v
         decode_values(values, keys, out, found, self.default_value, self._where)
@@ -366,7 +369,7 @@ class RedisClusterStore(BackingStore):
                     else:  # evict_least_used: new rows start unused, rewrites keep their count
                         pipe.zadd(self.score_keys[p], {raw_k[i]: 0 for i in sub.tolist()}, nx=True)
 
-        self._run("HSET", commands)
+        self.run_commands("HSET", commands)
         if self.overflow_margin is not None:
             self._resolve_overflow(sorted(touched))
         return int(keys.shape[0])
@@ -380,7 +383,7 @@ class RedisClusterStore(BackingStore):
             for p in parts:
                 pipe.hlen(self.hash_keys[p])
 
-        for p, n in zip(parts, self._run("HLEN", lens)):
+        for p, n in zip(parts, self.run_commands("HLEN", lens)):
             if int(n) > self.overflow_margin:
                 self._prune(p, int(n) - self.overflow_target)
 
@@ -388,10 +391,10 @@ class RedisClusterStore(BackingStore):
         h, z = self.hash_keys[p], self.score_keys[p]
         victims: List[bytes] = []
         if self._scored:  # lowest scores first: oldest writes / fewest reads
-            popped = self._run("ZPOPMIN", lambda pipe: pipe.zpopmin(z, n))[0]
+            popped = self.run_commands("ZPOPMIN", lambda pipe: pipe.zpopmin(z, n))[0]
             victims = [m for m, _ in popped]
         if len(victims) < n:  # evict_random, or rows the sorted set does not know
-            more = self._run("HRANDFIELD",
+            more = self.run_commands("HRANDFIELD",
                              lambda pipe: pipe.hrandfield(h, n - len(victims)))[0] or []
             victims += [v for v in more if v not in set(victims)]
         if not victims:
@@ -402,7 +405,7 @@ class RedisClusterStore(BackingStore):
             if self._scored:
                 pipe.zrem(z, *victims)
 
-        removed = self._run("HDEL", drop)[0]
+        removed = self.run_commands("HDEL", drop)[0]
         self.evicted += int(removed)
 
     def _touch(self, keys: np.ndarray, found: np.ndarray, raw: List[bytes]) -> None:
@@ -423,7 +426,7 @@ class RedisClusterStore(BackingStore):
                         pipe.zincrby(self.score_keys[p], 1, m)
 
         try:
-            self._run("ZADD", commands)
+            self.run_commands("ZADD", commands)
         except StoreError as e:
             log.warning("%s", e)
 
@@ -439,7 +442,7 @@ class RedisClusterStore(BackingStore):
                 if self._scored:
                     pipe.zrem(self.score_keys[p], *[raw[i] for i in sub.tolist()])
 
-        replies = self._run("HDEL", commands)
+        replies = self.run_commands("HDEL", commands)
         return int(sum(replies[::2] if self._scored else replies))
 
     def num_rows(self) -> int:
@@ -448,7 +451,7 @@ class RedisClusterStore(BackingStore):
             for h in self.hash_keys:
                 pipe.hlen(h)
 
-        return int(sum(self._run("HLEN", commands)))
+        return int(sum(self.run_commands("HLEN", commands)))
 
     def sample_keys(self, n: int) -> np.ndarray:
         """Up to ``n`` distinct keys, taken by HSCAN partition after partition."""
@@ -457,7 +460,7 @@ class RedisClusterStore(BackingStore):
             cursor = 0
             while len(raw) < n:
                 step = min(max(n - len(raw), 10), 1000)
-                cursor, page = self._run(
+                cursor, page = self.run_commands(
                     "HSCAN", lambda pipe, c=cursor, h=h, step=step: pipe.hscan(h, c, count=step))[0]
                 for field in page:
                     if len(raw) >= n:
@@ -472,11 +475,11 @@ class RedisClusterStore(BackingStore):
     # -- import bookkeeping ------------------------------------------------------------
 
     def get_meta(self, name: str) -> Optional[str]:
-        v = self._run("HGET", lambda pipe: pipe.hget(self.meta_key, name))[0]
+        v = self.run_commands("HGET", lambda pipe: pipe.hget(self.meta_key, name))[0]
         return None if v is None else v.decode()
 
     def set_meta(self, name: str, value: str) -> None:
-        self._run("HSET", lambda pipe: pipe.hset(self.meta_key, name, str(value)))
+        self.run_commands("HSET", lambda pipe: pipe.hset(self.meta_key, name, str(value)))
 
     @contextlib.contextmanager
     def import_lock(self, timeout: float, ttl: float = 15.0):
@@ -490,9 +493,9 @@ class RedisClusterStore(BackingStore):
         token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}".encode()
         ttl_ms = int(ttl * 1000)
         deadline = time.monotonic() + timeout
-        while not self._run("SET", lambda pipe: pipe.set(key, token, nx=True, px=ttl_ms))[0]:
+        while not self.run_commands("SET", lambda pipe: pipe.set(key, token, nx=True, px=ttl_ms))[0]:
             if time.monotonic() > deadline:
-                holder = self._run("GET", lambda pipe: pipe.get(key))[0]
+                holder = self.run_commands("GET", lambda pipe: pipe.get(key))[0]
                 raise StoreUnavailableError(
                     f"{self._where}: another loader ({holder!r}) holds the import lock; "
                     f"gave up after {timeout:.0f} s")
@@ -502,7 +505,7 @@ class RedisClusterStore(BackingStore):
         def keep_alive():
             while not stop.wait(ttl / 3):
                 try:
-                    self._run("PEXPIRE", lambda pipe: pipe.pexpire(key, ttl_ms))
+                    self.run_commands("PEXPIRE", lambda pipe: pipe.pexpire(key, ttl_ms))
                 except StoreError as e:  # the import itself will fail and say why
                     log.warning("%s", e)
 
@@ -514,8 +517,8 @@ class RedisClusterStore(BackingStore):
             stop.set()
             t.join()
             try:
-                if self._run("GET", lambda pipe: pipe.get(key))[0] == token:
-                    self._run("DEL", lambda pipe: pipe.delete(key))
+                if self.run_commands("GET", lambda pipe: pipe.get(key))[0] == token:
+                    self.run_commands("DEL", lambda pipe: pipe.delete(key))
             except StoreError as e:  # expires by itself
                 log.warning("%s", e)
 

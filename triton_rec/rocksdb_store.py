@@ -21,6 +21,7 @@ a read-only handle that holds their table (or the read-write one, which is curre
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import fcntl
 import logging
@@ -173,8 +174,9 @@ class _ColumnFamilyReads(BackingStore):
     family), ``_where``, ``max_batch_size`` and ``default_value``, and implement
     :meth:`_get` (run a read, translating errors)."""
 
-    def _get(self, what: str, fn, *args):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _get(self, what: str, fn, *args):
+        """Run the read ``fn(*args)``, translating errors into StoreError naming the table."""
 
     def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
         keys = check_keys(keys)

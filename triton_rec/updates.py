@@ -126,7 +126,7 @@ class _Redis:
         self.address = address
 
     def run(self, what: str, commands) -> list:
-        return self._store._run(what, commands)
+        return self._store.run_commands(what, commands)
 
     def close(self) -> None:
         self._store.close()
