@@ -56,7 +56,8 @@ class UpdateApplier:
         apply_update = getattr(ct.store, "apply_update", None)
         if apply_update is None:
             raise ConfigError(f"{topic}: table {table!r} has no writable tier")
-        apply_update(keys, vectors, topic)
+        if apply_update(keys, vectors, topic) == 0:
+            return  # no tier's update_filters take this topic: the cache follows the tiers
         if ct.cache is not None:
             ct.cache.update(np.ascontiguousarray(keys, dtype=np.int64),
                             np.ascontiguousarray(vectors, dtype=np.float32))

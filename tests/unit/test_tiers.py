@@ -277,3 +277,30 @@ t.close()
         for p in procs:
             p.kill()
         reader.close()
+
+
+@pytest.mark.parametrize("filters, applied", [([".+"], True), (["^hps_et\\.other\\..+$"], False)])
+def test_online_updates_reach_the_tiers_and_the_cache_only_through_matching_filters(
+        make, spec, redis_cluster, filters, applied):  # noqa: F811
+    from triton_rec.online_updates import UpdateApplier
+
+    params = make(gpucache=True, hit_rate_threshold=2.0,
+                  volatile=redis(redis_cluster, update_filters=filters))
+    session = open_session(params, spec)
+    try:
+        keys, req = request(session, 5, unknown=0)
+        session.lookup(req)  # the keys are cached now
+        k = keys[0][:4]
+        new = np.full((4, 8), 9.5, np.float32)
+        UpdateApplier(params.model, session.cached_tables)(params.model, "a", k, new)
+        ct = session.cached_tables[0]
+        cached = np.empty((4, 8), np.float32)
+        hit = np.zeros(4, np.uint8)
+        assert ct.cache.query(k, cached, hit) == 4
+        stored = np.empty((4, 8), np.float32)
+        ct.store.fetch(k, stored)
+        want = new if applied else expected_vectors(SEED, 0, k, 8)
+        np.testing.assert_array_equal(cached, want)
+        np.testing.assert_array_equal(stored, want)
+    finally:
+        session.close()
