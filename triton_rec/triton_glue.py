@@ -9,6 +9,7 @@ that call with an error instead of taking the model instance down.
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, List, Sequence
 
 from triton_rec.errors import RequestError
@@ -71,3 +72,35 @@ def update_metrics(pb_utils, model_name: str, metrics) -> None:
         metrics.update()
     except Exception as e:
         pb_utils.Logger.log_warn(f"model '{model_name}': metrics update failed: {e!r}")
+
+
+class TritonLogHandler(logging.Handler):
+    """Forwards the engine's ``logging`` records (``triton_rec``, ``ps_loader``: import
+    progress, tiers skipped, update consumer errors) to Triton's log."""
+
+    def __init__(self, pb_utils, model_name: str):
+        super().__init__(logging.INFO)
+        self.pb_utils = pb_utils
+        self.model_name = model_name
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = f"model '{self.model_name}': {record.name}: {self.format(record)}"
+            log = self.pb_utils.Logger
+            if record.levelno >= logging.ERROR:
+                log.log_error(msg)
+            elif record.levelno >= logging.WARNING:
+                log.log_warn(msg)
+            else:
+                log.log_info(msg)
+        except Exception:  # logging must never fail a model
+            self.handleError(record)
+
+
+def route_engine_logs(pb_utils, model_name: str) -> None:
+    """Send INFO and above of the engine's loggers to Triton's log (once per process)."""
+    for name in ("triton_rec", "ps_loader"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, TritonLogHandler) for h in logger.handlers):
+            logger.addHandler(TritonLogHandler(pb_utils, model_name))
+        logger.setLevel(logging.INFO)

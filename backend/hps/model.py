@@ -29,7 +29,7 @@ from triton_rec.model_config import (
     model_parameter,
     with_model_parameters,
 )
-from triton_rec.triton_glue import run_requests, update_metrics
+from triton_rec.triton_glue import route_engine_logs, run_requests, update_metrics
 from triton_rec.triton_metrics import CacheMetrics
 
 
@@ -50,6 +50,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         self.device_id = int(args.get("model_instance_device_id") or 0)
+        route_engine_logs(pb_utils, self.model_name)
         try:
             self.output_name, self.extra_outputs = check_hps_model_config(config)
             ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))

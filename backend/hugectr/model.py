@@ -25,7 +25,7 @@ from triton_rec.model_config import (
     model_parameter,
     with_model_parameters,
 )
-from triton_rec.triton_glue import run_requests, update_metrics
+from triton_rec.triton_glue import route_engine_logs, run_requests, update_metrics
 from triton_rec.triton_metrics import CacheMetrics
 
 
@@ -35,6 +35,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
+        route_engine_logs(pb_utils, self.model_name)
         try:
             self.output_name = check_hugectr_model_config(config)
             ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))

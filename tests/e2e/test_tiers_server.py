@@ -128,6 +128,12 @@ def test_served_lookups_match_the_source_files(env, protocol):
         finally:
             store.close()
         assert (env["rocks"] / "tier_a" / s.name).is_dir()
+    # the engine's log lines reach Triton's log: one import per tier and table, the
+    # other instance found it done
+    text = env["server"].log_path.read_text(errors="replace")
+    for role in ("persistent", "volatile"):
+        assert f"tier_a.item: {role} tier" in text
+    assert "imported" in text and ": present" in text
 
 
 def test_updates_published_during_lookups_are_seen_within_the_refresh_interval_untorn(env):
