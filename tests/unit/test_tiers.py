@@ -304,3 +304,23 @@ def test_online_updates_reach_the_tiers_and_the_cache_only_through_matching_filt
         np.testing.assert_array_equal(stored, want)
     finally:
         session.close()
+
+
+def test_ps_json_tls_settings_reach_the_redis_tier(make, spec):
+    from tests.storage_fixtures import start_tls_redis_cluster
+
+    with start_tls_redis_cluster() as c:
+        tls = {"enable_tls": True, "tls_ca_certificate": str(c.tls["ca"]),
+               "tls_client_certificate": str(c.tls["client_cert"]),
+               "tls_client_key": str(c.tls["client_key"]),
+               "tls_server_name_identification": "redis.test"}
+        session = open_session(make(gpucache=False, volatile=redis(c, **tls)), spec)
+        try:
+            keys, req = request(session, 6)
+            np.testing.assert_array_equal(session.lookup(req), truth(keys))
+        finally:
+            session.close()
+        # without the server name the certificate check refuses the connection
+        del tls["tls_server_name_identification"]
+        with pytest.raises(StoreUnavailableError, match="certificate"):
+            open_session(make(gpucache=False, volatile=redis(c, **tls)), spec)
