@@ -44,6 +44,8 @@ MAGIC = 0x52544348  # b"HCTR" read as a little-endian uint32
 _HEADER = np.dtype([("magic", "<u4"), ("value_size", "<u4")])
 _TOPIC_RE = re.compile(r"hps_et\.([A-Za-z0-9_-]{1,120})\.([A-Za-z0-9_-]{1,120})")
 FIELD = b"v"  # the stream entry field holding the message
+MAX_BACKOFF = 5.0  # seconds: longest wait between two attempts while Redis is unreachable
+LOG_EVERY = 30.0  # seconds between two log lines about the same ongoing failure
 
 
 class UpdateMessageError(TritonRecError):
@@ -200,7 +202,8 @@ class UpdateConsumer:
         block_ms: longest wait for new entries in one :meth:`poll_once`.
         claim_idle_ms: entries pending this long on another consumer of the group (a
             dead instance) are taken over.
-        backoff_ms: wait after a failure (Redis unreachable, ``apply`` raised).
+        backoff_ms: wait after a failure (``apply`` raised; Redis unreachable: doubled
+            per failure in a row, at most ``MAX_BACKOFF`` s, logged once per ``LOG_EVERY`` s).
         start: where a new group starts: ``"earliest"`` (the whole stream, as HPS's
             Kafka consumers) or ``"latest"``.
         **kwargs: connection settings as for :class:`UpdateProducer`.
@@ -232,6 +235,8 @@ class UpdateConsumer:
         self._stats = dict(messages=0, vectors=0, malformed=0, apply_errors=0, redis_errors=0,
                            claimed=0, last_error="")
         self._lock = threading.Lock()
+        self._failures = 0  # Redis failures in a row
+        self._last_logged = 0.0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -280,8 +285,20 @@ class UpdateConsumer:
                 applied += self._poll_topic(topic, per_topic)
             except StoreError as e:
                 self._count(error=str(e), redis_errors=1)
-                log.warning("updates from %s: %s", topic, e)
-                self._stop.wait(self.backoff)
+                self._failures += 1
+                now = time.monotonic()
+                # one line when it starts, then at most one every LOG_EVERY seconds
+                if self._failures == 1 or now - self._last_logged >= LOG_EVERY:
+                    log.warning("updates from %s (%d failure(s) in a row): %s", topic,
+                                self._failures, e)
+                    self._last_logged = now
+                # exponential backoff while Redis stays unreachable, capped
+                self._stop.wait(min(MAX_BACKOFF, self.backoff * 2 ** min(self._failures, 16)))
+                continue
+            if self._failures:
+                log.warning("updates from %s: Redis reachable again after %d failure(s)",
+                            topic, self._failures)
+                self._failures = 0
         return applied
 
     def _poll_topic(self, topic: str, block_ms: int) -> int:

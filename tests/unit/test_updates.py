@@ -198,19 +198,25 @@ def test_the_cli_publishes_npz_files_and_sparse_directories(redis_cluster, names
                                   vecs)
 
 
-def test_close_returns_promptly_when_redis_is_unreachable(redis_cluster, names):  # noqa: F811
+def test_an_unreachable_redis_is_retried_quietly_and_close_returns_promptly(
+        redis_cluster, names, caplog):  # noqa: F811
+    import logging
+
     from tests.storage_fixtures import start_redis_cluster
 
     model, table, topic = names
     with start_redis_cluster(3) as cluster:
         c = UpdateConsumer(cluster.address, "g", "c", {topic: 2}, Collector(), block_ms=100,
-                           socket_timeout=0.3, connect_timeout=0.3)
+                           backoff_ms=10, socket_timeout=0.3, connect_timeout=0.3)
         c.start()
         time.sleep(0.2)
-        for i in range(3):
-            cluster.kill(i)
-        time.sleep(0.5)
-        t0 = time.monotonic()
-        c.close()
+        with caplog.at_level(logging.WARNING, logger="triton_rec.updates"):
+            for i in range(3):
+                cluster.kill(i)
+            time.sleep(1.5)
+            t0 = time.monotonic()
+            c.close()
         assert time.monotonic() - t0 < 5
-        assert c.stats()["redis_errors"] > 0
+        assert c.stats()["redis_errors"] >= 3  # it kept trying (with a growing backoff)
+        lines = [r for r in caplog.records if "updates from" in r.getMessage()]
+        assert 1 <= len(lines) <= 2, [r.getMessage() for r in lines]  # not one per attempt
