@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Protocol
 import numpy as np
 
 from triton_rec.backing_store import BackingStore
+from triton_rec.log_throttle import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,7 @@ class BackgroundInserter:
 
     def __init__(self, max_pending: int = 64, name: str = "trec-inserter"):
         self._queue: "queue.Queue" = queue.Queue(maxsize=max_pending)
+        self._throttle = LogThrottle()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -217,7 +219,10 @@ class BackgroundInserter:
             try:
                 table.fill_from_store(keys)
             except Exception:  # keep serving; the next miss retries
-                log.exception("background insert into table %s failed", table.name)
+                allowed, held = self._throttle.allow()
+                if allowed:
+                    log.exception("background insert into table %s failed (%d more failures "
+                                  "since the last line)", table.name, held)
             finally:
                 self._queue.task_done()
 
@@ -239,6 +244,7 @@ class Refresher:
         self.delay = float(delay)
         self.fraction = float(fraction)
         self._cursors = [0] * len(tables)
+        self._throttle = LogThrottle()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trec-refresher", daemon=True)
         self._thread.start()
@@ -248,7 +254,10 @@ class Refresher:
             try:
                 self._cursors[i] = t.refresh(self.fraction, self._cursors[i])
             except Exception:
-                log.exception("refresh of table %s failed", t.name)
+                allowed, held = self._throttle.allow()
+                if allowed:
+                    log.exception("refresh of table %s failed (%d more failures since the "
+                                  "last line)", t.name, held)
 
     def _run(self) -> None:
         if self._stop.wait(self.delay):

@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from triton_rec.backing_store import BackingStore, StoreError, StoreUnavailableError, check_keys
+from triton_rec.log_throttle import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class TieredStore(BackingStore):
         self.cache_missed_embeddings = bool(cache_missed_embeddings) and not first.read_only
         self._lock = threading.Lock()
         self._counts: Dict[str, int] = {}
+        self._throttle = LogThrottle()
 
     def _count(self, **deltas: int) -> None:
         with self._lock:
@@ -131,7 +133,10 @@ class TieredStore(BackingStore):
                 self._count(**{f"{tier.role}_unavailable": 1})
                 if tier.on_unavailable == "fail":
                     raise
-                log.warning("table %s: %s tier skipped: %s", self.name, tier.role, e)
+                allowed, held = self._throttle.allow()
+                if allowed:
+                    log.warning("table %s: %s tier skipped (%d more since the last line): %s",
+                                self.name, tier.role, held, e)
                 continue
             if i > 0:
                 out[pending[hit]] = buf[hit]
@@ -153,8 +158,11 @@ class TieredStore(BackingStore):
             self._count(promoted=int(keys.shape[0]))
         except StoreError as e:
             self._count(promote_failed=int(keys.shape[0]))
-            log.warning("table %s: copying %d row(s) into the %s tier failed: %s",
-                        self.name, keys.shape[0], self.tiers[0].role, e)
+            allowed, held = self._throttle.allow()
+            if allowed:
+                log.warning("table %s: copying %d row(s) into the %s tier failed (%d more "
+                            "failures since the last line): %s",
+                            self.name, keys.shape[0], self.tiers[0].role, held, e)
 
     def num_rows(self) -> int:
         """Rows of the last tier (the one that holds every row)."""

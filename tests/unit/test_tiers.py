@@ -324,3 +324,14 @@ def test_ps_json_tls_settings_reach_the_redis_tier(make, spec):
         del tls["tls_server_name_identification"]
         with pytest.raises(StoreUnavailableError, match="certificate"):
             open_session(make(gpucache=False, volatile=redis(c, **tls)), spec)
+
+
+def test_log_throttle_lets_one_line_through_per_period_and_counts_the_rest():
+    from triton_rec.log_throttle import LogThrottle
+
+    t = LogThrottle(every=0.2)
+    assert t.allow() == (True, 0)
+    assert [t.allow()[0] for _ in range(5)] == [False] * 5
+    import time as _time
+    _time.sleep(0.25)
+    assert t.allow() == (True, 5)
