@@ -49,8 +49,12 @@ class Tier:
         role: ``"local"``, ``"volatile"`` or ``"persistent"`` (messages, metrics).
         store: the store.
         on_unavailable: ``"fail"`` or ``"next_tier"``.
-        update_filters: regexes; an online update of topic T is written to this tier
-            if one of them matches the whole of T (HPS: ``std::regex_match``).
+        update_filters: regexes; an online update of topic ``hps_et.<model>.<table>``
+            is written to this tier if one of them matches either the whole topic, or
+            the model name the way HPS subscribes (filter ``f`` becomes
+            ``^hps_et\.<f>\..+$``, so ``["dlrm"]`` takes the updates of model
+            ``dlrm`` and ``[".+"]`` those of every model). HPS's default
+            ``["^hps_.+$"]`` matches every topic as a whole-topic filter.
     """
 
     role: str
@@ -62,7 +66,14 @@ class Tier:
     def __post_init__(self):
         if self.on_unavailable not in ("fail", "next_tier"):
             raise ValueError(f"on_unavailable must be 'fail' or 'next_tier', got {self.on_unavailable!r}")
-        self._filters = [re.compile(f) for f in self.update_filters]
+        self._filters = []
+        for f in self.update_filters:
+            # a filter of the whole topic, and HPS's subscription built from it
+            self._filters.append(re.compile(f))
+            try:
+                self._filters.append(re.compile(r"hps_et\.(?:" + f + r")\.[^.]+"))
+            except re.error:  # e.g. global flags, which must open a pattern
+                pass
 
     def accepts(self, topic: Optional[str]) -> bool:
         """Whether online updates of ``topic`` are written to this tier."""

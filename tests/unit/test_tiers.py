@@ -12,12 +12,12 @@ import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.storage_fixtures import redis_cluster, rocksdb_dir, start_redis_cluster  # noqa: F401
-from triton_rec.backing_store import StoreUnavailableError, tier_table_name
+from triton_rec.backing_store import DictStore, StoreUnavailableError, tier_table_name
 from triton_rec.config import parse_ps_config
 from triton_rec.deployment import InstanceSpec, open_session
 from triton_rec.redis_store import RedisClusterStore
 from triton_rec.errors import ConfigError
-from triton_rec.tiers import SOURCE_META, TieredStore
+from triton_rec.tiers import SOURCE_META, Tier, TieredStore
 
 SEED = 5
 TABLES = [SyntheticTable("a", rows=2000, vec_size=8, max_keys_per_sample=2, default_value=-1.0),
@@ -277,6 +277,25 @@ t.close()
         for p in procs:
             p.kill()
         reader.close()
+
+
+@pytest.mark.parametrize("filters, topic, taken", [
+    (["^hps_.+$"], "hps_et.m1.t", True),  # HPS's default, as a whole-topic filter
+    ([".+"], "hps_et.m1.t", True),  # HPS's examples: every model
+    (["m1"], "hps_et.m1.t", True),  # HPS: a filter names the model
+    (["m1"], "hps_et.m10.t", False),
+    (["m[0-9]"], "hps_et.m2.t", True),
+    (["other"], "hps_et.m1.t", False),
+    (["^hps_et\\.other\\..+$"], "hps_et.m1.t", False),
+    (["hps_et\\.m1\\.t"], "hps_et.m1.t", True),
+    (["hps_et\\.m1\\.t"], "hps_et.m1.u", False),
+    (["(?i)M1"], "hps_et.m1.t", False),  # a global flag: only the whole-topic form
+    (["(?i)HPS_ET.M1.T"], "hps_et.m1.t", True),
+])
+def test_update_filters_match_the_whole_topic_or_the_model_name_as_hps_subscribes(
+        filters, topic, taken):
+    tier = Tier("volatile", DictStore(4), update_filters=tuple(filters))
+    assert tier.accepts(topic) is taken
 
 
 @pytest.mark.parametrize("filters, applied", [([".+"], True), (["^hps_et\\.other\\..+$"], False)])
