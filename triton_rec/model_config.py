@@ -103,6 +103,21 @@ def model_flag(config: Dict[str, Any], key: str, default: bool) -> bool:
     return value.lower() == "true"
 
 
+def model_seconds(config: Dict[str, Any], key: str, default: Optional[float]) -> Optional[float]:
+    """A string parameter of config.pbtxt holding seconds >= 0 (``default`` if absent;
+    ConfigError if malformed)."""
+    value = model_parameter(config, key)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0.0 <= seconds < float("inf"):
+        raise ConfigError(f"config.pbtxt parameter '{key}' must be seconds >= 0, got {value!r}")
+    return seconds
+
+
 def with_model_parameters(config: Dict[str, Any], params):
     """``params`` (a ModelParams) with what config.pbtxt's string parameters override, as
     in the HPS backend: ``refresh_interval``, ``refresh_delay`` (seconds, >= 0) and
@@ -111,15 +126,8 @@ def with_model_parameters(config: Dict[str, Any], params):
 
     over = {}
     for key in ("refresh_interval", "refresh_delay"):
-        value = model_parameter(config, key)
-        if value is None:
-            continue
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = -1.0
-        if not seconds >= 0.0:
-            raise ConfigError(f"config.pbtxt parameter '{key}' must be seconds >= 0, got {value!r}")
-        over[key] = seconds
+        seconds = model_seconds(config, key, None)
+        if seconds is not None:
+            over[key] = seconds
     over["freeze_sparse"] = model_flag(config, "freeze_sparse", params.freeze_sparse)
     return dataclasses.replace(params, **over)

@@ -10,6 +10,7 @@ that call with an error instead of taking the model instance down.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Callable, List, Sequence
 
 from triton_rec.errors import RequestError
@@ -72,6 +73,53 @@ def update_metrics(pb_utils, model_name: str, metrics) -> None:
         metrics.update()
     except Exception as e:
         pb_utils.Logger.log_warn(f"model '{model_name}': metrics update failed: {e!r}")
+
+
+class MetricsPusher:
+    """Pushes an instance's metrics after each ``execute`` and every ``interval`` seconds.
+
+    The periodic push (a daemon thread) makes what changes without requests visible on
+    the metrics port of an idle model: online updates applied by the instance's
+    consumer, cache size and inserts caused by the other instances. Pushes are
+    serialized; :meth:`close` stops the thread (call it in ``finalize``).
+
+    Args:
+        pb_utils: ``triton_python_backend_utils``.
+        model_name: for messages.
+        metrics: has ``update()`` (a :class:`~triton_rec.triton_metrics.CacheMetrics`).
+        interval: seconds between periodic pushes; 0 pushes only after ``execute``.
+    """
+
+    def __init__(self, pb_utils, model_name: str, metrics, interval: float = 2.0):
+        self._pb = pb_utils
+        self._model = model_name
+        self.metrics = metrics
+        self.interval = float(interval)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+        if self.interval > 0:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"trec-metrics-{model_name}")
+            self._thread.start()
+
+    def push(self) -> None:
+        """Push what changed since the last push (never raises)."""
+        with self._lock:
+            if not self._stop.is_set():
+                update_metrics(self._pb, self._model, self.metrics)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.push()
+
+    def close(self) -> None:
+        """Stop the periodic pushes (idempotent); no push runs after this returns."""
+        with self._lock:  # a push under way finishes first
+            self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
 
 
 class TritonLogHandler(logging.Handler):

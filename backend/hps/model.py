@@ -27,9 +27,10 @@ from triton_rec.model_config import (
     check_hps_model_config,
     model_flag,
     model_parameter,
+    model_seconds,
     with_model_parameters,
 )
-from triton_rec.triton_glue import route_engine_logs, run_requests, update_metrics
+from triton_rec.triton_glue import MetricsPusher, route_engine_logs, run_requests
 from triton_rec.triton_metrics import CacheMetrics
 
 
@@ -61,11 +62,15 @@ class TritonPythonModel:
                 store_dir=model_parameter(config, "store_dir"),
                 prefault=model_flag(config, "prefault", True),
             )
+            self.metrics_interval = model_seconds(config, "metrics_interval", 2.0)
             self.session = open_session(params, spec)
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         self.response_parameters = _supports_response_parameters()
-        self.metrics = CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session)
+        self.metrics = MetricsPusher(
+            pb_utils, self.model_name,
+            CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session),
+            self.metrics_interval)
         for line in config_warnings(ps_path, params):
             pb_utils.Logger.log_warn(line)
         pb_utils.Logger.log_info(f"hps model '{self.model_name}' ready: {self.session.describe()}")
@@ -76,7 +81,7 @@ class TritonPythonModel:
             pb_utils, self.model_name, requests, ("KEYS", "NUMKEYS"),
             self.session.parse_request, self.session.lookup_many, self._response,
         )
-        update_metrics(pb_utils, self.model_name, self.metrics)
+        self.metrics.push()
         return responses
 
     def _response(self, request, out):
@@ -88,6 +93,8 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def finalize(self):
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
         if getattr(self, "session", None) is not None:
             self.session.close()
             self.session = None

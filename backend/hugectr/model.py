@@ -23,9 +23,10 @@ from triton_rec.model_config import (
     check_hugectr_model_config,
     model_flag,
     model_parameter,
+    model_seconds,
     with_model_parameters,
 )
-from triton_rec.triton_glue import route_engine_logs, run_requests, update_metrics
+from triton_rec.triton_glue import MetricsPusher, route_engine_logs, run_requests
 from triton_rec.triton_metrics import CacheMetrics
 
 
@@ -46,12 +47,16 @@ class TritonPythonModel:
                 store_dir=model_parameter(config, "store_dir"),
                 prefault=model_flag(config, "prefault", True),
             )
+            self.metrics_interval = model_seconds(config, "metrics_interval", 2.0)
             self.session = open_ranking_session(
                 params, spec, args["model_repository"], model_parameter(config, "config")
             )
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
-        self.metrics = CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session)
+        self.metrics = MetricsPusher(
+            pb_utils, self.model_name,
+            CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session),
+            self.metrics_interval)
         for line in config_warnings(ps_path, params):
             pb_utils.Logger.log_warn(line)
         pb_utils.Logger.log_info(f"hugectr model '{self.model_name}' ready: {self.session.dense!r}")
@@ -64,10 +69,12 @@ class TritonPythonModel:
             lambda req, out: pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(self.output_name, out)]),
         )
-        update_metrics(pb_utils, self.model_name, self.metrics)
+        self.metrics.push()
         return responses
 
     def finalize(self):
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
         if getattr(self, "session", None) is not None:
             self.session.close()
             self.session = None

@@ -89,3 +89,20 @@ def test_config_pbtxt_parameters_override_refresh_and_freeze_sparse():
     for bad in (dict(refresh_interval="-1"), dict(refresh_delay="soon"), dict(freeze_sparse="yes")):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             with_model_parameters(cfg(**bad), params)
+
+
+@pytest.mark.parametrize("value, seconds", [(None, 2.0), ("0", 0.0), ("0.25", 0.25), ("10", 10.0)])
+def test_seconds_parameters_default_or_parse(value, seconds):
+    from triton_rec.model_config import model_seconds
+
+    config = {"parameters": {} if value is None else {"metrics_interval": {"string_value": value}}}
+    assert model_seconds(config, "metrics_interval", 2.0) == seconds
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "nan", "inf"])
+def test_malformed_seconds_parameters_are_refused_naming_them(value):
+    from triton_rec.model_config import model_seconds
+
+    config = {"parameters": {"metrics_interval": {"string_value": value}}}
+    with pytest.raises(ConfigError, match="metrics_interval"):
+        model_seconds(config, "metrics_interval", 2.0)
