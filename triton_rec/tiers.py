@@ -43,7 +43,7 @@ SOURCE_META = "source_digest"
 
 @dataclass
 class Tier:
-    """One store of the chain.
+    r"""One store of the chain.
 
     Args:
         role: ``"local"``, ``"volatile"`` or ``"persistent"`` (messages, metrics).
