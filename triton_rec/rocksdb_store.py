@@ -3,8 +3,9 @@
 Layout (the HPS layout; one database may hold the tables of many models):
 
 - one RocksDB database per ``path`` (ps.json ``persistent_db.path``);
-- one **column family per table**, named ``<model>.<table>``
-  (:func:`triton_rec.backing_store.tier_table_name`), e.g. ``hps_demo.item``;
+- one **column family per table**; deployments name it ``hps_et.<model>.<table>`` as
+  HPS does (:func:`triton_rec.deployment.rocksdb_table_name`), e.g.
+  ``hps_et.hps_demo.item``;
 - key: the int64 key as 8 little-endian bytes; value: the vector as ``vec_size``
   little-endian float32 (``4 * vec_size`` bytes), nothing else.
 
@@ -13,10 +14,12 @@ and the key), never returned in part.
 
 Opening: RocksDB allows one read-write opener per database (a second process gets
 :class:`StoreUnavailableError` naming the lock); any number of read-only openers, each
-seeing the database as it was when it opened it (serving processes should open it
-``read_only``; following a writer needs RocksDB's secondary mode, not done yet). In one
-process, the stores of a database share one read-write handle; read-only stores share
-a read-only handle that holds their table (or the read-write one, which is current).
+seeing the database as it was when it opened it. In one process, the stores of a
+database share one read-write handle; read-only stores share a read-only handle that
+holds their table (or the read-write one, which is current). :class:`RocksDBStore` is
+that single-process store (and the ``read_only`` tier); :class:`NodeRocksDBTable` is
+the table the processes of a node read and write together (secondary handles, a
+node-wide writer lock).
 """
 
 from __future__ import annotations
@@ -82,14 +85,15 @@ def _options(num_threads: int, create: bool) -> "rocksdict.Options":
     return opts
 
 
-def _column_family(db: "rocksdict.Rdict", name: str, create: bool):
-    """The column family ``name`` of ``db`` (created if ``create``), or None if absent."""
+def _column_family(db: "rocksdict.Rdict", name: str, create: bool, options=None):
+    """The column family ``name`` of ``db`` (created if ``create``, with ``options``), or
+    None if absent."""
     try:
         return db.get_column_family(name)
     except Exception:  # rocksdict: "column name ... does not exist"
         if not create:
             return None
-    return db.create_column_family(name, rocksdict.Options(raw_mode=True))
+    return db.create_column_family(name, options or rocksdict.Options(raw_mode=True))
 
 
 def _open(path: str, real: str, read_only: bool, num_threads: int) -> "rocksdict.Rdict":
@@ -176,25 +180,29 @@ class _ColumnFamilyReads(BackingStore):
 
     @abc.abstractmethod
     def _get(self, what: str, fn, *args):
-        """Run the read ``fn(*args)``, translating errors into StoreError naming the table."""
+        """Run the read ``fn(*args)``, translating errors into StoreError naming the table.
+        ``fn`` must look ``self._cf`` up when called (a lambda, not a bound method of
+        it): the node store may replace its handles before running it."""
 
     def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
         keys = check_keys(keys)
         found = np.zeros(keys.shape[0], dtype=bool)
         raw = encode_keys(keys)
         for s, e in chunks(keys.shape[0], self.max_batch_size):
-            values = self._get("multi-get", self._cf.get, raw[s:e])
+            values = self._get("multi-get", lambda r: self._cf.get(r), raw[s:e])
             decode_values(values, keys[s:e], out[s:e], found[s:e], self.default_value, self._where)
         return found
 
     def _count_present(self, raw: List[bytes]) -> int:
         """How many of the encoded keys ``raw`` the table holds (RocksDB deletes do not say)."""
-        return sum(sum(v is not None for v in self._get("multi-get", self._cf.get, raw[s:e]))
+        return sum(sum(v is not None
+                       for v in self._get("multi-get", lambda r: self._cf.get(r), raw[s:e]))
                    for s, e in chunks(len(raw), self.max_batch_size))
 
     def num_rows(self) -> int:
         """RocksDB's estimate of the keys in the column family (``rocksdb.estimate-num-keys``)."""
-        n = self._get("num_rows", self._cf.property_int_value, "rocksdb.estimate-num-keys")
+        n = self._get("num_rows", lambda p: self._cf.property_int_value(p),
+                      "rocksdb.estimate-num-keys")
         return int(n or 0)
 
     def sample_keys(self, n: int) -> np.ndarray:
@@ -340,6 +348,130 @@ def _node_options(num_threads: int = 1, create: bool = False) -> "rocksdict.Opti
     return opts
 
 
+class _NodeWriter:
+    """The read-write side of one node database in this process, shared by every
+    :class:`NodeRocksDBTable` of that database here (one ``flock`` fd and one read-write
+    handle per process and database: the tables of a model update one after another
+    without waiting for each other's hold to expire).
+
+    :meth:`primary` opens the database read-write under the node-wide writer lock
+    ``<path>.writer.lock`` and keeps both for ``hold_seconds`` after the last write (a
+    steady stream of updates does not pay an open per batch, and RocksDB's background
+    flushes and compactions get to run), never longer than ``max_hold_seconds`` in one
+    go, so the other processes of the node get their turn to write.
+    """
+
+    _open: Dict[str, "_NodeWriter"] = {}
+    _open_lock = threading.Lock()
+
+    def __init__(self, path: str, num_threads: int, hold_seconds: float,
+                 max_hold_seconds: float):
+        self.path = path
+        self.num_threads = num_threads
+        self.hold_seconds = hold_seconds
+        self.max_hold_seconds = max_hold_seconds
+        self.lock_path = path + ".writer.lock"
+        self.users = 0
+        self._lock = threading.RLock()  # serialises this process's writes
+        # while writing: (lock fd, read-write handle, time acquired, column families)
+        self._held = None
+        self._generation = 0
+
+    @classmethod
+    def acquire(cls, path: str, num_threads: int, hold_seconds: float,
+                max_hold_seconds: float) -> "_NodeWriter":
+        """The writer of database ``path`` (settings of its first user win)."""
+        with cls._open_lock:
+            w = cls._open.get(path)
+            if w is None:
+                w = cls._open[path] = cls(path, num_threads, hold_seconds, max_hold_seconds)
+            w.users += 1
+            return w
+
+    def release(self) -> None:
+        """One user less; the last one closes the handle and drops the lock."""
+        with self._open_lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            if self._open.get(self.path) is self:
+                del self._open[self.path]
+        with self._lock:
+            self._generation += 1
+            self._release_primary()
+
+    @contextlib.contextmanager
+    def primary(self, where: str, column_families, lock_timeout: float):
+        """The database opened read-write under the writer lock, with the column
+        families ``column_families`` created if missing; yields the handle."""
+        with self._lock:
+            if self._held is None:
+                self._held = self._open_primary(where, lock_timeout)
+            self._generation += 1  # any pending idle release is now stale
+            try:
+                fd, db, t0, have = self._held
+                for name in column_families:
+                    if name not in have:
+                        _column_family(db, name, create=True, options=_node_options())
+                        have.add(name)
+                yield db
+            except StoreError:
+                self._release_primary()
+                raise
+            except Exception as e:
+                self._release_primary()
+                hint = (" (a process outside this backend holds it read-write)"
+                        if "lock" in str(e).lower() else "")
+                raise StoreUnavailableError(f"{where}: write failed: {e}{hint}") from e
+            if self._held is not None:
+                if time.monotonic() - self._held[2] >= self.max_hold_seconds:
+                    self._release_primary()
+                else:
+                    gen = self._generation
+                    t = threading.Timer(self.hold_seconds, self._release_if_idle, (gen,))
+                    t.daemon = True
+                    t.start()
+
+    def _open_primary(self, where: str, lock_timeout: float):
+        """``(lock fd, read-write handle, time acquired, column family names)``: flock,
+        then open/create with every column family the database has (RocksDB's rule for
+        a read-write open)."""
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        fd = _lock_fd(self.lock_path, lock_timeout, where)
+        try:
+            cf_opts = {}
+            if os.path.exists(os.path.join(self.path, "CURRENT")):  # a database, not just a dir
+                cf_opts = {c: _node_options()
+                           for c in rocksdict.Rdict.list_cf(self.path) if c != "default"}
+            db = rocksdict.Rdict(self.path, _node_options(self.num_threads, create=True),
+                                 column_families=cf_opts or None)
+        except Exception as e:
+            os.close(fd)
+            hint = (" (a process outside this backend holds it read-write)"
+                    if "lock" in str(e).lower() else "")
+            raise StoreUnavailableError(f"{where}: cannot open read-write: {e}{hint}") from e
+        return fd, db, time.monotonic(), set(cf_opts)
+
+    def _release_if_idle(self, generation: int) -> None:
+        with self._lock:
+            if generation == self._generation:
+                self._release_primary()
+
+    def _release_primary(self) -> None:
+        """Close the read-write handle and release the writer lock (``_lock`` held)."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        fd, db = held[0], held[1]
+        try:
+            db.close()
+        except Exception as e:  # pragma: no cover - best effort
+            log.warning("RocksDB %s: close failed: %s", self.path, e)
+        finally:
+            del db, held
+            os.close(fd)  # releases the flock
+
+
 class NodeRocksDBTable(_ColumnFamilyReads):
     """One table of a RocksDB database that several processes of a node serve at once.
 
@@ -347,11 +479,13 @@ class NodeRocksDBTable(_ColumnFamilyReads):
     is its own process. So each instance reads through its own **secondary** handle
     (``AccessType.secondary``), which follows the database's writes when it catches up
     (at most every ``catch_up_interval`` seconds, inside :meth:`fetch`, and right after
-    its own writes); writes (:meth:`upsert`, :meth:`delete`, :meth:`set_meta`) take an
-    exclusive ``flock`` on ``<path>.writer.lock`` and open the database read-write
-    (20-60 ms on this VM), keep both while writes keep coming (``hold_seconds`` idle,
-    ``max_hold_seconds`` at most), then close it, so any process may write while the
-    others keep serving.
+    its own writes) and is opened again when a table was added to the database since
+    (a secondary cannot follow a new column family). Writes (:meth:`upsert`,
+    :meth:`delete`, :meth:`set_meta`) go through the process's :class:`_NodeWriter` of
+    the database: an exclusive ``flock`` on ``<path>.writer.lock`` and a read-write
+    handle (20-60 ms to open on this VM), kept while writes keep coming
+    (``hold_seconds`` idle, ``max_hold_seconds`` at most), then closed, so any process
+    may write while the others keep serving.
 
     Metadata (:meth:`get_meta`) lives in the column family ``__trec_meta__`` under the
     key ``<table>/<name>``.
@@ -364,7 +498,8 @@ class NodeRocksDBTable(_ColumnFamilyReads):
             :class:`StoreUnavailableError`.
         catch_up_interval: seconds between catch-ups with the writers.
         hold_seconds, max_hold_seconds: how long the writer lock and handle are kept
-            after a write / at most in one go.
+            after a write / at most in one go (the first table of the database in this
+            process sets them for all).
 
     Thread-safety: every method may be called from any number of threads.
     """
@@ -387,109 +522,57 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         self.lock_timeout = float(lock_timeout)
         self.catch_up_interval = float(catch_up_interval)
         self._where = f"RocksDB {self.path} table {table_name!r}"
-        self._lock_path = self.path + ".writer.lock"
         self._io = threading.Lock()  # serialises catch-up with reads of this process
-        self._writer = threading.RLock()  # serialises this process's writes
-        self._held = None  # (lock fd, read-write handle, time acquired) while writing
-        self._generation = 0
-        self.hold_seconds = float(hold_seconds)
-        self.max_hold_seconds = float(max_hold_seconds)
         self._closed = False
+        self._writer = _NodeWriter.acquire(self.path, self.num_threads, float(hold_seconds),
+                                           float(max_hold_seconds))
         # Create the database and the column families once (under the writer lock), then
-        # follow it as a secondary.
-        with self._primary():
-            pass
+        # follow it as a secondary (which sees the column families that exist when it
+        # opens: ours does by then).
+        try:
+            with self._primary():
+                pass
+        except BaseException:
+            self._writer.release()
+            raise
         _remove_dead_secondaries(self.path + ".secondary")
         self._secondary_dir = os.path.join(
             self.path + ".secondary", f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self._db = self._cf = self._meta = None
+        self.reopened = 0  # secondary handles opened again (column families added)
         try:
             os.makedirs(self._secondary_dir, exist_ok=True)
-            cfs = {c: _node_options() for c in rocksdict.Rdict.list_cf(self.path) if c != "default"}
-            self._db = rocksdict.Rdict(
-                self.path, _node_options(), column_families=cfs,
-                access_type=rocksdict.AccessType.secondary(self._secondary_dir))
-            self._cf = self._db.get_column_family(table_name)
-            self._meta = self._db.get_column_family(META_COLUMN_FAMILY)
+            self._open_secondary()
         except Exception as e:
             shutil.rmtree(self._secondary_dir, ignore_errors=True)
+            self._writer.release()
             raise StoreUnavailableError(f"{self._where}: cannot open as a secondary: {e}") from e
         self._last_catch_up = time.monotonic()
+
+    def _open_secondary(self) -> None:
+        """Open this process's secondary handle with every column family there is now
+        (``_io`` held, or in the constructor)."""
+        cfs = {c: _node_options() for c in rocksdict.Rdict.list_cf(self.path) if c != "default"}
+        db = rocksdict.Rdict(self.path, _node_options(), column_families=cfs,
+                             access_type=rocksdict.AccessType.secondary(self._secondary_dir))
+        try:
+            cf = db.get_column_family(self.table_name)
+            meta = db.get_column_family(META_COLUMN_FAMILY)
+        except Exception:
+            db.close()
+            raise
+        self._db, self._cf, self._meta = db, cf, meta
 
     # -- plumbing ---------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _primary(self):
-        """The database opened read-write under the node-wide writer lock; yields it.
-
-        The lock and the handle are kept for ``hold_seconds`` after the last write (a
-        steady stream of updates does not pay an open per batch, and RocksDB's own
-        background flushes and compactions get to run), but never longer than
-        ``max_hold_seconds`` in one go, so the other processes of the node get their
-        turn to write."""
+        """The database opened read-write (see :class:`_NodeWriter`); yields it."""
         if self._closed:
             raise StoreError(f"{self._where}: store is closed")
-        with self._writer:
-            if self._held is None:
-                self._held = self._open_primary()
-            self._generation += 1  # any pending idle release is now stale
-            try:
-                yield self._held[1]
-            except StoreError:
-                self._release_primary()
-                raise
-            except Exception as e:
-                self._release_primary()
-                hint = (" (a process outside this backend holds it read-write)"
-                        if "lock" in str(e).lower() else "")
-                raise StoreUnavailableError(f"{self._where}: write failed: {e}{hint}") from e
-            if self._held is not None:
-                if time.monotonic() - self._held[2] >= self.max_hold_seconds:
-                    self._release_primary()
-                else:
-                    gen = self._generation
-                    t = threading.Timer(self.hold_seconds, self._release_if_idle, (gen,))
-                    t.daemon = True
-                    t.start()
-
-    def _open_primary(self):
-        """``(lock fd, read-write handle, time acquired)``: flock, then open/create."""
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        fd = _lock_fd(self._lock_path, self.lock_timeout, self._where)
-        try:
-            cf_opts = {}
-            if os.path.isdir(self.path):
-                cf_opts = {c: _node_options()
-                           for c in rocksdict.Rdict.list_cf(self.path) if c != "default"}
-            db = rocksdict.Rdict(self.path, _node_options(self.num_threads, create=True),
-                                 column_families=cf_opts or None)
-            for name in (self.table_name, META_COLUMN_FAMILY):
-                if name not in cf_opts:
-                    db.create_column_family(name, _node_options())
-        except Exception as e:
-            os.close(fd)
-            hint = (" (a process outside this backend holds it read-write)"
-                    if "lock" in str(e).lower() else "")
-            raise StoreUnavailableError(f"{self._where}: cannot open read-write: {e}{hint}") from e
-        return fd, db, time.monotonic()
-
-    def _release_if_idle(self, generation: int) -> None:
-        with self._writer:
-            if generation == self._generation:
-                self._release_primary()
-
-    def _release_primary(self) -> None:
-        """Close the read-write handle and release the writer lock (``_writer`` held)."""
-        held, self._held = self._held, None
-        if held is None:
-            return
-        fd, db, _ = held
-        try:
-            db.close()
-        except Exception as e:  # pragma: no cover - best effort
-            log.warning("%s: close failed: %s", self._where, e)
-        finally:
-            del db, held
-            os.close(fd)  # releases the flock
+        with self._writer.primary(self._where, (self.table_name, META_COLUMN_FAMILY),
+                                  self.lock_timeout) as db:
+            yield db
 
     def catch_up(self) -> None:
         """Make this process's view current with every write made so far."""
@@ -497,10 +580,35 @@ class NodeRocksDBTable(_ColumnFamilyReads):
             self._catch_up_locked()
 
     def _catch_up_locked(self) -> None:
+        if self._db is None:  # a reopen failed before: try again
+            try:
+                self._open_secondary()
+            except Exception as e:
+                raise StoreUnavailableError(f"{self._where}: cannot open as a secondary: {e}") from e
         try:
             self._db.try_catch_up_with_primary()
         except Exception as e:
-            raise StoreUnavailableError(f"{self._where}: catch-up failed: {e}") from e
+            if "unknown column family" not in str(e):
+                raise StoreUnavailableError(f"{self._where}: catch-up failed: {e}") from e
+            # Another table was added to the database after this handle opened; a
+            # secondary cannot follow that (RocksDB reports the MANIFEST as corrupt), so
+            # open it again with the column families there are now (rare: once per table
+            # added to the node's database).
+            db = self._db
+            self._db = self._cf = self._meta = None  # column families first, then the db
+            try:
+                db.close()
+            except Exception as close_error:  # pragma: no cover - best effort
+                log.warning("%s: close failed: %s", self._where, close_error)
+            del db
+            try:
+                self._open_secondary()
+            except Exception as e2:
+                raise StoreUnavailableError(
+                    f"{self._where}: cannot open as a secondary again: {e2}") from e2
+            self.reopened += 1
+            log.info("%s: secondary handle reopened (a table was added to the database)",
+                     self._where)
         self._last_catch_up = time.monotonic()
 
     def _get(self, what: str, fn, *args):
@@ -572,7 +680,7 @@ class NodeRocksDBTable(_ColumnFamilyReads):
 
     def get_meta(self, name: str) -> Optional[str]:
         self.catch_up()
-        v = self._get("meta read", self._meta.get, f"{self.table_name}/{name}".encode())
+        v = self._get("meta read", lambda k: self._meta.get(k), f"{self.table_name}/{name}".encode())
         return None if v is None else bytes(v).decode()
 
     def set_meta(self, name: str, value: str) -> None:
@@ -590,9 +698,7 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         if self._closed:
             return
         self._closed = True
-        with self._writer:
-            self._generation += 1
-            self._release_primary()
+        self._writer.release()
         with self._io:
             self._cf = self._meta = None
             try:

@@ -86,6 +86,18 @@ def lookup(client, tc, model, keys_per_table):
     return client.infer(model, ins).as_numpy("OUTPUT0")
 
 
+def rocks_rows(path, model, s, keys):
+    """``(vectors, found)`` of ``keys`` in the RocksDB column family hps_et.<model>.<table>."""
+    from triton_rec.rocksdb_store import RocksDBStore
+
+    store = RocksDBStore(path, f"hps_et.{model}.{s.name}", s.vec_size, read_only=True)
+    try:
+        out = np.empty((len(keys), s.vec_size), np.float32)
+        return out, store.fetch(keys, out)
+    finally:
+        store.close()
+
+
 def sample_keys(seed, rng, n=(40, 20), unknown=3):
     out = []
     for t, s in enumerate(TABLES):
@@ -127,7 +139,11 @@ def test_served_lookups_match_the_source_files(env, protocol):
             assert store.num_rows() == s.rows
         finally:
             store.close()
-        assert (env["rocks"] / "tier_a" / s.name).is_dir()
+        # RocksDB in HPS's layout: one database, column family hps_et.<model>.<table>
+        got, found = rocks_rows(env["rocks"], "tier_a", s, table_keys(SEED, t, s.rows))
+        assert found.all()
+        np.testing.assert_array_equal(got, expected_vectors(SEED, t, table_keys(SEED, t, s.rows),
+                                                            s.vec_size))
     # the engine's log lines reach Triton's log: one import per tier and table, the
     # other instance found it done
     text = env["server"].log_path.read_text(errors="replace")
@@ -281,7 +297,7 @@ def test_a_new_version_reloads_under_load_without_failing_the_other_model(env):
         assert store.num_rows() >= s.rows
     finally:
         store.close()
-    assert (env["rocks"] / "tier_a" / s.name).is_dir()
+    assert rocks_rows(env["rocks"], "tier_a", s, table_keys(SEED, 0, s.rows))[1].all()
     with make_client(srv, "grpc") as client:  # load it back for the tests after this one
         client.load_model("tier_a")
 

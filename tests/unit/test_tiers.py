@@ -222,6 +222,76 @@ def test_an_unreachable_redis_fails_the_load_naming_the_address(make, spec):
         open_session(params, spec)
 
 
+def test_tables_added_to_a_node_database_later_are_followed_by_the_open_tables(tmp_path):
+    """One database holds every table (HPS's layout). A secondary handle cannot follow
+    a column family created after it opened: the open tables reopen theirs."""
+    from triton_rec.rocksdb_store import NodeRocksDBTable
+
+    db = tmp_path / "db"
+    keys = np.arange(1, 51, dtype=np.int64)
+    a = NodeRocksDBTable(db, "hps_et.m.a", 4)
+    b = c = None
+    try:
+        a.upsert(keys, np.repeat(keys[:, None], 4, axis=1).astype(np.float32))
+        b = NodeRocksDBTable(db, "hps_et.m.b", 2)  # a table added to the database
+        c = NodeRocksDBTable(db, "hps_et.other.c", 3)  # and another model's
+        assert a._writer is b._writer is c._writer  # one read-write side per process
+        b.upsert(keys, np.full((50, 2), -1.0, np.float32))
+        a.upsert(keys[:5], np.zeros((5, 4), np.float32))  # a writes again, then catches up
+        out = np.empty((50, 4), np.float32)
+        assert a.fetch(keys, out).all()
+        np.testing.assert_array_equal(out[:5], 0.0)
+        np.testing.assert_array_equal(out[5:], np.repeat(keys[5:, None], 4, axis=1))
+        assert a.reopened >= 1
+        out2 = np.empty((50, 2), np.float32)
+        assert b.fetch(keys, out2).all()
+        np.testing.assert_array_equal(out2, -1.0)
+        assert not c.fetch(keys, np.empty((50, 3), np.float32)).any()
+    finally:
+        for t in (a, b, c):
+            if t is not None:
+                t.close()
+    import rocksdict
+
+    assert {"hps_et.m.a", "hps_et.m.b", "hps_et.other.c"} <= set(rocksdict.Rdict.list_cf(str(db)))
+
+
+def test_a_rocksdb_written_by_hps_is_served_read_only(make, spec, rocksdb_dir):  # noqa: F811
+    """HPS's layout, written here by hand from its source (HugeCTR v23.09
+    rocksdb_backend.cpp, hier_parameter_server.cpp): one database at persistent_db.path,
+    a column family hps_et.<model>.<table> per table, keys as 8 raw little-endian bytes,
+    values as raw float32."""
+    import struct
+
+    import rocksdict
+
+    model = "hpsmodel"
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    db = rocksdict.Rdict(str(rocksdb_dir), opts)
+    try:
+        for t, s in enumerate(TABLES):
+            cf = db.create_column_family(f"hps_et.{model}.{s.name}", rocksdict.Options(raw_mode=True))
+            k = table_keys(SEED, t, s.rows)
+            v = -3.0 * expected_vectors(SEED, t, k, s.vec_size)
+            for key, vec in zip(k.tolist(), v):
+                cf[struct.pack("<q", key)] = vec.astype("<f4").tobytes()
+            del cf
+    finally:
+        db.close()
+    params = make(model=model, gpucache=False, volatile={"type": "disabled"},
+                  persistent={"type": "rocks_db", "read_only": True})
+    session = open_session(params, spec)
+    try:
+        keys, req = request(session, 3)
+        want = truth(keys)
+        known = np.concatenate([np.repeat(k < 2**62, TABLES[t].vec_size) for t, k in enumerate(keys)])
+        want[known] *= -3.0  # the database's rows, not the model files'
+        np.testing.assert_array_equal(session.lookup(req), want)
+    finally:
+        session.close()
+
+
 def test_secondary_directories_of_dead_processes_are_removed(tmp_path):
     import os
     import subprocess
