@@ -17,7 +17,8 @@ Reading (every store): :meth:`~BackingStore.fetch`, :meth:`~BackingStore.num_row
 only): :meth:`~BackingStore.upsert`, :meth:`~BackingStore.delete`; on a read-only store
 both raise :class:`ReadOnlyStoreError`.
 
-Tables in the remote tiers are named ``<model>.<table>`` (:func:`tier_table_name`).
+Tables in the remote tiers are named ``hps_et.<model>.<table>`` as in HPS
+(:func:`tier_table_name`).
 """
 
 from __future__ import annotations
@@ -62,11 +63,12 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,120}")
 
 
 def tier_table_name(model: str, table: str) -> str:
-    """The name of ``table`` of ``model`` in a remote tier: ``"<model>.<table>"``.
+    """The name of ``table`` of ``model`` in the tiers: ``"hps_et.<model>.<table>"``.
 
-    It is the RocksDB column family and the core of the Redis hash keys. Both parts
-    are checked against the ps.json naming rule, so the result never holds ``{``,
-    ``}``, ``/`` or a second ``.``.
+    HPS's tag name (``HierParameterServerBase::make_tag_name``): the RocksDB column
+    family, the core of the Redis hash keys and the online-update topic. Both parts
+    are checked against HPS's naming rule, so the result never holds ``{``, ``}``,
+    ``/`` or another ``.``.
 
     Raises:
         ConfigError: a part is empty or holds other characters.
@@ -75,7 +77,7 @@ def tier_table_name(model: str, table: str) -> str:
         if not isinstance(v, str) or not _NAME_RE.fullmatch(v):
             raise ConfigError(
                 f"{what} name {v!r}: only letters, digits, '_' and '-' (1-120 characters)")
-    return f"{model}.{table}"
+    return f"hps_et.{model}.{table}"
 
 
 def check_keys(keys: np.ndarray) -> np.ndarray:

@@ -89,22 +89,16 @@ def content_digest(table: EmbeddingTable) -> str:
     return os.path.splitext(os.path.basename(layout))[0]
 
 
-def rocksdb_table_name(model: str, table: str) -> str:
-    """The column family of a table in the persistent tier: ``hps_et.<model>.<table>``,
-    the name HPS gives it (``HierParameterServerBase::make_tag_name``)."""
-    return "hps_et." + tier_table_name(model, table)
-
-
 def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable) -> BackingStore:
     """The store a table's cache sits in front of, per the ps.json tier sections.
 
     - ``hash_map`` volatile and no persistent tier: the node-local table itself;
     - otherwise a :class:`~triton_rec.tiers.TieredStore`: [node-local table (hash map
       types) | Redis Cluster (``redis_cluster``)] then [RocksDB (``rocks_db``)].
-      Redis tables are named ``<model>.<table>``. RocksDB uses HPS's layout: one
-      database at ``persistent_db.path`` for every model, one column family per table
-      named ``hps_et.<model>.<table>`` (:func:`rocksdb_table_name`), so a database HPS
-      filled can be served as it is (``read_only``) or kept up to date.
+      Tables are named ``hps_et.<model>.<table>`` (:func:`tier_table_name`) and both
+      tiers use HPS's layout (RocksDB: one database at ``persistent_db.path`` for every
+      model, a column family per table; Redis: ``hps_et{<name>/p<i>}v`` hashes), so
+      what HPS filled can be served as it is.
 
     The writable tiers get the sparse files' rows on first use (:func:`import_table`,
     once per content and tier; ``freeze_sparse`` keeps an existing import) from the
@@ -130,13 +124,13 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
         if vol.type == "hash_map":
             opened.append(Tier("local", LocalTableStore(table)))
         if per.type == "rocks_db":
-            path, cf = per.path, rocksdb_table_name(params.model, tp.name)
+            path = per.path
             if per.read_only:
-                store = RocksDBStore(path, cf, tp.vec_size, tp.default_value, read_only=True,
+                store = RocksDBStore(path, name, tp.vec_size, tp.default_value, read_only=True,
                                      max_batch_size=per.max_batch_size,
                                      num_threads=per.num_threads)
             else:
-                store = NodeRocksDBTable(path, cf, tp.vec_size, tp.default_value,
+                store = NodeRocksDBTable(path, name, tp.vec_size, tp.default_value,
                                          max_batch_size=per.max_batch_size,
                                          num_threads=per.num_threads)
             persistent = Tier("persistent", store, per.on_unavailable, per.update_filters)

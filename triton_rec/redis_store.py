@@ -1,19 +1,20 @@
 """The volatile tier: one table in a Redis Cluster (HPS ``volatile_db`` of type ``redis_cluster``).
 
-Layout (HPS-style partitioned hashes):
+Layout (HPS's, HugeCTR v23.09 ``redis_backend.cpp``; docs/upstream-notes.md):
 
-- a table ``<model>.<table>`` (:func:`triton_rec.backing_store.tier_table_name`) is
-  split in ``num_partitions`` Redis hashes with the keys ``{<model>.<table>/p<i>}``,
-  ``i = 0 .. num_partitions-1``. The whole key is a ``{...}`` hash tag, so each
-  partition is one hash slot on one master, and the partitions of a table spread
-  over the masters;
-- a key goes to partition ``splitmix64(key) % num_partitions`` (:func:`partition_of`);
+- a table ``T`` (deployments: ``hps_et.<model>.<table>``,
+  :func:`triton_rec.backing_store.tier_table_name`) is split in ``num_partitions``
+  Redis hashes with the keys ``hps_et{T/p<i>}v``, ``i = 0 .. num_partitions-1``. The
+  ``{...}`` hash tag puts each partition in one hash slot on one master, and the
+  partitions of a table spread over the masters;
+- a key goes to partition ``rrxmrrxmsx_0(key) % num_partitions`` (:func:`partition_of`);
 - hash field: the int64 key as 8 little-endian bytes; value: the vector as
   ``vec_size`` little-endian float32, nothing else.
 
-This is not byte-compatible with what HPS itself wrote into Redis (``hps_et{...}v``
-keys, XXH3 partitioning, a timestamp hash per partition): a Redis filled by HPS has to
-be filled again from the model files.
+So a Redis that HPS filled (with the same ``num_partitions``) is read as it is. Our own
+bookkeeping lives beside it: sorted sets ``hps_et{T/p<i>}z`` for the overflow policies
+(HPS keeps hashes ``...t`` of its own, which we leave alone) and the hash
+``hps_et{T/meta}`` (import marker).
 
 Bulk reads are pipelined HMGETs (one per partition and chunk of ``max_batch_size``
 keys), bulk writes pipelined HSETs; redis-py sends the commands of all masters before
@@ -77,26 +78,32 @@ except ImportError as _e:  # pragma: no cover - exercised only without redis-py
 log = logging.getLogger(__name__)
 
 _TABLE_RE = re.compile(r"[A-Za-z0-9_.-]{1,250}")
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+_C1 = np.uint64(0xA24BAED4963EE407)
+_C2 = np.uint64(0x9FB21C651E98DF25)
+
+
+def _rotr(x: np.ndarray, n: int) -> np.ndarray:
+    return (x >> np.uint64(n)) | (x << np.uint64(64 - n))
 
 
 def mix64(keys: np.ndarray) -> np.ndarray:
-    """splitmix64 of every int64 key (as uint64): the state-``key`` output of the generator."""
-    z = keys.astype(np.int64, copy=False).view(np.uint64)
+    """Pelle Evensen's rrxmrrxmsx_0 mixer of every int64 key (as uint64), the function
+    HPS partitions Redis tables with (HugeCTR ``database_backend_detail.hpp``)."""
+    x = keys.astype(np.int64, copy=False).view(np.uint64)
     with np.errstate(over="ignore"):
-        z = z + _GAMMA
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
+        x = x ^ _rotr(x, 25) ^ _rotr(x, 50)
+        x = x * _C1
+        x = x ^ _rotr(x, 24) ^ _rotr(x, 49)
+        x = x * _C2
+        return x ^ (x >> np.uint64(28))
 
 
 def partition_of(keys: np.ndarray, num_partitions: int) -> np.ndarray:
-    """The partition (``0 .. num_partitions-1``) of every key: ``mix64(key) % num_partitions``.
+    """The partition (``0 .. num_partitions-1``) of every key: ``mix64(key) % num_partitions``,
+    as HPS computes it.
 
-    A fixed function of the key alone (never Python's ``hash``), so every process and
-    every later version agrees on where a key lives.
+    A fixed function of the key alone (never Python's ``hash``), so every process, every
+    later version and HPS agree on where a key lives.
     """
     return (mix64(keys) % np.uint64(num_partitions)).astype(np.intp)
 
@@ -216,7 +223,10 @@ class RedisClusterStore(BackingStore):
         self.default_value = float(default_value)
         self.num_partitions = int(num_partitions)
         self.max_batch_size = int(max_batch_size)
-        self.hash_keys = [f"{{{table_name}/p{i}}}".encode() for i in range(self.num_partitions)]
+        # HPS's value hashes: hps_et{<table>/p<i>}v, the {...} hash tag puts a partition
+        # (and its bookkeeping below) in one slot
+        self.hash_keys = [f"hps_et{{{table_name}/p{i}}}v".encode()
+                          for i in range(self.num_partitions)]
         # Overflow bookkeeping: one sorted set per partition, in the partition's slot (same
         # hash tag), scoring every key by write time (evict_oldest; access time too with
         # refresh_time_after_fetch) or by reads (evict_least_used). Only kept with a margin.
@@ -234,8 +244,9 @@ class RedisClusterStore(BackingStore):
                                 max(0, int(self.overflow_margin * float(overflow_resolution_target))))
         self.refresh_time_after_fetch = bool(refresh_time_after_fetch)
         self._scored = self.overflow_margin is not None and overflow_policy != "evict_random"
-        self.score_keys = [h + b"t" for h in self.hash_keys]
-        self.meta_key = f"{{{table_name}/meta}}".encode()
+        # "z", not HPS's "t": HPS keeps plain hashes of times / counts there
+        self.score_keys = [h[:-1] + b"z" for h in self.hash_keys]
+        self.meta_key = f"hps_et{{{table_name}/meta}}".encode()
         self.evicted = 0  # rows removed by overflow handling (this process)
         self._where = f"Redis Cluster {address} table {table_name!r}"
         nodes = parse_address(address)

@@ -4,7 +4,7 @@ Layout (the HPS layout; one database may hold the tables of many models):
 
 - one RocksDB database per ``path`` (ps.json ``persistent_db.path``);
 - one **column family per table**; deployments name it ``hps_et.<model>.<table>`` as
-  HPS does (:func:`triton_rec.deployment.rocksdb_table_name`), e.g.
+  HPS does (:func:`triton_rec.backing_store.tier_table_name`), e.g.
   ``hps_et.hps_demo.item``;
 - key: the int64 key as 8 little-endian bytes; value: the vector as ``vec_size``
   little-endian float32 (``4 * vec_size`` bytes), nothing else.
@@ -223,7 +223,7 @@ class RocksDBStore(_ColumnFamilyReads):
 
     Args:
         path: the database directory (created, with the column family, unless read_only).
-        table_name: the column family, ``<model>.<table>`` by convention
+        table_name: the column family, ``hps_et.<model>.<table>`` by convention
             (:func:`~triton_rec.backing_store.tier_table_name`).
         vec_size: floats per vector.
         default_value: value of every element of an unknown key's vector.

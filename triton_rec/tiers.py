@@ -239,8 +239,8 @@ def import_table(store: BackingStore, keys: np.ndarray, vectors: np.ndarray, dig
         digest: content digest of the rows; stored as the marker when the import is done.
         fraction: import the first ``ceil(fraction * rows)`` rows (HPS
             ``initial_cache_rate`` of a volatile tier backed by a persistent one).
-        freeze: ``freeze_sparse``: a tier that holds any import keeps it (no re-import
-            when the files changed; online updates stay).
+        freeze: ``freeze_sparse``: a tier that holds rows keeps them (no re-import when
+            the files changed; online updates stay; a tier HPS filled is served as is).
         batch: rows per upsert.
         lock_timeout: seconds to wait for another importer of the same table.
         progress: ``progress(done, total)`` after every batch.
@@ -253,7 +253,9 @@ def import_table(store: BackingStore, keys: np.ndarray, vectors: np.ndarray, dig
         have = store.get_meta(SOURCE_META)
         if have == digest:
             return "present"
-        if freeze and have is not None:
+        # freeze keeps what the tier holds: our import, or rows put there by others
+        # (e.g. a database HPS filled, which has no marker)
+        if freeze and (have is not None or store.num_rows() > 0):
             return "frozen"
         return None
 

@@ -77,7 +77,7 @@ def topic_name(model: str, table: str) -> str:
         ConfigError: a name is empty or holds other characters than letters, digits,
             ``_`` and ``-`` (HPS's rule, :func:`~triton_rec.backing_store.tier_table_name`).
     """
-    return "hps_et." + tier_table_name(model, table)
+    return tier_table_name(model, table)
 
 
 def parse_topic(topic: str) -> Tuple[str, str]:

@@ -311,7 +311,7 @@ def test_read_only_stores_refuse_writes_and_keep_their_rows(read_only_stores):
 
 
 def test_tier_table_names_join_model_and_table_and_refuse_separators():
-    assert tier_table_name("hps_demo", "item") == "hps_demo.item"
+    assert tier_table_name("hps_demo", "item") == "hps_et.hps_demo.item"
     for bad in ("a.b", "a{b}", "", "a/b"):
         with pytest.raises(ConfigError):
             tier_table_name(bad, "t")
@@ -408,14 +408,15 @@ def test_redis_partitions_spread_a_table_over_all_masters(redis_cluster):
     try:
         keys, vectors = rows(400, 4)
         store.upsert(keys, vectors)
-        assert store.hash_keys == [b"{spread.t/p%d}" % i for i in range(8)]
+        assert store.hash_keys == [b"hps_et{spread.t/p%d}v" % i for i in range(8)]  # HPS's
         lengths = {}
         for hk in store.hash_keys:
             owner = _owner(redis_cluster, hk)
             lengths[hk] = (owner, int(redis_cluster.command(owner, "HLEN", hk)))
-            # the whole hash key is its own hash tag: one slot per partition
+            # the {...} hash tag names the slot: one slot per partition
+            tag = hk[hk.index(b"{") + 1:hk.index(b"}")]
             assert redis_cluster.command(owner, "CLUSTER", "KEYSLOT", hk) == \
-                redis_cluster.command(owner, "CLUSTER", "KEYSLOT", hk[1:-1])
+                redis_cluster.command(owner, "CLUSTER", "KEYSLOT", tag)
         assert {o for o, _ in lengths.values()} == {0, 1, 2}
         assert sum(n for _, n in lengths.values()) == 400 == store.num_rows()
         assert all(int(redis_cluster.command(i, "DBSIZE")) > 0 for i in range(3))
@@ -433,11 +434,17 @@ def test_redis_partitions_spread_a_table_over_all_masters(redis_cluster):
 def test_redis_partition_function_is_fixed():
     importlib.import_module("redis")
     from triton_rec.redis_store import mix64, partition_of
-    # It decides where a key lives: changing it would make stored rows unreachable.
-    # splitmix64 seeded with the key; seed 0 gives the published first output.
-    assert int(mix64(np.array([0], dtype=np.int64))[0]) == 0xE220A8397B1DCDAF
-    keys = np.array([0, 1, -1, I64_MIN, I64_MAX, 123456789], dtype=np.int64)
-    np.testing.assert_array_equal(partition_of(keys, 8), mix64(keys) % np.uint64(8))
+    # It decides where a key lives: changing it would make stored rows unreachable, and
+    # it must be HPS's (rrxmrrxmsx_0, HugeCTR database_backend_detail.hpp) for a Redis
+    # HPS filled to be readable. Reference: the mixer written out with Python ints.
+    from tests.hps_layout import rrxmrrxmsx_0
+
+    keys = np.concatenate([np.array([0, 1, -1, I64_MIN, I64_MAX, 123456789], dtype=np.int64),
+                           np.random.default_rng(0).integers(I64_MIN, I64_MAX, 200)])
+    want = [rrxmrrxmsx_0(int(k)) for k in keys]
+    assert [int(v) for v in mix64(keys)] == want
+    for n in (1, 7, 8):
+        assert partition_of(keys, n).tolist() == [w % n for w in want]
 
 
 def test_redis_value_of_wrong_length_is_reported_with_table_and_key(redis_cluster):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
+from tests.hps_layout import write_hps_redis, write_hps_rocksdb
 from tests.storage_fixtures import redis_cluster, rocksdb_dir, start_redis_cluster  # noqa: F401
 from triton_rec.backing_store import DictStore, StoreUnavailableError, tier_table_name
 from triton_rec.config import parse_ps_config
@@ -261,24 +262,11 @@ def test_a_rocksdb_written_by_hps_is_served_read_only(make, spec, rocksdb_dir): 
     rocksdb_backend.cpp, hier_parameter_server.cpp): one database at persistent_db.path,
     a column family hps_et.<model>.<table> per table, keys as 8 raw little-endian bytes,
     values as raw float32."""
-    import struct
-
-    import rocksdict
-
     model = "hpsmodel"
-    opts = rocksdict.Options(raw_mode=True)
-    opts.create_if_missing(True)
-    db = rocksdict.Rdict(str(rocksdb_dir), opts)
-    try:
-        for t, s in enumerate(TABLES):
-            cf = db.create_column_family(f"hps_et.{model}.{s.name}", rocksdict.Options(raw_mode=True))
-            k = table_keys(SEED, t, s.rows)
-            v = -3.0 * expected_vectors(SEED, t, k, s.vec_size)
-            for key, vec in zip(k.tolist(), v):
-                cf[struct.pack("<q", key)] = vec.astype("<f4").tobytes()
-            del cf
-    finally:
-        db.close()
+    for t, s in enumerate(TABLES):
+        k = table_keys(SEED, t, s.rows)
+        write_hps_rocksdb(rocksdb_dir, tier_table_name(model, s.name), k,
+                          -3.0 * expected_vectors(SEED, t, k, s.vec_size))
     params = make(model=model, gpucache=False, volatile={"type": "disabled"},
                   persistent={"type": "rocks_db", "read_only": True})
     session = open_session(params, spec)
@@ -287,6 +275,31 @@ def test_a_rocksdb_written_by_hps_is_served_read_only(make, spec, rocksdb_dir): 
         want = truth(keys)
         known = np.concatenate([np.repeat(k < 2**62, TABLES[t].vec_size) for t, k in enumerate(keys)])
         want[known] *= -3.0  # the database's rows, not the model files'
+        np.testing.assert_array_equal(session.lookup(req), want)
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("freeze", [True, False], ids=["freeze_sparse", "re-import"])
+def test_a_redis_cluster_hps_filled_is_served_as_is_with_freeze_sparse(
+        make, spec, redis_cluster, freeze):  # noqa: F811
+    """HPS's Redis layout written by hand (tests/hps_layout.py). With freeze_sparse the
+    rows are served as they are; without it the model files are imported over them, as
+    HPS does at every start."""
+    model = f"hpsredis{int(freeze)}"
+    for t, s in enumerate(TABLES):
+        k = table_keys(SEED, t, s.rows)
+        write_hps_redis(redis_cluster, tier_table_name(model, s.name), k,
+                        -3.0 * expected_vectors(SEED, t, k, s.vec_size), num_partitions=4)
+    params = make(model=model, gpucache=False, freeze_sparse=freeze, volatile=redis(redis_cluster))
+    session = open_session(params, spec)
+    try:
+        keys, req = request(session, 4)
+        want = truth(keys)
+        if freeze:
+            known = np.concatenate([np.repeat(k < 2**62, TABLES[t].vec_size)
+                                    for t, k in enumerate(keys)])
+            want[known] *= -3.0  # HPS's rows, not the model files'
         np.testing.assert_array_equal(session.lookup(req), want)
     finally:
         session.close()
