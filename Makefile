@@ -10,7 +10,7 @@ NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp)
 # redis-server + openssl (the Redis Cluster tier and its tests).
 APT_PACKAGES ?= libpython3.11 libb64-0d redis-server openssl
 
-.PHONY: all install system-deps triton demo serve test unit e2e bench clean
+.PHONY: all install system-deps triton demo serve test unit e2e bench perf clean
 
 all: install
 
@@ -56,6 +56,10 @@ e2e: $(STAMP) demo
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_lookup.py
+
+# perf_analyzer with its library path set, against a running server: make perf ARGS="-m hps_demo ..."
+perf: $(STAMP)
+	$(VENV)/bin/triton-rec-perf $(ARGS)
 
 clean:
 	rm -rf build $(VENV) model_repository/*/1/*.model

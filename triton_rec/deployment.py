@@ -27,6 +27,7 @@ from typing import List, Optional
 from ps_loader import node_store
 from triton_rec.backing_store import BackingStore, LocalTableStore, tier_table_name
 from triton_rec.config import ModelParams, TableParams
+from triton_rec.model_config import InstanceSettings
 from triton_rec.redis_store import RedisClusterStore
 from triton_rec.rocksdb_store import NodeRocksDBTable, RocksDBStore
 from triton_rec.session import LookupSession, TableSet
@@ -46,6 +47,7 @@ class InstanceSpec:
         store_dir: node-local store directory (None: ``TRITON_REC_STORE`` or the default).
         prefault: make every page of the tables resident before serving.
         cache_dir: directory of the CPU cache segments (``/dev/shm``).
+        intra_op_threads: threads of the dense executor's own pool (onnxruntime).
     """
 
     kind: str = "CPU"
@@ -53,6 +55,7 @@ class InstanceSpec:
     store_dir: Optional[str] = None
     prefault: bool = True
     cache_dir: str = "/dev/shm"
+    intra_op_threads: int = InstanceSettings.intra_op_threads
 
     @property
     def device(self) -> str:
@@ -197,8 +200,10 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
     return ts
 
 
-def load_dense_model(params: ModelParams, model_dir: str, config_network: Optional[str] = None, xp=None):
-    """The dense part of a whole model, from its ps.json entry.
+def load_dense_model(params: ModelParams, model_dir: str, config_network: Optional[str] = None,
+                     threads: int = InstanceSettings.intra_op_threads):
+    """The dense part of a whole model, from its ps.json entry (``threads``: onnxruntime's
+    intra-op pool; the numpy executor runs in BLAS's pool, sized per process).
 
     - ``dense_file`` ending in ``.onnx``: run with onnxruntime (tables' layout from the
       ONNX inputs, combiners from ``network_file`` if given, else ``sum``);
@@ -216,7 +221,7 @@ def load_dense_model(params: ModelParams, model_dir: str, config_network: Option
     if params.dense_file.endswith(".onnx"):
         from triton_rec.dense.onnx_model import OnnxDenseModel
 
-        return OnnxDenseModel.load(params.dense_file, network_file=network)
+        return OnnxDenseModel.load(params.dense_file, network_file=network, threads=threads)
     if network is None:
         raise ConfigError(
             f"model '{params.model}': a HugeCTR dense file needs a network JSON "
@@ -232,7 +237,7 @@ def open_ranking_session(params: ModelParams, spec: InstanceSpec, model_dir: str
     """A ``hugectr`` whole-model session: the dense model + :func:`open_tables`."""
     from triton_rec.ranking import RankingSession
 
-    dense = load_dense_model(params, model_dir, config_network)
+    dense = load_dense_model(params, model_dir, config_network, spec.intra_op_threads)
     tables = open_tables(params, spec)
     try:
         return RankingSession(params, tables, dense)

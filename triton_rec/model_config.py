@@ -6,7 +6,9 @@ once in ``initialize`` and fail the load with the model and field named.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from triton_rec.errors import ConfigError
 
@@ -131,3 +133,97 @@ def with_model_parameters(config: Dict[str, Any], params):
             over[key] = seconds
     over["freeze_sparse"] = model_flag(config, "freeze_sparse", params.freeze_sparse)
     return dataclasses.replace(params, **over)
+
+
+def model_count(config: Dict[str, Any], key: str) -> Optional[int]:
+    """A string parameter of config.pbtxt holding an integer >= 1 (None if absent;
+    ConfigError if malformed)."""
+    value = model_parameter(config, key)
+    if value is None:
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ConfigError(f"config.pbtxt parameter '{key}' must be an integer >= 1, got {value!r}")
+    return count
+
+
+#: Environment variables that already size a process's BLAS/OpenMP pools; when one of
+#: them is set (by the user or by whoever starts tritonserver), it replaces our default.
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def instance_count(config: Dict[str, Any]) -> int:
+    """Model instances on this node: the sum of ``instance_group[].count`` (Triton's
+    default count is 1 per group, and one group when none is given)."""
+    groups = config.get("instance_group") or [{}]
+    return sum(int(g.get("count") or 1) for g in groups)
+
+
+@dataclass(frozen=True)
+class InstanceSettings:
+    """The config.pbtxt parameters that shape how an instance runs (all backends).
+
+    The defaults live here and only here.
+
+    Args:
+        metrics_interval: seconds between two publications of the instance's metrics by
+            its background thread (``execute`` never publishes); 0 turns the custom
+            metrics off.
+        intra_op_threads: threads of the instance's BLAS/OpenMP pools and of
+            onnxruntime's intra-op pool. Every instance is its own process, so the
+            rule is ``instances x intra_op_threads <= cores``.
+        intra_op_source: where ``intra_op_threads`` came from (``config.pbtxt``, an
+            environment variable's name, or ``default``), for the load log.
+    """
+
+    metrics_interval: float = 1.0
+    intra_op_threads: int = 1
+    intra_op_source: str = "default"
+
+    @classmethod
+    def from_config(cls, config: Dict[str, Any],
+                    environ: Optional[Mapping[str, str]] = None) -> "InstanceSettings":
+        """Read the parameters (ConfigError names a malformed one).
+
+        ``intra_op_threads``: the config.pbtxt parameter if given, else the first of
+        :data:`THREAD_ENV_VARS` set to an integer >= 1 in ``environ`` (default: this
+        process's environment), else 1.
+        """
+        environ = os.environ if environ is None else environ
+        threads, source = model_count(config, "intra_op_threads"), "config.pbtxt"
+        if threads is None:
+            threads, source = cls.intra_op_threads, "default"
+            for var in THREAD_ENV_VARS:
+                value = (environ.get(var) or "").strip()
+                if value.isdigit() and int(value) >= 1:
+                    threads, source = int(value), var
+                    break
+        return cls(
+            metrics_interval=model_seconds(config, "metrics_interval", cls.metrics_interval),
+            intra_op_threads=threads,
+            intra_op_source=source,
+        )
+
+    def oversubscribes(self, config: Dict[str, Any]) -> bool:
+        """Whether ``instances x intra_op_threads`` exceeds the cores this process may use."""
+        return instance_count(config) * self.intra_op_threads > usable_cores()
+
+    def describe(self, config: Dict[str, Any]) -> str:
+        """One line for the load log: the thread count, where it came from, and how it
+        fits the node (``instances x threads`` against the usable cores)."""
+        n = instance_count(config)
+        fits = "OVERSUBSCRIBED" if self.oversubscribes(config) else "fits"
+        return (f"intra_op_threads={self.intra_op_threads} ({self.intra_op_source}); "
+                f"{n} instances x {self.intra_op_threads} threads on {usable_cores()} cores: {fits}; "
+                f"metrics every {self.metrics_interval:g} s")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

@@ -68,7 +68,7 @@ def run_requests(
 
 
 def update_metrics(pb_utils, model_name: str, metrics) -> None:
-    """Push metrics; a metrics failure is logged, never raised into a request."""
+    """Publish metrics; a metrics failure is logged, never raised."""
     try:
         metrics.update()
     except Exception as e:
@@ -76,21 +76,29 @@ def update_metrics(pb_utils, model_name: str, metrics) -> None:
 
 
 class MetricsPusher:
-    """Pushes an instance's metrics after each ``execute`` and every ``interval`` seconds.
+    """Publishes an instance's metrics every ``interval`` seconds from a daemon thread.
 
-    The periodic push (a daemon thread) makes what changes without requests visible on
-    the metrics port of an idle model: online updates applied by the instance's
-    consumer, cache size and inserts caused by the other instances. Pushes are
-    serialized; :meth:`close` stops the thread (call it in ``finalize``).
+    ``execute`` never publishes: every ``Metric.set``/``increment`` of the Python backend
+    is a round trip to the server process (about 0.1 ms each, a dozen per model and
+    table), and ``Metric.set`` holds the GIL while it waits. The engine's counters
+    accumulate in-process (plain integers, :class:`~triton_rec.cached_table.TableStats`);
+    this thread reads them and publishes what changed since its last pass, so an idle
+    model costs no round trip at all.
+
+    Exit safety: a publication blocks for good if the server dies while it is in flight
+    (the server never answers). :meth:`close` therefore waits a bounded time for the
+    thread, and an instance orphaned that way is ended by the process-wide native
+    watchdog (:func:`prepare_process`).
 
     Args:
         pb_utils: ``triton_python_backend_utils``.
         model_name: for messages.
         metrics: has ``update()`` (a :class:`~triton_rec.triton_metrics.CacheMetrics`).
-        interval: seconds between periodic pushes; 0 pushes only after ``execute``.
+        interval: seconds between publications; 0 starts no thread (nothing is published
+            unless :meth:`push` is called).
     """
 
-    def __init__(self, pb_utils, model_name: str, metrics, interval: float = 2.0):
+    def __init__(self, pb_utils, model_name: str, metrics, interval: float):
         self._pb = pb_utils
         self._model = model_name
         self.metrics = metrics
@@ -104,7 +112,7 @@ class MetricsPusher:
             self._thread.start()
 
     def push(self) -> None:
-        """Push what changed since the last push (never raises)."""
+        """Publish what changed since the last publication (never raises; serialized)."""
         with self._lock:
             if not self._stop.is_set():
                 update_metrics(self._pb, self._model, self.metrics)
@@ -113,13 +121,37 @@ class MetricsPusher:
         while not self._stop.wait(self.interval):
             self.push()
 
-    def close(self) -> None:
-        """Stop the periodic pushes (idempotent); no push runs after this returns."""
-        with self._lock:  # a push under way finishes first
-            self._stop.set()
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop publishing (idempotent). Waits at most ``timeout`` s for a publication in
+        flight; none starts after this returns."""
+        self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout)
             self._thread = None
+
+
+#: Seconds an instance process may outlive its server before the native watchdog ends
+#: it (the Python backend's own exit path normally takes well under a second).
+ORPHAN_GRACE_S = 5.0
+
+
+def prepare_process(pb_utils, model_name: str, config: dict):
+    """What every instance does first, in ``initialize``: route the engine's logs to
+    Triton's log, size this process's thread pools (``intra_op_threads``), start the
+    parent watchdog, log the settings. Returns the
+    :class:`~triton_rec.model_config.InstanceSettings` (ConfigError if malformed)."""
+    from triton_rec import _native
+    from triton_rec.model_config import InstanceSettings
+    from triton_rec.thread_pools import limit_thread_pools
+
+    route_engine_logs(pb_utils, model_name)
+    settings = InstanceSettings.from_config(config)
+    pools = limit_thread_pools(settings.intra_op_threads)
+    _native.start_parent_watchdog(ORPHAN_GRACE_S)
+    line = f"model '{model_name}': {settings.describe(config)}; pools: {pools}"
+    log = pb_utils.Logger.log_warn if settings.oversubscribes(config) else pb_utils.Logger.log_info
+    log(line)
+    return settings
 
 
 class TritonLogHandler(logging.Handler):

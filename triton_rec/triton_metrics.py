@@ -140,10 +140,18 @@ class CacheMetrics:
                 "labels": labels,
                 "tier_metrics": {},
                 "tier_last": {},
+                "gauge_last": {},
             })
 
+    def _set(self, entry: Dict, key: str, metric, value: float) -> None:
+        # Metric.set is a round trip to the server (holding the GIL): only on a change.
+        if entry["gauge_last"].get(key) != value:
+            metric.set(value)
+            entry["gauge_last"][key] = value
+
     def update(self) -> None:
-        """Push what changed since the last call (cheap; called after each execute)."""
+        """Publish what changed since the last call (by MetricsPusher's thread, never
+        from ``execute``): counter deltas, and the gauges whose value moved."""
         for entry in self._tables:
             t, last = entry["table"], entry["last"]
             now = t.stats.snapshot()
@@ -163,9 +171,9 @@ class CacheMetrics:
                 stats = dict(t.cache.stats(), size=t.cache.size(), capacity=t.cache.capacity)
                 for key, metric in entry["gauges"].items():
                     if key in stats:
-                        metric.set(float(stats[key]))
+                        self._set(entry, key, metric, float(stats[key]))
                 if stats.get("lookups"):
-                    entry["hit_rate"].set(stats["hits"] / stats["lookups"])
+                    self._set(entry, "hit_rate", entry["hit_rate"], stats["hits"] / stats["lookups"])
             entry["last"] = now
             counters = getattr(t.store, "counters", None)
             if counters is not None:

@@ -19,7 +19,7 @@ from triton_rec.deployment import load_dense_model
 from triton_rec.errors import ConfigError, TritonRecError
 from triton_rec.model_config import model_parameter
 from triton_rec.ranking import DenseSession
-from triton_rec.triton_glue import run_requests
+from triton_rec.triton_glue import prepare_process, run_requests
 
 
 class TritonPythonModel:
@@ -27,13 +27,15 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         try:
+            settings = prepare_process(pb_utils, self.model_name, config)
             outputs = config.get("output") or []
             if len(outputs) != 1 or outputs[0].get("data_type") != "TYPE_FP32":
                 raise ConfigError(f"model '{self.model_name}' config.pbtxt: expected one TYPE_FP32 output")
             self.output_name = outputs[0]["name"]
             ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
             params = load_ps_config(ps_path).model(model_parameter(config, "ps_model") or self.model_name)
-            dense = load_dense_model(params, args["model_repository"], model_parameter(config, "config"))
+            dense = load_dense_model(params, args["model_repository"], model_parameter(config, "config"),
+                                     settings.intra_op_threads)
             self.session = DenseSession(self.model_name, dense, params.max_batch_size)
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e

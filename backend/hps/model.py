@@ -27,10 +27,9 @@ from triton_rec.model_config import (
     check_hps_model_config,
     model_flag,
     model_parameter,
-    model_seconds,
     with_model_parameters,
 )
-from triton_rec.triton_glue import MetricsPusher, route_engine_logs, run_requests
+from triton_rec.triton_glue import MetricsPusher, prepare_process, run_requests
 from triton_rec.triton_metrics import CacheMetrics
 
 
@@ -51,8 +50,8 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         self.device_id = int(args.get("model_instance_device_id") or 0)
-        route_engine_logs(pb_utils, self.model_name)
         try:
+            settings = prepare_process(pb_utils, self.model_name, config)
             self.output_name, self.extra_outputs = check_hps_model_config(config)
             ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
             params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
@@ -61,8 +60,8 @@ class TritonPythonModel:
                 device_id=self.device_id,
                 store_dir=model_parameter(config, "store_dir"),
                 prefault=model_flag(config, "prefault", True),
+                intra_op_threads=settings.intra_op_threads,
             )
-            self.metrics_interval = model_seconds(config, "metrics_interval", 2.0)
             self.session = open_session(params, spec)
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
@@ -70,7 +69,7 @@ class TritonPythonModel:
         self.metrics = MetricsPusher(
             pb_utils, self.model_name,
             CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session),
-            self.metrics_interval)
+            settings.metrics_interval)
         for line in config_warnings(ps_path, params):
             pb_utils.Logger.log_warn(line)
         pb_utils.Logger.log_info(f"hps model '{self.model_name}' ready: {self.session.describe()}")
@@ -81,7 +80,6 @@ class TritonPythonModel:
             pb_utils, self.model_name, requests, ("KEYS", "NUMKEYS"),
             self.session.parse_request, self.session.lookup_many, self._response,
         )
-        self.metrics.push()
         return responses
 
     def _response(self, request, out):

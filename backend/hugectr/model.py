@@ -23,10 +23,9 @@ from triton_rec.model_config import (
     check_hugectr_model_config,
     model_flag,
     model_parameter,
-    model_seconds,
     with_model_parameters,
 )
-from triton_rec.triton_glue import MetricsPusher, route_engine_logs, run_requests
+from triton_rec.triton_glue import MetricsPusher, prepare_process, run_requests
 from triton_rec.triton_metrics import CacheMetrics
 
 
@@ -36,8 +35,8 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
-        route_engine_logs(pb_utils, self.model_name)
         try:
+            settings = prepare_process(pb_utils, self.model_name, config)
             self.output_name = check_hugectr_model_config(config)
             ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
             params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
@@ -46,8 +45,8 @@ class TritonPythonModel:
                 device_id=int(args.get("model_instance_device_id") or 0),
                 store_dir=model_parameter(config, "store_dir"),
                 prefault=model_flag(config, "prefault", True),
+                intra_op_threads=settings.intra_op_threads,
             )
-            self.metrics_interval = model_seconds(config, "metrics_interval", 2.0)
             self.session = open_ranking_session(
                 params, spec, args["model_repository"], model_parameter(config, "config")
             )
@@ -56,7 +55,7 @@ class TritonPythonModel:
         self.metrics = MetricsPusher(
             pb_utils, self.model_name,
             CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session),
-            self.metrics_interval)
+            settings.metrics_interval)
         for line in config_warnings(ps_path, params):
             pb_utils.Logger.log_warn(line)
         pb_utils.Logger.log_info(f"hugectr model '{self.model_name}' ready: {self.session.dense!r}")
@@ -69,7 +68,6 @@ class TritonPythonModel:
             lambda req, out: pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(self.output_name, out)]),
         )
-        self.metrics.push()
         return responses
 
     def finalize(self):

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hash_index.hpp"
+#include "parent_watchdog.hpp"
 #include "shm_cache.hpp"
 
 namespace py = pybind11;
@@ -222,6 +223,13 @@ PYBIND11_MODULE(_native, m) {
 
   m.attr("EMPTY_ROW") = tr::kEmptyRow;
   m.attr("MIN_CAPACITY") = tr::kMinCapacity;
+
+  m.def("start_parent_watchdog", &tr::start_parent_watchdog, py::arg("grace_seconds"),
+        py::arg("exit_code") = 1, py::arg("poll_ms") = 100,
+        "start_parent_watchdog(grace_seconds: float, exit_code: int = 1, poll_ms: int = 100) "
+        "-> bool\n\n"
+        "Once per process: a native thread (no GIL, no lock) that calls _exit(exit_code) when "
+        "the parent process has been gone for grace_seconds. Returns False if already started.");
 
   m.def("index_capacity", [](uint64_t num_keys) { return tr::index_capacity(num_keys); },
         py::arg("num_keys"),

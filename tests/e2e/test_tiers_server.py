@@ -215,8 +215,8 @@ def test_updates_published_during_lookups_are_seen_within_the_refresh_interval_u
         store.close()
     np.testing.assert_array_equal(got, float(versions))
     # What happened is visible on the metrics port, also for a model no request reaches:
-    # each instance pushes its metrics every metrics_interval (default 2 s) besides after
-    # each execute. Publish once more with no lookups running and wait for the count.
+    # each instance publishes its metrics every metrics_interval (default 1 s; execute
+    # never does). Publish once more with no lookups running and wait for the count.
     import urllib.request
 
     def metric(text, name, **labels):

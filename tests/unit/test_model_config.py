@@ -106,3 +106,47 @@ def test_malformed_seconds_parameters_are_refused_naming_them(value):
     config = {"parameters": {"metrics_interval": {"string_value": value}}}
     with pytest.raises(ConfigError, match="metrics_interval"):
         model_seconds(config, "metrics_interval", 2.0)
+
+
+def _settings(params, environ):
+    from triton_rec.model_config import InstanceSettings
+
+    config = {"parameters": {k: {"string_value": v} for k, v in params.items()}}
+    return InstanceSettings.from_config(config, environ)
+
+
+def test_intra_op_threads_default_is_one_per_instance():
+    s = _settings({}, {})
+    assert (s.intra_op_threads, s.intra_op_source) == (1, "default")
+
+
+def test_the_environment_overrides_the_default_and_config_pbtxt_overrides_both():
+    s = _settings({}, {"OPENBLAS_NUM_THREADS": "3"})
+    assert (s.intra_op_threads, s.intra_op_source) == (3, "OPENBLAS_NUM_THREADS")
+    s = _settings({}, {"OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "3"})
+    assert (s.intra_op_threads, s.intra_op_source) == (2, "OMP_NUM_THREADS")
+    s = _settings({"intra_op_threads": "4"}, {"OMP_NUM_THREADS": "2"})
+    assert (s.intra_op_threads, s.intra_op_source) == (4, "config.pbtxt")
+    # An unusable environment value is not a setting: the default stands.
+    assert _settings({}, {"OMP_NUM_THREADS": "auto"}).intra_op_threads == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "two"])
+def test_a_malformed_intra_op_threads_fails_the_load_naming_it(value):
+    with pytest.raises(ConfigError, match="intra_op_threads"):
+        _settings({"intra_op_threads": value}, {})
+
+
+def test_metrics_interval_defaults_to_one_second():
+    assert _settings({}, {}).metrics_interval == 1.0
+    assert _settings({"metrics_interval": "0"}, {}).metrics_interval == 0.0
+
+
+def test_oversubscription_is_instances_times_threads_against_usable_cores():
+    from triton_rec.model_config import InstanceSettings, usable_cores
+
+    cores = usable_cores()
+    config = {"instance_group": [{"count": cores, "kind": "KIND_CPU"}]}
+    assert not InstanceSettings(intra_op_threads=1).oversubscribes(config)
+    assert InstanceSettings(intra_op_threads=2).oversubscribes(config)
+    assert "OVERSUBSCRIBED" in InstanceSettings(intra_op_threads=2).describe(config)

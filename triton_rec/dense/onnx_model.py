@@ -23,6 +23,7 @@ import numpy as np
 
 from triton_rec.dense import Combiner, DenseModel, TableSpec
 from triton_rec.errors import ConfigError, ModelFileError
+from triton_rec.model_config import InstanceSettings
 
 _EMBEDDING_LAYERS = (
     "DistributedSlotSparseEmbeddingHash",
@@ -110,7 +111,8 @@ class OnnxDenseModel(DenseModel):
 
     @classmethod
     def load(
-        cls, path: str, network_file: Optional[str] = None, threads: int = 1
+        cls, path: str, network_file: Optional[str] = None,
+        threads: int = InstanceSettings.intra_op_threads,
     ) -> "OnnxDenseModel":
         """Open ``path`` with onnxruntime (CPU; ``threads`` intra-op threads per instance)."""
         if not os.path.isfile(path):
@@ -121,7 +123,10 @@ class OnnxDenseModel(DenseModel):
             raise ConfigError("ONNX dense models need onnxruntime: pip install onnxruntime") from e
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
+        opts.inter_op_num_threads = 1  # one graph, run sequentially: no inter-op parallelism
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Pool threads must not spin between runs: other instance processes share the cores.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             session = ort.InferenceSession(
                 path, sess_options=opts, providers=["CPUExecutionProvider"]

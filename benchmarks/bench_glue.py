@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Where the microseconds of one request go inside an instance, in-process.
+
+The same models as ``bench_overhead.py`` (the 2M x 16 ``hps`` table with and without
+cache, the Criteo-shaped DLRM with HugeCTR and ONNX dense parts), loaded through the
+real ``backend/<name>/model.py`` against the stand-in for Triton's
+``triton_python_backend_utils`` (``tests/fake_pb_utils.py``: plain Python objects, so
+its own cost is close to nothing). For one request of the benchmark's inputs it times,
+median of ``--repeat`` runs after a warm-up:
+
+- ``execute``: the backend's whole ``execute`` for that request;
+- the stages inside it: reading the tensors, ``parse_request`` (validation),
+  the engine's run (``lookup_many`` / ``predict_many``), building the response;
+- for the DLRM, the engine's parts: the lookups, slot combination, the dense network.
+
+What Triton and the Python-backend stub add on top of ``execute`` is the floor model's
+time in ``bench_overhead.py``: together they account for a served request.
+
+    .venv/bin/python benchmarks/bench_glue.py [--repeat 2000] [--batches 1,64,1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_overhead as bo  # noqa: E402
+from machine import machine_info  # noqa: E402
+from tests.fake_pb_utils import Request, load_backend, make_module  # noqa: E402
+
+
+def timed(fn, repeat: int) -> float:
+    """Median microseconds of ``fn()`` over ``repeat`` calls (after 10% warm-up)."""
+    for _ in range(max(10, repeat // 10)):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t0)
+    return statistics.median(samples) / 1000.0
+
+
+def model_config(repo: Path, name: str) -> dict:
+    """config.pbtxt of the benchmark repository as the JSON Triton hands to initialize
+    (only what the backends read)."""
+    text = (repo / name / "config.pbtxt").read_text()
+    backend = text.split('backend: "')[1].split('"')[0]
+    if backend == "hps":
+        inputs = [("KEYS", "TYPE_INT64"), ("NUMKEYS", "TYPE_INT32")]
+    else:
+        inputs = [("DES", "TYPE_FP32"), ("CATCOLUMN", "TYPE_INT64"), ("ROWINDEX", "TYPE_INT32")]
+    return {"name": name, "backend": backend, "max_batch_size": 1024,
+            "input": [{"name": n, "data_type": t, "dims": [-1]} for n, t in inputs],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+            "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+            "parameters": {"store_dir": {"string_value": str(repo.parent / "store")},
+                           "metrics_interval": {"string_value": "1"}}}
+
+
+def load(repo: Path, name: str):
+    pb = make_module()
+    model = load_backend(model_config(repo, name)["backend"], pb).TritonPythonModel()
+    model.initialize({"model_config": json.dumps(model_config(repo, name)), "model_name": name,
+                      "model_repository": str(repo / name), "model_version": "1",
+                      "model_instance_name": f"{name}_0", "model_instance_kind": "CPU",
+                      "model_instance_device_id": "0"})
+    return pb, model
+
+
+def request_of(path: Path, types: dict) -> Request:
+    row = json.loads(path.read_text())["data"][0]
+    return Request(**{k: np.asarray(v["content"], types[k])[None, :] for k, v in row.items()})
+
+
+TYPES = {"KEYS": np.int64, "NUMKEYS": np.int32, "DES": np.float32, "CATCOLUMN": np.int64,
+         "ROWINDEX": np.int32}
+
+
+def stages(pb, model, req: Request, names, run, repeat: int) -> dict:
+    session = model.session
+    tensors = [pb.get_input_tensor_by_name(req, n).as_numpy() for n in names]
+    parsed = session.parse_request(*tensors)
+    answer = run([parsed])[0]
+    respond = getattr(model, "_response", None) or (
+        lambda r, out: pb.InferenceResponse(output_tensors=[pb.Tensor(model.output_name, out)]))
+    return {
+        "execute": timed(lambda: model.execute([req]), repeat),
+        "read tensors": timed(lambda: [pb.get_input_tensor_by_name(req, n).as_numpy() for n in names], repeat),
+        "parse_request": timed(lambda: session.parse_request(*tensors), repeat),
+        "engine run": timed(lambda: run([parsed]), repeat),
+        "response": timed(lambda: respond(parsed, answer), repeat),
+    }
+
+
+def dlrm_parts(model, req: Request, repeat: int) -> dict:
+    """The engine's run of one parsed DLRM request, by part."""
+    from triton_rec.dense import combine_slots
+
+    s = model.session
+    parsed = s.parse_request(*[t.as_numpy() for t in req.inputs()])
+    out, vectors = {}, []
+    for t, table in enumerate(s.cached_tables):
+        keys = parsed.keys[t]
+        buf = np.empty((keys.shape[0], table.vec_size), np.float32)
+        out[f"lookup table {t} ({keys.shape[0]} keys)"] = timed(lambda: table.lookup(keys, buf), repeat)
+        vectors.append(buf)
+    combined = []
+    for t, table in enumerate(s.cached_tables):
+        rp = parsed.row_ptrs[t]
+        out[f"combine table {t}"] = timed(lambda: combine_slots(vectors[t], rp, s.combiners[t]), repeat)
+        combined.append(combine_slots(vectors[t], rp, s.combiners[t]).reshape(
+            parsed.num_samples, s.slots[t], table.vec_size))
+    out["dense network"] = timed(lambda: s.dense.predict(parsed.dense, combined), repeat)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeat", type=int, default=2000)
+    p.add_argument("--batches", default="1,64,1024")
+    args = p.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"machine: {machine_info()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench_glue_") as tmp:
+        repo = Path(tmp) / "repo"
+        meta = bo.build_repository(repo, ["hps", "dlrm"])
+        files = bo.write_inputs(meta, ["hps", "dlrm"], batches, 4, Path(tmp))
+        rows = []
+        for name in ("hps", "hps_nocache", "dlrm", "dlrm_onnx"):
+            pb, model = load(repo, name)
+            try:
+                if name.startswith("hps"):
+                    req = request_of(files[("hps", bo.HPS_SAMPLES)], TYPES)
+                    for _ in range(200):  # warm the cache as the served benchmark does
+                        model.execute([req])
+                    rows.append((name, bo.HPS_SAMPLES, stages(pb, model, req, ("KEYS", "NUMKEYS"),
+                                                             model.session.lookup_many, args.repeat), {}))
+                else:
+                    for n in batches:
+                        req = request_of(files[("dlrm", n)], TYPES)
+                        rep = max(50, args.repeat // max(1, n // 16))
+                        rows.append((name, n, stages(pb, model, req, ("DES", "CATCOLUMN", "ROWINDEX"),
+                                                     model.session.predict_many, rep),
+                                     dlrm_parts(model, req, rep)))
+            finally:
+                model.finalize()
+    lines = ["| model | samples/request | execute us | read tensors | parse_request | engine run | response | engine parts (us) |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for name, n, st, parts in rows:
+        lines.append(f"| `{name}` | {n} | {st['execute']:.1f} | {st['read tensors']:.1f} | "
+                     f"{st['parse_request']:.1f} | {st['engine run']:.1f} | {st['response']:.1f} | "
+                     + "; ".join(f"{k} {v:.1f}" for k, v in parts.items()) + " |")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,732 @@
+#!/usr/bin/env python3
+"""Served overhead: every backend beside a Python floor with the same I/O, in ONE server.
+
+One run, loopback only, one tritonserver, every model with the same scheduling (2 CPU
+instances, the shipped dynamic-batching settings). Models, grouped by interface:
+
+- ``KEYS``/``NUMKEYS`` (64 samples x 26 Zipf(1.05) keys per request, one 2M x 16 table):
+  ``floor_hps`` (Python backend, reads both inputs, returns zeros of the answer's size),
+  ``naive_hps`` (what a user writes in an afternoon: a private copy of the table per
+  instance and a Python dict from key to row), ``hps`` (our backend, ps.json entry with
+  only the required keys, i.e. every default: cache on) and ``hps_nocache``
+  (``gpucache: false``);
+- ``DES``/``CATCOLUMN``/``ROWINDEX`` (a Criteo-shaped DLRM: 13 dense features, 26 slots
+  in two tables, vec 32, bottom MLP 64-48-32, top MLP 64-32-1, trained here for a few
+  seconds; requests of 1, 64 and 1,024 held-out samples): ``floor_dlrm``, ``dlrm``
+  (HugeCTR dense file run by numpy) and ``dlrm_onnx`` (the same network in onnxruntime);
+- the ensemble interface (``DES``/``KEYS``/``NUMKEYS``/``ROWINDEX``): ``floor_ensemble``
+  and ``dlrm_ensemble`` (``dlrm_hps`` -> ``dlrm_dense``).
+
+Every group is measured in rounds; within a round the models of a group run back to
+back for each protocol and concurrency, starting with a different model each round, so
+a figure is always compared with a floor measured minutes apart in the same server.
+Each perf_analyzer run uses time windows; its server CPU time (tritonserver and every
+backend stub, from /proc) is divided by the inferences the server counted in that time.
+
+Reported per (group, protocol, concurrency, model): median over rounds of infer/s,
+p50/p99 latency, server compute time, server CPU us per inference, and the ratios to
+the group's floor (and, for hps, to the naive model), computed per round.
+
+    .venv/bin/python benchmarks/bench_overhead.py [--rounds 2] [--protocols grpc,http]
+        [--concurrency 1,2,8] [--dlrm-batches 1,64,1024] [--groups hps,dlrm,ensemble]
+        [--interval-ms 1500] [--out-dir DIR] [--png benchmarks/bench_overhead.png]
+        [--profile hps,dlrm --profile-seconds 20]
+    .venv/bin/python benchmarks/bench_overhead.py --quick      # one round, gRPC, c=1, batch 1
+
+``--profile MODELS``: after the sweep (or instead of it with ``--rounds 0``), load each
+model with perf_analyzer (gRPC, concurrency 1) while py-spy records one of its instance
+processes; writes ``profile_<model>.svg`` (flame graph) and ``profile_<model>.txt``
+(the hottest frames) into the output directory.
+Raw outputs (CSVs, perf_analyzer logs, server log, results.json, tables.md) go to
+``--out-dir`` (default: a new directory under /tmp, printed at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from machine import machine_info  # noqa: E402
+from triton_rec import perf_analyzer  # noqa: E402
+from triton_rec.runtime import TritonServer  # noqa: E402
+
+SEED = 2026
+HELD_OUT_SEED = 31337
+HPS_ROWS, HPS_VEC, HPS_KEYS_PER_SAMPLE, HPS_SAMPLES, ZIPF = 2_000_000, 16, 26, 64, 1.05
+
+
+
+def shipped_scheduling() -> str:
+    """The scheduling every model here gets: the ``dynamic_batching`` and ``instance_group``
+    lines of the shipped example ``model_repository/dlrm/config.pbtxt``."""
+    text = (ROOT / "model_repository" / "dlrm" / "config.pbtxt").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("dynamic_batching", "instance_group"))]
+    assert len(lines) == 2, "model_repository/dlrm/config.pbtxt: one-line dynamic_batching and instance_group"
+    return "\n".join(lines) + "\n"
+
+
+SCHEDULING = shipped_scheduling()
+RAGGED = "allow_ragged_batch: true"
+
+HPS_IO = f"""\
+max_batch_size: 1024
+input [
+  {{ name: "KEYS" data_type: TYPE_INT64 dims: [ -1 ] {RAGGED} }},
+  {{ name: "NUMKEYS" data_type: TYPE_INT32 dims: [ -1 ] {RAGGED} }}
+]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+"""
+DLRM_IO = f"""\
+max_batch_size: 1024
+input [
+  {{ name: "DES" data_type: TYPE_FP32 dims: [ -1 ] {RAGGED} }},
+  {{ name: "CATCOLUMN" data_type: TYPE_INT64 dims: [ -1 ] {RAGGED} }},
+  {{ name: "ROWINDEX" data_type: TYPE_INT32 dims: [ -1 ] {RAGGED} }}
+]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+"""
+ENSEMBLE_IO = """\
+max_batch_size: 0
+input [
+  { name: "DES" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "KEYS" data_type: TYPE_INT64 dims: [ -1 ] },
+  { name: "NUMKEYS" data_type: TYPE_INT32 dims: [ -1 ] },
+  { name: "ROWINDEX" data_type: TYPE_INT32 dims: [ -1 ] }
+]
+output [ { name: "PREDICTION" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+FLOOR_MODEL = '''\
+"""The floor: reads every input like a real model, returns zeros of the answer's size."""
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        p = {k: v["string_value"] for k, v in (cfg.get("parameters") or {}).items()}
+        self.inputs = [i["name"] for i in cfg["input"]]
+        self.output = cfg["output"][0]["name"]
+        self.kind = p["floor"]
+        self.vec = np.array([int(v) for v in p.get("vec_sizes", "1").split(",")], np.int64)
+        self.tables, self.slots = int(p.get("tables", "0")), int(p.get("slots", "1"))
+
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            t = {n: pb_utils.get_input_tensor_by_name(r, n).as_numpy() for n in self.inputs}
+            if self.kind == "hps":
+                n = int(t["NUMKEYS"].reshape(-1).astype(np.int64) @ self.vec)
+            else:
+                n = (t["ROWINDEX"].size - self.tables) // self.slots
+            out = pb_utils.Tensor(self.output, np.zeros(n, np.float32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+'''
+
+NAIVE_MODEL = '''\
+"""The naive lookup model: a private copy of the table per instance, a Python dict."""
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        p = {k: v["string_value"] for k, v in (cfg.get("parameters") or {}).items()}
+        d = os.path.join(args["model_repository"], "..", p["sparse"])  # model dir -> repository
+        self.vec = int(p["vec_size"])
+        keys = np.fromfile(os.path.join(d, "key"), np.int64)
+        self.vectors = np.fromfile(os.path.join(d, "emb_vector"), np.float32).reshape(-1, self.vec)
+        self.index = dict(zip(keys.tolist(), range(len(keys))))
+        self.default = float(p["default"])
+
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            keys = pb_utils.get_input_tensor_by_name(r, "KEYS").as_numpy().reshape(-1)
+            pb_utils.get_input_tensor_by_name(r, "NUMKEYS").as_numpy()
+            rows = np.fromiter((self.index.get(k, -1) for k in keys.tolist()), np.int64, keys.size)
+            out = self.vectors[rows]
+            out[rows < 0] = self.default
+            responses.append(pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("OUTPUT0", out.reshape(-1))]))
+        return responses
+'''
+
+
+# ----------------------------------------------------------------------------- repository
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _config(name: str, backend: str, io: str, params: dict = None, scheduling: str = SCHEDULING) -> str:
+    lines = [f'name: "{name}"', f'backend: "{backend}"', io.rstrip(), scheduling.rstrip()]
+    for k, v in (params or {}).items():
+        lines.append(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}')
+    return "\n".join(lines) + "\n"
+
+
+def bench_dlrm_config():
+    """The Criteo-shaped DLRM of this benchmark (26 slots, vec 32)."""
+    from ps_loader.torch_dlrm import DLRMConfig, TableSpec
+
+    return DLRMConfig(
+        dense_dim=13,
+        tables=(TableSpec("onehot", rows=200_000, slot_num=20, vec_size=32, combiner="sum"),
+                TableSpec("multihot", rows=50_000, slot_num=6, max_keys_per_slot=3, vec_size=32,
+                          combiner="mean")),
+        bottom_mlp=(64, 48, 32), top_mlp=(64, 32))
+
+
+def build_repository(repo: Path, groups) -> dict:
+    """Write every model of ``groups`` into ``repo``; returns what the inputs need."""
+    from ps_loader.synthetic import SyntheticTable, table_keys, write_model
+
+    ps_models, meta = [], {}
+    if "hps" in groups:
+        t0 = time.monotonic()
+        entry = write_model(str(repo), "hps", [SyntheticTable("t0", HPS_ROWS, HPS_VEC, HPS_KEYS_PER_SAMPLE)],
+                            seed=SEED)
+        # Only what ps.json requires: every other setting is the default (cache on).
+        required = {k: entry[k] for k in ("model", "sparse_files", "embedding_table_names",
+                                          "embedding_vecsize_per_table",
+                                          "maxnum_catfeature_query_per_table_per_sample",
+                                          "default_value_for_each_table", "max_batch_size")}
+        ps_models += [required, dict(required, model="hps_nocache", gpucache=False)]
+        _write(repo / "hps" / "config.pbtxt", _config("hps", "hps", HPS_IO))
+        _write(repo / "hps_nocache" / "config.pbtxt", _config("hps_nocache", "hps", HPS_IO))
+        (repo / "hps_nocache" / "1").mkdir(parents=True, exist_ok=True)
+        _write(repo / "floor_hps" / "config.pbtxt",
+               _config("floor_hps", "python", HPS_IO, {"floor": "hps", "vec_sizes": HPS_VEC}))
+        _write(repo / "floor_hps" / "1" / "model.py", FLOOR_MODEL)
+        _write(repo / "naive_hps" / "config.pbtxt", _config(
+            "naive_hps", "python", HPS_IO,
+            {"sparse": entry["sparse_files"][0], "vec_size": HPS_VEC, "default": 0.0}))
+        _write(repo / "naive_hps" / "1" / "model.py", NAIVE_MODEL)
+        meta["hps_keys"] = table_keys(SEED, 0, HPS_ROWS)
+        print(f"hps table written ({HPS_ROWS:,} x {HPS_VEC}) in {time.monotonic() - t0:.1f} s", flush=True)
+    if "dlrm" in groups or "ensemble" in groups:
+        from ps_loader import torch_dlrm as td
+
+        t0 = time.monotonic()
+        config = bench_dlrm_config()
+        settings = td.TrainSettings(seed=SEED, epochs=1, train_rows=32768, eval_rows=4096, batch_size=512)
+        result, entry = td.train_and_export(str(repo / "dlrm" / "1"), config, settings, ps_root=str(repo))
+        print(f"bench DLRM trained (held-out AUC {result.metrics['auc']:.3f}) and exported in "
+              f"{time.monotonic() - t0:.1f} s", flush=True)
+        onnx = os.path.join(os.path.dirname(entry["dense_file"]), "dlrm_dense.onnx")
+        ps_models += [entry, dict(entry, model="dlrm_onnx", dense_file=onnx),
+                      dict(entry, model="dlrm_hps", dense_file=onnx)]
+        tables, slots = len(config.tables), config.total_slots
+        floor_p = {"floor": "samples", "tables": tables, "slots": slots}
+        _write(repo / "dlrm" / "config.pbtxt", _config("dlrm", "hugectr", DLRM_IO))
+        _write(repo / "dlrm_onnx" / "config.pbtxt", _config("dlrm_onnx", "hugectr", DLRM_IO))
+        (repo / "dlrm_onnx" / "1").mkdir(parents=True, exist_ok=True)
+        _write(repo / "floor_dlrm" / "config.pbtxt", _config("floor_dlrm", "python", DLRM_IO, floor_p))
+        _write(repo / "floor_dlrm" / "1" / "model.py", FLOOR_MODEL)
+        # The ensemble as model_repository/ ships it (its steps' configs are copied).
+        for step in ("dlrm_hps", "dlrm_dense", "dlrm_ensemble"):
+            _write(repo / step / "config.pbtxt", (ROOT / "model_repository" / step / "config.pbtxt").read_text())
+            (repo / step / "1").mkdir(parents=True, exist_ok=True)
+        _write(repo / "floor_ensemble" / "config.pbtxt",
+               _config("floor_ensemble", "python", ENSEMBLE_IO, floor_p, scheduling=""))
+        _write(repo / "floor_ensemble" / "1" / "model.py", FLOOR_MODEL)
+        meta["dlrm"] = (config, SEED)
+    _write(repo / "ps.json", json.dumps({"supportlonglong": True, "models": ps_models}, indent=1))
+    return meta
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def _entry(arr: np.ndarray) -> dict:
+    return {"content": arr.reshape(-1).tolist(), "shape": [int(arr.size)]}
+
+
+def write_inputs(meta: dict, groups, batches, requests: int, out: Path) -> dict:
+    """perf_analyzer --input-data files: {(group, batch): path}."""
+    files = {}
+    if "hps" in groups:
+        from clients.hps_requests import perf_analyzer_data
+
+        data = perf_analyzer_data([meta["hps_keys"]], [HPS_KEYS_PER_SAMPLE], HPS_SAMPLES, requests,
+                                  seed=SEED, zipf_alpha=ZIPF)
+        files[("hps", HPS_SAMPLES)] = out / "input_hps.json"
+        files[("hps", HPS_SAMPLES)].write_text(json.dumps(data))
+    if "dlrm" in meta:
+        from ps_loader.torch_dlrm import HiddenModel
+
+        config, seed = meta["dlrm"]
+        for n in batches:
+            r = max(4, requests // 2) if n >= 1024 else requests
+            data = HiddenModel(config, seed).sample(n * r, np.random.default_rng(HELD_OUT_SEED))
+            fused, ens = [], []
+            for i in range(r):
+                req = data.hugectr_request(i * n, (i + 1) * n)
+                fused.append({k: _entry(v) for k, v in req.items()})
+                keys = []
+                for k, offsets in data.sparse:
+                    s = (len(offsets) - 1) // len(data)
+                    keys.append(k[offsets[i * n * s]:offsets[(i + 1) * n * s]])
+                ens.append({"DES": _entry(req["DES"]), "KEYS": _entry(np.concatenate(keys).astype(np.int64)),
+                            "NUMKEYS": _entry(np.array([len(k) for k in keys], np.int32)),
+                            "ROWINDEX": _entry(req["ROWINDEX"])})
+            for group, rows in (("dlrm", fused), ("ensemble", ens)):
+                if group in groups:
+                    files[(group, n)] = out / f"input_{group}_{n}.json"
+                    files[(group, n)].write_text(json.dumps({"data": rows}))
+    return files
+
+
+GROUP_MODELS = {
+    "hps": ["floor_hps", "naive_hps", "hps", "hps_nocache"],
+    "dlrm": ["floor_dlrm", "dlrm", "dlrm_onnx"],
+    "ensemble": ["floor_ensemble", "dlrm_ensemble"],
+}
+FLOOR = {g: m[0] for g, m in GROUP_MODELS.items()}
+
+
+def sanity_check(server: TritonServer, files: dict) -> list:
+    """One request of each file through each model; the models that should agree do."""
+    import tritonclient.http as http
+
+    types = {"DES": ("FP32", np.float32), "CATCOLUMN": ("INT64", np.int64), "ROWINDEX": ("INT32", np.int32),
+             "KEYS": ("INT64", np.int64), "NUMKEYS": ("INT32", np.int32)}
+    problems = []
+    client = http.InferenceServerClient(server.http_url)
+    try:
+        for (group, n), path in files.items():
+            row = json.loads(path.read_text())["data"][0]
+            answers = {}
+            for model in GROUP_MODELS[group]:
+                ins = []
+                for name, e in row.items():
+                    arr = np.array(e["content"], dtype=types[name][1])
+                    arr = arr if group == "ensemble" else arr[None, :]
+                    i = http.InferInput(name, list(arr.shape), types[name][0])
+                    i.set_data_from_numpy(arr)
+                    ins.append(i)
+                out = "PREDICTION" if group == "ensemble" else "OUTPUT0"
+                try:
+                    answers[model] = client.infer(model, ins).as_numpy(out).reshape(-1)
+                except Exception as e:  # noqa: BLE001  (reported, not fatal)
+                    problems.append(f"{model} n={n}: {e}")
+            if group == "hps" and not all(np.array_equal(answers.get("naive_hps"), answers.get(m))
+                                          for m in ("hps_nocache",)):
+                problems.append("hps_nocache and naive_hps disagree")
+            if group == "dlrm" and "dlrm" in answers and "dlrm_onnx" in answers \
+                    and not np.allclose(answers["dlrm"], answers["dlrm_onnx"], atol=1e-5):
+                problems.append(f"n={n}: dlrm and dlrm_onnx disagree")
+    finally:
+        client.close()
+    return problems
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def server_cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` and its children that are alive (the backend stubs)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def inference_count(server: TritonServer, model: str) -> int:
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10) as r:
+        stats = json.loads(r.read())["model_stats"]
+    return sum(int(s["inference_count"]) for s in stats)
+
+
+def parse_csv(path: Path) -> dict:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ValueError("empty CSV")
+    r = rows[0]
+
+    def g(k):
+        return float(r[k]) if r.get(k) not in (None, "") else float("nan")
+
+    return {"infer_per_s": g("Inferences/Second"), "p50_us": g("p50 latency"),
+            "p99_us": g("p99 latency"), "server_queue_us": g("Server Queue"),
+            "server_compute_us": g("Server Compute Input") + g("Server Compute Infer")
+            + g("Server Compute Output")}
+
+
+def run_perf(model, group, n, conc, protocol, server, files, out_dir, args, tag) -> dict:
+    url = server.http_url if protocol == "http" else server.grpc_url
+    rec = {"model": model, "group": group, "batch": n, "concurrency": conc, "protocol": protocol,
+           "status": "ok"}
+    for attempt, stability in enumerate((args.stability, 1000)):
+        csv_path = out_dir / f"{tag}{'_retry' if attempt else ''}.csv"
+        cmd = perf_analyzer.command([
+            "-m", model, "-u", url, "-i", protocol, "--input-data", str(files[(group, n)]),
+            "--concurrency-range", str(conc), "--measurement-interval", str(args.interval_ms),
+            "--stability-percentage", str(stability), "--max-trials", str(args.max_trials),
+            "-f", str(csv_path)])
+        rec["command"] = " ".join(cmd[1:])
+        cpu0, inf0 = server_cpu_seconds(server.process.pid), inference_count(server, model)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                  env=perf_analyzer.environment())
+        except subprocess.TimeoutExpired:
+            rec.update(status="failed", reason=f"timeout after {args.timeout} s")
+            return rec
+        cpu1, inf1 = server_cpu_seconds(server.process.pid), inference_count(server, model)
+        (out_dir / f"{tag}{'_retry' if attempt else ''}.log").write_text(done.stdout + done.stderr)
+        if done.returncode == 0 and csv_path.exists():
+            rec.update(parse_csv(csv_path))
+            if inf1 > inf0:
+                rec["cpu_us_per_infer"] = (cpu1 - cpu0) * 1e6 / (inf1 - inf0)
+            m = re.search(r"Inference count: (\d+)\s+Execution count: (\d+)", done.stdout)
+            if m and int(m.group(2)):
+                rec["requests_per_exec"] = int(m.group(1)) / int(m.group(2))
+            if attempt:
+                rec["status"] = "unstable"
+            return rec
+        text = done.stdout + done.stderr
+        rec.update(status="failed", reason=next(
+            (ln.strip() for ln in text.splitlines() if "rror" in ln or "ailed" in ln), f"exit {done.returncode}")[:200])
+        if "stable" not in text.lower():
+            return rec
+    return rec
+
+
+def cache_hit_rate(server: TritonServer, model: str):
+    try:
+        with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    hits = lookups = 0.0
+    for line in text.splitlines():
+        for name, acc in (("trec_cache_hits_total", "h"), ("trec_cache_lookups_total", "l")):
+            if line.startswith(name + "{") and f'model="{model}"' in line:
+                v = float(line.rsplit(" ", 1)[1])
+                if acc == "h":
+                    hits += v
+                else:
+                    lookups += v
+    return hits / lookups if lookups else None
+
+
+# ----------------------------------------------------------------------------- profiling
+
+
+def _spy(spy: Path, pid: int, seconds: float, out: Path, fmt: str) -> subprocess.Popen:
+    return subprocess.Popen([str(spy), "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-r", "500",
+                             "-o", str(out), "-f", fmt, "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _samples(raw: Path) -> int:
+    if not raw.exists():
+        return 0
+    return sum(int(line.rpartition(" ")[2]) for line in raw.read_text().splitlines() if " " in line)
+
+
+def profile(server, files, models, seconds, out_dir) -> list:
+    """py-spy flame graphs of the busiest instance process per model under perf_analyzer
+    load (gRPC, concurrency 1): a short probe of every instance finds the one Triton
+    sends the requests to, then a flame graph (SVG) and the raw stacks are recorded."""
+    done = []
+    spy = Path(sys.executable).parent / "py-spy"
+    if not spy.exists():
+        print("py-spy is not installed (pip install py-spy, or the 'bench' extra): no profiles", flush=True)
+        return done
+    for model in models:
+        group = next(g for g, ms in GROUP_MODELS.items() if model in ms)
+        n = min(b for g, b in files if g == group)
+        pids = server.backend_pids(model)
+        if not pids:
+            print(f"profile {model}: no instance process found", flush=True)
+            continue
+        load = subprocess.Popen(perf_analyzer.command([
+            "-m", model, "-u", server.grpc_url, "-i", "grpc", "--input-data", str(files[(group, n)]),
+            "--concurrency-range", "1", "--measurement-interval", str(int(2 * seconds * 1000) + 10000),
+            "--max-trials", "1", "-s", "1000"]), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            env=perf_analyzer.environment())
+        try:
+            time.sleep(2.0)
+            probes = [(pid, out_dir / f"probe_{model}_{pid}.txt") for pid in pids]
+            for proc in [_spy(spy, pid, 3, path, "raw") for pid, path in probes]:
+                proc.wait(60)
+            pid = max(probes, key=lambda p: _samples(p[1]))[0]
+            svg, raw = out_dir / f"profile_{model}.svg", out_dir / f"profile_{model}.txt"
+            _spy(spy, pid, seconds, svg, "flamegraph").wait(seconds + 60)
+            _spy(spy, pid, seconds, raw, "raw").wait(seconds + 60)
+            done.append((model, svg, raw))
+            print(f"profile {model} (pid {pid}): {svg}", flush=True)
+        finally:
+            load.terminate()
+            load.wait(30)
+    return done
+
+
+def hottest(raw: Path, top: int = 25) -> str:
+    """Self and total sample shares of the hottest frames of a py-spy raw (collapsed) file."""
+    total, self_s, incl = 0, {}, {}
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        c = int(count)
+        total += c
+        frames = stack.split(";")
+        self_s[frames[-1]] = self_s.get(frames[-1], 0) + c
+        for f in set(frames):
+            incl[f] = incl.get(f, 0) + c
+    if not total:
+        return "(no samples)"
+    lines = [f"{total} samples", "", "self %  total %  frame"]
+    for f, c in sorted(self_s.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"{100 * c / total:6.1f}  {100 * incl[f] / total:7.1f}  {f}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def fmt(x, digits=0):
+    if x is None or (isinstance(x, float) and np.isnan(x)):
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def summarize(results: list) -> list:
+    """Median over rounds per (group, batch, protocol, concurrency, model), with ratios to
+    the group's floor (and to naive_hps) computed within each round."""
+    by_key = {}
+    for r in results:
+        by_key.setdefault((r["group"], r["batch"], r["protocol"], r["concurrency"], r["model"]), []).append(r)
+    rows = []
+    for (group, n, proto, conc, model), recs in by_key.items():
+        ok = [r for r in recs if r["status"] != "failed"]
+        row = {"group": group, "batch": n, "protocol": proto, "concurrency": conc, "model": model,
+               "rounds": len(ok), "unstable": sum(r["status"] == "unstable" for r in ok)}
+        for k in ("infer_per_s", "p50_us", "p99_us", "server_compute_us", "cpu_us_per_infer", "requests_per_exec"):
+            vals = [r[k] for r in ok if r.get(k) is not None and not np.isnan(r[k])]
+            row[k] = statistics.median(vals) if vals else None
+        for ref, key in ((FLOOR[group], "vs_floor"), ("naive_hps", "vs_naive")):
+            if group != "hps" and ref == "naive_hps":
+                continue
+            ratios = []
+            for r in ok:
+                base = next((b for b in by_key.get((group, n, proto, conc, ref), [])
+                             if b["round"] == r["round"] and b["status"] != "failed"), None)
+                if base and base.get("infer_per_s"):
+                    ratios.append(r["infer_per_s"] / base["infer_per_s"])
+            row[key] = statistics.median(ratios) if ratios else None
+            row[key + "_range"] = (min(ratios), max(ratios)) if ratios else None
+        rows.append(row)
+    order = {m: i for i, m in enumerate(sum(GROUP_MODELS.values(), []))}
+    rows.sort(key=lambda r: (list(GROUP_MODELS).index(r["group"]), r["batch"], r["protocol"],
+                             r["concurrency"], order[r["model"]]))
+    return rows
+
+
+def tables_md(rows: list) -> str:
+    lines = []
+    for group in GROUP_MODELS:
+        grows = [r for r in rows if r["group"] == group]
+        if not grows:
+            continue
+        naive = group == "hps"
+        lines += [f"### {group}", "",
+                  "| batch | proto | conc | model | infer/s | x floor" + (" | x naive" if naive else "")
+                  + " | p50 us | p99 us | server compute us | server CPU us/infer | req/exec |",
+                  "|---:|---|---:|---|---:|---:|" + ("---:|" if naive else "") + "---:|---:|---:|---:|---:|"]
+        for r in grows:
+            vs = fmt(r.get("vs_floor"), 2)
+            if r.get("vs_floor_range") and r["rounds"] > 1:
+                vs += f" ({r['vs_floor_range'][0]:.2f}-{r['vs_floor_range'][1]:.2f})"
+            cells = [str(r["batch"]), r["protocol"], str(r["concurrency"]), f"`{r['model']}`",
+                     fmt(r.get("infer_per_s")), vs]
+            if naive:
+                cells.append(fmt(r.get("vs_naive"), 2))
+            cells += [fmt(r.get("p50_us")), fmt(r.get("p99_us")), fmt(r.get("server_compute_us")),
+                      fmt(r.get("cpu_us_per_infer")), fmt(r.get("requests_per_exec"), 2)]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(rows: list, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (the 'bench' extra): no plot", flush=True)
+        return False
+    panels = sorted({(r["group"], r["batch"], r["protocol"]) for r in rows},
+                    key=lambda k: (list(GROUP_MODELS).index(k[0]), k[1], k[2]))
+    cols = 2
+    fig, axes = plt.subplots((len(panels) + cols - 1) // cols, cols,
+                             figsize=(11, 3.1 * ((len(panels) + cols - 1) // cols)), squeeze=False)
+    for ax, (group, n, proto) in zip(axes.flat, panels):
+        prow = [r for r in rows if (r["group"], r["batch"], r["protocol"]) == (group, n, proto)]
+        concs = sorted({r["concurrency"] for r in prow})
+        models = [m for m in GROUP_MODELS[group] if m != FLOOR[group]]
+        width = 0.8 / max(1, len(models))
+        for i, m in enumerate(models):
+            ys = [next((r["vs_floor"] or 0 for r in prow if r["model"] == m and r["concurrency"] == c), 0)
+                  for c in concs]
+            ax.bar(np.arange(len(concs)) + i * width, ys, width, label=m)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(np.arange(len(concs)) + width * (len(models) - 1) / 2, [f"c={c}" for c in concs])
+        ax.set_title(f"{group}, {n} samples/request, {proto}", fontsize=9)
+        ax.set_ylabel("infer/s / floor's", fontsize=8)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle("Served throughput as a ratio to a Python-backend floor with the same I/O (one server)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    return True
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="one round, gRPC, c=1, DLRM batch 1")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--groups", default="hps,dlrm,ensemble")
+    p.add_argument("--protocols", default="grpc,http")
+    p.add_argument("--concurrency", default="1,2,8")
+    p.add_argument("--dlrm-batches", default="1,64,1024")
+    p.add_argument("--requests-per-file", type=int, default=16)
+    p.add_argument("--interval-ms", type=int, default=1500, help="perf_analyzer time window")
+    p.add_argument("--stability", type=int, default=25, help="perf_analyzer --stability-percentage")
+    p.add_argument("--max-trials", type=int, default=6)
+    p.add_argument("--timeout", type=int, default=180, help="seconds per perf_analyzer run")
+    p.add_argument("--out-dir", default=None)
+    p.add_argument("--png", default=None, help="also write the plot here (e.g. benchmarks/bench_overhead.png)")
+    p.add_argument("--profile", default="", help="models to profile with py-spy (comma-separated)")
+    p.add_argument("--profile-seconds", type=float, default=20.0)
+    p.add_argument("--server-env", default="", help="extra KEY=VALUE,... for the server (A/B experiments)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary model repository")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.protocols, args.concurrency, args.dlrm_batches = 1, "grpc", "1", "1"
+    groups = [g for g in args.groups.split(",") if g]
+    protocols = args.protocols.split(",")
+    concs = [int(c) for c in args.concurrency.split(",")]
+    batches = [int(b) for b in args.dlrm_batches.split(",")]
+
+    t_start = time.monotonic()
+    out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="bench_overhead_", dir="/tmp")).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench_overhead_repo_", dir="/tmp"))
+    info = machine_info()
+    print(f"machine: {info}", flush=True)
+    repo = work / "repo"
+    meta = build_repository(repo, groups)
+    files = write_inputs(meta, groups, batches, args.requests_per_file, out_dir)
+    load = sorted({m for g in groups for m in GROUP_MODELS[g]}
+                  | ({"dlrm_hps", "dlrm_dense"} if "ensemble" in groups else set()))
+    env = {"TRITON_REC_STORE": str(work / "store")}
+    env.update(kv.split("=", 1) for kv in args.server_env.split(",") if kv)
+    server = TritonServer(repo, explicit=True, load_models=load, log_path=out_dir / "server.log", env=env)
+    results, problems, profiles, hit_rates = [], [], [], {}
+    try:
+        t0 = time.monotonic()
+        server.start(timeout=600)
+        print(f"server ready in {time.monotonic() - t0:.1f} s", flush=True)
+        problems = sanity_check(server, files)
+        print("sanity check:", "ok" if not problems else problems, flush=True)
+        for rnd in range(args.rounds):
+            for group in groups:
+                for n in ([HPS_SAMPLES] if group == "hps" else batches):
+                    for proto in protocols:
+                        for conc in concs:
+                            models = GROUP_MODELS[group]
+                            k = rnd % len(models)
+                            for model in models[k:] + models[:k]:
+                                tag = f"r{rnd}_{model}_n{n}_c{conc}_{proto}"
+                                rec = run_perf(model, group, n, conc, proto, server, files, out_dir, args, tag)
+                                rec["round"] = rnd
+                                results.append(rec)
+                                print(f"r{rnd} {model:15s} n={n:<5d} {proto:4s} c={conc} {rec['status']:8s} "
+                                      f"{fmt(rec.get('infer_per_s')):>7s} infer/s p50 {fmt(rec.get('p50_us')):>7s} us "
+                                      f"cpu/inf {fmt(rec.get('cpu_us_per_infer')):>6s} us"
+                                      f"{' ' + rec.get('reason', '') if rec['status'] == 'failed' else ''}",
+                                      flush=True)
+        for model in ("hps",):
+            if "hps" in groups:
+                hit_rates[model] = cache_hit_rate(server, model)
+        if args.profile:
+            profiles = profile(server, files, args.profile.split(","), args.profile_seconds, out_dir)
+    finally:
+        server.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    rows = summarize(results)
+    md = tables_md(rows)
+    if hit_rates:
+        md += "\ncache hit rate of `hps` over the run: " + ", ".join(
+            f"{m} {fmt(100 * v, 1) if v is not None else '-'}%" for m, v in hit_rates.items()) + "\n"
+    for model, svg, raw in profiles:
+        if raw.exists():
+            text = hottest(raw)
+            (out_dir / f"profile_{model}_top.txt").write_text(text)
+            md += f"\n#### py-spy, one `{model}` instance (gRPC, c=1)\n\n```\n{text}\n```\n"
+    info["loadavg_end"] = os.getloadavg()
+    total = time.monotonic() - t_start
+    print("\n" + md)
+    if rows and plot(rows, out_dir / "bench_overhead.png") and args.png:
+        shutil.copy2(out_dir / "bench_overhead.png", args.png)
+    print(f"total wall time {total:.0f} s; raw output in {out_dir}")
+    (out_dir / "tables.md").write_text(md)
+    (out_dir / "results.json").write_text(json.dumps(
+        {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv[1:],
+         "machine": info, "sanity_problems": problems, "wall_s": round(total, 1), "summary": rows,
+         "results": results, "hit_rates": hit_rates}, indent=1, default=str))
+    return 0 if not problems and all(r["status"] != "failed" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The backends' ``execute`` makes no call to the server but returning responses, and
+their metrics still get published, by the instance's own thread, within the interval.
+
+``backend/hps/model.py`` and ``backend/hugectr/model.py`` run in-process against
+:mod:`tests.fake_pb_utils`, which records every custom-metric call (in Triton's stub,
+each one is a round trip to the server process) with the thread that made it. The
+tables, caches and dense network are the real ones. Metrics reaching Triton's metrics
+port is checked end to end in tests/e2e/test_tiers_server.py and test_hps_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
+from tests.fake_pb_utils import Request, load_backend, make_module
+
+SEED = 11
+TABLES = [SyntheticTable("item", 4000, 8, 2, -1.0), SyntheticTable("user", 1000, 4, 1, 0.5)]
+
+
+def triton_args(repo, name, config):
+    return {"model_config": json.dumps(config), "model_name": name,
+            "model_repository": str(repo / name), "model_version": "1",
+            "model_instance_name": f"{name}_0", "model_instance_kind": "CPU",
+            "model_instance_device_id": "0"}
+
+
+def params(**kv):
+    return {k: {"string_value": str(v)} for k, v in kv.items()}
+
+
+def io(name, kind, dtype):
+    return {"name": name, "data_type": dtype, "dims": [-1]}
+
+
+def wait_for(predicate, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+@pytest.fixture
+def hps_instance(tmp_path):
+    """An initialized ``hps`` instance (cache on) over two synthetic tables."""
+    entry = write_model(str(tmp_path), "m", TABLES, seed=SEED)
+    entry["hit_rate_threshold"] = 1.5  # every miss answered synchronously: exact answers
+    (tmp_path / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
+    config = {"name": "m", "backend": "hps", "max_batch_size": 1024,
+              "input": [io("KEYS", 0, "TYPE_INT64"), io("NUMKEYS", 0, "TYPE_INT32")],
+              "output": [io("OUTPUT0", 0, "TYPE_FP32")],
+              "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+              "parameters": params(store_dir=tmp_path / "store", metrics_interval=0.05)}
+    pb = make_module()
+    model = load_backend("hps", pb).TritonPythonModel()
+    model.initialize(triton_args(tmp_path, "m", config))
+    yield pb, model
+    model.finalize()
+
+
+def hps_request(rng, n_item, n_user):
+    keys = [table_keys(SEED, 0, TABLES[0].rows)[rng.integers(0, TABLES[0].rows, n_item)],
+            table_keys(SEED, 1, TABLES[1].rows)[rng.integers(0, TABLES[1].rows, n_user)]]
+    req = Request(KEYS=np.concatenate(keys)[None, :], NUMKEYS=np.array([[n_item, n_user]], np.int32))
+    expected = np.concatenate([expected_vectors(SEED, t, k, TABLES[t].vec_size).reshape(-1)
+                               for t, k in enumerate(keys)])
+    return req, expected
+
+
+def test_hps_execute_calls_no_metric_and_the_thread_publishes_within_the_interval(hps_instance):
+    pb, model = hps_instance
+    rng = np.random.default_rng(0)
+    me = threading.get_ident()
+    for _ in range(20):
+        batch = [hps_request(rng, 6, 3) for _ in range(3)]
+        responses = model.execute([r for r, _ in batch])
+        for resp, (_, expected) in zip(responses, batch):
+            assert not resp.has_error()
+            np.testing.assert_array_equal(resp.output("OUTPUT0"), expected)
+    assert not [c for c in pb.metric_calls if c[0] == me], "execute called Metric.set/increment"
+    # The instance's thread publishes the lookups it counted (20 x 3 x 9 keys).
+    def published():
+        return sum(c[4] for c in pb.metric_calls
+                   if c[1] == "increment" and c[2] == "trec_cache_lookups_total") == 20 * 3 * 9
+    assert wait_for(published, 5.0), pb.metric_calls[-10:]
+    assert all(c[0] != me for c in pb.metric_calls)
+
+
+def test_an_idle_instance_publishes_nothing(hps_instance):
+    pb, model = hps_instance
+    model.execute([hps_request(np.random.default_rng(1), 2, 1)[0]])
+    assert wait_for(lambda: any(c[2] == "trec_cache_lookups_total" for c in pb.metric_calls), 5.0)
+    time.sleep(0.2)  # the cache's own counters settle (background inserts)
+    n = len(pb.metric_calls)
+    time.sleep(0.3)  # six intervals with nothing new
+    assert len(pb.metric_calls) == n, pb.metric_calls[n:]
+
+
+def test_the_load_log_names_the_thread_setting(hps_instance):
+    pb, _ = hps_instance
+    lines = [m for _, m in pb.log_lines if "intra_op_threads=" in m]
+    assert lines and "2 instances x 1 threads" in lines[0], pb.log_lines
+
+
+@pytest.fixture(scope="module")
+def dlrm_repo(tmp_path_factory):
+    """The tiny trained DLRM, exported as the hugectr backend serves it."""
+    from ps_loader import torch_dlrm as td
+
+    repo = tmp_path_factory.mktemp("dlrm_repo")
+    _, entry = td.train_and_export(str(repo / "dlrm" / "1"), td.TINY_CONFIG, td.TINY_SETTINGS,
+                                   ps_root=str(repo), onnx=False)
+    entry["hit_rate_threshold"] = 1.5  # exact answers: no miss answered with the default
+    (repo / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
+    return repo
+
+
+def test_hugectr_execute_calls_no_metric_and_predicts(dlrm_repo, tmp_path):
+    from ps_loader import torch_dlrm as td
+
+    config = {"name": "dlrm", "backend": "hugectr", "max_batch_size": 1024,
+              "input": [io("DES", 0, "TYPE_FP32"), io("CATCOLUMN", 0, "TYPE_INT64"),
+                        io("ROWINDEX", 0, "TYPE_INT32")],
+              "output": [io("OUTPUT0", 0, "TYPE_FP32")],
+              "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+              "parameters": params(store_dir=tmp_path / "store", metrics_interval=0.05)}
+    pb = make_module()
+    model = load_backend("hugectr", pb).TritonPythonModel()
+    model.initialize(triton_args(dlrm_repo, "dlrm", config))
+    try:
+        data = td.HiddenModel(td.TINY_CONFIG, 5).sample(8, np.random.default_rng(2))
+        want = td.load_trained(str(dlrm_repo / "dlrm" / "1")).predict(data.dense, data.sparse)
+        me = threading.get_ident()
+        got = []
+        for a in range(0, 8, 2):
+            req = data.hugectr_request(a, a + 2)
+            resp = model.execute([Request(**{k: v[None, :] for k, v in req.items()})])[0]
+            assert not resp.has_error()
+            got.append(resp.output("OUTPUT0"))
+        np.testing.assert_allclose(np.concatenate(got), np.asarray(want).reshape(-1), atol=1e-5)
+        assert not [c for c in pb.metric_calls if c[0] == me], "execute called Metric.set/increment"
+        assert wait_for(lambda: any(c[2] == "trec_cache_lookups_total" for c in pb.metric_calls), 5.0)
+    finally:
+        model.finalize()
