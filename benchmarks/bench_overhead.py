@@ -187,7 +187,8 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def _config(name: str, backend: str, io: str, params: dict = None, scheduling: str = SCHEDULING) -> str:
+def _config(name: str, backend: str, io: str, params: dict = None, scheduling: str = None) -> str:
+    scheduling = SCHEDULING if scheduling is None else scheduling
     lines = [f'name: "{name}"', f'backend: "{backend}"', io.rstrip(), scheduling.rstrip()]
     for k, v in (params or {}).items():
         lines.append(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}')
@@ -312,9 +313,45 @@ GROUP_MODELS = {
     "ensemble": ["floor_ensemble", "dlrm_ensemble"],
 }
 FLOOR = {g: m[0] for g, m in GROUP_MODELS.items()}
+NAIVE = {"hps": "naive_hps"}
 
 
-def sanity_check(server: TritonServer, files: dict) -> list:
+def base_group(group: str) -> str:
+    """``hps__d0`` -> ``hps``: the group a scheduling variant was made from."""
+    return group.split("__", 1)[0]
+
+
+def add_variants(repo: Path, groups, variants) -> list:
+    """Copies of every model of ``groups`` (not the ensemble) with other scheduling, all in
+    the same server: ``<model>__<variant>``. Returns the variant groups to measure."""
+    ps = json.loads((repo / "ps.json").read_text())
+    entries = {m["model"]: m for m in ps["models"]}
+    out = []
+    for group in groups:
+        if group == "ensemble":
+            raise SystemExit("--variant applies to the hps and dlrm groups only")
+        for vname, sched in variants:
+            vg = f"{group}__{vname}"
+            GROUP_MODELS[vg] = [f"{m}__{vname}" for m in GROUP_MODELS[group]]
+            FLOOR[vg] = f"{FLOOR[group]}__{vname}"
+            if group in NAIVE:
+                NAIVE[vg] = f"{NAIVE[group]}__{vname}"
+            for model in GROUP_MODELS[group]:
+                name = f"{model}__{vname}"
+                text = (repo / model / "config.pbtxt").read_text().replace(f'name: "{model}"', f'name: "{name}"')
+                text = text.replace(SCHEDULING.rstrip(), sched.rstrip())
+                _write(repo / name / "config.pbtxt", text)
+                (repo / name / "1").mkdir(parents=True, exist_ok=True)
+                if (repo / model / "1" / "model.py").exists():
+                    shutil.copy2(repo / model / "1" / "model.py", repo / name / "1" / "model.py")
+                if model in entries:
+                    ps["models"].append(dict(entries[model], model=name))
+            out.append(vg)
+    (repo / "ps.json").write_text(json.dumps(ps, indent=1))
+    return out
+
+
+def sanity_check(server: TritonServer, files: dict, groups) -> list:
     """One request of each file through each model; the models that should agree do."""
     import tritonclient.http as http
 
@@ -324,27 +361,29 @@ def sanity_check(server: TritonServer, files: dict) -> list:
     client = http.InferenceServerClient(server.http_url)
     try:
         for (group, n), path in files.items():
+            if group not in groups:
+                continue
+            base, v = base_group(group), group[len(base_group(group)):]
             row = json.loads(path.read_text())["data"][0]
             answers = {}
             for model in GROUP_MODELS[group]:
                 ins = []
                 for name, e in row.items():
                     arr = np.array(e["content"], dtype=types[name][1])
-                    arr = arr if group == "ensemble" else arr[None, :]
+                    arr = arr if base == "ensemble" else arr[None, :]
                     i = http.InferInput(name, list(arr.shape), types[name][0])
                     i.set_data_from_numpy(arr)
                     ins.append(i)
-                out = "PREDICTION" if group == "ensemble" else "OUTPUT0"
+                out = "PREDICTION" if base == "ensemble" else "OUTPUT0"
                 try:
                     answers[model] = client.infer(model, ins).as_numpy(out).reshape(-1)
                 except Exception as e:  # noqa: BLE001  (reported, not fatal)
                     problems.append(f"{model} n={n}: {e}")
-            if group == "hps" and not all(np.array_equal(answers.get("naive_hps"), answers.get(m))
-                                          for m in ("hps_nocache",)):
-                problems.append("hps_nocache and naive_hps disagree")
-            if group == "dlrm" and "dlrm" in answers and "dlrm_onnx" in answers \
-                    and not np.allclose(answers["dlrm"], answers["dlrm_onnx"], atol=1e-5):
-                problems.append(f"n={n}: dlrm and dlrm_onnx disagree")
+            if base == "hps" and not np.array_equal(answers.get("naive_hps" + v), answers.get("hps_nocache" + v)):
+                problems.append(f"hps_nocache{v} and naive_hps{v} disagree")
+            a, b = answers.get("dlrm" + v), answers.get("dlrm_onnx" + v)
+            if base == "dlrm" and a is not None and b is not None and not np.allclose(a, b, atol=1e-5):
+                problems.append(f"n={n}: dlrm{v} and dlrm_onnx{v} disagree")
     finally:
         client.close()
     return problems
@@ -546,8 +585,8 @@ def summarize(results: list) -> list:
         for k in ("infer_per_s", "p50_us", "p99_us", "server_compute_us", "cpu_us_per_infer", "requests_per_exec"):
             vals = [r[k] for r in ok if r.get(k) is not None and not np.isnan(r[k])]
             row[k] = statistics.median(vals) if vals else None
-        for ref, key in ((FLOOR[group], "vs_floor"), ("naive_hps", "vs_naive")):
-            if group != "hps" and ref == "naive_hps":
+        for ref, key in ((FLOOR[group], "vs_floor"), (NAIVE.get(group), "vs_naive")):
+            if ref is None:
                 continue
             ratios = []
             for r in ok:
@@ -559,7 +598,7 @@ def summarize(results: list) -> list:
             row[key + "_range"] = (min(ratios), max(ratios)) if ratios else None
         rows.append(row)
     order = {m: i for i, m in enumerate(sum(GROUP_MODELS.values(), []))}
-    rows.sort(key=lambda r: (list(GROUP_MODELS).index(r["group"]), r["batch"], r["protocol"],
+    rows.sort(key=lambda r: (r["batch"], list(GROUP_MODELS).index(r["group"]), r["protocol"],
                              r["concurrency"], order[r["model"]]))
     return rows
 
@@ -570,7 +609,7 @@ def tables_md(rows: list) -> str:
         grows = [r for r in rows if r["group"] == group]
         if not grows:
             continue
-        naive = group == "hps"
+        naive = group in NAIVE
         lines += [f"### {group}", "",
                   "| batch | proto | conc | model | infer/s | x floor" + (" | x naive" if naive else "")
                   + " | p50 us | p99 us | server compute us | server CPU us/infer | req/exec |",
@@ -648,10 +687,20 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default="", help="models to profile with py-spy (comma-separated)")
     p.add_argument("--profile-seconds", type=float, default=20.0)
     p.add_argument("--server-env", default="", help="extra KEY=VALUE,... for the server (A/B experiments)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=LINES",
+                   help="measure copies of the hps/dlrm groups' models with these config.pbtxt "
+                        "scheduling lines (\\n between lines) instead, side by side in the same "
+                        "server; repeat for several variants")
+    p.add_argument("--scheduling", default=None,
+                   help="config.pbtxt lines replacing the shipped dynamic_batching/instance_group "
+                        "of every model but the ensemble's (A/B experiments)")
     p.add_argument("--keep", action="store_true", help="keep the temporary model repository")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.protocols, args.concurrency, args.dlrm_batches = 1, "grpc", "1", "1"
+    global SCHEDULING
+    if args.scheduling is not None:
+        SCHEDULING = args.scheduling.replace("\\n", "\n") + "\n"
     groups = [g for g in args.groups.split(",") if g]
     protocols = args.protocols.split(",")
     concs = [int(c) for c in args.concurrency.split(",")]
@@ -666,6 +715,10 @@ def main(argv=None) -> int:
     repo = work / "repo"
     meta = build_repository(repo, groups)
     files = write_inputs(meta, groups, batches, args.requests_per_file, out_dir)
+    if args.variant:
+        variants = [v.split("=", 1) for v in args.variant]
+        groups = add_variants(repo, groups, [(n, sc.replace("\\n", "\n")) for n, sc in variants])
+        files.update({(g, n): f for g in groups for (b, n), f in list(files.items()) if b == base_group(g)})
     load = sorted({m for g in groups for m in GROUP_MODELS[g]}
                   | ({"dlrm_hps", "dlrm_dense"} if "ensemble" in groups else set()))
     env = {"TRITON_REC_STORE": str(work / "store")}
@@ -676,11 +729,11 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         server.start(timeout=600)
         print(f"server ready in {time.monotonic() - t0:.1f} s", flush=True)
-        problems = sanity_check(server, files)
+        problems = sanity_check(server, files, groups)
         print("sanity check:", "ok" if not problems else problems, flush=True)
         for rnd in range(args.rounds):
             for group in groups:
-                for n in ([HPS_SAMPLES] if group == "hps" else batches):
+                for n in ([HPS_SAMPLES] if base_group(group) == "hps" else batches):
                     for proto in protocols:
                         for conc in concs:
                             models = GROUP_MODELS[group]
@@ -695,8 +748,9 @@ def main(argv=None) -> int:
                                       f"cpu/inf {fmt(rec.get('cpu_us_per_infer')):>6s} us"
                                       f"{' ' + rec.get('reason', '') if rec['status'] == 'failed' else ''}",
                                       flush=True)
-        for model in ("hps",):
-            if "hps" in groups:
+        for group in groups:
+            if base_group(group) == "hps":
+                model = "hps" + group[len("hps"):]
                 hit_rates[model] = cache_hit_rate(server, model)
         if args.profile:
             profiles = profile(server, files, args.profile.split(","), args.profile_seconds, out_dir)

@@ -116,7 +116,7 @@ class CachedTable:
             self.store.fetch(keys, out)
             self.stats.add(lookups=m, misses=m, sync_fetched=m, store_ns=time.perf_counter_ns() - t0)
             return 0
-        hit = np.zeros(m, dtype=np.uint8)
+        hit = np.empty(m, dtype=np.uint8)  # query writes every entry
         t0 = time.perf_counter_ns()
         hits = int(self.cache.query(keys, out, hit))
         t1 = time.perf_counter_ns()

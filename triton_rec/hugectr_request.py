@@ -22,6 +22,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from triton_rec import _native
 from triton_rec.errors import RequestError
 
 
@@ -53,6 +54,10 @@ def parse_hugectr_request(
 ) -> HugeCTRRequest:
     """Validate the three tensors and regroup CATCOLUMN by table.
 
+    The regrouping and the ROWINDEX checks run in one native pass
+    (``_native.regroup_hugectr``); when it rejects the request, the checks below in
+    Python (:func:`_row_pointers`) name what is wrong.
+
     Args:
         model: model name, for messages.
         des, catcolumn, rowindex: the tensors as received (any shape; read flat).
@@ -66,40 +71,32 @@ def parse_hugectr_request(
     p = f"model '{model}'"
     if catcolumn.dtype not in (np.uint32, np.int64):
         raise RequestError(f"{p}: CATCOLUMN must be UINT32 or INT64, got {catcolumn.dtype}")
-    cat = catcolumn.reshape(-1)
-    n, dense, ptrs, counts = _dense_and_row_pointers(p, des, rowindex, slots, dense_dim, max_batch_size)
-    n_tables = len(slots)
-    per_sample = np.stack(counts, axis=1)  # [n, T]
-    total = int(per_sample.sum())
-    if total != cat.shape[0]:
-        raise RequestError(
-            f"{p}: ROWINDEX points to {total} keys but CATCOLUMN has {cat.shape[0]}"
-            + (" (ROWINDEX points past the end of CATCOLUMN)" if total > cat.shape[0] else "")
-        )
-    # Sample-major CATCOLUMN -> table-major: block (i, t) starts at the running sum of
-    # the counts in (i, t) order.
-    block_start = np.concatenate([[0], np.cumsum(per_sample.reshape(-1))[:-1]]).reshape(n, n_tables)
-    cat64 = cat.astype(np.int64, copy=False)
-    keys = []
-    for t in range(n_tables):
-        c = per_sample[:, t]
-        m = int(c.sum())
-        if m == 0:
-            keys.append(np.empty(0, np.int64))
-            continue
-        first = np.repeat(block_start[:, t] - np.concatenate([[0], np.cumsum(c)[:-1]]), c)
-        keys.append(np.ascontiguousarray(cat64[first + np.arange(m)]))
-    return HugeCTRRequest(n, dense, tuple(keys), tuple(ptrs))
+    cat = np.ascontiguousarray(catcolumn.reshape(-1))
+    slot_arr = np.asarray(slots, np.int64)  # no copy for the int64 array sessions keep
+    slot_list = slot_arr.tolist()
+    n, dense, rows = _samples_and_dense(p, des, rowindex, slot_list, dense_dim, max_batch_size)
+    keys = np.empty(cat.shape[0], np.int64)
+    starts = np.empty(len(slot_list) + 1, np.int64)
+    ptrs = np.empty(rows.shape[0], np.int64)
+    if not _native.regroup_hugectr(cat, rows, slot_arr, n, keys, starts, ptrs):
+        _row_pointers(p, rows.astype(np.int64), slot_list, n, cat.shape[0])  # raises, naming it
+        raise AssertionError(f"{p}: the native ROWINDEX check rejected a request the reference accepts")
+    bounds, table_keys, table_ptrs, block = starts.tolist(), [], [], 0
+    for t, s in enumerate(slot_list):
+        table_keys.append(keys[bounds[t]:bounds[t + 1]])
+        table_ptrs.append(ptrs[block:block + n * s + 1])
+        block += n * s + 1
+    return HugeCTRRequest(n, dense, tuple(table_keys), tuple(table_ptrs))
 
 
-def _dense_and_row_pointers(p, des, rowindex, slots, dense_dim, max_batch_size):
-    """Validate DES and ROWINDEX; (num_samples, dense [n, dense_dim], per-table row
-    pointers, per-table keys-per-sample counts)."""
+def _samples_and_dense(p, des, rowindex, slots, dense_dim, max_batch_size):
+    """Validate the dtypes, the sizes and DES; (num_samples, dense [n, dense_dim], flat
+    C-contiguous int32 ROWINDEX)."""
     if des.dtype != np.float32:
         raise RequestError(f"{p}: DES must be FP32, got {des.dtype}")
     if rowindex.dtype != np.int32:
         raise RequestError(f"{p}: ROWINDEX must be INT32, got {rowindex.dtype}")
-    des, rows = des.reshape(-1), rowindex.reshape(-1).astype(np.int64)
+    des, rows = des.reshape(-1), np.ascontiguousarray(rowindex.reshape(-1))
     n_tables, total_slots = len(slots), int(sum(slots))
     extra = rows.shape[0] - n_tables
     if rows.shape[0] == 0 or extra <= 0:
@@ -120,13 +117,20 @@ def _dense_and_row_pointers(p, des, rowindex, slots, dense_dim, max_batch_size):
         raise RequestError(
             f"{p}: DES holds {des.shape[0] // dense_dim} samples but ROWINDEX holds {n}"
         )
-    bad = ~np.isfinite(des)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
+    if not np.isfinite(des).all():
+        i = int(np.flatnonzero(~np.isfinite(des))[0])
         raise RequestError(
             f"{p}: DES holds a non-finite value ({des[i]}) at sample {i // dense_dim}, "
             f"feature {i % dense_dim}"
         )
+    return n, des.reshape(n, dense_dim), rows
+
+
+def _row_pointers(p, rows, slots, n, num_keys=None):
+    """The ROWINDEX checks (the reference the native regrouping follows): per table,
+    its block of row pointers starts at 0 and never decreases, and (with ``num_keys``)
+    the blocks point to exactly that many keys. Returns per-table row pointers and
+    keys-per-sample counts."""
     ptrs, counts, start = [], [], 0
     for t, s in enumerate(slots):
         rp = rows[start : start + n * s + 1]
@@ -142,7 +146,14 @@ def _dense_and_row_pointers(p, des, rowindex, slots, dense_dim, max_batch_size):
             )
         ptrs.append(rp)
         counts.append(rp[s::s] - rp[:-1:s])  # keys of each sample in this table
-    return n, des.reshape(n, dense_dim), ptrs, counts
+    if num_keys is not None:
+        total = int(sum(int(rp[-1]) for rp in ptrs))
+        if total != num_keys:
+            raise RequestError(
+                f"{p}: ROWINDEX points to {total} keys but CATCOLUMN has {num_keys}"
+                + (" (ROWINDEX points past the end of CATCOLUMN)" if total > num_keys else "")
+            )
+    return ptrs, counts
 
 
 def parse_embedding_request(
@@ -165,7 +176,8 @@ def parse_embedding_request(
     p = f"model '{model}'"
     if embeddings.dtype != np.float32:
         raise RequestError(f"{p}: EMBEDDINGS must be FP32, got {embeddings.dtype}")
-    n, dense, ptrs, _ = _dense_and_row_pointers(p, des, rowindex, slots, dense_dim, max_batch_size)
+    n, dense, rows = _samples_and_dense(p, des, rowindex, slots, dense_dim, max_batch_size)
+    ptrs, _ = _row_pointers(p, rows.astype(np.int64), slots, n)
     flat = embeddings.reshape(-1)
     sizes = [int(rp[-1]) * int(v) for rp, v in zip(ptrs, vec_sizes)]
     if sum(sizes) != flat.shape[0]:

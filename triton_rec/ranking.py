@@ -55,6 +55,7 @@ class RankingSession:
         self.dense = dense
         self.slots = [int(s.slot_num) for s in specs]
         self.combiners = [s.combiner for s in specs]
+        self._slot_array = np.asarray(self.slots, np.int64)  # what the native regrouping takes
 
     @property
     def cached_tables(self):
@@ -63,7 +64,7 @@ class RankingSession:
     def parse_request(self, des: np.ndarray, catcolumn: np.ndarray, rowindex: np.ndarray) -> HugeCTRRequest:
         """Validate one request (RequestError says what is wrong)."""
         return parse_hugectr_request(
-            self.params.model, des, catcolumn, rowindex, self.slots, self.dense.dense_dim,
+            self.params.model, des, catcolumn, rowindex, self._slot_array, self.dense.dense_dim,
             self.params.max_batch_size,
         )
 
@@ -71,21 +72,28 @@ class RankingSession:
         """Predictions (float32 ``[num_samples * label_dim]``) for each request."""
         if not requests:
             return []
+        if len(requests) == 1:  # the usual case at low load: nothing to concatenate
+            r = requests[0]
+            keys, ptrs, dense = r.keys, r.row_ptrs, r.dense
+        else:
+            keys, ptrs = [], []
+            for t in range(len(self.slots)):
+                keys.append(np.concatenate([r.keys[t] for r in requests]))
+                # Row pointers of all requests, shifted into the concatenated key array.
+                shifted, offset = [np.zeros(1, np.int64)], 0
+                for r in requests:
+                    shifted.append(r.row_ptrs[t][1:] + offset)
+                    offset += r.keys[t].shape[0]
+                ptrs.append(np.concatenate(shifted))
+            dense = np.concatenate([r.dense for r in requests], axis=0)
         embeddings = []
         for t, table in enumerate(self.cached_tables):
-            keys = np.concatenate([r.keys[t] for r in requests])
-            vectors = np.empty((keys.shape[0], table.vec_size), dtype=np.float32)
-            table.lookup(keys, vectors)
-            # Row pointers of all requests, shifted into the concatenated key array.
-            ptrs, offset = [np.zeros(1, np.int64)], 0
-            for r in requests:
-                ptrs.append(r.row_ptrs[t][1:] + offset)
-                offset += r.keys[t].shape[0]
-            combined = combine_slots(vectors, np.concatenate(ptrs), self.combiners[t])
-            total = sum(r.num_samples for r in requests)
-            embeddings.append(combined.reshape(total, self.slots[t], table.vec_size))
-        dense = np.concatenate([r.dense for r in requests], axis=0)
+            vectors = np.empty((keys[t].shape[0], table.vec_size), dtype=np.float32)
+            table.lookup(keys[t], vectors)
+            embeddings.append(combine_slots(vectors, ptrs[t], self.combiners[t], slot_num=self.slots[t]))
         out = np.asarray(self.dense.predict(dense, embeddings), dtype=np.float32)
+        if len(requests) == 1:
+            return [out.reshape(-1)]
         answers, pos = [], 0
         for r in requests:
             answers.append(np.ascontiguousarray(out[pos : pos + r.num_samples]).reshape(-1))

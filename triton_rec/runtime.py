@@ -197,6 +197,11 @@ class TritonServer:
         # The stub runs the first `python` environment on PATH: make it ours.
         env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
         env["VIRTUAL_ENV"] = sys.prefix
+        # numpy's OpenBLAS may pick generic kernels on a CPU it does not recognize
+        # (seen on VMs); name the right ones for every instance process.
+        from triton_rec.thread_pools import server_blas_environment
+
+        env.update(server_blas_environment(env))
         env.update(self.extra_env)
         return env
 

@@ -161,8 +161,8 @@ class LookupSession:
         self.inserter = inserter
         self.refresher = refresher
         self.services = list(services)
-        self._vec = np.array([t.vec_size for t in params.tables], dtype=np.int64)
-        self._maxnum = np.array([t.max_keys_per_sample for t in params.tables], dtype=np.int64)
+        self._vec = [int(t.vec_size) for t in params.tables]
+        self._maxnum = [int(t.max_keys_per_sample) for t in params.tables]
 
     @property
     def tables(self) -> List[EmbeddingTable]:
@@ -201,7 +201,7 @@ class LookupSession:
         name = self.params.model
         if keys.dtype != np.int64:
             raise RequestError(f"model '{name}': KEYS must be INT64, got {keys.dtype}")
-        if not np.issubdtype(numkeys.dtype, np.integer):
+        if numkeys.dtype.kind not in "iu":
             raise RequestError(f"model '{name}': NUMKEYS must be INT32, got {numkeys.dtype}")
         n_tables = self.params.num_tables
         if numkeys.ndim == 2 and numkeys.shape[0] == 1:
@@ -216,16 +216,16 @@ class LookupSession:
                 f"model '{name}': NUMKEYS has {numkeys.shape[0]} counts but the model has "
                 f"{n_tables} tables ({', '.join(t.name for t in self.params.tables)})"
             )
-        counts = numkeys.astype(np.int64)
-        negative = np.flatnonzero(counts < 0)
-        if negative.size:
-            t = int(negative[0])
-            raise RequestError(
-                f"model '{name}': NUMKEYS[{t}] (table '{self.params.tables[t].name}') is "
-                f"negative: {int(counts[t])}"
-            )
+        # A handful of counts: plain Python ints are cheaper than numpy calls here.
+        counts = tuple(numkeys.tolist())
+        for t, c in enumerate(counts):
+            if c < 0:
+                raise RequestError(
+                    f"model '{name}': NUMKEYS[{t}] (table '{self.params.tables[t].name}') is "
+                    f"negative: {c}"
+                )
         flat = keys.reshape(-1)
-        total = int(counts.sum())
+        total = sum(counts)
         if flat.shape[0] == 0:
             raise RequestError(f"model '{name}': empty request, KEYS has no elements")
         if total != flat.shape[0]:
@@ -234,22 +234,21 @@ class LookupSession:
             )
         # Samples = the fewest that can hold every table's keys; equals upstream's
         # len(KEYS) / sum(maxnum) for full requests (docs/upstream-notes.md).
-        num_samples = int(np.max(-(-counts // self._maxnum)))
+        per_table = [-(-c // m) for c, m in zip(counts, self._maxnum)]
+        num_samples = max(per_table)
         if num_samples > self.params.max_batch_size:
-            worst = int(np.argmax(-(-counts // self._maxnum)))
+            worst = per_table.index(num_samples)
             raise RequestError(
                 f"model '{name}': request holds {num_samples} samples (table "
-                f"'{self.params.tables[worst].name}': {int(counts[worst])} keys at most "
-                f"{int(self._maxnum[worst])} per sample), more than max_batch_size "
+                f"'{self.params.tables[worst].name}': {counts[worst]} keys at most "
+                f"{self._maxnum[worst]} per sample), more than max_batch_size "
                 f"{self.params.max_batch_size}"
             )
-        return LookupRequest(
-            np.ascontiguousarray(flat), tuple(int(c) for c in counts), num_samples
-        )
+        return LookupRequest(np.ascontiguousarray(flat), counts, num_samples)
 
     def output_size(self, request: LookupRequest) -> int:
         """Floats in the answer: ``sum_t counts[t] * vec_size[t]``."""
-        return int(np.dot(np.asarray(request.counts, dtype=np.int64), self._vec))
+        return sum(c * v for c, v in zip(request.counts, self._vec))
 
     # -- lookup -------------------------------------------------------------------------
     def lookup(self, request: LookupRequest) -> np.ndarray:

@@ -13,7 +13,7 @@ with one BLAS thread per instance. The rule is ``instances x threads <= cores``;
 from __future__ import annotations
 
 import os
-from typing import Dict
+from typing import Dict, Iterable, Optional
 
 from triton_rec.model_config import THREAD_ENV_VARS
 
@@ -25,7 +25,12 @@ def limit_thread_pools(threads: int) -> Dict[str, int]:
     this process see the same count through :data:`THREAD_ENV_VARS` (set where unset).
     onnxruntime has its own pool: the dense executors pass the count to its session.
 
-    Returns ``{library: threads}`` of the pools found, for the load log.
+    Returns ``{library: "<threads> thread(s)[, <kernel architecture>]"}`` of the pools
+    found, for the load log. The architecture is worth reading: numpy's OpenBLAS picks
+    its kernels by CPU detection, and on some virtual machines it falls back to slow
+    generic ones (seen: ``Prescott`` on a Sapphire Rapids VM, where
+    ``OPENBLAS_CORETYPE=Haswell`` in the server's environment made the DLRM's matrix
+    products at 1,024 samples about 1.5x faster; benchmarks/RESULTS.md).
     """
     from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -35,4 +40,61 @@ def limit_thread_pools(threads: int) -> Dict[str, int]:
     for var in THREAD_ENV_VARS:
         os.environ.setdefault(var, str(threads))
     threadpool_limits(limits=threads)  # stays in force: never used as a context manager
-    return {i.get("internal_api", "?"): int(i["num_threads"]) for i in threadpool_info()}
+    return {i.get("internal_api", "?"): f"{i['num_threads']} thread(s)"
+            + (f", {i['architecture']}" if i.get("architecture") else "")
+            for i in threadpool_info()}
+
+
+#: OpenBLAS kernel sets without AVX2: on a CPU that has AVX2 they mean its detection failed.
+_PRE_AVX2_KERNELS = frozenset({
+    "katmai", "coppermine", "northwood", "prescott", "banias", "core2", "penryn", "dunnington",
+    "nehalem", "atom", "athlon", "opteron", "opteron_sse3", "barcelona", "bobcat", "sandybridge",
+})
+_AVX512_FLAGS = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset:
+    """The instruction-set flags of the first CPU in ``cpuinfo`` (empty if unreadable)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def blas_coretype_fix(architecture: Optional[str], flags: Iterable[str]) -> Optional[str]:
+    """The ``OPENBLAS_CORETYPE`` to set when OpenBLAS chose kernels older than the CPU
+    (``architecture`` as threadpoolctl reports it), else None.
+
+    Seen on a Sapphire Rapids VM: numpy's OpenBLAS 0.3.23 picked its ``Prescott`` (SSE3)
+    kernels; the DLRM's dense network at 1,024 samples ran 1.5-1.7x slower than with
+    ``Haswell``/``SkylakeX`` kernels (benchmarks/RESULTS.md).
+    """
+    if not architecture or architecture.lower() not in _PRE_AVX2_KERNELS:
+        return None
+    flags = frozenset(flags)
+    if all(f in flags for f in _AVX512_FLAGS):
+        return "SkylakeX"
+    if {"avx2", "fma"} <= flags:
+        return "Haswell"
+    return None
+
+
+def server_blas_environment(environ: Optional[dict] = None) -> Dict[str, str]:
+    """What a server launcher adds to the environment of tritonserver so that every
+    instance process loads numpy's OpenBLAS with kernels for this CPU: ``{}`` unless
+    OpenBLAS (as loaded by this process) chose pre-AVX2 kernels on an AVX2 CPU and
+    ``OPENBLAS_CORETYPE`` is not set already (the user's choice always stands)."""
+    environ = os.environ if environ is None else environ
+    if "OPENBLAS_CORETYPE" in environ:
+        return {}
+    import numpy  # noqa: F401  (loads OpenBLAS)
+    from threadpoolctl import threadpool_info
+
+    arch = next((i.get("architecture") for i in threadpool_info()
+                 if i.get("internal_api") == "openblas"), None)
+    fix = blas_coretype_fix(arch, cpu_flags())
+    return {"OPENBLAS_CORETYPE": fix} if fix else {}

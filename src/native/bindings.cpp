@@ -14,6 +14,7 @@
 
 #include "hash_index.hpp"
 #include "parent_watchdog.hpp"
+#include "request_kernels.hpp"
 #include "shm_cache.hpp"
 
 namespace py = pybind11;
@@ -33,6 +34,8 @@ struct DTypeSpec {
 constexpr DTypeSpec kInt64{"int64", 'i', 0, 8};
 constexpr DTypeSpec kFloat32{"float32", 'f', 0, 4};
 constexpr DTypeSpec kMask{"uint8 or bool", 'u', 'b', 1};
+constexpr DTypeSpec kInt32{"int32", 'i', 0, 4};
+constexpr DTypeSpec kUInt32{"uint32", 'u', 0, 4};
 
 std::string tuple_str(const py::ssize_t* v, py::ssize_t n) {
   std::string s = "(";
@@ -181,6 +184,65 @@ int64_t lookup(const py::handle& index_obj, const py::handle& vectors_obj,
                     mask, static_cast<size_t>(num_threads));
 }
 
+bool combine_segments(const py::handle& vectors_obj, const py::handle& ptr_obj, bool mean,
+                      const py::handle& out_obj) {
+  py::array vectors = require_array(vectors_obj, "vectors", kFloat32, 2, false);
+  py::array ptr = require_array(ptr_obj, "row_ptr", kInt64, 1, false);
+  py::array out = require_array(out_obj, "out", kFloat32, 2, true);
+  if (ptr.shape(0) < 1) throw py::value_error("row_ptr must hold at least one value");
+  const py::ssize_t segments = ptr.shape(0) - 1, dim = vectors.shape(1);
+  require_shape(out, "out", {segments, dim});
+  require_disjoint(out, "out", vectors, "vectors");
+  require_disjoint(out, "out", ptr, "row_ptr");
+  const auto* v = static_cast<const float*>(vectors.data());
+  const auto* p = static_cast<const int64_t*>(ptr.data());
+  auto* o = static_cast<float*>(out.mutable_data());
+  const py::ssize_t rows = vectors.shape(0);
+  py::gil_scoped_release release;
+  return tr::combine_segments(v, rows, dim, p, segments, mean, o);
+}
+
+bool regroup_hugectr(const py::handle& cat_obj, const py::handle& rowindex_obj,
+                     const py::handle& slots_obj, int64_t samples, const py::handle& out_keys_obj,
+                     const py::handle& key_offsets_obj, const py::handle& out_ptrs_obj) {
+  py::array cat = py::reinterpret_borrow<py::array>(cat_obj);
+  const bool wide = py::isinstance<py::array>(cat_obj) && cat.dtype().kind() == 'i';
+  cat = require_array(cat_obj, "catcolumn", wide ? kInt64 : kUInt32, 1, false);
+  py::array rowindex = require_array(rowindex_obj, "rowindex", kInt32, 1, false);
+  py::array slots = require_array(slots_obj, "slots", kInt64, 1, false);
+  py::array out_keys = require_array(out_keys_obj, "out_keys", kInt64, 1, true);
+  py::array offsets = require_array(key_offsets_obj, "key_offsets", kInt64, 1, true);
+  py::array out_ptrs = require_array(out_ptrs_obj, "out_ptrs", kInt64, 1, true);
+  const py::ssize_t tables = slots.shape(0);
+  const auto* s = static_cast<const int64_t*>(slots.data());
+  if (samples < 1) throw py::value_error("samples must be >= 1");
+  py::ssize_t rows = 0;
+  for (py::ssize_t t = 0; t < tables; ++t) {
+    if (s[t] < 1) throw py::value_error("slots must be >= 1");
+    rows += samples * s[t] + 1;
+  }
+  require_shape(rowindex, "rowindex", {rows});
+  require_shape(out_keys, "out_keys", {cat.shape(0)});
+  require_shape(offsets, "key_offsets", {tables + 1});
+  require_shape(out_ptrs, "out_ptrs", {rows});
+  for (const py::array* a : {&cat, &rowindex, &slots}) {
+    require_disjoint(out_keys, "out_keys", *a, "an input");
+    require_disjoint(offsets, "key_offsets", *a, "an input");
+    require_disjoint(out_ptrs, "out_ptrs", *a, "an input");
+  }
+  const auto* ri = static_cast<const int32_t*>(rowindex.data());
+  auto* ok = static_cast<int64_t*>(out_keys.mutable_data());
+  auto* ko = static_cast<int64_t*>(offsets.mutable_data());
+  auto* op = static_cast<int64_t*>(out_ptrs.mutable_data());
+  const py::ssize_t n = cat.shape(0);
+  const void* c = cat.data();
+  py::gil_scoped_release release;
+  if (wide) {
+    return tr::regroup_hugectr(static_cast<const int64_t*>(c), n, ri, s, tables, samples, ok, ko, op);
+  }
+  return tr::regroup_hugectr(static_cast<const uint32_t*>(c), n, ri, s, tables, samples, ok, ko, op);
+}
+
 }  // namespace
 
 // Defined at the end of this file: the ShmCacheView class (shm_cache.hpp).
@@ -230,6 +292,26 @@ PYBIND11_MODULE(_native, m) {
         "-> bool\n\n"
         "Once per process: a native thread (no GIL, no lock) that calls _exit(exit_code) when "
         "the parent process has been gone for grace_seconds. Returns False if already started.");
+
+  m.def("combine_segments", &combine_segments, py::arg("vectors"), py::arg("row_ptr"),
+        py::arg("mean"), py::arg("out"),
+        "combine_segments(vectors: float32[N, D], row_ptr: int64[S+1], mean: bool, "
+        "out: float32[S, D]) -> bool\n\n"
+        "HugeCTR's slot combiner: out[s] = float32 sum of vectors[row_ptr[s]:row_ptr[s+1]] "
+        "in row order, divided by the count when mean and the count is above 1; zeros for an "
+        "empty segment. Returns False, writing nothing, unless row_ptr is non-decreasing "
+        "within [0, N] (the caller then explains the error).");
+
+  m.def("regroup_hugectr", &regroup_hugectr, py::arg("catcolumn"), py::arg("rowindex"),
+        py::arg("slots"), py::arg("samples"), py::arg("out_keys"), py::arg("key_offsets"),
+        py::arg("out_ptrs"),
+        "regroup_hugectr(catcolumn: int64|uint32[K], rowindex: int32[R], slots: int64[T], "
+        "samples: int, out_keys: int64[K], key_offsets: int64[T+1], out_ptrs: int64[R]) -> bool"
+        "\n\n"
+        "A HugeCTR request's keys table-major (sample-major CATCOLUMN regrouped), each table's "
+        "start, and ROWINDEX widened. Returns False unless every table's block of "
+        "samples*slots[t]+1 row pointers starts at 0, never decreases, and the blocks count "
+        "exactly K keys (the caller then explains the error).");
 
   m.def("index_capacity", [](uint64_t num_keys) { return tr::index_capacity(num_keys); },
         py::arg("num_keys"),

@@ -163,51 +163,85 @@ def _combine_ref(vectors, row_ptr, combiner):
     return out
 
 
+def _combine_float32_in_row_order(vectors, row_ptr, combiner):
+    """HugeCTR's kernel order: a float32 accumulator, rows added one after the other."""
+    out = np.zeros((len(row_ptr) - 1, vectors.shape[1]), np.float32)
+    for i in range(len(row_ptr) - 1):
+        a, b = int(row_ptr[i]), int(row_ptr[i + 1])
+        for r in range(a, b):
+            out[i] = out[i] + vectors[r] if r > a else vectors[r]
+        if combiner == "mean" and b - a > 1:
+            out[i] = out[i] / np.float32(b - a)
+    return out
+
+
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("combiner", ["sum", "mean"])
-def test_combine_slots_sums_or_averages_each_slot_and_gives_zeros_for_empty_slots(combiner):
+def test_combine_slots_sums_or_averages_each_slot_and_gives_zeros_for_empty_slots(combiner, native):
     rng = _rng(3)
     counts = np.array([1, 0, 3, 2, 0, 0, 1, 4])
     ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     vecs = rng.standard_normal((ptr[-1], 5)).astype(np.float32)
-    got = combine_slots(vecs, ptr, combiner, slot_num=2)
+    got = combine_slots(vecs, ptr, combiner, slot_num=2, native=native)
     assert got.shape == (4, 2, 5) and got.dtype == np.float32
     np.testing.assert_allclose(got.reshape(8, 5), _combine_ref(vecs, ptr, combiner), atol=1e-6)
     assert not got.reshape(8, 5)[[1, 4, 5]].any()
 
 
-def test_mean_divides_only_when_a_slot_has_more_than_one_key():
+@pytest.mark.parametrize("native", [True, False])
+def test_mean_divides_only_when_a_slot_has_more_than_one_key(native):
     vecs = np.array([[2.0, 4.0], [1.0, 1.0], [3.0, 3.0]], np.float32)
-    got = combine_slots(vecs, np.array([0, 1, 3]), Combiner.MEAN)
+    got = combine_slots(vecs, np.array([0, 1, 3]), Combiner.MEAN, native=native)
     np.testing.assert_array_equal(got, [[2.0, 4.0], [2.0, 2.0]])
 
 
 def test_combine_slots_takes_the_long_slot_path_with_the_same_results():
     # One very long slot among many short ones: the padded gather would be too big, so the
-    # running-sum path runs; results must still match the loop reference.
+    # array code's running-sum path runs; results must still match the loop reference.
     rng = _rng(4)
     counts = np.array([0, 1] * 50 + [5000] + [2, 0] * 50)
     ptr = np.concatenate([[0], np.cumsum(counts)])
     vecs = rng.standard_normal((ptr[-1], 3)).astype(np.float32)
     for comb in ("sum", "mean"):
         np.testing.assert_allclose(
-            combine_slots(vecs, ptr, comb), _combine_ref(vecs, ptr, comb), atol=2e-5
+            combine_slots(vecs, ptr, comb, native=False), _combine_ref(vecs, ptr, comb), atol=2e-5
         )
+        # The native loop adds in float32 in row order, as HugeCTR's kernel does.
+        native = combine_slots(vecs, ptr, comb)
+        np.testing.assert_array_equal(native, _combine_float32_in_row_order(vecs, ptr, comb))
+        np.testing.assert_allclose(native, _combine_ref(vecs, ptr, comb), atol=2e-3)
 
 
-def test_combine_slots_uses_row_pointers_as_absolute_offsets():
+@pytest.mark.parametrize("seed", range(5))
+def test_the_native_loop_and_the_array_code_agree_on_random_slots(seed):
+    rng = _rng(10 + seed)
+    counts = rng.integers(0, 6, rng.integers(1, 300))
+    ptr = np.concatenate([[0], np.cumsum(counts)])
+    vecs = rng.standard_normal((ptr[-1], int(rng.integers(1, 40)))).astype(np.float32)
+    for comb in ("sum", "mean"):
+        native = combine_slots(vecs, ptr, comb)
+        np.testing.assert_array_equal(native, _combine_float32_in_row_order(vecs, ptr, comb))
+        np.testing.assert_allclose(native, combine_slots(vecs, ptr, comb, native=False), atol=1e-5)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_combine_slots_uses_row_pointers_as_absolute_offsets(native):
     vecs = np.arange(8, dtype=np.float32).reshape(4, 2)
-    got = combine_slots(vecs, np.array([1, 2, 2, 4]), "sum")
+    got = combine_slots(vecs, np.array([1, 2, 2, 4]), "sum", native=native)
     np.testing.assert_array_equal(got, [[2, 3], [0, 0], [10, 12]])
 
 
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("ptr", [[0, 2, 1], [0, 1, 5], [-1, 0, 1]])
-def test_combine_slots_rejects_row_pointers_that_do_not_fit_the_vectors(ptr):
+def test_combine_slots_rejects_row_pointers_that_do_not_fit_the_vectors(ptr, native):
     with pytest.raises(RequestError, match="row pointers"):
-        combine_slots(np.zeros((3, 2), np.float32), np.array(ptr), "sum")
+        combine_slots(np.zeros((3, 2), np.float32), np.array(ptr), "sum", native=native)
 
 
-def test_combine_slots_with_no_keys_at_all_gives_zeros():
-    got = combine_slots(np.zeros((0, 4), np.float32), np.zeros(7, np.int64), "mean", slot_num=3)
+@pytest.mark.parametrize("native", [True, False])
+def test_combine_slots_with_no_keys_at_all_gives_zeros(native):
+    got = combine_slots(np.zeros((0, 4), np.float32), np.zeros(7, np.int64), "mean", slot_num=3,
+                        native=native)
     assert got.shape == (2, 3, 4) and not got.any()
 
 
@@ -244,6 +278,27 @@ def test_elementwise_activations_match_torch(tmp_path, type_, ref):
     doc = _net([_layer("act", type_, "dense", "act", rate=0.5)])
     m = _load(tmp_path, doc, [])
     _check(m, lambda d, e: ref(d), scale=5.0)
+
+
+@pytest.mark.parametrize("first", ["Dropout", "Reshape", "InnerProduct"])
+def test_in_place_steps_never_write_into_the_callers_inputs(tmp_path, first):
+    # The executor runs a ReLU in place on a temporary of the layer before it; after a
+    # Dropout (the input itself) or a Reshape (a view of it) it must not.
+    kw = {"fc_param": {"num_output": 3}} if first == "InnerProduct" else {"rate": 0.5}
+    if first == "Reshape":
+        kw = {"leading_dim": 3}  # [B, 6] -> [2B, 3]
+    doc = _net([_layer("a", first, "dense", "a", **kw), _layer("r", "ReLU", "a", "r"),
+                _layer("s", "Sigmoid", "r", "s")])
+    lin = _linear(6, 3, 7)
+    m = _load(tmp_path, doc, _fc_params(lin) if first == "InnerProduct" else [])
+    dense, embs = _inputs(m, seed=3)
+    before = [dense.copy()] + [e.copy() for e in embs]
+    got = m.predict(dense, embs)
+    for a, b in zip([dense] + embs, before):
+        np.testing.assert_array_equal(a, b)
+    x = _t(dense)
+    ref = torch.sigmoid(torch.relu(lin(x) if first == "InnerProduct" else x))
+    np.testing.assert_allclose(got, ref.detach().numpy().reshape(B, -1), atol=ATOL, rtol=1e-5)
 
 
 def test_sigmoid_does_not_overflow_on_large_inputs(tmp_path):

@@ -33,13 +33,13 @@ def probe(threads: int, env=None) -> dict:
 
 def test_blas_runs_one_thread_after_the_limit():
     got = probe(1)
-    assert got["after"]["openblas"] == 1
+    assert got["after"]["openblas"].startswith("1 thread(s)")
     if os.cpu_count() > 1:
         assert got["before"]["openblas"] == os.cpu_count()  # what an unlimited stub would run
 
 
 def test_a_larger_count_is_applied_too():
-    assert probe(2)["after"]["openblas"] == 2
+    assert probe(2)["after"]["openblas"].startswith("2 thread(s)")
 
 
 def test_zero_threads_is_refused():
@@ -47,3 +47,32 @@ def test_zero_threads_is_refused():
 
     with pytest.raises(ValueError):
         limit_thread_pools(0)
+
+
+def test_pre_avx2_kernels_on_an_avx2_cpu_are_corrected():
+    from triton_rec.thread_pools import blas_coretype_fix
+
+    avx512 = {"avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
+    assert blas_coretype_fix("Prescott", avx512) == "SkylakeX"
+    assert blas_coretype_fix("Prescott", {"avx2", "fma", "sse3"}) == "Haswell"
+    assert blas_coretype_fix("Prescott", {"sse3"}) is None  # really an old CPU
+    assert blas_coretype_fix("Cooperlake", avx512) is None  # detection worked
+    assert blas_coretype_fix(None, avx512) is None
+
+
+def test_the_user_setting_always_stands():
+    from triton_rec.thread_pools import server_blas_environment
+
+    assert server_blas_environment({"OPENBLAS_CORETYPE": "Haswell"}) == {}
+
+
+def test_instances_started_with_the_server_environment_load_avx2_kernels_on_an_avx2_cpu():
+    from triton_rec.thread_pools import _PRE_AVX2_KERNELS, cpu_flags, server_blas_environment
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    env.update(server_blas_environment(env))
+    out = subprocess.run([sys.executable, "-c", "import numpy, threadpoolctl; print(next(i['architecture'] "
+                          "for i in threadpoolctl.threadpool_info() if i['internal_api'] == 'openblas'))"],
+                         capture_output=True, text=True, env=env, timeout=60, check=True)
+    if {"avx2", "fma"} <= cpu_flags():
+        assert out.stdout.strip().lower() not in _PRE_AVX2_KERNELS, (out.stdout, env.get("OPENBLAS_CORETYPE"))

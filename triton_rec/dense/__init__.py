@@ -188,7 +188,8 @@ def array_module(array):
     return np
 
 
-def combine_slots(vectors, row_ptr, combiner="sum", xp=None, *, slot_num: Optional[int] = None):
+def combine_slots(vectors, row_ptr, combiner="sum", xp=None, *, slot_num: Optional[int] = None,
+                  native: bool = True):
     """Combine the looked-up vectors of every slot into one vector per slot (HugeCTR rules).
 
     Segment ``i`` (one slot of one sample) is ``vectors[row_ptr[i]:row_ptr[i + 1]]``; its
@@ -209,6 +210,9 @@ def combine_slots(vectors, row_ptr, combiner="sum", xp=None, *, slot_num: Option
         combiner: ``"sum"`` / ``"mean"`` (or a :class:`Combiner`, or 0/1).
         xp: numpy or cupy; by default the module of ``vectors``.
         slot_num: if given, the result is ``[segments / slot_num, slot_num, D]``.
+        native: with numpy, run the C++ loop (``_native.combine_segments``: the same
+            sums in float32, row order) and use the array code below only to explain
+            an invalid ``row_ptr``; False forces the array code (the one CuPy runs).
 
     Returns:
         float32 ``[segments, D]``, or ``[B, slot_num, D]`` with ``slot_num``.
@@ -219,6 +223,10 @@ def combine_slots(vectors, row_ptr, combiner="sum", xp=None, *, slot_num: Option
     if xp is None:
         xp = array_module(vectors)
     comb = Combiner.parse(combiner)
+    if native and xp is np:
+        out = _combine_native(vectors, row_ptr, comb, slot_num)
+        if out is not None:
+            return out
     vectors = xp.asarray(vectors, dtype=xp.float32)
     if vectors.ndim != 2:
         raise RequestError(f"vectors must be [nnz, D], got {list(vectors.shape)}")
@@ -263,6 +271,24 @@ def combine_slots(vectors, row_ptr, combiner="sum", xp=None, *, slot_num: Option
         div = xp.maximum(counts, 1).astype(xp.float32)
         sums = sums / div[:, None]
     return sums.reshape(out_shape)
+
+
+def _combine_native(vectors, row_ptr, comb: Combiner, slot_num: Optional[int]):
+    """:func:`combine_slots` by the C++ loop, or None when the array code must run (to
+    raise the error that explains a malformed input)."""
+    from triton_rec import _native
+
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    ptr = np.ascontiguousarray(row_ptr, dtype=np.int64) if np.ndim(row_ptr) == 1 else None
+    if vectors.ndim != 2 or ptr is None or ptr.shape[0] < 1:
+        return None
+    n_seg, dim = ptr.shape[0] - 1, vectors.shape[1]
+    if slot_num is not None and (slot_num < 1 or n_seg % slot_num):
+        return None
+    out = np.empty((n_seg, dim), dtype=np.float32)
+    if not _native.combine_segments(vectors, ptr, comb is Combiner.MEAN, out):
+        return None
+    return out.reshape(n_seg // slot_num, slot_num, dim) if slot_num is not None else out
 
 
 # Imported last: hugectr_network imports the names above from this package.

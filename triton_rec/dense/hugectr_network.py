@@ -133,6 +133,7 @@ class LayerPlan:
     make: Callable
     consumed: Tuple[str, ...] = ()
     non_trainable: Optional[dict] = None  # BatchNorm: {"features": n, "eps": e}
+    make_in_place: Optional[Callable] = None  # `make` for a forward that may overwrite its input
 
     @property
     def num_params(self) -> int:
@@ -301,6 +302,9 @@ class _Built:
     make: Callable  # make(params: list, stats: dict|None, xp) -> forward(*inputs) -> list
     reads: int = -1  # how many bottoms forward() takes (-1: all)
     non_trainable: Optional[dict] = None
+    # Optional: the same as `make`, for a forward that may overwrite its one input (the
+    # executor uses it when that input is a temporary no other layer sees).
+    make_in_place: Optional[Callable] = None
 
 
 def _need_inputs(spec: _Spec, shapes, n=None, at_least=None):
@@ -316,10 +320,23 @@ def _need_ndim(spec: _Spec, shape: Shape, allowed, what="input"):
         spec.fail(f"{what} must be {dims}, got {_fmt(shape)}")
 
 
+#: Layers whose forward always returns new arrays (never a view of its input), so a
+#: following layer may work in place on them.
+_NEW_OUTPUT = frozenset({"InnerProduct", "MLP", "Interaction", "Concat", "FmOrder2", "MultiCross"})
+
+
+def _then(f, g):
+    """The forward of layer g applied to the one output of layer f."""
+    return lambda *v: g(*f(*v))
+
+
 def _sigmoid(xp, x):
-    # 1 / (1 + exp(-x)) (src/layers/sigmoid_layer.cu, sigmoid kernel), without overflow.
-    e = xp.exp(-xp.abs(x))
-    return xp.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(xp.float32)
+    # 1 / (1 + exp(-x)) (src/layers/sigmoid_layer.cu, sigmoid kernel). Clipping to
+    # [-88, 88] keeps exp finite in float32 (no overflow warning) and changes nothing
+    # above 88 (both give 1.0) and only denormals below -88 (< 1e-38).
+    z = xp.exp(-xp.clip(x, -88.0, 88.0))
+    z += 1.0
+    return xp.reciprocal(z, out=z).astype(xp.float32, copy=False)
 
 
 def _softmax(xp, x):
@@ -336,6 +353,13 @@ def _same_shape_unary(fn):
     return build
 
 
+def _build_relu(spec: _Spec, ins):
+    # src/layers/relu_layer.cu: x > 0 ? x : 0
+    _need_inputs(spec, ins, 1)
+    return _Built([ins[0]], [], lambda p, s, xp: lambda x: [xp.maximum(x, 0)],
+                  make_in_place=lambda p, s, xp: lambda x: [xp.maximum(x, 0, out=x)])
+
+
 def _build_inner_product(spec: _Spec, ins):
     # CN case InnerProduct (~815-877): out = in dims with the last replaced by num_output,
     # 2-D or 3-D input. src/layers/fully_connected_layer.cu FullyConnectedLayer<float>:
@@ -349,7 +373,13 @@ def _build_inner_product(spec: _Spec, ins):
 
     def make(p, stats, xp):
         w, b = p
-        return lambda v: [v @ w + b]
+
+        def forward(v):
+            y = v @ w
+            y += b  # y is new: add the bias in place
+            return [y]
+
+        return forward
 
     return _Built([x[:-1] + (n_out,)], [("W", (d_in, n_out)), ("b", (n_out,))], make)
 
@@ -410,11 +440,11 @@ def _build_mlp(spec: _Spec, ins):
     def make(p, stats, xp):
         def forward(v):
             for i in range(n):
-                v = v @ p[2 * i]
+                v = v @ p[2 * i]  # a new array: bias and activation in place
                 if biases[i]:
-                    v = v + p[2 * i + 1]
+                    v += p[2 * i + 1]
                 if acts[i]:
-                    v = xp.maximum(v, 0)
+                    xp.maximum(v, 0, out=v)
             return [v]
 
         return forward
@@ -730,8 +760,7 @@ def _build_softmax(spec: _Spec, ins):
 _BUILDERS: Dict[str, Callable] = {
     "InnerProduct": _build_inner_product,
     "MLP": _build_mlp,
-    # src/layers/relu_layer.cu: x > 0 ? x : 0
-    "ReLU": _same_shape_unary(lambda xp, x: xp.maximum(x, 0)),
+    "ReLU": _build_relu,
     "Sigmoid": _same_shape_unary(_sigmoid),
     # src/layers/dropout_layer.cu fprop(is_train=false): a copy.
     "Dropout": _same_shape_unary(lambda xp, x: x),
@@ -980,6 +1009,7 @@ def _dense_layer(
         make=built.make,
         consumed=bottoms,
         non_trainable=built.non_trainable,
+        make_in_place=built.make_in_place,
     )
 
 
@@ -1169,7 +1199,21 @@ class HugeCTRNetwork(DenseModel):
     def __init__(self, plan: NetworkPlan, weights: np.ndarray, stats: Dict[str, dict], xp=np):
         self.plan = plan
         self.xp = xp
-        self._steps = []
+        # The network as a program over numbered registers (one per tensor), so that
+        # predict runs no name lookups: [forward, input registers, output registers,
+        # registers to free]. Every tensor has exactly one consumer (the graph checks it),
+        # so a one-input layer that reads the one output of the layer before it runs
+        # fused with it: fewer steps, the same operations.
+        regs: Dict[str, int] = {}
+
+        def reg(name: str) -> int:
+            return regs.setdefault(name, len(regs))
+
+        self._dense_reg = reg(plan.dense_input)
+        self._table_regs = [reg(spec.output_name) for spec in plan.tables]
+        # Tensors that must survive their consumer (multi-task outputs), with their widths.
+        keep = set(plan.output) if len(plan.output) > 1 else set()
+        program: List[list] = []
         for layer in plan.layers:
             arrays = [
                 xp.asarray(
@@ -1177,10 +1221,23 @@ class HugeCTRNetwork(DenseModel):
                 )
                 for p in layer.params
             ]
-            fwd = layer.make(arrays, stats.get(layer.name), xp)
-            self._steps.append((layer, fwd))
-        # Tensors that must survive their consumer (multi-task outputs), with their widths.
-        self._keep = set(plan.output) if len(plan.output) > 1 else set()
+            ins, outs = tuple(reg(b) for b in layer.bottoms), tuple(reg(t) for t in layer.tops)
+            prev = program[-1] if program else None
+            if prev is not None and len(ins) == 1 and prev[2] == ins and layer.bottoms[0] not in keep:
+                # Its input is the step before's output, seen by no one else; it may be
+                # overwritten if that step made it new (not a view of a network input).
+                make = (layer.make_in_place if prev[3] else None) or layer.make
+                prev[0] = _then(prev[0], make(arrays, stats.get(layer.name), xp))
+                prev[2] = outs
+                prev[3] = layer.type in _NEW_OUTPUT or make is layer.make_in_place
+            else:
+                program.append([layer.make(arrays, stats.get(layer.name), xp), ins, outs,
+                                layer.type in _NEW_OUTPUT])
+        kept = {regs[t] for t in keep}
+        self._program = [(f, ins, outs, tuple(i for i in ins if i not in kept))
+                         for f, ins, outs, _ in program]
+        self._num_regs = len(regs)
+        self._out_regs = [regs[t] for t in plan.output]
         widths = {
             t: _per_sample(s) for layer in plan.layers for t, s in zip(layer.tops, layer.out_shapes)
         }
@@ -1250,23 +1307,22 @@ class HugeCTRNetwork(DenseModel):
     def predict(self, dense, embeddings: Sequence):
         xp = self.xp
         batch, dense, embeddings = self._check_inputs(dense, embeddings, xp)
-        env = {self.plan.dense_input: dense}
-        for spec, emb in zip(self.plan.tables, embeddings):
-            env[spec.output_name] = emb
-        kept = {}
-        for layer, fwd in self._steps:
-            inputs = [env.pop(b) if b not in self._keep else env[b] for b in layer.bottoms]
-            outs = fwd(*inputs)
-            for t, v in zip(layer.tops, outs):
-                env[t] = v
-                if t in self._keep:
-                    kept[t] = v
-        if len(self.plan.output) > 1:
+        regs = [None] * self._num_regs
+        regs[self._dense_reg] = dense
+        for r, emb in zip(self._table_regs, embeddings):
+            regs[r] = emb
+        for fwd, ins, outs, free in self._program:
+            results = fwd(*[regs[i] for i in ins])
+            for i in free:  # consumed: let it go as soon as possible
+                regs[i] = None
+            for i, v in zip(outs, results):
+                regs[i] = v
+        if len(self._out_regs) > 1:
             out = xp.concatenate(
-                [kept[t].reshape(batch, w) for t, w in zip(self.plan.output, self._widths)], axis=1
+                [regs[r].reshape(batch, w) for r, w in zip(self._out_regs, self._widths)], axis=1
             )
         else:
-            out = env[self.plan.output[0]]
+            out = regs[self._out_regs[0]]
         return xp.ascontiguousarray(
             out.reshape(batch, self.label_dim).astype(xp.float32, copy=False)
         )

@@ -1,0 +1,89 @@
+// Hot loops of the whole-model request path (HugeCTR layout), without Python.
+//
+// Both functions are fast paths of a reference written in Python: they return false on
+// any input the reference rejects, and the caller then runs the reference, which raises
+// the error that names the problem (triton_rec/hugectr_request.py, triton_rec/dense).
+// So the messages live in one place; tests check that both accept the same inputs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace triton_rec {
+
+// HugeCTR's combiner over CSR segments (embedding_feature_combiner.cu): out[s] = sum of
+// vectors[ptr[s] .. ptr[s+1]) in row order, in float32; `mean` divides by the count only
+// when it is above 1; an empty segment gives zeros. False (nothing written) unless
+// 0 <= ptr[0] <= ... <= ptr[segments] <= rows.
+inline bool combine_segments(const float* vectors, int64_t rows, int64_t dim, const int64_t* ptr,
+                             int64_t segments, bool mean, float* out) {
+  if (segments < 0 || (segments > 0 && ptr[0] < 0)) return false;
+  for (int64_t s = 0; s < segments; ++s) {
+    if (ptr[s + 1] < ptr[s]) return false;
+  }
+  if (segments > 0 && ptr[segments] > rows) return false;
+  for (int64_t s = 0; s < segments; ++s) {
+    float* acc = out + s * dim;
+    const int64_t a = ptr[s], b = ptr[s + 1];
+    if (a == b) {
+      std::memset(acc, 0, sizeof(float) * static_cast<size_t>(dim));
+      continue;
+    }
+    std::memcpy(acc, vectors + a * dim, sizeof(float) * static_cast<size_t>(dim));
+    for (int64_t r = a + 1; r < b; ++r) {
+      const float* v = vectors + r * dim;
+      for (int64_t d = 0; d < dim; ++d) acc[d] += v[d];
+    }
+    if (mean && b - a > 1) {
+      const float n = static_cast<float>(b - a);
+      for (int64_t d = 0; d < dim; ++d) acc[d] /= n;
+    }
+  }
+  return true;
+}
+
+// Regroups a HugeCTR request by table. CATCOLUMN is sample-major (sample 0's keys of
+// table 0, of table 1, ..., then sample 1's); ROWINDEX holds per table t a block of
+// samples * slots[t] + 1 row pointers starting at 0, counted within that table's keys.
+// Writes every key table-major into out_keys (widened to int64), the start of each
+// table's keys into key_offsets[0..tables], and the row pointers as int64 into out_ptrs
+// (same layout as ROWINDEX). False unless every block starts at 0, never decreases, and
+// the blocks' key counts add up to exactly `keys`. The caller has checked the lengths:
+// rowindex holds sum_t(samples * slots[t] + 1) values.
+template <typename Key>
+bool regroup_hugectr(const Key* cat, int64_t keys, const int32_t* rowindex, const int64_t* slots,
+                     int64_t tables, int64_t samples, int64_t* out_keys, int64_t* key_offsets,
+                     int64_t* out_ptrs) {
+  int64_t block = 0, total = 0;
+  key_offsets[0] = 0;
+  for (int64_t t = 0; t < tables; ++t) {
+    const int64_t len = samples * slots[t] + 1;
+    const int32_t* rp = rowindex + block;
+    if (rp[0] != 0) return false;
+    for (int64_t j = 0; j < len; ++j) {
+      if (j && rp[j] < rp[j - 1]) return false;
+      out_ptrs[block + j] = rp[j];
+    }
+    total += rp[len - 1];
+    key_offsets[t + 1] = total;
+    block += len;
+  }
+  if (total != keys) return false;
+  // Sample i's keys of table t are rp_t[i*s_t] .. rp_t[(i+1)*s_t) within that table.
+  int64_t pos = 0;
+  for (int64_t i = 0; i < samples; ++i) {
+    int64_t b = 0;
+    for (int64_t t = 0; t < tables; ++t) {
+      const int64_t* rp = out_ptrs + b;
+      const int64_t first = rp[i * slots[t]], last = rp[(i + 1) * slots[t]];
+      int64_t* dst = out_keys + key_offsets[t] + first;
+      for (int64_t k = 0; k < last - first; ++k) dst[k] = static_cast<int64_t>(cat[pos + k]);
+      pos += last - first;
+      b += samples * slots[t] + 1;
+    }
+  }
+  return true;
+}
+
+}  // namespace triton_rec
