@@ -135,7 +135,7 @@ def dlrm_parts(model, req: Request, repeat: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from triton_rec.thread_pools import server_blas_environment
+    from triton_rec.process_setup import server_blas_environment
 
     fix = server_blas_environment()
     if fix:  # load OpenBLAS with the kernels a served instance gets (triton_rec.runtime)

@@ -629,7 +629,9 @@ def tables_md(rows: list) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list, path: Path) -> bool:
+def plot(rows: list, path: Path, before: list = ()) -> bool:
+    """Bars: each model's median ratio to its floor per concurrency; with ``before`` (the
+    summary rows of an earlier run), black ticks mark that run's ratio."""
     try:
         import matplotlib
 
@@ -651,7 +653,14 @@ def plot(rows: list, path: Path) -> bool:
         for i, m in enumerate(models):
             ys = [next((r["vs_floor"] or 0 for r in prow if r["model"] == m and r["concurrency"] == c), 0)
                   for c in concs]
-            ax.bar(np.arange(len(concs)) + i * width, ys, width, label=m)
+            xs = np.arange(len(concs)) + i * width
+            ax.bar(xs, ys, width, label=m)
+            old = [next((b.get("vs_floor") for b in before if (b["group"], b["batch"], b["protocol"],
+                                                                b["model"], b["concurrency"])
+                         == (group, n, proto, m, c)), None) for c in concs]
+            if any(v is not None for v in old):
+                ax.scatter([x for x, v in zip(xs, old) if v is not None], [v for v in old if v is not None],
+                           marker="_", s=220, color="k", label="before" if i == 0 else None, zorder=3)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(np.arange(len(concs)) + width * (len(models) - 1) / 2, [f"c={c}" for c in concs])
         ax.set_title(f"{group}, {n} samples/request, {proto}", fontsize=9)
@@ -659,9 +668,9 @@ def plot(rows: list, path: Path) -> bool:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle("Served throughput as a ratio to a Python-backend floor with the same I/O (one server)",
-                 fontsize=10)
-    fig.tight_layout()
+    fig.suptitle("Served throughput / a Python-backend floor with the same I/O, in one server"
+                 + (" (black ticks: before)" if before else ""), fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(path, dpi=90)
     return True
 
@@ -684,6 +693,10 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=int, default=180, help="seconds per perf_analyzer run")
     p.add_argument("--out-dir", default=None)
     p.add_argument("--png", default=None, help="also write the plot here (e.g. benchmarks/bench_overhead.png)")
+    p.add_argument("--before", default=None, help="results.json of an earlier run: its ratios are "
+                   "marked on the plot")
+    p.add_argument("--replot", default=None, metavar="RESULTS_JSON",
+                   help="only redraw the plot (and tables) of an earlier run's results.json")
     p.add_argument("--profile", default="", help="models to profile with py-spy (comma-separated)")
     p.add_argument("--profile-seconds", type=float, default=20.0)
     p.add_argument("--server-env", default="", help="extra KEY=VALUE,... for the server (A/B experiments)")
@@ -706,6 +719,12 @@ def main(argv=None) -> int:
     concs = [int(c) for c in args.concurrency.split(",")]
     batches = [int(b) for b in args.dlrm_batches.split(",")]
 
+    if args.replot:
+        rows = json.loads(Path(args.replot).read_text())["summary"]
+        before = json.loads(Path(args.before).read_text())["summary"] if args.before else []
+        print(tables_md(rows))
+        plot(rows, Path(args.png or "bench_overhead.png"), before)
+        return 0
     t_start = time.monotonic()
     out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="bench_overhead_", dir="/tmp")).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -771,7 +790,8 @@ def main(argv=None) -> int:
     info["loadavg_end"] = os.getloadavg()
     total = time.monotonic() - t_start
     print("\n" + md)
-    if rows and plot(rows, out_dir / "bench_overhead.png") and args.png:
+    before = json.loads(Path(args.before).read_text())["summary"] if args.before else []
+    if rows and plot(rows, out_dir / "bench_overhead.png", before) and args.png:
         shutil.copy2(out_dir / "bench_overhead.png", args.png)
     print(f"total wall time {total:.0f} s; raw output in {out_dir}")
     (out_dir / "tables.md").write_text(md)

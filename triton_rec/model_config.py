@@ -170,8 +170,7 @@ class InstanceSettings:
 
     Args:
         metrics_interval: seconds between two publications of the instance's metrics by
-            its background thread (``execute`` never publishes); 0 turns the custom
-            metrics off.
+            its background thread (``execute`` never publishes); 0: never published.
         intra_op_threads: threads of the instance's BLAS/OpenMP pools and of
             onnxruntime's intra-op pool. Every instance is its own process, so the
             rule is ``instances x intra_op_threads <= cores``.

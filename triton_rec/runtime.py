@@ -199,7 +199,7 @@ class TritonServer:
         env["VIRTUAL_ENV"] = sys.prefix
         # numpy's OpenBLAS may pick generic kernels on a CPU it does not recognize
         # (seen on VMs); name the right ones for every instance process.
-        from triton_rec.thread_pools import server_blas_environment
+        from triton_rec.process_setup import server_blas_environment
 
         env.update(server_blas_environment(env))
         env.update(self.extra_env)

@@ -137,18 +137,19 @@ ORPHAN_GRACE_S = 5.0
 
 def prepare_process(pb_utils, model_name: str, config: dict):
     """What every instance does first, in ``initialize``: route the engine's logs to
-    Triton's log, size this process's thread pools (``intra_op_threads``), start the
-    parent watchdog, log the settings. Returns the
+    Triton's log, size this process's thread pools (``intra_op_threads``) and its
+    allocator (:mod:`triton_rec.process_setup`), start the parent watchdog, log it all. Returns the
     :class:`~triton_rec.model_config.InstanceSettings` (ConfigError if malformed)."""
     from triton_rec import _native
     from triton_rec.model_config import InstanceSettings
-    from triton_rec.thread_pools import limit_thread_pools
+    from triton_rec.process_setup import limit_thread_pools, tune_allocator
 
     route_engine_logs(pb_utils, model_name)
     settings = InstanceSettings.from_config(config)
     pools = limit_thread_pools(settings.intra_op_threads)
+    malloc = tune_allocator()
     _native.start_parent_watchdog(ORPHAN_GRACE_S)
-    line = f"model '{model_name}': {settings.describe(config)}; pools: {pools}"
+    line = f"model '{model_name}': {settings.describe(config)}; pools: {pools}; {malloc}"
     log = pb_utils.Logger.log_warn if settings.oversubscribes(config) else pb_utils.Logger.log_info
     log(line)
     return settings
