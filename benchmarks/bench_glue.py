@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_overhead as bo  # noqa: E402
 from machine import machine_info  # noqa: E402
-from tests.fake_pb_utils import Request, load_backend, make_module  # noqa: E402
+from tests.fake_pb_utils import (  # noqa: E402
+    HPS_INPUTS, HUGECTR_INPUTS, Request, start_instance, triton_config)
 
 
 def timed(fn, repeat: int, idle_s: float = 0.0) -> float:
@@ -59,31 +60,13 @@ def timed(fn, repeat: int, idle_s: float = 0.0) -> float:
     return statistics.median(samples) / 1000.0
 
 
-def model_config(repo: Path, name: str) -> dict:
-    """config.pbtxt of the benchmark repository as the JSON Triton hands to initialize
-    (only what the backends read)."""
+def load(repo: Path, name: str):
+    """One instance of a model of the benchmark repository, as Triton would start it."""
     text = (repo / name / "config.pbtxt").read_text()
     backend = text.split('backend: "')[1].split('"')[0]
-    if backend == "hps":
-        inputs = [("KEYS", "TYPE_INT64"), ("NUMKEYS", "TYPE_INT32")]
-    else:
-        inputs = [("DES", "TYPE_FP32"), ("CATCOLUMN", "TYPE_INT64"), ("ROWINDEX", "TYPE_INT32")]
-    return {"name": name, "backend": backend, "max_batch_size": 1024,
-            "input": [{"name": n, "data_type": t, "dims": [-1]} for n, t in inputs],
-            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-            "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
-            "parameters": {"store_dir": {"string_value": str(repo.parent / "store")},
-                           "metrics_interval": {"string_value": "1"}}}
-
-
-def load(repo: Path, name: str):
-    pb = make_module()
-    model = load_backend(model_config(repo, name)["backend"], pb).TritonPythonModel()
-    model.initialize({"model_config": json.dumps(model_config(repo, name)), "model_name": name,
-                      "model_repository": str(repo / name), "model_version": "1",
-                      "model_instance_name": f"{name}_0", "model_instance_kind": "CPU",
-                      "model_instance_device_id": "0"})
-    return pb, model
+    config = triton_config(name, backend, HPS_INPUTS if backend == "hps" else HUGECTR_INPUTS,
+                           instances=2, store_dir=repo.parent / "store", metrics_interval=1)
+    return start_instance(repo, config)
 
 
 def request_of(path: Path, types: dict) -> Request:

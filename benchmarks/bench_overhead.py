@@ -44,7 +44,6 @@ Raw outputs (CSVs, perf_analyzer logs, server log, results.json, tables.md) go t
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import re
@@ -64,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import bench_perf_analyzer  # noqa: E402
 from machine import machine_info  # noqa: E402
 from triton_rec import perf_analyzer  # noqa: E402
 from triton_rec.runtime import TritonServer  # noqa: E402
@@ -416,19 +416,11 @@ def inference_count(server: TritonServer, model: str) -> int:
 
 
 def parse_csv(path: Path) -> dict:
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        raise ValueError("empty CSV")
-    r = rows[0]
-
-    def g(k):
-        return float(r[k]) if r.get(k) not in (None, "") else float("nan")
-
-    return {"infer_per_s": g("Inferences/Second"), "p50_us": g("p50 latency"),
-            "p99_us": g("p99 latency"), "server_queue_us": g("Server Queue"),
-            "server_compute_us": g("Server Compute Input") + g("Server Compute Infer")
-            + g("Server Compute Output")}
+    """What this benchmark reports of a perf_analyzer CSV (bench_perf_analyzer.parse_csv)."""
+    r = bench_perf_analyzer.parse_csv(path)
+    return {"infer_per_s": r["infer_per_s"], "p50_us": r["p50_us"], "p99_us": r["p99_us"],
+            "server_queue_us": r["server_queue_us"],
+            "server_compute_us": r["server_input_us"] + r["server_infer_us"] + r["server_output_us"]}
 
 
 def run_perf(model, group, n, conc, protocol, server, files, out_dir, args, tag) -> dict:

@@ -63,6 +63,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from triton_rec import perf_analyzer  # noqa: E402
 from triton_rec.runtime import TritonServer  # noqa: E402
 
 DEMO = ROOT / "model_repository"
@@ -241,15 +242,6 @@ def sanity_check(server: TritonServer, files: dict, models: list, samples: list)
 # ----------------------------------------------------------------------------- perf_analyzer
 
 
-def perf_env() -> dict:
-    import nvidia.cuda_runtime
-
-    lib = os.path.join(list(nvidia.cuda_runtime.__path__)[0], "lib")
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (lib, env.get("LD_LIBRARY_PATH")) if p)
-    return env
-
-
 def window_requests(n: int, conc: int, scale: float = 1.0) -> int:
     """Requests per count window: ~enough for a p99 at small batches, short at 1024."""
     base = {1: 300, 64: 150}.get(n, 40 if n >= 1024 else 100)
@@ -257,14 +249,14 @@ def window_requests(n: int, conc: int, scale: float = 1.0) -> int:
 
 
 def pa_command(model, url, protocol, data, conc, count, csv_path, max_trials, stability):
-    return [str(VENV_BIN / "perf_analyzer"), "-m", model, "-u", url, "-i", protocol,
-            "--input-data", str(data), "--concurrency-range", str(conc),
-            "--measurement-mode", "count_windows", "--measurement-request-count", str(count),
-            "--max-trials", str(max_trials), "--stability-percentage", str(stability),
-            "-f", str(csv_path)]
+    return perf_analyzer.command([
+        "-m", model, "-u", url, "-i", protocol, "--input-data", str(data), "--concurrency-range",
+        str(conc), "--measurement-mode", "count_windows", "--measurement-request-count", str(count),
+        "--max-trials", str(max_trials), "--stability-percentage", str(stability), "-f", str(csv_path)])
 
 
 def parse_csv(path: Path) -> dict:
+    """The first row of a perf_analyzer ``-f`` CSV: throughput, latencies, time split (us)."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows:
@@ -402,8 +394,8 @@ def machine_info() -> dict:
     with open("/proc/meminfo") as f:
         mem_kb = int(f.readline().split()[1])
     try:
-        pa = subprocess.run([str(VENV_BIN / "perf_analyzer"), "--version"], capture_output=True, text=True,
-                            env=perf_env(), timeout=30).stdout.strip()
+        pa = subprocess.run(perf_analyzer.command(["--version"]), capture_output=True, text=True,
+                            env=perf_analyzer.environment(), timeout=30).stdout.strip()
     except Exception:  # noqa: BLE001
         pa = "?"
     import importlib.metadata as md
@@ -525,7 +517,7 @@ def main(argv=None) -> int:
     server = TritonServer(repo, explicit=True, load_models=load, log_path=out_dir / "server.log",
                           env={"TRITON_REC_STORE": str(work / "store")})
     results, problems, locust_md = [], [], ""
-    env = perf_env()
+    env = perf_analyzer.environment()
     try:
         t0 = time.monotonic()
         server.start(timeout=300)

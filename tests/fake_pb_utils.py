@@ -129,3 +129,32 @@ def load_backend(name: str, module):
     finally:
         del sys.modules["triton_python_backend_utils"]
     return mod
+
+
+HPS_INPUTS = (("KEYS", "TYPE_INT64"), ("NUMKEYS", "TYPE_INT32"))
+HUGECTR_INPUTS = (("DES", "TYPE_FP32"), ("CATCOLUMN", "TYPE_INT64"), ("ROWINDEX", "TYPE_INT32"))
+
+
+def triton_config(name: str, backend: str, inputs, instances: int = 1, **parameters) -> dict:
+    """A model's config.pbtxt as the JSON Triton hands to ``initialize`` (what the
+    backends read): ragged 1-D inputs, one FP32 output ``OUTPUT0``, string parameters."""
+    return {"name": name, "backend": backend, "max_batch_size": 1024,
+            "input": [{"name": n, "data_type": t, "dims": [-1]} for n, t in inputs],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+            "instance_group": [{"count": instances, "kind": "KIND_CPU"}],
+            "parameters": {k: {"string_value": str(v)} for k, v in parameters.items()}}
+
+
+def start_instance(repo, config: dict):
+    """One instance of ``config`` (model directory ``repo/<name>``), initialized in-process
+    against a fresh fake module; returns ``(module, model)``. Call ``model.finalize()``."""
+    import json
+
+    pb = make_module()
+    model = load_backend(config["backend"], pb).TritonPythonModel()
+    name = config["name"]
+    model.initialize({"model_config": json.dumps(config), "model_name": name,
+                      "model_repository": str(Path(repo) / name), "model_version": "1",
+                      "model_instance_name": f"{name}_0", "model_instance_kind": "CPU",
+                      "model_instance_device_id": "0"})
+    return pb, model

@@ -105,19 +105,26 @@ def model_flag(config: Dict[str, Any], key: str, default: bool) -> bool:
     return value.lower() == "true"
 
 
+def _number_parameter(config: Dict[str, Any], key: str, convert, valid, what: str):
+    """A string parameter of config.pbtxt parsed by ``convert`` and checked by ``valid``
+    (None if absent; ConfigError naming ``what`` it must be if malformed)."""
+    value = model_parameter(config, key)
+    if value is None:
+        return None
+    try:
+        number = convert(value)
+    except ValueError:
+        number = None
+    if number is None or not valid(number):
+        raise ConfigError(f"config.pbtxt parameter '{key}' must be {what}, got {value!r}")
+    return number
+
+
 def model_seconds(config: Dict[str, Any], key: str, default: Optional[float]) -> Optional[float]:
     """A string parameter of config.pbtxt holding seconds >= 0 (``default`` if absent;
     ConfigError if malformed)."""
-    value = model_parameter(config, key)
-    if value is None:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0.0 <= seconds < float("inf"):
-        raise ConfigError(f"config.pbtxt parameter '{key}' must be seconds >= 0, got {value!r}")
-    return seconds
+    seconds = _number_parameter(config, key, float, lambda x: 0.0 <= x < float("inf"), "seconds >= 0")
+    return default if seconds is None else seconds
 
 
 def with_model_parameters(config: Dict[str, Any], params):
@@ -138,16 +145,7 @@ def with_model_parameters(config: Dict[str, Any], params):
 def model_count(config: Dict[str, Any], key: str) -> Optional[int]:
     """A string parameter of config.pbtxt holding an integer >= 1 (None if absent;
     ConfigError if malformed)."""
-    value = model_parameter(config, key)
-    if value is None:
-        return None
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise ConfigError(f"config.pbtxt parameter '{key}' must be an integer >= 1, got {value!r}")
-    return count
+    return _number_parameter(config, key, int, lambda x: x >= 1, "an integer >= 1")
 
 
 #: Environment variables that already size a process's BLAS/OpenMP pools; when one of

@@ -18,25 +18,10 @@ import numpy as np
 import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
-from tests.fake_pb_utils import Request, load_backend, make_module
+from tests.fake_pb_utils import HPS_INPUTS, HUGECTR_INPUTS, Request, start_instance, triton_config
 
 SEED = 11
 TABLES = [SyntheticTable("item", 4000, 8, 2, -1.0), SyntheticTable("user", 1000, 4, 1, 0.5)]
-
-
-def triton_args(repo, name, config):
-    return {"model_config": json.dumps(config), "model_name": name,
-            "model_repository": str(repo / name), "model_version": "1",
-            "model_instance_name": f"{name}_0", "model_instance_kind": "CPU",
-            "model_instance_device_id": "0"}
-
-
-def params(**kv):
-    return {k: {"string_value": str(v)} for k, v in kv.items()}
-
-
-def io(name, kind, dtype):
-    return {"name": name, "data_type": dtype, "dims": [-1]}
 
 
 def wait_for(predicate, seconds=10.0):
@@ -54,14 +39,8 @@ def hps_instance(tmp_path):
     entry = write_model(str(tmp_path), "m", TABLES, seed=SEED)
     entry["hit_rate_threshold"] = 1.5  # every miss answered synchronously: exact answers
     (tmp_path / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
-    config = {"name": "m", "backend": "hps", "max_batch_size": 1024,
-              "input": [io("KEYS", 0, "TYPE_INT64"), io("NUMKEYS", 0, "TYPE_INT32")],
-              "output": [io("OUTPUT0", 0, "TYPE_FP32")],
-              "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
-              "parameters": params(store_dir=tmp_path / "store", metrics_interval=0.05)}
-    pb = make_module()
-    model = load_backend("hps", pb).TritonPythonModel()
-    model.initialize(triton_args(tmp_path, "m", config))
+    pb, model = start_instance(tmp_path, triton_config(
+        "m", "hps", HPS_INPUTS, instances=2, store_dir=tmp_path / "store", metrics_interval=0.05))
     yield pb, model
     model.finalize()
 
@@ -126,15 +105,8 @@ def dlrm_repo(tmp_path_factory):
 def test_hugectr_execute_calls_no_metric_and_predicts(dlrm_repo, tmp_path):
     from ps_loader import torch_dlrm as td
 
-    config = {"name": "dlrm", "backend": "hugectr", "max_batch_size": 1024,
-              "input": [io("DES", 0, "TYPE_FP32"), io("CATCOLUMN", 0, "TYPE_INT64"),
-                        io("ROWINDEX", 0, "TYPE_INT32")],
-              "output": [io("OUTPUT0", 0, "TYPE_FP32")],
-              "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
-              "parameters": params(store_dir=tmp_path / "store", metrics_interval=0.05)}
-    pb = make_module()
-    model = load_backend("hugectr", pb).TritonPythonModel()
-    model.initialize(triton_args(dlrm_repo, "dlrm", config))
+    pb, model = start_instance(dlrm_repo, triton_config(
+        "dlrm", "hugectr", HUGECTR_INPUTS, store_dir=tmp_path / "store", metrics_interval=0.05))
     try:
         data = td.HiddenModel(td.TINY_CONFIG, 5).sample(8, np.random.default_rng(2))
         want = td.load_trained(str(dlrm_repo / "dlrm" / "1")).predict(data.dense, data.sparse)
