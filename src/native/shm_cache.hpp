@@ -179,7 +179,14 @@ constexpr unsigned kPauseSpins = 64;
 constexpr unsigned kOddSpinLimit = 64 + 256;
 // Consecutive seq mismatches (a busy writer) before a reader takes the lock.
 constexpr unsigned kRetryLimit = 32;
-constexpr size_t kPrefetchDistance = 8;
+
+// Prefetches the cache lines of one vector (at most 8; the hardware streamer takes
+// the rest of longer rows).
+inline void prefetch_row(const void* p, size_t bytes) noexcept {
+  const uint8_t* a = static_cast<const uint8_t*>(p);
+  const uint8_t* end = a + std::min<size_t>(bytes, 8 * 64);
+  for (; a < end; a += 64) TRITON_REC_PREFETCH(a);
+}
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -377,15 +384,34 @@ class ShmCache {
     if (m == 0) return 0;
     const uint64_t base_tick = h_->clock.fetch_add(m, std::memory_order_relaxed) + 1;
     const size_t row_bytes = size_t{dim_} * sizeof(float);
+    // Software pipeline (as hash_index.hpp's lookup_range), per iteration i:
+    //   stage 1: find key i's set, prefetch its seq/key/tick/valid lines (kSetAhead)
+    //   stage 2: guess key i - kSetAhead's way from the (now cached) keys without the
+    //            seqlock, prefetch that way's vector (kVecAhead)
+    //   stage 3: the real seqlock read of key i - kSetAhead - kVecAhead
+    // A hit touches 5 cache lines of a set spread over the whole segment; without the
+    // pipeline the valid byte and the vector were two dependent memory misses per key.
+    // The guess is only a prefetch hint: stage 3 decides.
+    constexpr size_t kSetAhead = 16, kVecAhead = 8, kRing = 32;
+    static_assert((kRing & (kRing - 1)) == 0 && kRing > kSetAhead + kVecAhead, "ring size");
+    uint8_t* sets[kRing];
     int64_t hits = 0;
-    for (size_t i = 0; i < m; ++i) {
-      if (i + shm_detail::kPrefetchDistance < m) {
-        const uint8_t* p = set_ptr(set_of(keys[i + shm_detail::kPrefetchDistance]));
-        TRITON_REC_PREFETCH(p);
-        TRITON_REC_PREFETCH(p + 64);
-      }
+    auto stage1 = [&](size_t i) {
+      uint8_t* set = set_ptr(set_of(keys[i]));
+      sets[i & (kRing - 1)] = set;
+      TRITON_REC_PREFETCH(set);
+      TRITON_REC_PREFETCH(keys_of(set));
+      __builtin_prefetch(ticks(set), 1, 3);
+      TRITON_REC_PREFETCH(valid(set));
+    };
+    auto stage2 = [&](size_t i) {
+      uint8_t* set = sets[i & (kRing - 1)];
+      const int w = find_way(set, keys[i]);
+      if (w >= 0) shm_detail::prefetch_row(vec(set, w), row_bytes);
+    };
+    auto stage3 = [&](size_t i) {
+      uint8_t* set = sets[i & (kRing - 1)];
       const int64_t k = keys[i];
-      uint8_t* set = set_ptr(set_of(k));
       float* dst = out + i * dim_;
       const int w = read_consistent(set, [&](uint8_t* s) {
         const int way = find_way(s, k);
@@ -399,6 +425,21 @@ class ShmCache {
       } else {
         hit[i] = 0;
       }
+    };
+    constexpr size_t kLag = kSetAhead + kVecAhead;
+    size_t i = 0;
+    for (; i < std::min(m, kLag); ++i) {  // prologue (also covers m < kLag)
+      stage1(i);
+      if (i >= kSetAhead) stage2(i - kSetAhead);
+    }
+    for (; i < m; ++i) {  // steady state
+      stage1(i);
+      stage2(i - kSetAhead);
+      stage3(i - kLag);
+    }
+    for (; i < m + kLag; ++i) {  // drain
+      if (i >= kSetAhead && i - kSetAhead < m) stage2(i - kSetAhead);
+      if (i >= kLag) stage3(i - kLag);
     }
     h_->lookups.fetch_add(m, std::memory_order_relaxed);
     h_->hits.fetch_add(static_cast<uint64_t>(hits), std::memory_order_relaxed);

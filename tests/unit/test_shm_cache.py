@@ -257,7 +257,9 @@ def test_lru_hits_misses_evictions_and_vectors_match_a_brute_force_reference(num
                            rng.integers(I64.min, I64.max, size=3 * cap, dtype=np.int64)])
     totals = dict(lookups=0, hits=0, inserts=0, evictions=0)
     for step in range(400):
-        keys = rng.choice(pool, size=int(rng.integers(1, 2 * ways + 3)))  # repeats included
+        # repeats included; half the batches longer than query's prefetch pipeline (24)
+        size = rng.integers(1, 2 * ways + 3) if step % 2 else rng.integers(20, 80)
+        keys = rng.choice(pool, size=int(size))
         out = np.zeros((len(keys), d), np.float32)
         hit = np.zeros(len(keys), np.uint8)
         n_hits = cache.query(keys, out, hit)
