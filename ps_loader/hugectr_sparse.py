@@ -19,6 +19,7 @@ from typing import Tuple
 import numpy as np
 
 from triton_rec.errors import ModelFileError
+from triton_rec.model_files import open_model_file
 
 KEY_FILE = "key"
 VECTOR_FILE = "emb_vector"
@@ -26,10 +27,10 @@ _KEY_DTYPE = np.dtype("<i8")
 _VEC_DTYPE = np.dtype("<f4")
 
 
-def _map(path: str, dtype: np.dtype, count: int) -> np.ndarray:
+def _map(f, dtype: np.dtype, count: int) -> np.ndarray:
     if count == 0:
         return np.empty(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+    return np.memmap(f, dtype=dtype, mode="r", shape=(count,))
 
 
 def read_sparse_dir(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -53,10 +54,18 @@ def read_sparse_dir(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
     key_path = os.path.join(path, KEY_FILE)
     vec_path = os.path.join(path, VECTOR_FILE)
     for p in (key_path, vec_path):
-        if not os.path.isfile(p):
+        if not os.path.lexists(p):
             raise ModelFileError(p, "missing file of the sparse model")
-    key_bytes = os.path.getsize(key_path)
-    vec_bytes = os.path.getsize(vec_path)
+    # Opened once, regular files inside the allowed roots; sizes and maps from these.
+    key_fd, key_st = open_model_file(key_path, "sparse key file")
+    with os.fdopen(key_fd, "rb") as key_f:
+        vec_fd, vec_st = open_model_file(vec_path, "sparse vector file")
+        with os.fdopen(vec_fd, "rb") as vec_f:
+            return _map_sparse(path, vec_size, key_path, key_f, key_st.st_size,
+                               vec_path, vec_f, vec_st.st_size)
+
+
+def _map_sparse(path, vec_size, key_path, key_f, key_bytes, vec_path, vec_f, vec_bytes):
     if key_bytes % _KEY_DTYPE.itemsize:
         raise ModelFileError(
             key_path, f"size {key_bytes} bytes is not a multiple of 8 (int64 keys): truncated?"
@@ -76,8 +85,8 @@ def read_sparse_dir(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
             f"'{KEY_FILE}' holds {n_keys} keys but '{VECTOR_FILE}' holds {n_rows} vectors "
             f"of size {vec_size}",
         )
-    keys = _map(key_path, _KEY_DTYPE, n_keys)
-    vectors = _map(vec_path, _VEC_DTYPE, n_rows * vec_size).reshape(n_rows, vec_size)
+    keys = _map(key_f, _KEY_DTYPE, n_keys)
+    vectors = _map(vec_f, _VEC_DTYPE, n_rows * vec_size).reshape(n_rows, vec_size)
     return keys, vectors
 
 

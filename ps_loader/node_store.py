@@ -121,6 +121,7 @@ import numpy as np
 
 from ps_loader.hugectr_sparse import KEY_FILE, VECTOR_FILE
 from ps_loader.tables import read_table
+from triton_rec.model_files import confine
 from triton_rec import _native
 from triton_rec.errors import DuplicateKeyError, ModelFileError, TritonRecError
 from triton_rec.table import MADV_POPULATE_READ, EmbeddingTable, mapping_of
@@ -455,6 +456,9 @@ def _fingerprint(source_path: str, vec_size: int) -> Tuple[str, Optional[int]]:
     parts: list = [FORMAT_VERSION, real, int(vec_size)]
     sizes = []
     for f in files:
+        # The operator's allowed roots (realpath), if set; named as ps.json names it.
+        confine(source_path if npz else os.path.join(source_path, os.path.basename(f)),
+                "sparse file")
         try:
             st = os.stat(f)
         except OSError:

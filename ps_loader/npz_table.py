@@ -12,6 +12,7 @@ from typing import Tuple
 import numpy as np
 
 from triton_rec.errors import ModelFileError
+from triton_rec.model_files import open_model_file
 
 
 def read_npz_table(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -20,10 +21,11 @@ def read_npz_table(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
     Raises:
         ModelFileError: missing file, not an npz, missing array, wrong dtype or shape.
     """
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise ModelFileError(path, "npz table file does not exist")
+    fd, _ = open_model_file(path, "npz table file")  # regular, inside the allowed roots
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with os.fdopen(fd, "rb") as f, np.load(f, allow_pickle=False) as z:
             for name in ("keys", "vectors"):
                 if name not in z.files:
                     raise ModelFileError(path, f"has no array '{name}' (found: {z.files})")

@@ -95,24 +95,38 @@ def load_state_dict(path: str) -> Dict[str, Any]:
 
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        text = str(e)
-        m = re.search(r"Unsupported global: GLOBAL (\S+)", text)
-        if m:
+    except pickle.UnpicklingError:
+        # The type torch.load(weights_only=True) raises when its restricted unpickler
+        # refuses the file. Its text (worded differently by each torch version) advises
+        # loading with weights_only=False, which is exactly what must not be done with a
+        # file of unknown origin: only our own words are shown ("from None").
+        unsafe = _unsafe_globals(torch, path)
+        if unsafe:
             raise ModelFileError(
                 path,
                 f"refused: loading it needs arbitrary Python objects unpickled (global "
-                f"{m.group(1)}); only files that torch.load(weights_only=True) accepts are "
-                "read (save the model's state_dict(), not the model)",
-            ) from e
-        m = re.search(r"WeightsUnpickler error:\s*(.*?)\s*(?:\n\n|$)", text, re.S)
-        why = " ".join(m.group(1).split()) if m else (text.splitlines() or [""])[0]
-        raise ModelFileError(path, f"not a readable PyTorch file ({why})") from e
+                f"{', '.join(unsafe)}); only files that torch.load(weights_only=True) accepts "
+                "are read (save the model's state_dict(), not the model)",
+            ) from None
+        raise ModelFileError(
+            path,
+            "not a readable PyTorch file (torch.load(weights_only=True) refuses its pickle; "
+            "only plain tensors and containers are read)",
+        ) from None
     except Exception as e:  # noqa: BLE001 - torch's loader raises anything on a foreign file
         first = str(e).splitlines()[0] if str(e).strip() else ""
         first = f"{type(e).__name__}: {first}" if first else type(e).__name__
         raise ModelFileError(path, f"not a readable PyTorch file ({first})") from e
     return flatten_state(obj)
+
+
+def _unsafe_globals(torch, path: str) -> List[str]:
+    """The globals of a checkpoint that weights_only loading does not allow (torch's own
+    static scan of the pickle, nothing executed); [] if torch cannot say."""
+    try:
+        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except Exception:  # noqa: BLE001 - not a zip checkpoint, or an older torch
+        return []
 
 
 def flatten_state(obj: Any, prefix: str = "") -> Dict[str, Any]:

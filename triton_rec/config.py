@@ -18,13 +18,15 @@ Compatibility rules (see ``docs/upstream-notes.md`` for where they come from):
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from triton_rec import _native
 from triton_rec.errors import ConfigError
+from triton_rec.model_files import ConfigFileError, read_json
 
 # Model keys documented for HPS / HugeCTR (hps-compat.md, upstream parsers).
 _MODEL_KEYS_USED = {
@@ -74,6 +76,22 @@ _MODEL_KEYS_KNOWN = _MODEL_KEYS_USED | {
     "use_hctr_cache_implementation",
     "gpucache_type",
 }
+#: Limits of ps.json values (docs/operations.md, "Configuration limits"). The cache
+#: limits are the native cache's own (src/native/shm_cache.hpp).
+MAX_CACHE_WAYS = int(_native.SHM_CACHE_MAX_WAYS)
+MAX_VEC_SIZE = int(_native.SHM_CACHE_MAX_VEC_SIZE)
+#: A model's ``max_batch_size`` and ``max_batch_size x keys per sample``: Triton's
+#: max_batch_size is an int32, and so are the key offsets of a request (NUMKEYS, ROWINDEX).
+MAX_BATCH_SIZE = 2 ** 31 - 1
+MAX_KEYS_PER_REQUEST = 2 ** 31 - 1
+#: Keys per command/batch of a tier or the update consumer (``max_batch_size`` of the
+#: ``volatile_db``, ``persistent_db`` and ``update_source`` sections).
+MAX_TIER_BATCH_SIZE = 1 << 20
+#: ``num_partitions``, ``num_threads`` and ``num_node_connections`` of the tier sections.
+MAX_TIER_COUNT = 4096
+#: ``poll_timeout_ms`` and ``failure_backoff_ms`` of ``update_source`` (one hour).
+MAX_TIER_MS = 3_600_000
+
 #: Cache policies a model may choose with the ``cache_policy`` key (our extension).
 CACHE_POLICIES = ("lru", "tinylfu")
 
@@ -95,18 +113,23 @@ def _as_bool(v: Any, where: str) -> bool:
     raise _fail(where, f"expected a boolean, got {v!r}")
 
 
-def _as_int(v: Any, where: str, minimum: Optional[int] = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
+def _as_int(v: Any, where: str, minimum: Optional[int] = None,
+            maximum: Optional[int] = None) -> int:
+    if (isinstance(v, bool) or not isinstance(v, (int, float))
+            or (isinstance(v, float) and not math.isfinite(v)) or int(v) != v):
         raise _fail(where, f"expected an integer, got {v!r}")
     v = int(v)
+    if maximum is not None and (v > maximum or (minimum is not None and v < minimum)):
+        raise _fail(where, f"must be within [{minimum}, {maximum}], got {v}")
     if minimum is not None and v < minimum:
         raise _fail(where, f"must be >= {minimum}, got {v}")
     return v
 
 
 def _as_float(v: Any, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _fail(where, f"expected a number, got {v!r}")
+    # NaN/Infinity are not JSON, but 1e999 decodes to inf: refused like any non-number.
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise _fail(where, f"expected a finite number, got {v!r}")
     return float(v)
 
 
@@ -118,6 +141,15 @@ def _as_list(v: Any, where: str) -> list:
 
 def _resolve(path: str, base_dir: str) -> str:
     return path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
+
+
+def model_relative_path(model_dir: str, parameter: Optional[str]) -> Optional[str]:
+    """A path given by a config.pbtxt parameter (``ps``, ``store_dir``, ``config``): a
+    relative value resolves against the model directory (the directory of the config
+    that names it), never against the server's working directory. None stays None."""
+    if not parameter:
+        return None
+    return _resolve(parameter, os.path.abspath(model_dir))
 
 
 # ---- storage tiers (top-level volatile_db / persistent_db / update_source) -------------
@@ -318,7 +350,7 @@ def _batch_size(sec: dict, where: str, default: int) -> int:
     # max_batch_size, or the older max_get/set_batch_size pair (the smaller wins).
     for key in ("max_batch_size", "max_get_batch_size", "max_set_batch_size"):
         if key in sec:
-            _as_int(sec[key], f"{where}.{key}", 1)
+            _as_int(sec[key], f"{where}.{key}", 1, MAX_TIER_BATCH_SIZE)
     if "max_batch_size" in sec:
         return int(sec["max_batch_size"])
     old = [int(sec[k]) for k in ("max_get_batch_size", "max_set_batch_size") if k in sec]
@@ -353,7 +385,7 @@ def _redis_params(sec: dict, where: str, base_dir: str) -> RedisParams:
         user_name=opt_str("user_name") or d.user_name,
         password=opt_str("password") or "",
         num_node_connections=_as_int(sec.get("num_node_connections", d.num_node_connections),
-                                     f"{where}.num_node_connections", 1),
+                                     f"{where}.num_node_connections", 1, MAX_TIER_COUNT),
         enable_tls=_as_bool(sec.get("enable_tls", False), f"{where}.enable_tls"),
         tls_ca_certificate=opt_file("tls_ca_certificate"),
         tls_client_certificate=opt_file("tls_client_certificate"),
@@ -383,7 +415,7 @@ def _parse_volatile(sec: dict, base_dir: str, source: str) -> VolatileDBParams:
         type=typ,
         redis=_redis_params(sec, where, base_dir),
         num_partitions=_as_int(sec.get("num_partitions", d.num_partitions),
-                               f"{where}.num_partitions", 1),
+                               f"{where}.num_partitions", 1, MAX_TIER_COUNT),
         max_batch_size=_batch_size(sec, where, d.max_batch_size),
         overflow_margin=margin,
         overflow_policy=_choice(sec.get("overflow_policy", d.overflow_policy),
@@ -412,7 +444,8 @@ def _parse_persistent(sec: dict, base_dir: str, source: str) -> PersistentDBPara
     return PersistentDBParams(
         type=_choice(sec.get("type", "disabled"), PERSISTENT_TYPES, f"{where}.type"),
         path=_resolve(path, base_dir),
-        num_threads=_as_int(sec.get("num_threads", d.num_threads), f"{where}.num_threads", 1),
+        num_threads=_as_int(sec.get("num_threads", d.num_threads), f"{where}.num_threads", 1,
+                            MAX_TIER_COUNT),
         read_only=_as_bool(sec.get("read_only", False), f"{where}.read_only"),
         max_batch_size=_batch_size(sec, where, d.max_batch_size),
         update_filters=_filters(sec.get("update_filters", list(_DEFAULT_UPDATE_FILTERS)),
@@ -441,11 +474,11 @@ def _parse_update_source(sec: dict, base_dir: str, source: str) -> UpdateSourceP
         redis=_redis_params(sec, where, base_dir),
         group=group,
         poll_timeout_ms=_as_int(sec.get("poll_timeout_ms", d.poll_timeout_ms),
-                                f"{where}.poll_timeout_ms", 1),
+                                f"{where}.poll_timeout_ms", 1, MAX_TIER_MS),
         max_batch_size=_as_int(sec.get("max_batch_size", d.max_batch_size),
-                               f"{where}.max_batch_size", 1),
+                               f"{where}.max_batch_size", 1, MAX_TIER_BATCH_SIZE),
         failure_backoff_ms=_as_int(sec.get("failure_backoff_ms", d.failure_backoff_ms),
-                                   f"{where}.failure_backoff_ms", 1),
+                                   f"{where}.failure_backoff_ms", 1, MAX_TIER_MS),
         start=_choice(sec.get("start", "earliest"), ("earliest", "latest"), f"{where}.start"),
         unknown_keys=tuple(sorted(k for k in sec if k not in _UPDATE_KEYS_KNOWN)),
     )
@@ -621,20 +654,6 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
         raise _fail(where, "'sparse_files' must be a non-empty list of paths")
     n = len(sparse)
 
-    vec = [
-        _as_int(v, f"{where}.embedding_vecsize_per_table[{i}]", 1)
-        for i, v in enumerate(_per_table(obj, "embedding_vecsize_per_table", n, where))
-    ]
-    maxnum = [
-        _as_int(v, f"{where}.maxnum_catfeature_query_per_table_per_sample[{i}]", 1)
-        for i, v in enumerate(
-            _per_table(obj, "maxnum_catfeature_query_per_table_per_sample", n, where)
-        )
-    ]
-    defaults = [
-        _as_float(v, f"{where}.default_value_for_each_table[{i}]")
-        for i, v in enumerate(_per_table(obj, "default_value_for_each_table", n, where, [0.0] * n))
-    ]
     names = _per_table(
         obj, "embedding_table_names", n, where, [f"sparse_embedding{i}" for i in range(n)]
     )
@@ -646,9 +665,33 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
     if len(set(names)) != n:
         raise _fail(where, f"'embedding_table_names' has duplicates: {names}")
 
+    def table_key(key: str, i: int) -> str:
+        return f"{where}: table {names[i]!r}: {key}[{i}]"
+
+    vec = [
+        _as_int(v, table_key("embedding_vecsize_per_table", i), 1, MAX_VEC_SIZE)
+        for i, v in enumerate(_per_table(obj, "embedding_vecsize_per_table", n, where))
+    ]
+    maxnum = [
+        _as_int(v, table_key("maxnum_catfeature_query_per_table_per_sample", i), 1,
+                MAX_KEYS_PER_REQUEST)
+        for i, v in enumerate(
+            _per_table(obj, "maxnum_catfeature_query_per_table_per_sample", n, where)
+        )
+    ]
+    defaults = [
+        _as_float(v, table_key("default_value_for_each_table", i))
+        for i, v in enumerate(_per_table(obj, "default_value_for_each_table", n, where, [0.0] * n))
+    ]
+
     if "max_batch_size" not in obj:
         raise _fail(where, "missing required key 'max_batch_size'")
-    max_batch = _as_int(obj["max_batch_size"], f"{where}.max_batch_size", 1)
+    max_batch = _as_int(obj["max_batch_size"], f"{where}.max_batch_size", 1, MAX_BATCH_SIZE)
+    if max_batch * sum(maxnum) > MAX_KEYS_PER_REQUEST:
+        raise _fail(f"{where}.max_batch_size",
+                    f"{max_batch} samples x {sum(maxnum)} keys per sample "
+                    f"(maxnum_catfeature_query_per_table_per_sample) = {max_batch * sum(maxnum)} "
+                    f"keys per request, more than the limit of {MAX_KEYS_PER_REQUEST}")
 
     devices = tuple(
         _as_int(d, f"{where}.deployed_device_list[{i}]", 0)
@@ -707,7 +750,7 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
             obj.get("hit_rate_threshold", 0.9), f"{where}.hit_rate_threshold"
         ),
         cache_policy=policy,
-        cache_ways=_as_int(obj.get("cache_ways", 8), f"{where}.cache_ways", 1),
+        cache_ways=_as_int(obj.get("cache_ways", 8), f"{where}.cache_ways", 1, MAX_CACHE_WAYS),
         init_ec=_as_bool(obj.get("init_ec", False), f"{where}.init_ec"),
         refresh_interval=seconds["refresh_interval"],
         refresh_delay=seconds["refresh_delay"],
@@ -771,13 +814,7 @@ def parse_ps_config(obj: Any, base_dir: str = ".", source: str = "<memory>") -> 
 def load_ps_config(path: str) -> PSConfig:
     """Read and validate a ps.json file; relative paths resolve against its directory."""
     path = os.path.abspath(path)
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            obj = json.load(f)
-    except FileNotFoundError as e:
-        raise ConfigError(f"{path}: ps.json not found") from e
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from e
+    obj = read_json(path, "ps.json", ConfigFileError)
     return parse_ps_config(obj, os.path.dirname(path), path)
 
 
@@ -792,7 +829,7 @@ def find_ps_config(model_dir: str, parameter: Optional[str]) -> str:
     Returns the path of ``parameter`` if given, else ``<repository root>/ps.json``.
     """
     if parameter:
-        return _resolve(parameter, os.path.abspath(model_dir))
+        return model_relative_path(model_dir, parameter)
     return os.path.join(os.path.dirname(os.path.abspath(model_dir)), "ps.json")
 
 

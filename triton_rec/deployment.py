@@ -26,8 +26,9 @@ from typing import List, Optional
 
 from ps_loader import node_store
 from triton_rec.backing_store import BackingStore, LocalTableStore, tier_table_name
-from triton_rec.config import ModelParams, TableParams
+from triton_rec.config import ModelParams, TableParams, model_relative_path
 from triton_rec.model_config import InstanceSettings
+from triton_rec.model_files import confine
 from triton_rec.redis_store import RedisClusterStore
 from triton_rec.rocksdb_store import NodeRocksDBTable, RocksDBStore
 from triton_rec.session import LookupSession, TableSet
@@ -160,9 +161,29 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
     return TieredStore(tp.name, opened, cache_missed_embeddings=vol.cache_missed_embeddings)
 
 
+def confine_directories(params: ModelParams, spec: InstanceSpec) -> None:
+    """The operator's allowed roots (:mod:`triton_rec.model_files`) for the paths a model
+    names that are not files read through :func:`~triton_rec.model_files.open_model_file`:
+    a ``store_dir`` set in config.pbtxt (the operator's ``TRITON_REC_STORE`` / default
+    store is trusted), the RocksDB directory and the Redis TLS files of ps.json."""
+    if spec.store_dir:
+        confine(spec.store_dir, "store_dir (config.pbtxt parameter)")
+    if params.persistent_db.type == "rocks_db":
+        confine(params.persistent_db.path, "persistent_db.path")
+    used = (("volatile_db", params.volatile_db.type == "redis_cluster"),
+            ("update_source", params.update_source.enabled))
+    for section in (name for name, on in used if on):
+        redis = getattr(params, section).redis
+        for key in ("tls_ca_certificate", "tls_client_certificate", "tls_client_key"):
+            if getattr(redis, key):
+                confine(getattr(redis, key), f"{section}.{key}")
+
+
 def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> TableSet:
     """Load the model's tables (node-local store, then the database tiers of ps.json),
     attach the shared caches and start the online-update consumer if configured."""
+
+    confine_directories(params, spec)
 
     def load(tp: TableParams) -> EmbeddingTable:
         return node_store.load_table(tp, spec.store_dir, prefault=spec.prefault)
@@ -215,9 +236,7 @@ def load_dense_model(params: ModelParams, model_dir: str, config_network: Option
 
     if not params.dense_file:
         raise ConfigError(f"model '{params.model}': ps.json names no 'dense_file'")
-    network = params.network_file
-    if network is None and config_network:
-        network = config_network if os.path.isabs(config_network) else os.path.join(model_dir, config_network)
+    network = params.network_file or model_relative_path(model_dir, config_network)
     if params.dense_file.endswith(".onnx"):
         from triton_rec.dense.onnx_model import OnnxDenseModel
 

@@ -315,11 +315,18 @@ def main(argv=None) -> int:
     s.add_argument("--grpc-port", type=int, default=8001)
     s.add_argument("--metrics-port", type=int, default=8002)
     s.add_argument("--print-command", action="store_true", help="print the command and exit")
+    s.add_argument("--allowed-roots", metavar="DIR[:DIR...]",
+                   help="confine every model file to these directories (sets "
+                        "TRITON_REC_ALLOWED_ROOTS for the backends; default: no confinement)")
     args = p.parse_args(argv)
     if args.cmd == "prepare":
         print(prepare_backend_dir())
         return 0
-    server = TritonServer(args.model_repository, args.http_port, args.grpc_port, args.metrics_port)
+    from triton_rec.model_files import ALLOWED_ROOTS_ENV
+
+    env = {ALLOWED_ROOTS_ENV: args.allowed_roots} if args.allowed_roots else None
+    server = TritonServer(args.model_repository, args.http_port, args.grpc_port, args.metrics_port,
+                          env=env)
     # Listen on every interface when serving for real (the test fixtures keep loopback).
     server_cmd = [a for a in server.command() if not a.startswith(("--http-address", "--grpc-address"))]
     if args.print_command:

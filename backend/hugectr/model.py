@@ -16,7 +16,7 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from triton_rec.config import config_warnings, find_ps_config, load_ps_config
+from triton_rec.config import config_warnings, find_ps_config, load_ps_config, model_relative_path
 from triton_rec.deployment import InstanceSpec, open_ranking_session
 from triton_rec.errors import TritonRecError
 from triton_rec.model_config import (
@@ -43,7 +43,8 @@ class TritonPythonModel:
             spec = InstanceSpec(
                 kind=args.get("model_instance_kind", "CPU"),
                 device_id=int(args.get("model_instance_device_id") or 0),
-                store_dir=model_parameter(config, "store_dir"),
+                store_dir=model_relative_path(args["model_repository"],
+                                              model_parameter(config, "store_dir")),
                 prefault=model_flag(config, "prefault", True),
                 intra_op_threads=settings.intra_op_threads,
             )

@@ -644,6 +644,7 @@ void register_shm_cache(py::module_& m) {
   });
   m.attr("SHM_CACHE_LAYOUT_VERSION") = tr::kShmCacheLayoutVersion;
   m.attr("SHM_CACHE_MAX_WAYS") = tr::kShmCacheMaxWays;
+  m.attr("SHM_CACHE_MAX_VEC_SIZE") = tr::kShmCacheMaxVecSize;
   m.attr("SHM_CACHE_ATTACH_SLOTS") = tr::kShmCacheAttachSlots;
   m.attr("SHM_CACHE_INITIALIZED_OFFSET") = tr::kShmCacheInitializedOffset;
 

@@ -207,3 +207,39 @@ def test_the_command_line_lists_and_writes_tables(tmp_path, capsys):
     _assert_table(str(tmp_path / "out" / "m0_sparse_0.model"), w, np.arange(100, 106))
     assert main([str(tmp_path / "absent.pt"), "--out", str(tmp_path / "o2")]) == 1
     assert "absent.pt: PyTorch state dict file does not exist" in capsys.readouterr().err
+
+
+class _Config:
+    """A plain Python object saved next to the tensors (e.g. a training config)."""
+
+    def __init__(self):
+        self.lr = 0.1
+
+
+def test_a_checkpoint_with_a_non_tensor_object_is_refused_in_our_words_only(tmp_path):
+    path = _save(tmp_path, {"emb.weight": torch.randn(3, 2), "config": _Config()}, "ckpt.pt")
+    with pytest.raises(ModelFileError) as e:
+        load_state_dict(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: refused: loading it needs arbitrary Python objects unpickled")
+    assert f"{__name__}._Config" in msg
+    # never torch's advice to load the file unsafely, nor its text in the traceback
+    assert "weights_only=False" not in msg and "weights_only` to `False" not in msg
+    assert "Weights only load failed" not in msg
+    assert e.value.__cause__ is None and e.value.__suppress_context__
+
+
+@pytest.mark.parametrize("wording", ["whatever a future torch says", "Unsupported global: GLOBAL x.y"])
+def test_the_refusal_is_matched_by_exception_type_not_wording(tmp_path, monkeypatch, wording):
+    import pickle
+
+    path = _save(tmp_path, {"emb.weight": torch.randn(3, 2), "config": _Config()}, "ckpt.pt")
+
+    def load(*args, **kwargs):
+        raise pickle.UnpicklingError(wording + " ... re-run with weights_only=False")
+
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.raises(ModelFileError) as e:
+        load_state_dict(path)
+    assert str(e.value).startswith(f"{path}: refused") and f"{__name__}._Config" in str(e.value)
+    assert "weights_only=False" not in str(e.value) and wording not in str(e.value)

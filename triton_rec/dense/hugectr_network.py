@@ -44,7 +44,6 @@ CuPy share (``xp``). CuPy is imported by the caller, never here, and that path i
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ import numpy as np
 
 from triton_rec.dense import Combiner, DenseModel, TableSpec
 from triton_rec.errors import ConfigError, ModelFileError
+from triton_rec.model_files import open_model_file, read_json
 
 __all__ = ["SUPPORTED_LAYER_TYPES", "HugeCTRNetwork", "LayerPlan", "NetworkPlan", "ParamBlock"]
 
@@ -789,16 +789,8 @@ SUPPORTED_LAYER_TYPES = frozenset(_BUILDERS)
 # --------------------------------------------------------------------------------------
 
 
-def _read_json(path: str) -> Any:
-    try:
-        with open(path, "rb") as f:
-            return json.loads(f.read().decode("utf-8"))
-    except FileNotFoundError as e:
-        raise ModelFileError(path, "file not found") from e
-    except OSError as e:
-        raise ModelFileError(path, f"cannot read: {e.strerror or e}") from e
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelFileError(path, f"not valid JSON: {e}") from e
+def _read_json(path: str, what: str = "network JSON") -> Any:
+    return read_json(path, what)
 
 
 def _layers_of(doc: Any, source: str) -> list:
@@ -1094,12 +1086,12 @@ def _parse(doc: Any, source: str) -> NetworkPlan:
 
 def _read_dense_file(plan: NetworkPlan, path: str) -> np.ndarray:
     """The dense file's floats, after checking its size exactly (see the module docstring)."""
-    try:
-        size = os.path.getsize(path)
-    except FileNotFoundError as e:
-        raise ModelFileError(path, "dense file not found") from e
-    except OSError as e:
-        raise ModelFileError(path, f"cannot read the dense file: {e.strerror or e}") from e
+    fd, st = open_model_file(path, "dense file")
+    with os.fdopen(fd, "rb") as f:
+        return _read_dense_floats(plan, path, f, st.st_size)
+
+
+def _read_dense_floats(plan: NetworkPlan, path: str, f, size: int) -> np.ndarray:
     want = plan.dense_file_bytes
     if size < want:
         have = size // 4
@@ -1120,7 +1112,7 @@ def _read_dense_file(plan: NetworkPlan, path: str) -> np.ndarray:
             f"{plan.breakdown()}",
         )
     try:
-        data = np.fromfile(path, dtype="<f4", count=plan.num_params)
+        data = np.fromfile(f, dtype="<f4", count=plan.num_params)
     except OSError as e:
         raise ModelFileError(path, f"cannot read the dense file: {e}") from e
     if data.shape[0] != plan.num_params:
@@ -1144,7 +1136,7 @@ def _read_non_trainable(plan: NetworkPlan, path: Optional[str]) -> Dict[str, dic
             f"{plan.source}: BatchNorm layer(s) {names} need running mean/variance: pass "
             "non_trainable_params_file (ps.json 'non_trainable_params_file')"
         )
-    doc = _read_json(path)
+    doc = _read_json(path, "BatchNorm statistics JSON")
     entries = doc.get("layers") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
         raise ModelFileError(

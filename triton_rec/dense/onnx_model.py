@@ -14,7 +14,6 @@ JSON when one is given (``network_file``), else ``sum``.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import List, Optional, Sequence, Tuple
@@ -24,6 +23,7 @@ import numpy as np
 from triton_rec.dense import Combiner, DenseModel, TableSpec
 from triton_rec.errors import ConfigError, ModelFileError
 from triton_rec.model_config import InstanceSettings
+from triton_rec.model_files import open_model_file, read_json
 
 _EMBEDDING_LAYERS = (
     "DistributedSlotSparseEmbeddingHash",
@@ -34,13 +34,10 @@ _EMBEDDING_LAYERS = (
 
 def network_combiners(network_file: str) -> List[Combiner]:
     """The combiner of each embedding layer of a HugeCTR network JSON, in order."""
-    try:
-        with open(network_file, encoding="utf-8") as f:
-            layers = json.load(f).get("layers", [])
-    except FileNotFoundError as e:
-        raise ModelFileError(network_file, "network JSON does not exist") from e
-    except (ValueError, AttributeError) as e:
-        raise ModelFileError(network_file, f"not a network JSON ({e})") from e
+    doc = read_json(network_file, "network JSON")
+    layers = doc.get("layers", []) if isinstance(doc, dict) else None
+    if not isinstance(layers, list) or not all(isinstance(x, dict) for x in layers):
+        raise ModelFileError(network_file, 'not a network JSON (expected {"layers": [{...}, ...]})')
     out = []
     for layer in layers:
         if layer.get("type") in _EMBEDDING_LAYERS:
@@ -115,8 +112,7 @@ class OnnxDenseModel(DenseModel):
         threads: int = InstanceSettings.intra_op_threads,
     ) -> "OnnxDenseModel":
         """Open ``path`` with onnxruntime (CPU; ``threads`` intra-op threads per instance)."""
-        if not os.path.isfile(path):
-            raise ModelFileError(path, "ONNX dense model does not exist")
+        os.close(open_model_file(path, "ONNX dense model")[0])  # regular, allowed
         try:
             import onnxruntime as ort
         except ImportError as e:
