@@ -12,8 +12,9 @@ Every Triton model instance is its own process. For one model on one node:
   inserter and refresher.
 
 The cache of a table is named ``<model>.<device>.<table>.<content digest prefix>``, so
-a new model version with new table content gets a fresh cache, and several servers on
-one node serving the same content share one.
+a new model version with new table content gets a fresh cache; it lives in the private
+shared-memory namespace of the node store holding the table (:func:`shm_namespace`), so
+servers with the same store share it and servers with different stores never do.
 """
 
 from __future__ import annotations
@@ -74,6 +75,19 @@ def cache_name(params: ModelParams, spec: InstanceSpec, tp: TableParams, table: 
     layout = getattr(table, "layout_path", None) or table.path
     digest = os.path.splitext(os.path.basename(layout))[0][:16]
     return f"{params.model}.{spec.device}.{tp.name}.{digest}"
+
+
+def shm_namespace(table: EmbeddingTable, parent: str) -> str:
+    """The shared-memory namespace token of the node store holding ``table``'s layout
+    (``<store>/layouts/<digest>.tbl``, see :mod:`ps_loader.node_store`), for segments in
+    ``parent`` (:func:`triton_rec.shm_security.store_namespace`)."""
+    from triton_rec.errors import CacheError
+    from triton_rec.shm_security import store_namespace
+
+    layout = getattr(table, "layout_path", None)
+    if not layout:
+        raise CacheError(f"{table.path}: a shared cache needs a table of the node store")
+    return store_namespace(os.path.dirname(os.path.dirname(layout)), parent)
 
 
 def open_session(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> LookupSession:
@@ -199,12 +213,13 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
             return SharedEmbeddingCache.open(
                 name, capacity, table.vec_size, policy=params.cache_policy,
                 ways=params.cache_ways, directory=spec.cache_dir,
+                namespace=shm_namespace(table, spec.cache_dir),
             )
-        from triton_rec.gpu_share import open_shared_cache
+        from triton_rec.gpu_share import open_shared_cache, shm_dir
 
         shared = open_shared_cache(
             name, capacity, table.vec_size, ways=params.cache_ways, policy=params.cache_policy,
-            device=spec.device_id,
+            device=spec.device_id, namespace=shm_namespace(table, shm_dir()),
         )
         return shared
 

@@ -48,6 +48,7 @@ import json
 import mmap
 import os
 import re
+import secrets
 import tempfile
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple, Union
@@ -61,6 +62,7 @@ from triton_rec.array_cache import (
     resolve_xp,
 )
 from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.shm_security import open_private_file, open_segment_dir, remove_namespace_dir
 
 __all__ = [
     "CupyUnavailableError",
@@ -123,9 +125,10 @@ def _publish_file(
     in place (``exclusive``: fails with FileExistsError if ``path`` exists) or rename it
     over ``path``. Readers never see a partly written file."""
     d = os.path.dirname(path)
-    tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    tmp = os.path.join(d, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
+        os.fchmod(fd, 0o600)
         if size:
             os.ftruncate(fd, size)
         write(fd)
@@ -155,13 +158,14 @@ class FileLock:
     """Process-shared writer lock: ``flock`` on a file, plus a thread lock (``flock``
     does not exclude threads sharing one open file). Pass it as the cache's ``lock``.
 
-    The lock file is created if needed; :meth:`unlink` removes it (owner's cleanup).
-    A lock held by a process that dies is released by the kernel.
+    The lock file is created if needed (mode 0600); an existing one is used only if it is
+    private to our user (:mod:`triton_rec.shm_security`). :meth:`unlink` removes it
+    (owner's cleanup). A lock held by a process that dies is released by the kernel.
     """
 
     def __init__(self, path: str):
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd = open_private_file(path, os.O_RDWR | os.O_CREAT, "writer lock file")
         self._tlock = threading.Lock()
 
     def __enter__(self):
@@ -293,9 +297,10 @@ def attach_numpy_arrays(name: str, directory: Optional[str] = None) -> SharedArr
     Raises:
         FileNotFoundError: nothing is published under ``name``.
         ConfigError: the file is not one of ours.
+        SharedMemorySecurityError: the file is not private to our user (never read).
     """
     path = _path(name, directory)
-    fd = os.open(path, os.O_RDWR)
+    fd = open_private_file(path, os.O_RDWR, "shared array file")
     try:
         size = os.fstat(fd).st_size
         if size < _HEADER:
@@ -411,8 +416,9 @@ def read_handles(path: str, check_owner: bool = True) -> Dict[str, Dict[str, Any
         StaleHandlesError: ``check_owner`` and the publishing process is gone (its device
             memory is freed: the handles must not be opened).
         ConfigError: not a handles file.
+        SharedMemorySecurityError: the file is not private to our user (never read).
     """
-    with open(path, "rb") as f:
+    with os.fdopen(open_private_file(path, os.O_RDONLY, "CUDA IPC handles file"), "rb") as f:
         doc = json.loads(f.read().decode())
     if not isinstance(doc, dict) or doc.get("format") != HANDLES_FORMAT:
         raise ConfigError(f"{path}: not a triton-rec CUDA IPC handles file")
@@ -444,7 +450,8 @@ class SharedCache(HostCacheView):
 
     def close(self) -> None:
         """Detach. The owner also removes the published files (and, on a GPU, frees the
-        memory once the cache object is gone: other processes must be done by then)."""
+        memory once the cache object is gone: other processes must be done by then), and
+        the namespace directory if that left it empty."""
         if self._keepalive is not None and hasattr(self._keepalive, "close"):
             self._keepalive.close()
         self._keepalive = None
@@ -456,6 +463,8 @@ class SharedCache(HostCacheView):
                     os.unlink(p)
                 except FileNotFoundError:
                     pass
+            if self.files:
+                remove_namespace_dir(os.path.dirname(self.files[0]))
 
     def __enter__(self) -> "SharedCache":
         return self
@@ -472,6 +481,7 @@ def open_shared_cache(
     policy: str = "lru",
     device: Union[str, int] = "cpu",
     directory: Optional[str] = None,
+    namespace: Optional[str] = None,
 ) -> SharedCache:
     """Create the cache published as ``name``, or attach to it if it exists.
 
@@ -480,11 +490,23 @@ def open_shared_cache(
     the writer lock file ``<dir>/<name>.lock``, which every process then passes to its
     cache as the process-shared writer lock.
 
+    With a ``namespace`` (the node store's token) ``<dir>`` is that store's private
+    directory ``<shm_dir>/trec-ns-<namespace>`` (mode 0700). Every file is used only if
+    private to our user (:mod:`triton_rec.shm_security`).
+
     An attached cache must have the same geometry and policy (ConfigError otherwise).
     """
     if device != "cpu":
         _cupy()  # fail before leaving any file behind
-    lock = FileLock(_path(name, directory, ".lock"))
+    if namespace is not None:
+        dfd, directory = open_segment_dir(shm_dir(directory), namespace)
+        os.close(dfd)
+    try:
+        lock = FileLock(_path(name, directory, ".lock"))
+    except BaseException:
+        if namespace is not None:
+            remove_namespace_dir(directory)
+        raise
     try:
         with lock:
             if device == "cpu":
@@ -495,6 +517,8 @@ def open_shared_cache(
                                                 int(device), directory, lock)
     except BaseException:
         lock.close()
+        if namespace is not None:
+            remove_namespace_dir(directory)  # if this left it empty
         raise
     if not shared.owner:
         # A writer that died mid-write left its sets odd; drop their (maybe torn) data.

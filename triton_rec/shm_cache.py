@@ -32,6 +32,14 @@ Life cycle of a segment (the rule):
   configuration is never touched; ``open`` raises :class:`CacheConfigMismatchError`
   naming the file.
 
+* **privacy** (:mod:`triton_rec.shm_security`): a segment is created mode 0600 and
+  opened (without following symbolic links) only if it is a regular file owned by this
+  process's euid with no group/other permission bits; anything else raises
+  :class:`~triton_rec.shm_security.SharedMemorySecurityError` naming the file, its
+  owner and mode, before it is read or locked. With a ``namespace`` (what the backends
+  pass: the node store's token) segments live in ``<directory>/trec-ns-<token>/``, a
+  directory of mode 0700 that the last close of its last segment removes.
+
 All processes sharing a segment must run in the same PID namespace (robust mutexes and
 the liveness check identify processes by PID).
 """
@@ -54,7 +62,7 @@ from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from triton_rec import _native
+from triton_rec import _native, shm_security
 from triton_rec.errors import CacheConfigMismatchError, CacheError
 
 log = logging.getLogger(__name__)
@@ -96,8 +104,12 @@ def segment_file_name(name: str) -> str:
     return SEGMENT_PREFIX + safe
 
 
-def segment_path(name: str, directory: str = DEFAULT_DIRECTORY) -> str:
-    """The file of the segment called ``name``."""
+def segment_path(name: str, directory: str = DEFAULT_DIRECTORY,
+                 namespace: Optional[str] = None) -> str:
+    """The file of the segment called ``name`` (in the namespace's private directory if
+    one is given)."""
+    if namespace is not None:
+        directory = shm_security.namespace_directory(directory, namespace)
     return os.path.join(directory, segment_file_name(name))
 
 
@@ -189,38 +201,39 @@ def _flock(fd: int, deadline: float, path: str) -> None:
 
 def _same_file(fd: int, path: str) -> bool:
     try:
-        a, b = os.fstat(fd), os.stat(path)
+        a, b = os.fstat(fd), os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _open_unnamed(directory: str):
-    """An unnamed file in ``directory`` (O_TMPFILE), or a uniquely named one if the
-    file system lacks O_TMPFILE. Returns (fd, temporary name or None)."""
+def _open_unnamed(dfd: int):
+    """An unnamed file (mode 0600) in the directory open as ``dfd`` (O_TMPFILE), or a
+    uniquely named one if the file system lacks O_TMPFILE. Returns (fd, temporary name
+    relative to ``dfd``, or None)."""
     if hasattr(os, "O_TMPFILE"):
         try:
-            return os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600), None
+            fd = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            os.fchmod(fd, 0o600)  # whatever the umask
+            return fd, None
         except OSError as e:
             if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
                 raise
-    tmp = os.path.join(directory, f".trec_tmp-{os.getpid()}-{uuid.uuid4().hex}")
-    return os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600), tmp
+    tmp = f".trec_tmp-{os.getpid()}-{uuid.uuid4().hex}"
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                 dir_fd=dfd)
+    os.fchmod(fd, 0o600)
+    return fd, tmp
 
 
-def _link_into_place(fd: int, tmp: Optional[str], path: str) -> None:
-    """link(2) the new segment to ``path``; FileExistsError if the name is taken."""
+def _link_into_place(fd: int, tmp: Optional[str], dfd: int, fname: str) -> None:
+    """link(2) the new segment to ``fname`` in ``dfd``; FileExistsError if the name is taken."""
     if tmp:
-        os.link(tmp, path)
+        os.link(tmp, fname, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
         return
     # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N names an O_TMPFILE file. (os.link only
     # uses linkat, and so follows the /proc symlink, when a dir_fd is given.)
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.link(f"/proc/self/fd/{fd}", os.path.basename(path), src_dir_fd=dfd, dst_dir_fd=dfd,
-                follow_symlinks=True)
-    finally:
-        os.close(dfd)
+    os.link(f"/proc/self/fd/{fd}", fname, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -249,10 +262,12 @@ class SharedEmbeddingCache:
     set does automatically (its keys are dropped, never served torn).
     """
 
-    def __init__(self, *, name: str, path: str, fd: int, mm: mmap.mmap, view, token: int):
+    def __init__(self, *, name: str, path: str, fd: int, mm: mmap.mmap, view, token: int,
+                 namespace_dir: Optional[str] = None):
         # Private: use SharedEmbeddingCache.open().
         self.name = name
         self.path = path
+        self._namespace_dir = namespace_dir
         self._fd = fd
         self._mm = mm
         self._view = view
@@ -274,8 +289,10 @@ class SharedEmbeddingCache:
         ways: int = 8,
         directory: str = DEFAULT_DIRECTORY,
         timeout: float = _OPEN_TIMEOUT,
+        namespace: Optional[str] = None,
     ) -> "SharedEmbeddingCache":
-        """Create the segment ``<directory>/trec_<name>`` or attach to it (see the module
+        """Create the segment ``<directory>/trec_<name>`` (with a ``namespace``:
+        ``<directory>/trec-ns-<namespace>/trec_<name>``) or attach to it (see the module
         docstring for the exact rule).
 
         Args:
@@ -291,8 +308,14 @@ class SharedEmbeddingCache:
             ways: associativity (1..64).
             directory: where segments live (a tmpfs; ``/dev/shm``).
             timeout: seconds to wait for other processes' file locks.
+            namespace: the node store's token (:func:`triton_rec.shm_security.store_namespace`):
+                the segment lives in that store's private directory (mode 0700, removed
+                with its last segment). Without it, directly in ``directory``.
 
         Raises:
+            SharedMemorySecurityError: the segment (or the namespace directory) is not
+                private to this process's user: another owner, group/other permission
+                bits, a symbolic link (:mod:`triton_rec.shm_security`). Never read from.
             CacheConfigMismatchError: the segment exists, is in use by a live process and
                 has another configuration (the message names the file).
             CacheError: the segment cannot be created/attached (no space, not a cache
@@ -309,46 +332,67 @@ class SharedEmbeddingCache:
         params = dict(num_sets=num_sets, ways=int(ways), vec_size=int(vec_size), policy=policy)
         checksum = config_checksum(**params)
         nbytes = _native.ShmCacheView.required_bytes(**params)
-        path = segment_path(name, directory)
+        fname = segment_file_name(name)
         token = _self_token()
         deadline = time.monotonic() + timeout
         while True:
-            if time.monotonic() > deadline:
-                raise CacheError(f"{path}: could not create or attach within {timeout} s")
+            # Every file operation is relative to the checked directory's fd; a namespace
+            # directory removed meanwhile (its last segment closed) fails with ENOENT and
+            # the loop starts over.
+            dfd, seg_dir = shm_security.open_segment_dir(directory, namespace)
+            ns_dir = seg_dir if namespace is not None else None
+            path = os.path.join(seg_dir, fname)
             try:
-                fd = os.open(path, os.O_RDWR)
-            except FileNotFoundError:
-                cache = cls._create(name, path, directory, params, nbytes, checksum, token)
+                if time.monotonic() > deadline:
+                    raise CacheError(f"{path}: could not create or attach within {timeout} s")
+                try:
+                    fd = shm_security.open_private_file(path, os.O_RDWR, "shared cache segment",
+                                                        dir_fd=dfd, name=fname)
+                except FileNotFoundError:
+                    cache = cls._create(name, path, dfd, fname, ns_dir, params, nbytes,
+                                        checksum, token)
+                    if cache is not None:
+                        return cache
+                    continue  # another process linked its segment first: attach to it
+                cache = cls._attach(name, path, dfd, fname, ns_dir, fd, params, checksum,
+                                    token, deadline)
                 if cache is not None:
                     return cache
-                continue  # another process linked its segment first: attach to it
-            cache = cls._attach(name, path, fd, params, checksum, token, deadline)
-            if cache is not None:
-                return cache
+            except BaseException:
+                if ns_dir is not None:
+                    shm_security.remove_namespace_dir(ns_dir)  # if we left it empty
+                raise
+            finally:
+                os.close(dfd)
 
     @classmethod
-    def _create(cls, name, path, directory, params, nbytes, checksum, token):
-        """Format an unnamed file and link it to ``path``; None if ``path`` appeared meanwhile."""
-        fd, tmp = _open_unnamed(directory)
+    def _create(cls, name, path, dfd, fname, ns_dir, params, nbytes, checksum, token):
+        """Format an unnamed file and link it to ``path``; None if ``path`` appeared
+        meanwhile (or its namespace directory was removed)."""
+        try:
+            fd, tmp = _open_unnamed(dfd)
+        except FileNotFoundError:
+            return None  # the namespace directory was removed: start over
         mm = view = None
         try:
             try:
                 os.posix_fallocate(fd, 0, nbytes)  # reserve tmpfs pages now: no SIGBUS later
             except OSError as e:
                 raise CacheError(
-                    f"{path}: cannot allocate {nbytes} bytes in {directory}: {e.strerror}"
-                ) from None
+                    f"{path}: cannot allocate {nbytes} bytes in {os.path.dirname(path)}: "
+                    f"{e.strerror}") from None
             mm = mmap.mmap(fd, nbytes)
             view = _native.ShmCacheView.initialize(mm, checksum=checksum, **params)
             view._register_token(token)
             try:
-                _link_into_place(fd, tmp, path)
-            except FileExistsError:
+                _link_into_place(fd, tmp, dfd, fname)
+            except (FileExistsError, FileNotFoundError):  # taken, or the directory is gone
                 view.release()
                 mm.close()
                 os.close(fd)
                 return None
-            return cls(name=name, path=path, fd=fd, mm=mm, view=view, token=token)
+            return cls(name=name, path=path, fd=fd, mm=mm, view=view, token=token,
+                       namespace_dir=ns_dir)
         except BaseException:
             if view is not None and not view.released:
                 view.release()
@@ -362,18 +406,18 @@ class SharedEmbeddingCache:
         finally:
             if tmp:
                 try:
-                    os.unlink(tmp)
+                    os.unlink(tmp, dir_fd=dfd)
                 except FileNotFoundError:
                     pass
 
     @classmethod
-    def _attach(cls, name, path, fd, params, checksum, token, deadline):
+    def _attach(cls, name, path, dfd, fname, ns_dir, fd, params, checksum, token, deadline):
         """Attach to the segment open as ``fd``; None to start over (replaced or stale)."""
         mm = view = None
         keep = False
         try:
             _flock(fd, deadline, path)
-            if not _same_file(fd, path):
+            if not _same_file(fd, path):  # (the directory is ours or sticky: path is stable)
                 return None  # unlinked or replaced while we waited
             size = os.fstat(fd).st_size
             if size == 0:
@@ -387,7 +431,7 @@ class SharedEmbeddingCache:
                 ) from None
             live = _live_tokens(view)
             if not live:
-                os.unlink(path)  # stale: nobody alive uses it; recreate it from scratch
+                os.unlink(fname, dir_fd=dfd)  # stale: nobody alive uses it; recreate it
                 log.info("replaced stale shared cache segment %s", path)
                 return None
             if view.checksum != checksum:
@@ -406,7 +450,8 @@ class SharedEmbeddingCache:
                 raise CacheError(f"{path}: attachment table full "
                                  f"({_native.SHM_CACHE_ATTACH_SLOTS} live attachments)")
             keep = True
-            return cls(name=name, path=path, fd=fd, mm=mm, view=view, token=token)
+            return cls(name=name, path=path, fd=fd, mm=mm, view=view, token=token,
+                       namespace_dir=ns_dir)
         finally:
             try:
                 fcntl.flock(fd, fcntl.LOCK_UN)
@@ -551,6 +596,8 @@ class SharedEmbeddingCache:
                 self._view._unregister_token(self._token)
                 if locked and not _live_tokens(self._view) and _same_file(self._fd, self.path):
                     os.unlink(self.path)
+                    if self._namespace_dir is not None:
+                        shm_security.remove_namespace_dir(self._namespace_dir)
         finally:
             if locked:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)

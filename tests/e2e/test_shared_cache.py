@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import glob
 import json
 import os
 import re
@@ -25,7 +26,8 @@ TABLES = [
 
 
 def _segments(model):
-    return sorted(e for e in os.listdir("/dev/shm") if e.startswith("trec_") and f"{model}." in e)
+    """Segment files of ``model``: in /dev/shm or in a store's namespace directory."""
+    return sorted(glob.glob(f"/dev/shm/trec_{model}.*") + glob.glob(f"/dev/shm/trec-ns-*/trec_{model}.*"))
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +93,37 @@ def test_four_instances_share_one_cache_per_table(shared_server):
     while len(instances_that_served()) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(instances_that_served()) >= 2, instances_that_served()
+
+
+def test_a_server_with_another_store_never_shares_the_cache_segments(shared_server, tmp_path_factory):
+    rng = np.random.default_rng(7)
+    keys = [rng.choice(table_keys(SEED, t, s.rows), 2 * s.max_keys_per_sample, replace=False)
+            for t, s in enumerate(TABLES)]
+    defaults = np.concatenate([np.full(len(k) * s.vec_size, s.default_value, np.float32)
+                               for k, s in zip(keys, TABLES)])
+    _lookup(shared_server, keys)
+    deadline = time.monotonic() + 10.0  # until the first server's cache holds the keys
+    while not np.array_equal(_lookup(shared_server, keys), _truth(keys)):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    # Same model, same table content, another node store: another server's own cache.
+    repo = tmp_path_factory.mktemp("other-store-repo")
+    entry = write_model(str(repo), "hps_shared", TABLES, seed=SEED)
+    entry.update(gpucache=True, gpucacheper=0.5, hit_rate_threshold=0.0, cache_policy="lru", cache_ways=4)
+    (repo / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
+    (repo / "hps_shared" / "config.pbtxt").write_text(hps_config("hps_shared", 1))
+    log = tmp_path_factory.mktemp("other-store-logs") / "tritonserver.log"
+    store = tmp_path_factory.mktemp("other-store")
+    # (other cache settings too: with a shared segment this load would fail)
+    with TritonServer(repo, log_path=log, env={"TRITON_REC_STORE": str(store)}) as other:
+        np.testing.assert_array_equal(_lookup(other, keys), defaults)  # cold: not shared
+        segments = _segments("hps_shared")
+        assert len(segments) == 2 * len(TABLES), segments
+        dirs = {os.path.dirname(p) for p in segments}
+        assert len(dirs) == 2 and all(os.path.basename(d).startswith("trec-ns-") for d in dirs)
+        assert all(os.stat(d).st_mode & 0o777 == 0o700 for d in dirs)
+        assert all(os.stat(p).st_mode & 0o777 == 0o600 for p in segments)
+    assert len(_segments("hps_shared")) == len(TABLES)  # the first server's are still there
 
 
 def _sum(text, name, model="hps_shared"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 
 import numpy as np
@@ -53,7 +54,7 @@ def test_two_sessions_of_one_model_share_tables_and_caches(params, tmp_path):
     finally:
         a.close()
         b.close()
-    assert not [e for e in os.listdir("/dev/shm") if e.startswith(f"trec_{p.model}.")]
+    assert not glob.glob(f"/dev/shm/trec_{p.model}.*") + glob.glob(f"/dev/shm/trec-ns-*/trec_{p.model}.*")
 
 
 def test_a_new_table_content_gets_a_new_cache(params, tmp_path):
@@ -110,3 +111,4 @@ def test_a_gpu_instance_without_cupy_fails_clearly_and_leaves_nothing(params, tm
     with pytest.raises(CupyUnavailableError, match="(?i)cupy"):
         open_session(p, InstanceSpec(kind="GPU", device_id=0, store_dir=str(tmp_path / "store")))
     assert not [e for e in os.listdir("/dev/shm") if p.model in e]
+    assert not glob.glob(f"/dev/shm/trec-ns-*/*{p.model}*")
