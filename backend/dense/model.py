@@ -17,7 +17,7 @@ import triton_python_backend_utils as pb_utils
 from triton_rec.config import find_ps_config, load_ps_config
 from triton_rec.deployment import load_dense_model
 from triton_rec.errors import ConfigError, TritonRecError
-from triton_rec.model_config import model_parameter
+from triton_rec.model_config import check_max_batch_size, model_parameter
 from triton_rec.ranking import DenseSession
 from triton_rec.triton_glue import MetricsPusher, RequestCounters, prepare_process, run_requests
 from triton_rec.triton_metrics import RequestMetrics
@@ -29,6 +29,7 @@ class TritonPythonModel:
         self.model_name = args["model_name"]
         try:
             settings = prepare_process(pb_utils, self.model_name, config)
+            check_max_batch_size(config)
             outputs = config.get("output") or []
             if len(outputs) != 1 or outputs[0].get("data_type") != "TYPE_FP32":
                 raise ConfigError(f"model '{self.model_name}' config.pbtxt: expected one TYPE_FP32 output")
