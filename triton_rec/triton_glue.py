@@ -81,19 +81,34 @@ def release_input_pages(tensor, nbytes: int) -> bool:
         return False
 
 
-def check_input_size(model_name: str, name: str, tensor, limits: InputLimits) -> None:
-    """RequestError if ``tensor`` holds more elements than any valid request of the model
-    (from its shape: no data is read). The pages of a refused tensor are released."""
+#: An input over its limit but at most this large is left to the model's own checks,
+#: which name the precise problem (samples over max_batch_size, counts per table...);
+#: a larger one is refused from its shape alone, its data never read.
+PRECISE_CHECK_BYTES = 1 << 20
+
+
+def check_input_size(model_name: str, name: str, tensor, limits: InputLimits) -> bool:
+    """Whether ``tensor`` holds more elements than any valid request of the model (from
+    its shape: no data is read). Above :data:`PRECISE_CHECK_BYTES` such a tensor is
+    refused here (RequestTooLarge) and its shared-memory pages are released."""
     limit = limits.get(name)
     if limit is None:
-        return
+        return False
     n = 1
     for d in tensor.shape():
         n *= int(d)
     max_elements, itemsize, why = limit
-    if n > max_elements:
-        release_input_pages(tensor, n * itemsize)
-        raise RequestTooLarge(
+    if n <= max_elements:
+        return False
+    if n * itemsize <= PRECISE_CHECK_BYTES:
+        return True
+    release_input_pages(tensor, n * itemsize)
+    raise too_large(model_name, name, n, limit)
+
+
+def too_large(model_name: str, name: str, n: int, limit) -> "RequestTooLarge":
+    max_elements, itemsize, why = limit
+    return RequestTooLarge(
             f"model '{model_name}': input {name} holds {n} elements ({n * itemsize} bytes), "
             f"more than the {max_elements} ({max_elements * itemsize} bytes) of the model's "
             f"largest valid request ({why})"
@@ -132,6 +147,7 @@ def run_requests(
     responses = [None] * len(requests)
     parsed, slots = [], []
     for i, request in enumerate(requests):
+        over = None
         try:
             tensors = []
             for name in input_names:
@@ -140,14 +156,18 @@ def run_requests(
                     raise RequestError(
                         f"model '{model_name}': missing input {name} (needs {', '.join(input_names)})"
                     )
-                if limits is not None:
-                    check_input_size(model_name, name, t, limits)
+                if limits is not None and check_input_size(model_name, name, t, limits):
+                    over = name
                 tensors.append(t.as_numpy())
-            parsed.append(parse(*tensors))
+            request_parsed = parse(*tensors)
+            if over is not None:  # consistent, but larger than the model allows
+                n = tensors[list(input_names).index(over)].size
+                raise too_large(model_name, over, n, limits[over])
+            parsed.append(request_parsed)
             slots.append(i)
         except RequestError as e:
             if counters is not None:
-                reason = (RESULT_REJECTED_TOO_LARGE if isinstance(e, RequestTooLarge)
+                reason = (RESULT_REJECTED_TOO_LARGE if over is not None or isinstance(e, RequestTooLarge)
                           else RESULT_REJECTED_INVALID)
                 counters.counts[reason] += 1
             responses[i] = pb_utils.InferenceResponse(

@@ -73,13 +73,20 @@ def limits_server(model_repo, tmp_path_factory, nothing_left_in_dev_shm, store_d
     srv.stop()
 
 
-def test_a_request_just_above_the_model_limit_is_refused_naming_input_size_and_limit(limits_server, protocol):
+def test_requests_above_the_model_limit_are_refused_naming_input_size_and_limit(limits_server, protocol):
     tc_error = __import__(f"tritonclient.{protocol}", fromlist=["x"]).InferenceServerException
+    # Over 1 MiB: refused from the shape alone, naming the input, its size and the limit.
+    n = 2 * MiB // 8
+    with pytest.raises(tc_error) as e:
+        infer_raw(limits_server, protocol, "hps_wdl", _keys_request(n))
+    msg = str(e.value)
+    assert f"input KEYS holds {n} elements ({n * 8} bytes)" in msg, msg
+    assert f"more than the {WDL_MAX_KEYS} ({WDL_MAX_KEYS * 8} bytes)" in msg, msg
+    assert "hps_wdl" in msg and "max_batch_size 1024 x 28 keys per sample" in msg, msg
+    # Just above the limit (small): the model's own check names the precise problem.
     with pytest.raises(tc_error) as e:
         infer_raw(limits_server, protocol, "hps_wdl", _keys_request(WDL_MAX_KEYS + 1))
-    msg = str(e.value)
-    assert "KEYS" in msg and str(WDL_MAX_KEYS + 1) in msg and str(WDL_MAX_KEYS) in msg, msg
-    assert "hps_wdl" in msg and "max_batch_size 1024" in msg, msg
+    assert "more than max_batch_size 1024" in str(e.value), str(e.value)
     # ... and the next valid request is answered.
     out = infer_raw(limits_server, protocol, "hps_wdl", _valid_request()).as_numpy("OUTPUT0")
     assert out.shape == (20 * 1 + 260 * 16,)
