@@ -47,6 +47,9 @@ class Tensor:
     def as_numpy(self):
         return self._array
 
+    def shape(self):
+        return list(self._array.shape)
+
 
 class InferenceResponse:
     def __init__(self, output_tensors=(), error=None):  # 2.51: no `parameters`

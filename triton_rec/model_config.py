@@ -29,9 +29,32 @@ def _io(config: Dict[str, Any], kind: str) -> List[Dict[str, Any]]:
     return list(config.get(kind) or [])
 
 
-def _check_inputs(config: Dict[str, Any], expected: Dict[str, Tuple[str, ...]]) -> str:
-    """Exactly the ``expected`` inputs, each of one of its allowed types; the model name."""
+#: Largest config.pbtxt ``max_batch_size`` a model may declare (samples per request).
+MAX_BATCH_SIZE_LIMIT = 1 << 20
+
+
+def check_max_batch_size(config: Dict[str, Any]) -> int:
+    """config.pbtxt ``max_batch_size``: an integer in 0..:data:`MAX_BATCH_SIZE_LIMIT`
+    (ConfigError naming the model and the field otherwise)."""
     name = config.get("name", "?")
+    value = config.get("max_batch_size", 0)
+    try:
+        ok = float(value) == int(value) and 0 <= int(value) <= MAX_BATCH_SIZE_LIMIT
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"model '{name}' config.pbtxt: max_batch_size must be an integer from 0 to "
+            f"{MAX_BATCH_SIZE_LIMIT}, got {value!r}"
+        )
+    return int(value)
+
+
+def _check_inputs(config: Dict[str, Any], expected: Dict[str, Tuple[str, ...]]) -> str:
+    """Exactly the ``expected`` inputs, each of one of its allowed types (and a sane
+    ``max_batch_size``); the model name."""
+    name = config.get("name", "?")
+    check_max_batch_size(config)
     inputs = {i["name"]: i for i in _io(config, "input")}
     for inp, dtypes in expected.items():
         allowed = " or ".join(dtypes)

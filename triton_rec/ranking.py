@@ -13,7 +13,7 @@ and one dense forward pass for all their samples.
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -61,6 +61,13 @@ class RankingSession:
     def cached_tables(self):
         return self.table_set.tables
 
+    def input_limits(self, catcolumn_itemsize: int = 8):
+        """The most elements each input of a valid request holds (see
+        :data:`triton_rec.triton_glue.InputLimits`), from max_batch_size, the network's
+        dense_dim and slots and the most keys per sample of each table."""
+        return hugectr_input_limits(self.params.max_batch_size, self.dense, self.slots,
+                                    keys_per_sample(self.params, self.dense), catcolumn_itemsize)
+
     def parse_request(self, des: np.ndarray, catcolumn: np.ndarray, rowindex: np.ndarray) -> HugeCTRRequest:
         """Validate one request (RequestError says what is wrong)."""
         return parse_hugectr_request(
@@ -104,6 +111,44 @@ class RankingSession:
         self.table_set.close()
 
 
+def keys_per_sample(params: Optional[ModelParams], dense: DenseModel) -> List[int]:
+    """Most keys of each table in one valid sample: the largest of ps.json's
+    ``maxnum_catfeature_query_per_table_per_sample`` and what the network declares
+    (``max_feature_num_per_sample``, ``slot_num x nnz_per_slot``)."""
+    out = []
+    for t, spec in enumerate(dense.tables):
+        bounds = [int(spec.slot_num)]
+        if params is not None and t < params.num_tables:
+            bounds.append(int(params.tables[t].max_keys_per_sample))
+        if spec.max_feature_num_per_sample:
+            bounds.append(int(spec.max_feature_num_per_sample))
+        if spec.max_nnz:
+            bounds.append(int(spec.slot_num) * int(spec.max_nnz))
+        out.append(max(bounds))
+    return out
+
+
+def hugectr_input_limits(max_batch_size: int, dense: DenseModel, slots: Sequence[int],
+                         keys: Sequence[int], key_itemsize: int = 8, vec_sizes=None):
+    """Input limits of the HugeCTR layout (``DES``, ``CATCOLUMN`` or, with ``vec_sizes``,
+    the ensemble's ``EMBEDDINGS``, ``ROWINDEX``); see :meth:`RankingSession.input_limits`."""
+    mbs, dim, total_slots = int(max_batch_size), int(dense.dense_dim), int(sum(slots))
+    per_sample = int(sum(keys))
+    limits = {
+        "DES": (mbs * dim, 4, f"max_batch_size {mbs} x dense_dim {dim}"),
+        "ROWINDEX": (mbs * total_slots + len(slots), 4,
+                     f"max_batch_size {mbs} x {total_slots} slots + {len(slots)} tables"),
+    }
+    if vec_sizes is None:
+        limits["CATCOLUMN"] = (mbs * per_sample, key_itemsize,
+                               f"max_batch_size {mbs} x {per_sample} keys per sample")
+    else:
+        floats = int(sum(k * v for k, v in zip(keys, vec_sizes)))
+        limits["EMBEDDINGS"] = (mbs * floats, 4,
+                                f"max_batch_size {mbs} x {floats} floats per sample")
+    return limits
+
+
 class DenseSession:
     """The dense half of an ensemble: ``DES`` + the ``hps`` model's ``EMBEDDINGS`` +
     ``ROWINDEX`` -> predictions (see :func:`~triton_rec.hugectr_request.parse_embedding_request`).
@@ -114,12 +159,21 @@ class DenseSession:
         max_batch_size: most samples one request may hold.
     """
 
-    def __init__(self, model: str, dense: DenseModel, max_batch_size: int):
+    def __init__(self, model: str, dense: DenseModel, max_batch_size: int,
+                 params: Optional[ModelParams] = None):
         self.model = model
         self.dense = dense
         self.max_batch_size = int(max_batch_size)
         self.slots = [int(t.slot_num) for t in dense.tables]
         self.vec_sizes = [int(t.vec_size) for t in dense.tables]
+        self.params = params
+
+    def input_limits(self):
+        """The most elements each input of a valid request holds (``DES``,
+        ``EMBEDDINGS``, ``ROWINDEX``), as :meth:`RankingSession.input_limits`."""
+        return hugectr_input_limits(self.max_batch_size, self.dense, self.slots,
+                                    keys_per_sample(self.params, self.dense),
+                                    vec_sizes=self.vec_sizes)
 
     def parse_request(self, des: np.ndarray, embeddings: np.ndarray, rowindex: np.ndarray):
         """Validate one request (RequestError says what is wrong)."""

@@ -115,6 +115,24 @@ def python_library_dir() -> str:
     return ""
 
 
+#: Server-wide settings that keep a node serving (docs/operations.md, "Readiness" and
+#: "Request limits and accounting"; upstream sources in docs/upstream-notes.md):
+#:
+#: - ``--strict-readiness=false``: ``/v2/health/ready`` is the server's own state. With
+#:   Triton's default (true) one model that failed to load keeps the whole node "not
+#:   ready" until it loads, also after it is unloaded; per-model readiness
+#:   (``/v2/models/<m>/ready``) stays exact either way.
+#: - ``--grpc-infer-allocation-pool-size=0``: the gRPC frontend keeps up to this many
+#:   request objects for reuse, each with the capacity of the largest request it ever
+#:   held (default 8: 8 x 64 MB stayed resident after 64 MB requests); 0 frees each
+#:   request when it is answered.
+#:
+#: Triton 2.51 has no request-size flag (``--http-max-input-size`` appears in 2.59;
+#: gRPC accepts up to 2 GB): the backends refuse what exceeds a model's largest valid
+#: request (:func:`triton_rec.triton_glue.check_input_size`).
+SERVER_LIMIT_FLAGS = ("--strict-readiness=false", "--grpc-infer-allocation-pool-size=0")
+
+
 class TritonServer:
     """A tritonserver process serving ``model_repository`` on loopback.
 
@@ -182,6 +200,7 @@ class TritonServer:
             # Our configs are complete; auto-completion would start an extra stub per
             # model (with a fixed 1 s wait inside the Python backend) at every load.
             "--disable-auto-complete-config",
+            *SERVER_LIMIT_FLAGS,
         ]
         if self.explicit:
             cmd.append("--model-control-mode=explicit")

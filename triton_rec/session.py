@@ -191,6 +191,16 @@ class LookupSession:
         self.services = []
 
     # -- validation -------------------------------------------------------------------
+    def input_limits(self):
+        """The most elements each input of a valid request holds (see
+        :data:`triton_rec.triton_glue.InputLimits`): ``KEYS`` max_batch_size x the sum of
+        ``maxnum_catfeature_query_per_table_per_sample``, ``NUMKEYS`` one count per table."""
+        mbs, per_sample = self.params.max_batch_size, sum(self._maxnum)
+        return {
+            "KEYS": (mbs * per_sample, 8, f"max_batch_size {mbs} x {per_sample} keys per sample"),
+            "NUMKEYS": (self.params.num_tables, 4, f"{self.params.num_tables} tables"),
+        }
+
     def parse_request(self, keys: np.ndarray, numkeys: np.ndarray) -> LookupRequest:
         """Check a request's tensors against the model; RequestError says what is wrong.
 

@@ -9,11 +9,114 @@ that call with an error instead of taking the model instance down.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import mmap
 import threading
-from typing import Callable, List, Sequence
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 from triton_rec.errors import RequestError
+
+#: Per input name: (most elements a valid request of the model holds, bytes per element,
+#: how that number follows from the model's configuration). Built once at ``initialize``
+#: by the session (``input_limits()``), checked on tensor metadata only.
+InputLimits = Mapping[str, Tuple[int, int, str]]
+
+RESULT_REJECTED_INVALID = "invalid"
+RESULT_REJECTED_TOO_LARGE = "too_large"
+RESULT_FAILED = "internal"
+
+
+class RequestCounters:
+    """Requests an instance answered with an error, by reason (plain integers, bumped on
+    the request path; published by the metrics thread as ``trec_requests_rejected_total``,
+    see :mod:`triton_rec.triton_metrics`). Triton 2.51's Python backend counts every
+    request answered with an error response as a success (docs/upstream-notes.md)."""
+
+    REASONS = (RESULT_REJECTED_INVALID, RESULT_REJECTED_TOO_LARGE, RESULT_FAILED)
+
+    def __init__(self):
+        self.counts = dict.fromkeys(self.REASONS, 0)
+
+    def snapshot(self) -> dict:
+        return dict(self.counts)
+
+
+_MADV_REMOVE = 9  # Linux: free the backing store (tmpfs pages) of a shared mapping
+_libc = None
+
+
+def release_input_pages(tensor, nbytes: int) -> bool:
+    """Give back the shared-memory pages that hold a rejected input's data.
+
+    The Python backend copies every input into its shared-memory pool before
+    ``execute`` runs, and the pool never shrinks: a 400 MB request would stay resident
+    (in /dev/shm, in the server and in this process) for the life of the instance.
+    ``madvise(MADV_REMOVE)`` on the whole pages inside the tensor's data frees them in
+    every process that maps the pool; the pool's allocator state lives outside the
+    tensor's data, and the data of a rejected request is never read again. The address
+    comes from the tensor's DLPack capsule (no copy). Returns whether pages were freed.
+    """
+    global _libc
+    try:
+        capsule = tensor.to_dlpack()
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        managed = get(capsule, b"dltensor")
+        # DLManagedTensor starts with DLTensor, which starts with `void* data`;
+        # device (int32 type, int32 id) follows: only kDLCPU (1) memory is released.
+        data = ctypes.c_void_p.from_address(managed).value
+        device_type = ctypes.c_int32.from_address(managed + ctypes.sizeof(ctypes.c_void_p)).value
+        if not data or device_type != 1:
+            return False
+        page = mmap.PAGESIZE
+        start, end = -(-data // page) * page, (data + nbytes) // page * page
+        if end <= start:
+            return False
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return _libc.madvise(start, end - start, _MADV_REMOVE) == 0
+    except Exception:  # best effort: the request is refused either way
+        return False
+
+
+#: An input over its limit but at most this large is left to the model's own checks,
+#: which name the precise problem (samples over max_batch_size, counts per table...);
+#: a larger one is refused from its shape alone, its data never read.
+PRECISE_CHECK_BYTES = 1 << 20
+
+
+def check_input_size(model_name: str, name: str, tensor, limits: InputLimits) -> bool:
+    """Whether ``tensor`` holds more elements than any valid request of the model (from
+    its shape: no data is read). Above :data:`PRECISE_CHECK_BYTES` such a tensor is
+    refused here (RequestTooLarge) and its shared-memory pages are released."""
+    limit = limits.get(name)
+    if limit is None:
+        return False
+    n = 1
+    for d in tensor.shape():
+        n *= int(d)
+    max_elements, itemsize, why = limit
+    if n <= max_elements:
+        return False
+    if n * itemsize <= PRECISE_CHECK_BYTES:
+        return True
+    release_input_pages(tensor, n * itemsize)
+    raise too_large(model_name, name, n, limit)
+
+
+def too_large(model_name: str, name: str, n: int, limit) -> "RequestTooLarge":
+    max_elements, itemsize, why = limit
+    return RequestTooLarge(
+            f"model '{model_name}': input {name} holds {n} elements ({n * itemsize} bytes), "
+            f"more than the {max_elements} ({max_elements * itemsize} bytes) of the model's "
+            f"largest valid request ({why})"
+        )
+
+
+class RequestTooLarge(RequestError):
+    """An input is larger than the model's largest valid request."""
 
 
 def run_requests(
@@ -24,6 +127,8 @@ def run_requests(
     parse: Callable,
     run: Callable[[List], List],
     respond: Callable,
+    limits: Optional[InputLimits] = None,
+    counters: Optional[RequestCounters] = None,
 ) -> List:
     """One ``execute`` call.
 
@@ -35,10 +140,14 @@ def run_requests(
         parse: ``parse(*tensors) -> parsed request``; raises RequestError.
         run: ``run(parsed requests) -> answers`` (one per request, same order).
         respond: ``respond(parsed, answer) -> pb_utils.InferenceResponse``.
+        limits: per input, the most elements a valid request holds: a larger input is
+            refused from its shape, before its data is read (:func:`check_input_size`).
+        counters: counts the requests answered with an error, by reason.
     """
     responses = [None] * len(requests)
     parsed, slots = [], []
     for i, request in enumerate(requests):
+        over = None
         try:
             tensors = []
             for name in input_names:
@@ -47,10 +156,20 @@ def run_requests(
                     raise RequestError(
                         f"model '{model_name}': missing input {name} (needs {', '.join(input_names)})"
                     )
+                if limits is not None and check_input_size(model_name, name, t, limits):
+                    over = name
                 tensors.append(t.as_numpy())
-            parsed.append(parse(*tensors))
+            request_parsed = parse(*tensors)
+            if over is not None:  # consistent, but larger than the model allows
+                n = tensors[list(input_names).index(over)].size
+                raise too_large(model_name, over, n, limits[over])
+            parsed.append(request_parsed)
             slots.append(i)
         except RequestError as e:
+            if counters is not None:
+                reason = (RESULT_REJECTED_TOO_LARGE if over is not None or isinstance(e, RequestTooLarge)
+                          else RESULT_REJECTED_INVALID)
+                counters.counts[reason] += 1
             responses[i] = pb_utils.InferenceResponse(
                 error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
             )
@@ -61,6 +180,8 @@ def run_requests(
         err = pb_utils.TritonError(f"model '{model_name}': inference failed: {e}")
         for i in slots:
             responses[i] = pb_utils.InferenceResponse(error=err)
+        if counters is not None:
+            counters.counts[RESULT_FAILED] += len(slots)
         return responses
     for i, req, out in zip(slots, parsed, answers):
         responses[i] = respond(req, out)

@@ -37,6 +37,11 @@ trec_updates_vectors_total             counter online-update vectors applied (la
 trec_updates_messages_total            counter online-update messages applied
 trec_updates_malformed_total           counter malformed update messages dropped
 trec_updates_errors_total              counter failed update batches (retried) and Redis errors
+trec_requests_rejected_total           counter requests answered with an error (labels
+                                               ``model``, ``reason``: ``invalid``,
+                                               ``too_large``, ``internal``); Triton's own
+                                               ``nv_inference_request_failure`` does not
+                                               count them (Python backend, 2.51)
 ====================================== ======= ==========================================
 """
 
@@ -69,6 +74,29 @@ _GAUGES = {
 }
 
 
+class RequestMetrics:
+    """Publishes a :class:`~triton_rec.triton_glue.RequestCounters` as
+    ``trec_requests_rejected_total{model, reason}`` (deltas, only on a change)."""
+
+    def __init__(self, pb_utils, model: str, counters):
+        self.counters = counters
+        self._family = pb_utils.MetricFamily(
+            name="trec_requests_rejected_total",
+            description="Requests answered with an error, by reason (invalid, too_large, internal)",
+            kind=pb_utils.MetricFamily.COUNTER)
+        self._metrics = {r: self._family.Metric(labels={"model": model, "reason": r})
+                         for r in counters.REASONS}
+        self._last = dict.fromkeys(counters.REASONS, 0)
+
+    def update(self) -> None:
+        now = self.counters.snapshot()
+        for reason, metric in self._metrics.items():
+            delta = now[reason] - self._last[reason]
+            if delta:
+                metric.increment(delta)
+        self._last = now
+
+
 class CacheMetrics:
     """Publishes the statistics of a :class:`~triton_rec.session.LookupSession`.
 
@@ -77,10 +105,13 @@ class CacheMetrics:
         model: model name (label).
         instance: model instance name (label of ``trec_instance_lookups_total``).
         session: the session whose tables are reported.
+        requests: the instance's :class:`~triton_rec.triton_glue.RequestCounters`, if
+            they are to be published too (:class:`RequestMetrics`).
     """
 
-    def __init__(self, pb_utils, model: str, instance: str, session):
+    def __init__(self, pb_utils, model: str, instance: str, session, requests=None):
         self.session = session
+        self._requests = RequestMetrics(pb_utils, model, requests) if requests is not None else None
         self._pb = pb_utils
         self._model = model
         counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
@@ -152,6 +183,8 @@ class CacheMetrics:
     def update(self) -> None:
         """Publish what changed since the last call (by MetricsPusher's thread, never
         from ``execute``): counter deltas, and the gauges whose value moved."""
+        if self._requests is not None:
+            self._requests.update()
         for entry in self._tables:
             t, last = entry["table"], entry["last"]
             now = t.stats.snapshot()

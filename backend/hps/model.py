@@ -29,7 +29,7 @@ from triton_rec.model_config import (
     model_parameter,
     with_model_parameters,
 )
-from triton_rec.triton_glue import MetricsPusher, prepare_process, run_requests
+from triton_rec.triton_glue import MetricsPusher, RequestCounters, prepare_process, run_requests
 from triton_rec.triton_metrics import CacheMetrics
 
 
@@ -67,9 +67,12 @@ class TritonPythonModel:
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         self.response_parameters = _supports_response_parameters()
+        self.limits = self.session.input_limits()
+        self.counters = RequestCounters()
         self.metrics = MetricsPusher(
             pb_utils, self.model_name,
-            CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session),
+            CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session,
+                         requests=self.counters),
             settings.metrics_interval)
         for line in config_warnings(ps_path, params):
             pb_utils.Logger.log_warn(line)
@@ -80,6 +83,7 @@ class TritonPythonModel:
         responses = run_requests(
             pb_utils, self.model_name, requests, ("KEYS", "NUMKEYS"),
             self.session.parse_request, self.session.lookup_many, self._response,
+            limits=self.limits, counters=self.counters,
         )
         return responses
 

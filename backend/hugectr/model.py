@@ -25,7 +25,7 @@ from triton_rec.model_config import (
     model_parameter,
     with_model_parameters,
 )
-from triton_rec.triton_glue import MetricsPusher, prepare_process, run_requests
+from triton_rec.triton_glue import MetricsPusher, RequestCounters, prepare_process, run_requests
 from triton_rec.triton_metrics import CacheMetrics
 
 
@@ -53,9 +53,13 @@ class TritonPythonModel:
             )
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
+        cat = next(i for i in config["input"] if i["name"] == "CATCOLUMN")
+        self.limits = self.session.input_limits(4 if cat.get("data_type") == "TYPE_UINT32" else 8)
+        self.counters = RequestCounters()
         self.metrics = MetricsPusher(
             pb_utils, self.model_name,
-            CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session),
+            CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session,
+                         requests=self.counters),
             settings.metrics_interval)
         for line in config_warnings(ps_path, params):
             pb_utils.Logger.log_warn(line)
@@ -68,6 +72,7 @@ class TritonPythonModel:
             self.session.parse_request, self.session.predict_many,
             lambda req, out: pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(self.output_name, out)]),
+            limits=self.limits, counters=self.counters,
         )
         return responses
 

@@ -150,3 +150,17 @@ def test_oversubscription_is_instances_times_threads_against_usable_cores():
     assert not InstanceSettings(intra_op_threads=1).oversubscribes(config)
     assert InstanceSettings(intra_op_threads=2).oversubscribes(config)
     assert "OVERSUBSCRIBED" in InstanceSettings(intra_op_threads=2).describe(config)
+
+
+def test_an_absurd_max_batch_size_is_refused_naming_the_model_and_field():
+    from triton_rec.errors import ConfigError
+    from triton_rec.model_config import MAX_BATCH_SIZE_LIMIT, check_hps_model_config
+
+    config = {"name": "m", "max_batch_size": 1000000000000,
+              "input": [{"name": "KEYS", "data_type": "TYPE_INT64"},
+                        {"name": "NUMKEYS", "data_type": "TYPE_INT32"}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32"}]}
+    with pytest.raises(ConfigError, match=r"model 'm' config.pbtxt: max_batch_size .*1000000000000"):
+        check_hps_model_config(config)
+    config["max_batch_size"] = MAX_BATCH_SIZE_LIMIT
+    assert check_hps_model_config(config) == ("OUTPUT0", ())
