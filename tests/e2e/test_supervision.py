@@ -50,6 +50,7 @@ class Load(threading.Thread):
         self.stop = threading.Event()
         self.results = []  # (monotonic time the request was sent, ok)
         self.wrong = 0
+        self.wrong_at = []
         self.errors = {}  # message -> count
 
     def run(self):
@@ -75,6 +76,7 @@ class Load(threading.Thread):
                 want = expected_vectors(SEED, 0, keys.reshape(-1), vec)
                 if not np.array_equal(out.reshape(-1), want.reshape(-1)):
                     self.wrong += 1
+                    self.wrong_at.append((sent, out.reshape(-1)[:4].tolist(), want.reshape(-1)[:4].tolist()))
                 self.results.append((sent, True))
 
 
@@ -120,7 +122,7 @@ def test_a_killed_instance_is_replaced_under_load(tmp_path, store_dir):
         assert not late_failures, (f"{len(late_failures)} requests sent {late_failures[:3]}.. s after the kill "
                                    f"failed: {[t.errors for t in loads]}; supervisor: {lines}")
         assert sum(ok for ts, ok in heal if ts > killed + HEAL_S) > 20, "no answers after the replacement"
-        assert all(t.wrong == 0 for t in loads), [t.wrong for t in loads]
+        assert all(t.wrong == 0 for t in loads), [[(round(w[0] - killed, 2),) + w[1:] for w in t.wrong_at] for t in loads]
         other = loads[2].results
         assert other and all(ok for _, ok in other), "the other model failed"
         assert srv.backend_pids("hps_other") == others, "the other model was touched"
