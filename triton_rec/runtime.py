@@ -14,7 +14,9 @@ library path and this virtual environment first on ``PATH`` (the stub uses the
 site-packages of the first Python on ``PATH``), waits until it is ready and stops it.
 
 Command line: ``python -m triton_rec.runtime serve --model-repository DIR`` (used by
-``make serve``) and ``python -m triton_rec.runtime prepare`` (backend directory only).
+``make serve``: tritonserver in the foreground, its instance processes supervised by
+:mod:`triton_rec.supervisor`) and ``python -m triton_rec.runtime prepare`` (backend
+directory only).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import sysconfig
 import time
 import urllib.request
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BACKEND_SOURCES = REPO_ROOT / "backend"
@@ -133,6 +135,14 @@ def python_library_dir() -> str:
 SERVER_LIMIT_FLAGS = ("--strict-readiness=false", "--grpc-infer-allocation-pool-size=0")
 
 
+def _die_with_parent() -> None:
+    """In the forked server, before exec: SIGTERM when the launching thread dies (Linux)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class TritonServer:
     """A tritonserver process serving ``model_repository`` on loopback.
 
@@ -145,6 +155,12 @@ class TritonServer:
         extra_args: more tritonserver flags.
         env: extra environment variables for the server and its backends
             (e.g. ``TRITON_REC_STORE``).
+        supervise: replace dead instance processes (:class:`~triton_rec.supervisor.Supervisor`,
+            run by this object while the server runs). Needs explicit model control:
+            without ``explicit`` the server runs in that mode with every model loaded
+            at start (``--load-model=*``), which serves what the default mode would.
+        supervisor_log: receives the supervisor's lines (default: stderr).
+        inherit_output: the server writes to this process's stdout/stderr (no log_path).
     """
 
     def __init__(
@@ -159,6 +175,9 @@ class TritonServer:
         extra_args: Sequence[str] = (),
         backend_dir: Path = DEFAULT_BACKEND_DIR,
         env: Optional[dict] = None,
+        supervise: bool = False,
+        supervisor_log: Optional[Callable[[str], None]] = None,
+        inherit_output: bool = False,
     ):
         self.model_repository = Path(model_repository).resolve()
         self.http_port = http_port or free_port()
@@ -170,6 +189,10 @@ class TritonServer:
         self.extra_args = list(extra_args)
         self.backend_dir = Path(backend_dir)
         self.extra_env = dict(env or {})
+        self.supervise = supervise
+        self.supervisor_log = supervisor_log
+        self.inherit_output = inherit_output
+        self.supervisor = None
         self.process: Optional[subprocess.Popen] = None
         self._log = None
 
@@ -202,9 +225,10 @@ class TritonServer:
             "--disable-auto-complete-config",
             *SERVER_LIMIT_FLAGS,
         ]
-        if self.explicit:
+        if self.explicit or self.supervise:
+            # The supervisor reloads models through the repository API (explicit mode only).
             cmd.append("--model-control-mode=explicit")
-            cmd += [f"--load-model={m}" for m in self.load_models]
+            cmd += [f"--load-model={m}" for m in (self.load_models if self.explicit else ["*"])]
         return cmd + self.extra_args
 
     def environment(self) -> dict:
@@ -224,21 +248,35 @@ class TritonServer:
         env.update(self.extra_env)
         return env
 
-    def start(self, timeout: float = 120.0) -> "TritonServer":
-        """Start the server and wait until it reports ready (or raise with its log tail)."""
+    def launch(self, die_with_parent: bool = False) -> "TritonServer":
+        """Start the server process (in its own session: its process group is its pid)
+        and, with ``supervise``, its supervisor; does not wait. ``die_with_parent``: the
+        server gets SIGTERM (a graceful stop) if this process dies first."""
         prepare_backend_dir(self.backend_dir)
-        out = subprocess.DEVNULL
+        out, err = subprocess.DEVNULL, subprocess.STDOUT
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "wb")
             out = self._log
+        elif self.inherit_output:
+            out = err = None
         self.process = subprocess.Popen(
-            self.command(), stdout=out, stderr=subprocess.STDOUT, env=self.environment(),
-            start_new_session=True,
+            self.command(), stdout=out, stderr=err, env=self.environment(),
+            start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None,
         )
+        if self.supervise:
+            from triton_rec.supervisor import Supervisor
+
+            self.supervisor = Supervisor(self.process.pid, self.http_url, log=self.supervisor_log).start()
+        return self
+
+    def start(self, timeout: float = 120.0) -> "TritonServer":
+        """Start the server and wait until it reports ready (or raise with its log tail)."""
+        self.launch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self._stop_supervisor()
                 raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
             if self.is_ready():
                 return self
@@ -289,6 +327,7 @@ class TritonServer:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGINT (graceful), then SIGKILL of the whole process group if it hangs."""
+        self._stop_supervisor()
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
@@ -301,6 +340,11 @@ class TritonServer:
         if self._log:
             self._log.close()
             self._log = None
+
+    def _stop_supervisor(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
 
     def _wait_group_gone(self, timeout: float) -> None:
         # Python-backend stub processes share the server's process group and clean up
@@ -324,6 +368,37 @@ class TritonServer:
         self.stop()
 
 
+class _PublicServer(TritonServer):
+    """Listens on every interface (the test fixtures keep loopback)."""
+
+    def command(self) -> List[str]:
+        return [a for a in super().command() if not a.startswith(("--http-address", "--grpc-address"))]
+
+
+def serve(server: TritonServer) -> int:
+    """Run ``server`` in the foreground until it exits; SIGINT/SIGTERM/SIGHUP of this
+    process are forwarded to it (a graceful stop, once). Returns its exit status after
+    its instance processes have gone."""
+    stopping = []
+
+    def forward(signum, _frame):
+        if server.process is None or server.process.poll() is not None:
+            return
+        if stopping:
+            print("triton-rec: already stopping (tritonserver waits for its exit timeout)",
+                  file=sys.stderr, flush=True)
+            return
+        stopping.append(signum)
+        server.process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    server.launch(die_with_parent=True)
+    code = server.process.wait()
+    server.stop()  # the supervisor, then whatever is left of the server's process group
+    return code if code >= 0 else 128 - code
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m triton_rec.runtime", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -333,6 +408,8 @@ def main(argv=None) -> int:
     s.add_argument("--http-port", type=int, default=8000)
     s.add_argument("--grpc-port", type=int, default=8001)
     s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--no-supervise", action="store_true",
+                   help="do not replace dead instance processes (and keep Triton's default model control)")
     s.add_argument("--print-command", action="store_true", help="print the command and exit")
     s.add_argument("--allowed-roots", metavar="DIR[:DIR...]",
                    help="confine every model file to these directories (sets "
@@ -344,16 +421,12 @@ def main(argv=None) -> int:
     from triton_rec.model_files import ALLOWED_ROOTS_ENV
 
     env = {ALLOWED_ROOTS_ENV: args.allowed_roots} if args.allowed_roots else None
-    server = TritonServer(args.model_repository, args.http_port, args.grpc_port, args.metrics_port,
-                          env=env)
-    # Listen on every interface when serving for real (the test fixtures keep loopback).
-    server_cmd = [a for a in server.command() if not a.startswith(("--http-address", "--grpc-address"))]
+    server = _PublicServer(args.model_repository, args.http_port, args.grpc_port, args.metrics_port,
+                           supervise=not args.no_supervise, inherit_output=True, env=env)
     if args.print_command:
-        print(" ".join(server_cmd))
+        print(" ".join(server.command()))
         return 0
-    prepare_backend_dir(server.backend_dir)
-    os.execvpe(server_cmd[0], server_cmd, server.environment())
-    return 0  # unreachable
+    return serve(server)
 
 
 if __name__ == "__main__":
