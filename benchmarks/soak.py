@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Soak: both backends for a long time at 80% of their measured peak, answers checked.
 
-One tritonserver (the launcher's supervised server when the runtime has one) serves:
+One tritonserver, supervised as the launcher runs it (a dead instance's model is
+reloaded), serves:
 
-- ``soak_hps``: an ``hps`` model, every ps.json default (cache on), 2 instances;
+- ``soak_hps``: an ``hps`` model, ps.json defaults (cache on) except
+  ``hit_rate_threshold: 1.0`` (misses always fetched, so answers are exact), 2 instances;
 - ``soak_tiers``: an ``hps`` model with a 3-master Redis Cluster (volatile tier) in front
   of RocksDB (persistent tier), ``on_unavailable: next_tier``, 2 instances;
 - ``soak_dlrm``: a ``hugectr`` DLRM (HugeCTR dense file), 2 instances.
@@ -97,8 +99,11 @@ def build(repo: Path, cluster, rocks: Path):
     from ps_loader import torch_dlrm as td
 
     rng = np.random.default_rng(SEED)
-    hps = write_model(str(repo), "soak_hps", [HPS_TABLE], seed=SEED)
-    tiers = write_model(str(repo), "soak_tiers", [TIER_TABLE], seed=SEED + 1)
+    # hit_rate_threshold 1.0: misses are always fetched, so every answer must be exact.
+    # (With HPS's default 0.9 a batch whose hit rate reaches 0.9 answers its misses with
+    # the default value, e.g. after a killed writer's cache set was emptied on repair.)
+    hps = dict(write_model(str(repo), "soak_hps", [HPS_TABLE], seed=SEED), hit_rate_threshold=1.0)
+    tiers = dict(write_model(str(repo), "soak_tiers", [TIER_TABLE], seed=SEED + 1), hit_rate_threshold=1.0)
     config = bench_dlrm_config()
     settings = td.TrainSettings(seed=SEED, epochs=1, train_rows=16384, eval_rows=2048, batch_size=512)
     result, dlrm = td.train_and_export(str(repo / "soak_dlrm" / "1"), config, settings,
@@ -278,7 +283,8 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         pools = build(repo, cluster, rocks)
         print(f"models written in {time.monotonic() - t0:.1f} s", flush=True)
-        server = TritonServer(repo, log_path=out_dir / "tritonserver.log",
+        server = TritonServer(repo, log_path=out_dir / "tritonserver.log", supervise=True,
+                              supervisor_log=lambda line: print(f"supervisor: {line}", flush=True),
                               env={"TRITON_REC_STORE": str(store)})
         server.start(timeout=300)
         try:
