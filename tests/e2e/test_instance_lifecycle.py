@@ -19,6 +19,7 @@ the time, so without the watchdog this test fails most of the time.
 from __future__ import annotations
 
 import json
+import contextlib
 import os
 import signal
 import threading
@@ -72,15 +73,28 @@ def assert_no_orphans(pgid: int, exited_at: float) -> None:
     assert not left, f"processes {left} of the server's group outlived it by {NO_ORPHAN_S:g} s"
 
 
+#: Models of the servers these tests kill (their cache segments are removed afterwards).
+KILLED_MODELS = ("hps_life", "hps_heal", "hps_other")
+
+
 def remove_server_shm(before) -> None:
     # A tritonserver that did not finalize an instance cannot unlink the shared-memory
-    # region it made for it; remove them as a supervisor would.
+    # region it made for it, and an instance that was killed or _exited by its watchdog
+    # does not detach from its cache segment (the next load from the same store reclaims
+    # it as stale); remove both as a supervisor would.
     for entry in set(os.listdir("/dev/shm")) - before:
         if entry.startswith("triton_") and "_shm_region_" in entry:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join("/dev/shm", entry))
-            except FileNotFoundError:
-                pass
+    for entry in os.listdir("/dev/shm"):
+        if not entry.startswith("trec-ns-"):
+            continue
+        ns = os.path.join("/dev/shm", entry)
+        with contextlib.suppress(OSError):
+            for seg in os.listdir(ns):
+                if seg.startswith(tuple(f"trec_{m}." for m in KILLED_MODELS)):
+                    os.unlink(os.path.join(ns, seg))
+            os.rmdir(ns)  # only when empty: another server's live segments stay
 
 
 def life_repo(tmp_path, count=2, interval="0.001", broken=False):
