@@ -18,8 +18,8 @@ the time, so without the watchdog this test fails most of the time.
 
 from __future__ import annotations
 
-import json
 import contextlib
+import json
 import os
 import signal
 import threading
