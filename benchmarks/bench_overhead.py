@@ -66,6 +66,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_perf_analyzer  # noqa: E402
 from machine import machine_info  # noqa: E402
 from triton_rec import perf_analyzer  # noqa: E402
+from triton_rec.procfs import tree_cpu_seconds  # noqa: E402
 from triton_rec.runtime import TritonServer  # noqa: E402
 
 SEED = 2026
@@ -392,23 +393,6 @@ def sanity_check(server: TritonServer, files: dict, groups) -> list:
 # ----------------------------------------------------------------------------- measuring
 
 
-def server_cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` and its children that are alive (the backend stubs)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(entry) == pid or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
-
-
 def inference_count(server: TritonServer, model: str) -> int:
     with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10) as r:
         stats = json.loads(r.read())["model_stats"]
@@ -435,14 +419,14 @@ def run_perf(model, group, n, conc, protocol, server, files, out_dir, args, tag)
             "--stability-percentage", str(stability), "--max-trials", str(args.max_trials),
             "-f", str(csv_path)])
         rec["command"] = " ".join(cmd[1:])
-        cpu0, inf0 = server_cpu_seconds(server.process.pid), inference_count(server, model)
+        cpu0, inf0 = tree_cpu_seconds(server.process.pid), inference_count(server, model)
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
                                   env=perf_analyzer.environment())
         except subprocess.TimeoutExpired:
             rec.update(status="failed", reason=f"timeout after {args.timeout} s")
             return rec
-        cpu1, inf1 = server_cpu_seconds(server.process.pid), inference_count(server, model)
+        cpu1, inf1 = tree_cpu_seconds(server.process.pid), inference_count(server, model)
         (out_dir / f"{tag}{'_retry' if attempt else ''}.log").write_text(done.stdout + done.stderr)
         if done.returncode == 0 and csv_path.exists():
             rec.update(parse_csv(csv_path))

@@ -29,13 +29,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_overhead as bo  # noqa: E402
 from machine import machine_info  # noqa: E402
 from triton_rec import perf_analyzer  # noqa: E402
+from triton_rec.procfs import proc_stat  # noqa: E402
 from triton_rec.runtime import TritonServer  # noqa: E402
 
 
 def cpu_and_faults(pid: int):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+    st = proc_stat(pid)
+    return st.cpu_seconds, st.minflt
 
 
 def measure(server: TritonServer, model: str, data: Path, seconds: float) -> dict:

@@ -304,26 +304,16 @@ class TritonServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def backend_pids(self, model: Optional[str] = None) -> List[int]:
-        """PIDs of the Python backend stub processes (one per model instance), optionally
-        only those of ``model`` (matched on the model directory in their command line)."""
+        """PIDs of the live Python backend stub processes (one per model instance),
+        optionally only those of ``model``."""
         if not self.process:
             return []
-        pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().split(b"\0")
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid != self.process.pid or not cmd or not cmd[0].endswith(b"triton_python_backend_stub"):
-                continue
-            if model is None or any(f"/{model}/".encode() in a or a.endswith(f"/{model}".encode()) for a in cmd):
-                pids.append(int(entry))
-        return sorted(pids)
+        from triton_rec.supervisor import stub_processes
+
+        by_model = stub_processes(self.process.pid)
+        if model is not None:
+            return sorted(by_model.get(model, ()))
+        return sorted(p for pids in by_model.values() for p in pids)
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGINT (graceful), then SIGKILL of the whole process group if it hangs."""

@@ -63,6 +63,7 @@ from typing import Dict, List, NamedTuple, Optional
 import numpy as np
 
 from triton_rec import _native, shm_security
+from triton_rec.procfs import proc_stat
 from triton_rec.errors import CacheConfigMismatchError, CacheError
 
 log = logging.getLogger(__name__)
@@ -129,24 +130,10 @@ def config_checksum(num_sets: int, ways: int, vec_size: int, policy: str) -> int
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
-def _proc_stat(pid: int):
-    """(state, start time in clock ticks) of a process from /proc, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2:].split()
-    try:
-        return fields[0].decode(), int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
 def _self_token() -> int:
     pid = os.getpid()
-    st = _proc_stat(pid)
-    start = st[1] if st else 0
+    st = proc_stat(pid)
+    start = st.starttime if st else 0
     return (start << _PID_BITS) | pid
 
 
@@ -162,10 +149,10 @@ def _token_alive(token: int) -> bool:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
-    st = _proc_stat(pid)
+    st = proc_stat(pid)
     if st is None:
         return True  # no /proc: kill() said it exists
-    state, started = st
+    state, started = st.state, st.starttime
     if state in ("Z", "X"):
         return False
     return not (start and started != start)

@@ -31,7 +31,9 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Set
+from typing import Callable, Dict, Optional, Set
+
+from triton_rec import procfs
 
 #: Seconds between two scans of the server's instance processes.
 SUPERVISE_INTERVAL_S = 0.5
@@ -42,57 +44,19 @@ UNLOAD_WAIT_S = 3.0
 STUB_NAME = "triton_python_backend_stub"
 
 
-def _stat_fields(pid: str) -> Optional[List[str]]:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _children(pid: int) -> List[str]:
-    """PIDs (as strings) of ``pid``'s children: /proc/<pid>/task/*/children where the
-    kernel has it, else a scan of /proc."""
-    try:
-        kids: List[str] = []
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                kids += f.read().split()
-        return kids
-    except FileNotFoundError:
-        if not os.path.exists(f"/proc/{pid}"):
-            return []
-    except OSError:
-        return []
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat_fields(entry)
-            if fields and fields[1] == str(pid):
-                out.append(entry)
-    return out
-
-
 def stub_processes(server_pid: int) -> Dict[str, Set[int]]:
     """Live (non-zombie) Python-backend stub children of ``server_pid``, by model name.
 
     A SIGKILLed stub stays a zombie child of the server until the server reaps it (at
     the model's unload), so zombies count as dead."""
     models: Dict[str, Set[int]] = {}
-    for pid in _children(server_pid):
-        fields = _stat_fields(pid)
-        if not fields or fields[0] == "Z":
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if len(argv) < 2 or not argv[0].endswith(STUB_NAME.encode()):
+    for pid in procfs.children(server_pid):
+        argv = procfs.cmdline(pid)
+        if len(argv) < 2 or not argv[0].endswith(STUB_NAME):
             continue
         # argv[1] is <model directory>/<version>/<model.py>; the directory is the model's name.
-        model = Path(os.fsdecode(argv[1])).parent.parent.name
-        models.setdefault(model, set()).add(int(pid))
+        model = Path(argv[1]).parent.parent.name
+        models.setdefault(model, set()).add(pid)
     return models
 
 
@@ -165,7 +129,7 @@ class Supervisor:
 
     def check(self) -> None:
         """One pass: find degraded models and reload them."""
-        if not os.path.exists(f"/proc/{self.server_pid}"):
+        if procfs.is_gone(self.server_pid):
             return
         now = stub_processes(self.server_pid)
         for model, pids in self._last.items():

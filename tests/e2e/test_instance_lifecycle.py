@@ -5,7 +5,7 @@ connected, has a dead sibling instance, or exits because a model failed to load.
 How the instance processes of a server are found: the server is started in its own
 session (TritonServer), so its process group id is its pid, and the Python-backend stubs
 it forks inherit that group; once the server has exited, every live (non-zombie)
-member of that group is an orphan (:func:`group_members`).
+member of that group is an orphan (:func:`triton_rec.procfs.group_members`).
 
 In Triton's Python-backend stub, a metric call waits for the server's answer while
 holding the stub's IPC mutex (and, for Metric.set, the GIL); the stub's own exit path
@@ -29,6 +29,7 @@ import numpy as np
 
 from ps_loader.synthetic import SyntheticTable, table_keys, write_model
 from tests.e2e.conftest import hps_config, make_client
+from triton_rec.procfs import group_members, is_gone
 from triton_rec.runtime import TritonServer
 from triton_rec.triton_glue import ORPHAN_GRACE_S
 
@@ -36,32 +37,8 @@ SEED = 31
 TABLES = [SyntheticTable("t", rows=5000, vec_size=8, max_keys_per_sample=4)]
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 #: Seconds after the server's exit by which no instance process of it may remain.
 NO_ORPHAN_S = 10.0
-
-
-def group_members(pgid: int):
-    """Live (non-zombie) processes of process group ``pgid``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            pids.append(int(entry))
-    return pids
 
 
 def assert_no_orphans(pgid: int, exited_at: float) -> None:
@@ -265,9 +242,9 @@ def test_instances_exit_when_the_server_is_killed_mid_publication(tmp_path, stor
         os.kill(srv.process.pid, signal.SIGKILL)
         killed = time.monotonic()
         deadline = killed + ORPHAN_GRACE_S + 5.0
-        while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        while not all(is_gone(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        alive = [p for p in pids if not _gone(p)]
+        alive = [p for p in pids if not is_gone(p)]
         assert not alive, f"instance processes {alive} outlived the server by {deadline - killed:.0f} s"
     finally:
         stop.set()

@@ -20,7 +20,8 @@ import numpy as np
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.e2e.conftest import hps_config, make_client
-from tests.e2e.test_instance_lifecycle import NO_ORPHAN_S, group_members, remove_server_shm
+from tests.e2e.test_instance_lifecycle import NO_ORPHAN_S, remove_server_shm
+from triton_rec.procfs import children, cmdline, group_members
 from triton_rec.runtime import TritonServer, free_port
 
 SEED = 47
@@ -154,32 +155,9 @@ def _launcher(tmp_path, store_dir):
     while not srv.is_ready():
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.log").read_text()
         time.sleep(0.2)
-    server_pid = [p for p in group_members_of_session(proc.pid) if _exe(p).endswith("tritonserver")]
+    server_pid = [p for p in children(proc.pid) if (cmdline(p) or [""])[0].endswith("tritonserver")]
     assert len(server_pid) == 1
     return proc, server_pid[0], log
-
-
-def _exe(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")[0].decode()
-    except OSError:
-        return ""
-
-
-def group_members_of_session(launcher_pid):
-    """Live children of the launcher."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[1]) == launcher_pid:
-                out.append(int(entry))
-    return out
 
 
 def _assert_all_gone(proc, server_pid, timeout):

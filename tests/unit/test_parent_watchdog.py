@@ -15,6 +15,8 @@ import sys
 import textwrap
 import time
 
+from triton_rec.procfs import is_gone
+
 INSTANCE = textwrap.dedent("""
     import ctypes, sys
     from triton_rec import _native
@@ -35,14 +37,6 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return True
-
-
 def orphan(mode: str) -> int:
     out = subprocess.run([sys.executable, "-c", PARENT, INSTANCE, mode], capture_output=True,
                          text=True, timeout=60, check=True)
@@ -52,10 +46,10 @@ def orphan(mode: str) -> int:
 def wait_gone(pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if gone(pid):
+        if is_gone(pid):
             return True
         time.sleep(0.05)
-    return gone(pid)
+    return is_gone(pid)
 
 
 def test_an_orphan_with_every_thread_stuck_exits_after_the_grace_period():

@@ -1,0 +1,113 @@
+"""Process facts from Linux ``/proc``: the one reader of ``/proc/<pid>/stat`` that the
+shared cache (liveness of attachers), the supervisor (instance processes), the
+launcher, the benchmarks and the tests use.
+
+Field positions are those of proc(5): after the command name in parentheses come
+state (3), ppid (4), pgrp (5), minflt (10), majflt (12), utime (14), stime (15) and
+starttime (22). The command name may itself contain ``)`` and spaces, so a line is cut
+at its LAST ``)``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator, List, NamedTuple, Optional
+
+
+class ProcStat(NamedTuple):
+    """One process's ``/proc/<pid>/stat``, the fields this project reads."""
+
+    state: str  #: R, S, D, Z (zombie: exited, not reaped), X, ...
+    ppid: int
+    pgid: int
+    minflt: int  #: minor page faults
+    utime: int  #: user CPU, clock ticks
+    stime: int  #: system CPU, clock ticks
+    starttime: int  #: clock ticks after boot (with the pid: a process's identity)
+
+    @property
+    def alive(self) -> bool:
+        """Running or sleeping: neither a zombie nor dead."""
+        return self.state not in ("Z", "X")
+
+    @property
+    def cpu_seconds(self) -> float:
+        return (self.utime + self.stime) / CLOCK_TICKS
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_stat(pid: int) -> Optional[ProcStat]:
+    """The stat of ``pid``, or None when it does not exist (or /proc cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    f = data[data.rfind(b")") + 2:].split()
+    try:
+        return ProcStat(f[0].decode(), int(f[1]), int(f[2]), int(f[7]), int(f[11]), int(f[12]),
+                        int(f[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def pids() -> Iterator[int]:
+    """Every process id in /proc."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            yield int(entry)
+
+
+def is_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie counts as exited)."""
+    st = proc_stat(pid)
+    return st is None or not st.alive
+
+
+def children(pid: int, alive_only: bool = True) -> List[int]:
+    """Child processes of ``pid`` (only live ones unless ``alive_only`` is False): from
+    /proc/<pid>/task/*/children where the kernel has it (no scan of /proc), else a scan."""
+    try:
+        kids = [int(k) for task in os.listdir(f"/proc/{pid}/task")
+                for k in open(f"/proc/{pid}/task/{task}/children").read().split()]
+    except FileNotFoundError:
+        if not os.path.exists(f"/proc/{pid}"):
+            return []
+        kids = [p for p in pids() if (st := proc_stat(p)) and st.ppid == pid]
+    except OSError:
+        kids = [p for p in pids() if (st := proc_stat(p)) and st.ppid == pid]
+    if not alive_only:
+        return kids
+    return [k for k in kids if (st := proc_stat(k)) and st.alive]
+
+
+def group_members(pgid: int) -> List[int]:
+    """Live processes of process group ``pgid``."""
+    out = []
+    for p in pids():
+        st = proc_stat(p)
+        if st and st.pgid == pgid and st.alive:
+            out.append(p)
+    return out
+
+
+def cmdline(pid: int) -> List[str]:
+    """The argv of ``pid`` ([] when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [os.fsdecode(a) for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and its children (e.g. a server and its instance processes;
+    a child that exited but was not reaped yet still counts)."""
+    total = 0.0
+    for p in pids():
+        st = proc_stat(p)
+        if st and (p == pid or st.ppid == pid):
+            total += st.cpu_seconds
+    return total
