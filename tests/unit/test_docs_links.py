@@ -155,7 +155,8 @@ def broken_links(page: Path, root: Path = REPO) -> list[str]:
 
 @pytest.mark.parametrize("page", doc_pages(), ids=lambda p: str(p.relative_to(REPO)))
 def test_every_relative_link_points_at_an_existing_file_and_heading(page):
-    assert broken_links(page) == []
+    problems = broken_links(page)
+    assert not problems, "broken links:\n" + "\n".join(problems)
 
 
 def test_the_checked_pages_include_the_readme_the_docs_and_the_results():
