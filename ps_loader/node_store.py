@@ -123,7 +123,12 @@ from ps_loader.hugectr_sparse import KEY_FILE, VECTOR_FILE
 from ps_loader.tables import read_table
 from triton_rec.model_files import confine
 from triton_rec import _native
-from triton_rec.errors import DuplicateKeyError, ModelFileError, TritonRecError
+from triton_rec.errors import (  # noqa: F401  (re-exported)
+    CorruptLayoutError,
+    DuplicateKeyError,
+    ModelFileError,
+    StoreError,
+)
 from triton_rec.table import MADV_POPULATE_READ, EmbeddingTable, mapping_of
 
 log = logging.getLogger(__name__)
@@ -145,17 +150,6 @@ _SPOT_CHECKS = 16
 
 #: ``progress(done_bytes, total_bytes)``
 Progress = Callable[[int, int], None]
-
-
-class CorruptLayoutError(ModelFileError):
-    """A layout file is truncated, incomplete, of another format version or corrupt.
-
-    :func:`load_table` deletes such a layout and converts the source again.
-    """
-
-
-class StoreError(TritonRecError):
-    """The store directory cannot be used (not writable, disk full, ...)."""
 
 
 def default_store_dir() -> str:

@@ -64,7 +64,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.errors import ConfigError, CupyUnavailableError
 
 __all__ = [
     "ArrayEmbeddingCache",
@@ -101,10 +101,6 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
 _I64_MIN = np.int64(np.iinfo(np.int64).min)
 _I64_MAX = np.int64(np.iinfo(np.int64).max)
-
-
-class CupyUnavailableError(TritonRecError, ImportError):
-    """A GPU cache was requested but CuPy (or a CUDA device) is not available."""
 
 
 def resolve_xp(xp: Any = None):

@@ -61,7 +61,7 @@ from triton_rec.array_cache import (
     HostCacheView,
     resolve_xp,
 )
-from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.errors import ConfigError, StaleHandlesError
 from triton_rec.shm_security import open_private_file, open_segment_dir, remove_namespace_dir
 
 __all__ = [
@@ -87,10 +87,6 @@ SHM_MAGIC = b"TRECSHM1"
 _HEADER = 4096  # bytes before the first array: magic, JSON length, JSON manifest
 _ALIGN = 256
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
-
-
-class StaleHandlesError(TritonRecError):
-    """Published IPC handles belong to a process that no longer exists."""
 
 
 def shm_dir(directory: Optional[str] = None) -> str:

@@ -48,7 +48,7 @@ from triton_rec.backing_store import (
     last_occurrence,
     tier_table_name,
 )
-from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.errors import ConfigError, TritonRecError, UpdateMessageError
 from triton_rec.log_throttle import LogThrottle
 from triton_rec.redis_store import RedisClusterStore, parse_address
 
@@ -64,10 +64,6 @@ LOG_EVERY = 30.0  # seconds between two log lines about the same ongoing failure
 PRUNE_EVERY = 60.0  # seconds between two looks for idle consumers of a topic's group
 #: most bytes of messages sent in one pipeline by :meth:`UpdateProducer.publish`
 PIPELINE_BYTES = 16 << 20
-
-
-class UpdateMessageError(TritonRecError):
-    """A message that is not a valid HPS update (the message says what is wrong)."""
 
 
 def topic_name(model: str, table: str) -> str:
