@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import re
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from triton_rec import _native
+from triton_rec.config import NAME_RE
 from triton_rec.errors import (  # noqa: F401  (the store errors are re-exported)
     ConfigError,
     ReadOnlyStoreError,
@@ -43,7 +43,7 @@ from triton_rec.table import EmbeddingTable
 
 
 # Model and table names (config.py's rule): letters, digits, "_" and "-". "." joins them.
-_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,120}")
+_NAME_RE = NAME_RE
 
 
 def tier_table_name(model: str, table: str) -> str:

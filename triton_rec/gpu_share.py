@@ -61,6 +61,7 @@ from triton_rec.array_cache import (
     HostCacheView,
     resolve_xp,
 )
+from triton_rec.config import CachePolicy
 from triton_rec.errors import ConfigError, StaleHandlesError
 from triton_rec.shm_security import open_private_file, open_segment_dir, remove_namespace_dir
 
@@ -474,7 +475,7 @@ def open_shared_cache(
     capacity: int,
     vec_size: int,
     ways: int = 8,
-    policy: str = "lru",
+    policy: str = CachePolicy.LRU,
     device: Union[str, int] = "cpu",
     directory: Optional[str] = None,
     namespace: Optional[str] = None,

@@ -63,6 +63,7 @@ from typing import Dict, List, NamedTuple, Optional
 import numpy as np
 
 from triton_rec import _native, shm_security
+from triton_rec.config import CACHE_POLICIES, CachePolicy
 from triton_rec.procfs import proc_stat
 from triton_rec.errors import CacheConfigMismatchError, CacheError
 
@@ -70,7 +71,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["SharedEmbeddingCache", "InsertResult", "segment_path", "POLICIES"]
 
-POLICIES = ("lru", "tinylfu")
+POLICIES = CACHE_POLICIES  # the names of triton_rec.config.CachePolicy
 DEFAULT_DIRECTORY = "/dev/shm"
 SEGMENT_PREFIX = "trec_"
 # Longest sanitized name kept verbatim (file names are limited to 255 bytes).
@@ -272,7 +273,7 @@ class SharedEmbeddingCache:
         name: str,
         capacity: int,
         vec_size: int,
-        policy: str = "lru",
+        policy: str = CachePolicy.LRU,
         ways: int = 8,
         directory: str = DEFAULT_DIRECTORY,
         timeout: float = _OPEN_TIMEOUT,
@@ -313,6 +314,7 @@ class SharedEmbeddingCache:
         """
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        policy = CachePolicy(policy).value  # a plain str for the native layer and the checksum
         if vec_size < 1:
             raise ValueError(f"vec_size must be >= 1, got {vec_size}")
         num_sets = layout_for(int(capacity), int(ways))
