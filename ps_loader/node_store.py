@@ -103,7 +103,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import hashlib
 import logging
 import mmap
@@ -129,6 +128,7 @@ from triton_rec.errors import (  # noqa: F401  (re-exported)
     ModelFileError,
     StoreError,
 )
+from triton_rec.procfs import flock_exclusive
 from triton_rec.table import MADV_POPULATE_READ, EmbeddingTable, mapping_of
 
 log = logging.getLogger(__name__)
@@ -518,11 +518,8 @@ class _Store:
         path = os.path.join(self.locks, fp + ".lock")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.info("waiting for another process converting the same table (%s)", path)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            flock_exclusive(fd, None, on_wait=lambda: log.info(
+                "waiting for another process converting the same table (%s)", path))
             yield
         finally:
             os.close(fd)  # releases the lock
