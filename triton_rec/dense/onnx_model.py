@@ -29,6 +29,7 @@ from triton_rec.errors import ConfigError, ModelFileError
 from triton_rec.model_config import InstanceSettings
 from triton_rec.model_files import open_model_file
 
+
 def network_combiners(network_file: str) -> List[Combiner]:
     """The combiner of each embedding layer of a HugeCTR network JSON, in order, as
     :meth:`HugeCTRNetwork.parse_tables` reads them (ConfigError/ModelFileError as it
