@@ -29,6 +29,10 @@ is ``triton_rec.errors.StoreError``), so either import path names the same class
     +-- UpdateMessageError
     +-- CupyUnavailableError (also an ImportError)
     +-- RuntimeNotFound (also a RuntimeError)
+
+The native extension's own classes derive from this root too (src/native/bindings.cpp):
+``_native.DuplicateKeyError`` and ``_native.CorruptIndexError`` are TritonRecErrors and
+ValueErrors, ``_native.ShmCacheError`` a CacheError and a RuntimeError.
 """
 
 from __future__ import annotations

@@ -103,6 +103,17 @@ def test_modules_re_export_their_errors_as_the_same_classes():
     assert issubclass(runtime.RuntimeNotFound, RuntimeError)
 
 
+def test_the_native_errors_derive_from_the_root_and_their_builtin_class():
+    from triton_rec import _native
+
+    assert issubclass(_native.DuplicateKeyError, TritonRecError)
+    assert issubclass(_native.DuplicateKeyError, ValueError)
+    assert issubclass(_native.CorruptIndexError, TritonRecError)
+    assert issubclass(_native.CorruptIndexError, ValueError)
+    assert issubclass(_native.ShmCacheError, errors.CacheError)
+    assert issubclass(_native.ShmCacheError, RuntimeError)
+
+
 # ---- the network JSON of the ONNX executor ------------------------------------------------
 
 
