@@ -103,7 +103,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import hashlib
 import logging
 import mmap
@@ -123,7 +122,13 @@ from ps_loader.hugectr_sparse import KEY_FILE, VECTOR_FILE
 from ps_loader.tables import read_table
 from triton_rec.model_files import confine
 from triton_rec import _native
-from triton_rec.errors import DuplicateKeyError, ModelFileError, TritonRecError
+from triton_rec.errors import (  # noqa: F401  (re-exported)
+    CorruptLayoutError,
+    DuplicateKeyError,
+    ModelFileError,
+    StoreError,
+)
+from triton_rec.procfs import flock_exclusive
 from triton_rec.table import MADV_POPULATE_READ, EmbeddingTable, mapping_of
 
 log = logging.getLogger(__name__)
@@ -145,17 +150,6 @@ _SPOT_CHECKS = 16
 
 #: ``progress(done_bytes, total_bytes)``
 Progress = Callable[[int, int], None]
-
-
-class CorruptLayoutError(ModelFileError):
-    """A layout file is truncated, incomplete, of another format version or corrupt.
-
-    :func:`load_table` deletes such a layout and converts the source again.
-    """
-
-
-class StoreError(TritonRecError):
-    """The store directory cannot be used (not writable, disk full, ...)."""
 
 
 def default_store_dir() -> str:
@@ -524,11 +518,8 @@ class _Store:
         path = os.path.join(self.locks, fp + ".lock")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.info("waiting for another process converting the same table (%s)", path)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            flock_exclusive(fd, None, on_wait=lambda: log.info(
+                "waiting for another process converting the same table (%s)", path))
             yield
         finally:
             os.close(fd)  # releases the lock

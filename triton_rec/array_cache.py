@@ -64,7 +64,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.config import CACHE_POLICIES, CachePolicy
+from triton_rec.errors import ConfigError, CupyUnavailableError
 
 __all__ = [
     "ArrayEmbeddingCache",
@@ -75,8 +76,8 @@ __all__ = [
     "splitmix64",
 ]
 
-#: cache policies (same names as ``cache_policy`` in ps.json)
-POLICIES = ("lru", "tinylfu")
+#: cache policies (triton_rec.config.CachePolicy); meta[_POLICY] holds the index in this order
+POLICIES = CACHE_POLICIES
 
 SKETCH_ROWS = 4
 SKETCH_MAX = 255  # uint8 counters saturate here
@@ -101,10 +102,6 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
 _I64_MIN = np.int64(np.iinfo(np.int64).min)
 _I64_MAX = np.int64(np.iinfo(np.int64).max)
-
-
-class CupyUnavailableError(TritonRecError, ImportError):
-    """A GPU cache was requested but CuPy (or a CUDA device) is not available."""
 
 
 def resolve_xp(xp: Any = None):
@@ -219,7 +216,7 @@ class ArrayEmbeddingCache:
         capacity: int,
         vec_size: int,
         ways: int = 8,
-        policy: str = "lru",
+        policy: str = CachePolicy.LRU,
         xp: Any = np,
         arrays: Optional[Dict[str, Any]] = None,
         lock: Any = None,
@@ -468,7 +465,7 @@ class ArrayEmbeddingCache:
         out = xp.where(hit[:, None], vec, np.float32(0))
         clk = self._tick()
         self.ticks[s[hit], way[hit]] = clk
-        if self.policy == "tinylfu":
+        if self.policy == CachePolicy.TINYLFU:
             self._sketch_add(k)
         hits = int(hit.sum())
         self._count(lookups=m, hits=hits, misses=m - hits, torn=torn)
@@ -554,7 +551,7 @@ class ArrayEmbeddingCache:
         ws = ts[t_of]
         victim_valid = tv[t_of, way]
         admit = fits
-        if self.policy == "tinylfu":
+        if self.policy == CachePolicy.TINYLFU:
             victim_keys = self.slot_keys[ws, way]
             better = self.estimate(uk[new]) > self.estimate(victim_keys)
             admit = fits & (~victim_valid | better)

@@ -25,41 +25,25 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import re
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from triton_rec import _native
-from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.config import NAME_RE
+from triton_rec.errors import (  # noqa: F401  (the store errors are re-exported)
+    ConfigError,
+    ReadOnlyStoreError,
+    StoreDataError,
+    StoreError,
+    StoreUnavailableError,
+)
 from triton_rec.table import EmbeddingTable
 
 
-class StoreError(TritonRecError):
-    """A backing store cannot do what was asked (root of the store errors)."""
-
-
-class ReadOnlyStoreError(StoreError):
-    """A write (:meth:`BackingStore.upsert`, :meth:`BackingStore.delete`) to a read-only store."""
-
-
-class StoreUnavailableError(StoreError):
-    """A store cannot be reached or opened (connection refused or timed out, locked DB).
-
-    The message names the address or path.
-    """
-
-
-class StoreDataError(StoreError):
-    """A store holds data that is not a valid row (e.g. a value of the wrong length).
-
-    The message names the table and the key; no part of such a value is ever returned.
-    """
-
-
 # Model and table names (config.py's rule): letters, digits, "_" and "-". "." joins them.
-_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,120}")
+_NAME_RE = NAME_RE
 
 
 def tier_table_name(model: str, table: str) -> str:

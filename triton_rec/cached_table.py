@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Protocol
 import numpy as np
 
 from triton_rec.backing_store import BackingStore
+from triton_rec.config import MODEL_DEFAULTS
 from triton_rec.log_throttle import LogThrottle
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class CachedTable:
         name: str,
         store: BackingStore,
         cache: Optional[EmbeddingCache] = None,
-        hit_rate_threshold: float = 0.9,
+        hit_rate_threshold: float = MODEL_DEFAULTS["hit_rate_threshold"],
         inserter: Optional["BackgroundInserter"] = None,
     ):
         self.name = name

@@ -18,6 +18,7 @@ Compatibility rules (see ``docs/upstream-notes.md`` for where they come from):
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import os
 import re
@@ -92,11 +93,54 @@ MAX_TIER_COUNT = 4096
 #: ``poll_timeout_ms`` and ``failure_backoff_ms`` of ``update_source`` (one hour).
 MAX_TIER_MS = 3_600_000
 
-#: Cache policies a model may choose with the ``cache_policy`` key (our extension).
-CACHE_POLICIES = ("lru", "tinylfu")
 
-# HugeCTR's rule for model and table names (they end up in topic names and paths).
-_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,120}")
+
+class StrEnum(str, enum.Enum):
+    """A string enum whose members are their value wherever a string is expected:
+    ``==``, hashing, ``str()``, f-strings, ``%s`` and JSON give ``"lru"``, never
+    ``"CachePolicy.LRU"`` (what ``(str, Enum)`` formats as on Python 3.11+)."""
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class CachePolicy(StrEnum):
+    """Embedding-cache policies, the ``cache_policy`` key of a ps.json model (our
+    extension). The one list of them: the CPU cache (:mod:`triton_rec.shm_cache`), the
+    array cache (:mod:`triton_rec.array_cache`, which stores a policy as its index in
+    this order) and ``benchmarks/cache_sim.py`` (same names) all use it.
+
+    ``lru``: evict the least recently used way of the key's set (HPS).
+    ``tinylfu``: the same victim, plus TinyLFU admission (a new key replaces the victim
+    only if its estimated recent frequency is higher).
+    """
+
+    LRU = "lru"
+    TINYLFU = "tinylfu"
+
+
+class OverflowPolicy(StrEnum):
+    """``volatile_db.overflow_policy``: which rows a Redis partition past its
+    ``overflow_margin`` loses (HPS names; :mod:`triton_rec.redis_store`)."""
+
+    EVICT_OLDEST = "evict_oldest"
+    EVICT_RANDOM = "evict_random"
+    EVICT_LEAST_USED = "evict_least_used"
+
+
+#: Cache policies a model may choose with the ``cache_policy`` key (our extension).
+CACHE_POLICIES = tuple(p.value for p in CachePolicy)
+
+#: HugeCTR's rule for model and table names (they end up in topic names, tier table
+#: names and paths): the one definition; :data:`NAME_RE` is it compiled.
+NAME_PATTERN = r"[A-Za-z0-9_-]{1,120}"
+NAME_RE = re.compile(NAME_PATTERN)
+_NAME_RE = NAME_RE
 _TOP_KEYS_KNOWN = {"supportlonglong", "volatile_db", "persistent_db", "update_source", "models"}
 
 
@@ -165,7 +209,7 @@ VOLATILE_TYPES = {
 }
 PERSISTENT_TYPES = {"rocks_db": "rocks_db", "rocksdb": "rocks_db", "disabled": "disabled"}
 UPDATE_SOURCE_TYPES = {"null": "null", "none": "null", "redis_stream": "redis_stream"}
-OVERFLOW_POLICIES = ("evict_oldest", "evict_random", "evict_least_used")
+OVERFLOW_POLICIES = tuple(p.value for p in OverflowPolicy)
 #: what a lookup does when a tier cannot be reached: raise (the request fails with an
 #: error naming the tier) or go on with the next tier (then the default value).
 ON_UNAVAILABLE = ("fail", "next_tier")
@@ -252,7 +296,7 @@ class VolatileDBParams:
     num_partitions: int = 8
     max_batch_size: int = 10000
     overflow_margin: Optional[int] = None
-    overflow_policy: str = "evict_oldest"
+    overflow_policy: OverflowPolicy = OverflowPolicy.EVICT_OLDEST
     overflow_resolution_target: float = 0.8
     initial_cache_rate: float = 1.0
     cache_missed_embeddings: bool = False
@@ -386,7 +430,7 @@ def _redis_params(sec: dict, where: str, base_dir: str) -> RedisParams:
         password=opt_str("password") or "",
         num_node_connections=_as_int(sec.get("num_node_connections", d.num_node_connections),
                                      f"{where}.num_node_connections", 1, MAX_TIER_COUNT),
-        enable_tls=_as_bool(sec.get("enable_tls", False), f"{where}.enable_tls"),
+        enable_tls=_as_bool(sec.get("enable_tls", d.enable_tls), f"{where}.enable_tls"),
         tls_ca_certificate=opt_file("tls_ca_certificate"),
         tls_client_certificate=opt_file("tls_client_certificate"),
         tls_client_key=opt_file("tls_client_key"),
@@ -408,7 +452,8 @@ def _parse_volatile(sec: dict, base_dir: str, source: str) -> VolatileDBParams:
                        f"{where}.overflow_resolution_target")
     if not 0.0 < target < 1.0:
         raise _fail(f"{where}.overflow_resolution_target", f"must be within ]0, 1[, got {target}")
-    rate = _as_float(sec.get("initial_cache_rate", 1.0), f"{where}.initial_cache_rate")
+    rate = _as_float(sec.get("initial_cache_rate", d.initial_cache_rate),
+                     f"{where}.initial_cache_rate")
     if not 0.0 <= rate <= 1.0:
         raise _fail(f"{where}.initial_cache_rate", f"must be within [0, 1], got {rate}")
     return VolatileDBParams(
@@ -418,17 +463,19 @@ def _parse_volatile(sec: dict, base_dir: str, source: str) -> VolatileDBParams:
                                f"{where}.num_partitions", 1, MAX_TIER_COUNT),
         max_batch_size=_batch_size(sec, where, d.max_batch_size),
         overflow_margin=margin,
-        overflow_policy=_choice(sec.get("overflow_policy", d.overflow_policy),
-                                OVERFLOW_POLICIES, f"{where}.overflow_policy"),
+        overflow_policy=OverflowPolicy(_choice(sec.get("overflow_policy", d.overflow_policy),
+                                               OVERFLOW_POLICIES, f"{where}.overflow_policy")),
         overflow_resolution_target=target,
         initial_cache_rate=rate,
-        cache_missed_embeddings=_as_bool(sec.get("cache_missed_embeddings", False),
+        cache_missed_embeddings=_as_bool(sec.get("cache_missed_embeddings",
+                                                 d.cache_missed_embeddings),
                                          f"{where}.cache_missed_embeddings"),
-        refresh_time_after_fetch=_as_bool(sec.get("refresh_time_after_fetch", False),
+        refresh_time_after_fetch=_as_bool(sec.get("refresh_time_after_fetch",
+                                                  d.refresh_time_after_fetch),
                                           f"{where}.refresh_time_after_fetch"),
-        update_filters=_filters(sec.get("update_filters", list(_DEFAULT_UPDATE_FILTERS)),
+        update_filters=_filters(sec.get("update_filters", list(d.update_filters)),
                                 f"{where}.update_filters"),
-        on_unavailable=_choice(sec.get("on_unavailable", "fail"), ON_UNAVAILABLE,
+        on_unavailable=_choice(sec.get("on_unavailable", d.on_unavailable), ON_UNAVAILABLE,
                                f"{where}.on_unavailable"),
         extra={k: v for k, v in sec.items() if k in _VOLATILE_KEYS_KNOWN - _VOLATILE_KEYS_USED},
         unknown_keys=tuple(sorted(k for k in sec if k not in _VOLATILE_KEYS_KNOWN)),
@@ -442,15 +489,15 @@ def _parse_persistent(sec: dict, base_dir: str, source: str) -> PersistentDBPara
     if not isinstance(path, str) or not path:
         raise _fail(f"{where}.path", f"expected a directory path, got {path!r}")
     return PersistentDBParams(
-        type=_choice(sec.get("type", "disabled"), PERSISTENT_TYPES, f"{where}.type"),
+        type=_choice(sec.get("type", d.type), PERSISTENT_TYPES, f"{where}.type"),
         path=_resolve(path, base_dir),
         num_threads=_as_int(sec.get("num_threads", d.num_threads), f"{where}.num_threads", 1,
                             MAX_TIER_COUNT),
-        read_only=_as_bool(sec.get("read_only", False), f"{where}.read_only"),
+        read_only=_as_bool(sec.get("read_only", d.read_only), f"{where}.read_only"),
         max_batch_size=_batch_size(sec, where, d.max_batch_size),
-        update_filters=_filters(sec.get("update_filters", list(_DEFAULT_UPDATE_FILTERS)),
+        update_filters=_filters(sec.get("update_filters", list(d.update_filters)),
                                 f"{where}.update_filters"),
-        on_unavailable=_choice(sec.get("on_unavailable", "fail"), ON_UNAVAILABLE,
+        on_unavailable=_choice(sec.get("on_unavailable", d.on_unavailable), ON_UNAVAILABLE,
                                f"{where}.on_unavailable"),
         unknown_keys=tuple(sorted(k for k in sec if k not in _PERSISTENT_KEYS_KNOWN)),
     )
@@ -479,7 +526,7 @@ def _parse_update_source(sec: dict, base_dir: str, source: str) -> UpdateSourceP
                                f"{where}.max_batch_size", 1, MAX_TIER_BATCH_SIZE),
         failure_backoff_ms=_as_int(sec.get("failure_backoff_ms", d.failure_backoff_ms),
                                    f"{where}.failure_backoff_ms", 1, MAX_TIER_MS),
-        start=_choice(sec.get("start", "earliest"), ("earliest", "latest"), f"{where}.start"),
+        start=_choice(sec.get("start", d.start), ("earliest", "latest"), f"{where}.start"),
         unknown_keys=tuple(sorted(k for k in sec if k not in _UPDATE_KEYS_KNOWN)),
     )
 
@@ -570,7 +617,7 @@ class ModelParams:
     gpucache: bool = True
     gpucacheper: float = 0.2
     hit_rate_threshold: float = 0.9
-    cache_policy: str = "lru"
+    cache_policy: CachePolicy = CachePolicy.LRU
     cache_ways: int = 8
     init_ec: bool = False
     refresh_interval: float = 0.0
@@ -591,6 +638,19 @@ class ModelParams:
     def keys_per_sample(self) -> int:
         """Sum over tables of the most keys one sample may hold."""
         return sum(t.max_keys_per_sample for t in self.tables)
+
+
+def field_defaults(cls) -> Dict[str, Any]:
+    """``{field name: default}`` of a config dataclass, for the fields with a plain default
+    (not those with a ``default_factory``): the one place a ps.json default is written
+    is its dataclass field; the parser and other users read it from here."""
+    return {f.name: f.default for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING}
+
+
+#: Defaults of a ``models[]`` entry (:class:`ModelParams`) and of a table (:class:`TableParams`).
+MODEL_DEFAULTS = field_defaults(ModelParams)
+TABLE_DEFAULTS = field_defaults(TableParams)
 
 
 @dataclass(frozen=True)
@@ -638,6 +698,7 @@ def _per_table(obj: dict, key: str, n: int, where: str, default: Optional[Sequen
 
 def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParams:
     where = f"{source}: models[{index}]"
+    dft = MODEL_DEFAULTS
     if not isinstance(obj, dict):
         raise _fail(where, f"expected an object, got {type(obj).__name__}")
     if "model" not in obj or not isinstance(obj["model"], str) or not obj["model"]:
@@ -681,7 +742,8 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
     ]
     defaults = [
         _as_float(v, table_key("default_value_for_each_table", i))
-        for i, v in enumerate(_per_table(obj, "default_value_for_each_table", n, where, [0.0] * n))
+        for i, v in enumerate(_per_table(obj, "default_value_for_each_table", n, where,
+                                           [TABLE_DEFAULTS["default_value"]] * n))
     ]
 
     if "max_batch_size" not in obj:
@@ -695,7 +757,8 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
 
     devices = tuple(
         _as_int(d, f"{where}.deployed_device_list[{i}]", 0)
-        for i, d in enumerate(_as_list(obj.get("deployed_device_list", [0]), where))
+        for i, d in enumerate(_as_list(
+            obj.get("deployed_device_list", list(dft["deployed_device_list"])), where))
     ) or (0,)
 
     def opt_path(key: str) -> Optional[str]:
@@ -716,14 +779,15 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
         )
         for i in range(n)
     )
-    gpucacheper = _as_float(obj.get("gpucacheper", 0.2), f"{where}.gpucacheper")
+    gpucacheper = _as_float(obj.get("gpucacheper", dft["gpucacheper"]), f"{where}.gpucacheper")
     if not 0.0 <= gpucacheper <= 1.0:
         raise _fail(where, f"'gpucacheper' must be within [0, 1], got {gpucacheper}")
-    policy = obj.get("cache_policy", "lru")
+    policy = obj.get("cache_policy", dft["cache_policy"])
     if policy not in CACHE_POLICIES:
         raise _fail(where, f"'cache_policy' must be one of {list(CACHE_POLICIES)}, got {policy!r}")
     refresh_fraction = _as_float(
-        obj.get("cache_refresh_percentage_per_iteration", 0.1),
+        obj.get("cache_refresh_percentage_per_iteration",
+                dft["cache_refresh_percentage_per_iteration"]),
         f"{where}.cache_refresh_percentage_per_iteration",
     )
     if not 0.0 <= refresh_fraction <= 1.0:
@@ -733,7 +797,7 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
         )
     seconds = {}
     for key in ("refresh_interval", "refresh_delay"):
-        seconds[key] = _as_float(obj.get(key, 0.0), f"{where}.{key}")
+        seconds[key] = _as_float(obj.get(key, dft[key]), f"{where}.{key}")
         if seconds[key] < 0:
             raise _fail(where, f"'{key}' must be >= 0 seconds, got {seconds[key]}")
     return ModelParams(
@@ -744,18 +808,20 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
         network_file=opt_path("network_file"),
         non_trainable_params_file=opt_path("non_trainable_params_file"),
         deployed_device_list=devices,
-        gpucache=_as_bool(obj.get("gpucache", True), f"{where}.gpucache"),
+        gpucache=_as_bool(obj.get("gpucache", dft["gpucache"]), f"{where}.gpucache"),
         gpucacheper=gpucacheper,
         hit_rate_threshold=_as_float(
-            obj.get("hit_rate_threshold", 0.9), f"{where}.hit_rate_threshold"
+            obj.get("hit_rate_threshold", dft["hit_rate_threshold"]), f"{where}.hit_rate_threshold"
         ),
-        cache_policy=policy,
-        cache_ways=_as_int(obj.get("cache_ways", 8), f"{where}.cache_ways", 1, MAX_CACHE_WAYS),
-        init_ec=_as_bool(obj.get("init_ec", False), f"{where}.init_ec"),
+        cache_policy=CachePolicy(policy),
+        cache_ways=_as_int(obj.get("cache_ways", dft["cache_ways"]), f"{where}.cache_ways", 1,
+                           MAX_CACHE_WAYS),
+        init_ec=_as_bool(obj.get("init_ec", dft["init_ec"]), f"{where}.init_ec"),
         refresh_interval=seconds["refresh_interval"],
         refresh_delay=seconds["refresh_delay"],
         cache_refresh_percentage_per_iteration=refresh_fraction,
-        freeze_sparse=_as_bool(obj.get("freeze_sparse", False), f"{where}.freeze_sparse"),
+        freeze_sparse=_as_bool(obj.get("freeze_sparse", dft["freeze_sparse"]),
+                               f"{where}.freeze_sparse"),
         extra={k: v for k, v in obj.items() if k in _MODEL_KEYS_KNOWN - _MODEL_KEYS_USED},
         unknown_keys=tuple(sorted(k for k in obj if k not in _MODEL_KEYS_KNOWN)),
     )

@@ -61,7 +61,9 @@ from triton_rec.array_cache import (
     HostCacheView,
     resolve_xp,
 )
-from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.config import CachePolicy
+from triton_rec.errors import ConfigError, StaleHandlesError
+from triton_rec.procfs import process_alive, start_time
 from triton_rec.shm_security import open_private_file, open_segment_dir, remove_namespace_dir
 
 __all__ = [
@@ -87,10 +89,6 @@ SHM_MAGIC = b"TRECSHM1"
 _HEADER = 4096  # bytes before the first array: magic, JSON length, JSON manifest
 _ALIGN = 256
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
-
-
-class StaleHandlesError(TritonRecError):
-    """Published IPC handles belong to a process that no longer exists."""
 
 
 def shm_dir(directory: Optional[str] = None) -> str:
@@ -142,16 +140,6 @@ def _publish_file(
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class FileLock:
@@ -402,9 +390,11 @@ def import_arrays(handles: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
 
 def write_handles(path: str, handles: Dict[str, Dict[str, Any]], exclusive: bool = True) -> None:
     """Publish ``handles`` (of :func:`export_arrays`) as JSON at ``path``, atomically,
-    with this process's pid as the owner. ``exclusive``: FileExistsError if ``path``
-    exists (else it is replaced)."""
-    doc = json.dumps({"format": HANDLES_FORMAT, "pid": os.getpid(), "arrays": handles}).encode()
+    with this process (pid and start time) as the owner. ``exclusive``: FileExistsError
+    if ``path`` exists (else it is replaced)."""
+    pid = os.getpid()
+    doc = json.dumps({"format": HANDLES_FORMAT, "pid": pid, "starttime": start_time(pid),
+                      "arrays": handles}).encode()
     _publish_file(path, lambda fd: os.write(fd, doc), exclusive=exclusive)
 
 
@@ -414,7 +404,8 @@ def read_handles(path: str, check_owner: bool = True) -> Dict[str, Dict[str, Any
     Raises:
         FileNotFoundError: nothing published there.
         StaleHandlesError: ``check_owner`` and the publishing process is gone (its device
-            memory is freed: the handles must not be opened).
+            memory is freed: the handles must not be opened): exited, a zombie, or its
+            pid now belongs to another process (:func:`triton_rec.procfs.process_alive`).
         ConfigError: not a handles file.
         SharedMemorySecurityError: the file is not private to our user (never read).
     """
@@ -422,7 +413,7 @@ def read_handles(path: str, check_owner: bool = True) -> Dict[str, Dict[str, Any
         doc = json.loads(f.read().decode())
     if not isinstance(doc, dict) or doc.get("format") != HANDLES_FORMAT:
         raise ConfigError(f"{path}: not a triton-rec CUDA IPC handles file")
-    if check_owner and not _pid_alive(int(doc["pid"])):
+    if check_owner and not process_alive(int(doc["pid"]), int(doc.get("starttime") or 0)):
         raise StaleHandlesError(f"{path}: published by pid {doc['pid']}, which has exited")
     return doc["arrays"]
 
@@ -478,7 +469,7 @@ def open_shared_cache(
     capacity: int,
     vec_size: int,
     ways: int = 8,
-    policy: str = "lru",
+    policy: str = CachePolicy.LRU,
     device: Union[str, int] = "cpu",
     directory: Optional[str] = None,
     namespace: Optional[str] = None,

@@ -25,7 +25,7 @@ import re
 import stat
 from typing import Any, Mapping, Optional, Tuple
 
-from triton_rec.errors import ConfigError, ModelFileError
+from triton_rec.errors import ConfigError, ConfigFileError, ModelFileError, PathNotAllowedError
 
 #: Largest JSON file read at load (ps.json, network JSON, BatchNorm statistics), bytes.
 MAX_JSON_BYTES = 64 << 20
@@ -37,15 +37,6 @@ MAX_JSON_DEPTH = 64
 ALLOWED_ROOTS_ENV = "TRITON_REC_ALLOWED_ROOTS"
 
 _TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
-
-
-class ConfigFileError(ModelFileError, ConfigError):
-    """A configuration file (ps.json, network JSON) cannot be read or decoded; the message
-    starts with the file."""
-
-
-class PathNotAllowedError(ModelFileError, ConfigError):
-    """A model file resolves outside the allowed roots (:data:`ALLOWED_ROOTS_ENV`)."""
 
 
 def allowed_roots(environ: Optional[Mapping[str, str]] = None) -> Tuple[str, ...]:

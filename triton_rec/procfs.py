@@ -6,12 +6,18 @@ Field positions are those of proc(5): after the command name in parentheses come
 state (3), ppid (4), pgrp (5), minflt (10), majflt (12), utime (14), stime (15) and
 starttime (22). The command name may itself contain ``)`` and spaces, so a line is cut
 at its LAST ``)``.
+
+Two helpers build on it for the processes of a node that share files: the owner check
+(:func:`process_alive`: is the process that recorded ``(pid, starttime)`` still the one
+running under that pid) and the exclusive ``flock`` with a deadline (:func:`flock_exclusive`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
-from typing import Iterator, List, NamedTuple, Optional
+import time
+from typing import Callable, Iterator, List, NamedTuple, Optional
 
 
 class ProcStat(NamedTuple):
@@ -111,3 +117,75 @@ def tree_cpu_seconds(pid: int) -> float:
         if st and (p == pid or st.ppid == pid):
             total += st.cpu_seconds
     return total
+
+
+def start_time(pid: int) -> int:
+    """The ``starttime`` of ``pid`` (0 when it cannot be read): recorded next to a pid, it
+    tells the process apart from a later one that reuses the pid (:func:`process_alive`)."""
+    st = proc_stat(pid)
+    return st.starttime if st else 0
+
+
+def process_alive(pid: int, starttime: Optional[int] = None) -> bool:
+    """Whether the process ``pid`` still exists: the owner check of a shared file.
+
+    Args:
+        pid: the process id recorded by the owner.
+        starttime: its :func:`start_time` recorded with it; when given (non-zero), a
+            process now running under ``pid`` with another start time is a recycled pid,
+            and the owner counts as gone.
+
+    A zombie counts as gone; a process of another user counts as alive. Without /proc,
+    only ``kill(pid, 0)`` decides.
+    """
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    st = proc_stat(pid)
+    if st is None:
+        return True  # no /proc: kill() said it exists
+    if not st.alive:
+        return False
+    return not (starttime and st.starttime != starttime)
+
+
+def flock_exclusive(fd: int, deadline: Optional[float],
+                    timeout_error: Optional[Callable[[], BaseException]] = None, *,
+                    on_wait: Optional[Callable[[], None]] = None,
+                    min_delay: float = 0.001, max_delay: float = 0.05) -> None:
+    """Take an exclusive ``flock`` of ``fd``, waiting for it at most until ``deadline``.
+
+    Args:
+        fd: an open file descriptor (closing it releases the lock; so does the holder's death).
+        deadline: a ``time.monotonic()`` value; None waits without limit (a blocking flock).
+        timeout_error: called to make the exception raised when the deadline passes
+            (default: TimeoutError).
+        on_wait: called once if the lock is held by another process (e.g. to log that).
+        min_delay, max_delay: seconds between two attempts, doubling from the first to
+            the second.
+    """
+    delay = min_delay
+    waited = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if not waited:
+            waited = True
+            if on_wait is not None:
+                on_wait()
+        if deadline is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return
+        if time.monotonic() > deadline:
+            raise (timeout_error() if timeout_error is not None
+                   else TimeoutError(f"fd {fd}: timed out waiting for an exclusive flock"))
+        time.sleep(delay)
+        delay = min(delay * 2, max_delay)

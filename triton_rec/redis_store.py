@@ -52,6 +52,7 @@ from triton_rec.backing_store import (
     encode_keys,
     last_occurrence,
 )
+from triton_rec.config import OVERFLOW_POLICIES, OverflowPolicy
 from triton_rec.errors import ConfigError
 
 try:  # optional dependency (pip install redis)
@@ -203,7 +204,8 @@ class RedisClusterStore(BackingStore):
                  tls_server_name_identification: Optional[str] = None,
                  num_node_connections: int = 5, connect_timeout: float = 2.0,
                  socket_timeout: float = 2.0, retries: int = 2, pool_timeout: float = 5.0,
-                 overflow_margin: Optional[int] = None, overflow_policy: str = "evict_oldest",
+                 overflow_margin: Optional[int] = None,
+                 overflow_policy: str = OverflowPolicy.EVICT_OLDEST,
                  overflow_resolution_target: float = 0.8, refresh_time_after_fetch: bool = False):
         if redis is None:
             raise StoreUnavailableError(
@@ -230,9 +232,9 @@ class RedisClusterStore(BackingStore):
         # Overflow bookkeeping: one sorted set per partition, in the partition's slot (same
         # hash tag), scoring every key by write time (evict_oldest; access time too with
         # refresh_time_after_fetch) or by reads (evict_least_used). Only kept with a margin.
-        if overflow_policy not in ("evict_oldest", "evict_random", "evict_least_used"):
-            raise ValueError(f"overflow_policy {overflow_policy!r}: evict_oldest, evict_random "
-                             "or evict_least_used")
+        if overflow_policy not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow_policy {overflow_policy!r}: "
+                             f"{', '.join(OVERFLOW_POLICIES[:-1])} or {OVERFLOW_POLICIES[-1]}")
         if overflow_margin is not None and int(overflow_margin) < 1:
             raise ValueError(f"overflow_margin must be >= 1, got {overflow_margin}")
         if not 0.0 < float(overflow_resolution_target) < 1.0:
@@ -243,7 +245,8 @@ class RedisClusterStore(BackingStore):
         self.overflow_target = (None if overflow_margin is None else
                                 max(0, int(self.overflow_margin * float(overflow_resolution_target))))
         self.refresh_time_after_fetch = bool(refresh_time_after_fetch)
-        self._scored = self.overflow_margin is not None and overflow_policy != "evict_random"
+        self._scored = (self.overflow_margin is not None
+                        and overflow_policy != OverflowPolicy.EVICT_RANDOM)
         # "z", not HPS's "t": HPS keeps plain hashes of times / counts there
         self.score_keys = [h[:-1] + b"z" for h in self.hash_keys]
         self.meta_key = f"hps_et{{{table_name}/meta}}".encode()
@@ -351,7 +354,7 @@ class RedisClusterStore(BackingStore):
                 values[i] = v
         decode_values(values, keys, out, found, self.default_value, self._where)
         if self._scored and (self.refresh_time_after_fetch
-                             or self.overflow_policy == "evict_least_used"):
+                             or self.overflow_policy == OverflowPolicy.EVICT_LEAST_USED):
             self._touch(keys, found, raw)
         return found
 
@@ -375,7 +378,7 @@ class RedisClusterStore(BackingStore):
                     items.append(raw_v[i])
                 pipe.hset(self.hash_keys[p], items=items)
                 if self._scored:
-                    if self.overflow_policy == "evict_oldest":
+                    if self.overflow_policy == OverflowPolicy.EVICT_OLDEST:
                         pipe.zadd(self.score_keys[p], {raw_k[i]: now for i in sub.tolist()})
                     else:  # evict_least_used: new rows start unused, rewrites keep their count
                         pipe.zadd(self.score_keys[p], {raw_k[i]: 0 for i in sub.tolist()}, nx=True)
@@ -430,7 +433,7 @@ class RedisClusterStore(BackingStore):
         def commands(pipe):
             for p, sub in self._by_partition(keys[hit]):
                 members = [raw[i] for i in hit[sub].tolist()]
-                if self.overflow_policy == "evict_oldest":
+                if self.overflow_policy == OverflowPolicy.EVICT_OLDEST:
                     pipe.zadd(self.score_keys[p], {m: now for m in members}, xx=True)
                 else:
                     for m in members:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import fcntl
 import logging
 import os
 import re
@@ -51,6 +50,7 @@ from triton_rec.backing_store import (
     encode_keys,
     last_occurrence,
 )
+from triton_rec.procfs import flock_exclusive
 
 try:  # optional dependency (pip install rocksdict)
     import rocksdict
@@ -735,17 +735,14 @@ def _lock_fd(path: str, timeout: float, where: str) -> int:
     """An fd of ``path`` (created) holding an exclusive ``flock``, waited for at most
     ``timeout`` s; closing the fd releases it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(fd)
-                raise StoreUnavailableError(
-                    f"{where}: {path} is held by another process; gave up after {timeout:.0f} s")
-            time.sleep(0.005)
+    try:
+        flock_exclusive(fd, time.monotonic() + timeout, lambda: StoreUnavailableError(
+            f"{where}: {path} is held by another process; gave up after {timeout:.0f} s"),
+            min_delay=0.005, max_delay=0.005)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @contextlib.contextmanager

@@ -34,13 +34,11 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
+from triton_rec.errors import RuntimeNotFound
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BACKEND_SOURCES = REPO_ROOT / "backend"
 DEFAULT_BACKEND_DIR = REPO_ROOT / "build" / "triton" / "backends"
-
-
-class RuntimeNotFound(RuntimeError):
-    """The Triton server wheel (nvidia-pytriton) is not installed in this environment."""
 
 
 def _pytriton_root() -> Path:

@@ -63,14 +63,15 @@ from typing import Dict, List, NamedTuple, Optional
 import numpy as np
 
 from triton_rec import _native, shm_security
-from triton_rec.procfs import proc_stat
+from triton_rec.config import CACHE_POLICIES, CachePolicy
+from triton_rec.procfs import flock_exclusive, process_alive, start_time
 from triton_rec.errors import CacheConfigMismatchError, CacheError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SharedEmbeddingCache", "InsertResult", "segment_path", "POLICIES"]
 
-POLICIES = ("lru", "tinylfu")
+POLICIES = CACHE_POLICIES  # the names of triton_rec.config.CachePolicy
 DEFAULT_DIRECTORY = "/dev/shm"
 SEGMENT_PREFIX = "trec_"
 # Longest sanitized name kept verbatim (file names are limited to 255 bytes).
@@ -132,30 +133,13 @@ def config_checksum(num_sets: int, ways: int, vec_size: int, policy: str) -> int
 
 def _self_token() -> int:
     pid = os.getpid()
-    st = proc_stat(pid)
-    start = st.starttime if st else 0
-    return (start << _PID_BITS) | pid
+    return (start_time(pid) << _PID_BITS) | pid
 
 
 def _token_alive(token: int) -> bool:
     """Whether the process of an attachment token still exists (recycled PIDs and
     zombies count as dead)."""
-    pid, start = token & _PID_MASK, token >> _PID_BITS
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    st = proc_stat(pid)
-    if st is None:
-        return True  # no /proc: kill() said it exists
-    state, started = st.state, st.starttime
-    if state in ("Z", "X"):
-        return False
-    return not (start and started != start)
+    return process_alive(token & _PID_MASK, token >> _PID_BITS)
 
 
 def _live_tokens(view) -> List[int]:
@@ -174,16 +158,8 @@ def _live_tokens(view) -> List[int]:
 
 
 def _flock(fd: int, deadline: float, path: str) -> None:
-    delay = 0.001
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise CacheError(f"{path}: timed out waiting for the segment's file lock") from None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+    flock_exclusive(fd, deadline, lambda: CacheError(
+        f"{path}: timed out waiting for the segment's file lock"))
 
 
 def _same_file(fd: int, path: str) -> bool:
@@ -272,7 +248,7 @@ class SharedEmbeddingCache:
         name: str,
         capacity: int,
         vec_size: int,
-        policy: str = "lru",
+        policy: str = CachePolicy.LRU,
         ways: int = 8,
         directory: str = DEFAULT_DIRECTORY,
         timeout: float = _OPEN_TIMEOUT,
@@ -313,6 +289,7 @@ class SharedEmbeddingCache:
         """
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        policy = CachePolicy(policy).value  # a plain str for the native layer and the checksum
         if vec_size < 1:
             raise ValueError(f"vec_size must be >= 1, got {vec_size}")
         num_sets = layout_for(int(capacity), int(ways))

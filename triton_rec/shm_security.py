@@ -39,7 +39,7 @@ import secrets
 import stat
 from typing import Optional
 
-from triton_rec.errors import CacheError
+from triton_rec.errors import CacheError, SharedMemorySecurityError
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,6 @@ NAMESPACE_DIR_PREFIX = "trec-ns-"
 _TOKEN_BYTES = 16
 _TOKEN_RE = re.compile(r"[0-9a-f]{%d}" % (2 * _TOKEN_BYTES))
 _ROTATIONS = 4  # new tokens tried before giving up (each one needs an attacker's guess)
-
-
-class SharedMemorySecurityError(CacheError):
-    """A shared-memory file or directory is not private to this server's user (another
-    owner, group/other permissions, a symbolic link, not a regular file): never used."""
 
 
 def _describe(st: os.stat_result) -> str:

@@ -15,7 +15,7 @@ import mmap
 import threading
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
-from triton_rec.errors import RequestError
+from triton_rec.errors import RequestError, RequestTooLarge  # noqa: F401  (re-exported)
 
 #: Per input name: (most elements a valid request of the model holds, bytes per element,
 #: how that number follows from the model's configuration). Built once at ``initialize``
@@ -113,10 +113,6 @@ def too_large(model_name: str, name: str, n: int, limit) -> "RequestTooLarge":
             f"more than the {max_elements} ({max_elements * itemsize} bytes) of the model's "
             f"largest valid request ({why})"
         )
-
-
-class RequestTooLarge(RequestError):
-    """An input is larger than the model's largest valid request."""
 
 
 def run_requests(

@@ -48,7 +48,8 @@ from triton_rec.backing_store import (
     last_occurrence,
     tier_table_name,
 )
-from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.config import NAME_PATTERN
+from triton_rec.errors import ConfigError, TritonRecError, UpdateMessageError
 from triton_rec.log_throttle import LogThrottle
 from triton_rec.redis_store import RedisClusterStore, parse_address
 
@@ -57,17 +58,13 @@ log = logging.getLogger(__name__)
 MAGIC = 0x52544348  # b"HCTR" read as a little-endian uint32
 HEADER_SIZE = 8  # magic + value size
 _HEADER = np.dtype([("magic", "<u4"), ("value_size", "<u4")])
-_TOPIC_RE = re.compile(r"hps_et\.([A-Za-z0-9_-]{1,120})\.([A-Za-z0-9_-]{1,120})")
+_TOPIC_RE = re.compile(rf"hps_et\.({NAME_PATTERN})\.({NAME_PATTERN})")
 FIELD = b"v"  # the stream entry field holding the message
 MAX_BACKOFF = 5.0  # seconds: longest wait before retrying a topic after failures in a row
 LOG_EVERY = 30.0  # seconds between two log lines about the same ongoing failure
 PRUNE_EVERY = 60.0  # seconds between two looks for idle consumers of a topic's group
 #: most bytes of messages sent in one pipeline by :meth:`UpdateProducer.publish`
 PIPELINE_BYTES = 16 << 20
-
-
-class UpdateMessageError(TritonRecError):
-    """A message that is not a valid HPS update (the message says what is wrong)."""
 
 
 def topic_name(model: str, table: str) -> str:

@@ -257,14 +257,20 @@ PYBIND11_MODULE(_native, m) {
   py::options options;
   options.disable_function_signatures();
 
+  // Every error a user can see derives from triton_rec.errors.TritonRecError (the
+  // package's one root; errors.py imports nothing, so this import cannot cycle), and
+  // still from the builtin class it always was.
+  py::module_ errors = py::module_::import("triton_rec.errors");
+  py::tuple value_error_bases =
+      py::make_tuple(errors.attr("TritonRecError"), py::handle(PyExc_ValueError));
   g_duplicate_key_error = PyErr_NewExceptionWithDoc(
       "triton_rec._native.DuplicateKeyError",
       "A table holds the same key twice (attributes: key, first_row, second_row).",
-      PyExc_ValueError, nullptr);
+      value_error_bases.ptr(), nullptr);
   g_corrupt_index_error = PyErr_NewExceptionWithDoc(
       "triton_rec._native.CorruptIndexError",
       "An index slot holds an impossible row id (corrupt index or index/table mismatch).",
-      PyExc_ValueError, nullptr);
+      value_error_bases.ptr(), nullptr);
   if (!g_duplicate_key_error || !g_corrupt_index_error) throw py::error_already_set();
   // The module keeps them alive; the globals hold one extra (never released) reference.
   m.attr("DuplicateKeyError") = py::handle(g_duplicate_key_error);
@@ -629,10 +635,13 @@ class ShmCacheView {
 }  // namespace
 
 void register_shm_cache(py::module_& m) {
+  // A triton_rec.errors.CacheError, and a RuntimeError as it always was.
+  py::tuple bases = py::make_tuple(py::module_::import("triton_rec.errors").attr("CacheError"),
+                                   py::handle(PyExc_RuntimeError));
   g_shm_cache_error = PyErr_NewExceptionWithDoc(
       "triton_rec._native.ShmCacheError",
       "A region is not an initialized shared cache, is malformed, or a lock cannot be used.",
-      PyExc_RuntimeError, nullptr);
+      bases.ptr(), nullptr);
   if (!g_shm_cache_error) throw py::error_already_set();
   m.attr("ShmCacheError") = py::handle(g_shm_cache_error);
   py::register_exception_translator([](std::exception_ptr p) {

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from triton_rec import procfs
 
 # A child whose command name contains ") " and "(": /proc/<pid>/stat must be cut at
@@ -59,3 +61,48 @@ def test_a_killed_child_is_gone_while_still_a_zombie_and_after_it_is_reaped():
     p.wait()
     assert procfs.proc_stat(p.pid) is None and procfs.is_gone(p.pid)
     assert procfs.cmdline(p.pid) == []
+
+
+def test_the_owner_check_tells_a_recycled_pid_and_a_zombie_from_the_owner():
+    me = os.getpid()
+    start = procfs.start_time(me)
+    assert start > 0
+    assert procfs.process_alive(me) and procfs.process_alive(me, start)
+    assert not procfs.process_alive(me, start + 1)  # another process under our pid
+    assert not procfs.process_alive(0) and not procfs.process_alive(-1)
+    p = _child()
+    started = procfs.start_time(p.pid)
+    assert procfs.process_alive(p.pid, started)
+    os.kill(p.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while procfs.process_alive(p.pid, started) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not procfs.process_alive(p.pid, started)  # a zombie counts as gone
+    p.wait()
+    assert not procfs.process_alive(p.pid) and procfs.start_time(p.pid) == 0
+
+
+def test_flock_exclusive_waits_until_the_deadline_then_raises_the_callers_error(tmp_path):
+    import threading
+
+    path = str(tmp_path / "lock")
+    holder = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    waiter = os.open(path, os.O_RDWR)
+    try:
+        procfs.flock_exclusive(holder, time.monotonic() + 1)
+        waits = []
+        t0 = time.monotonic()
+        with pytest.raises(LookupError, match="held"):
+            procfs.flock_exclusive(waiter, t0 + 0.2, lambda: LookupError("held"),
+                                   on_wait=lambda: waits.append(1))
+        assert 0.2 <= time.monotonic() - t0 < 5 and waits == [1]
+        with pytest.raises(TimeoutError):
+            procfs.flock_exclusive(waiter, time.monotonic())
+        # no deadline: blocks until the holder lets go
+        threading.Timer(0.1, os.close, (holder,)).start()
+        holder = -1
+        procfs.flock_exclusive(waiter, None)
+    finally:
+        os.close(waiter)
+        if holder >= 0:
+            os.close(holder)

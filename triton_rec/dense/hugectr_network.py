@@ -1005,7 +1005,11 @@ def _dense_layer(
     )
 
 
-def _parse(doc: Any, source: str) -> NetworkPlan:
+def _parse(doc: Any, source: str, dense: bool = True):
+    """The :class:`NetworkPlan` of a network JSON; with ``dense=False`` only its tables
+    (a tuple of :class:`TableSpec`): the Data layer and the embedding layers get every
+    check, the other layers only the generic ones (an object with a type, bottom/top
+    names), so a network whose dense part runs elsewhere (ONNX) is read by this same code."""
     raw_layers = _layers_of(doc, source)
     dense_top, dense_dim, label_dim, label_tops, sparse_inputs = _parse_data(
         _Spec(source, 0, raw_layers[0])
@@ -1035,8 +1039,9 @@ def _parse(doc: Any, source: str) -> NetworkPlan:
             tables[k] = tables_k
             table_order.append(k)
             continue
-        plans.append(_dense_layer(spec, bottoms, tops, graph, label_dim, offset))
-        offset += plans[-1].num_params
+        if dense:
+            plans.append(_dense_layer(spec, bottoms, tops, graph, label_dim, offset))
+            offset += plans[-1].num_params
 
     missing = [sparse_inputs[k][0] for k, t in enumerate(tables) if t is None]
     if missing:
@@ -1050,6 +1055,8 @@ def _parse(doc: Any, source: str) -> NetworkPlan:
             f"{source}: the embedding layers must follow the order of the Data layer's sparse "
             f"inputs ({[s[0] for s in sparse_inputs]})"
         )
+    if not dense:
+        return tuple(tables)
     if not plans:
         raise ConfigError(f"{source}: the network has no dense layers")
     losses = [p.tops[0] for p in plans if p.type in LOSS_TYPES]
@@ -1277,6 +1284,24 @@ class HugeCTRNetwork(DenseModel):
         nt_path = os.fspath(non_trainable_params_file) if non_trainable_params_file else None
         stats = _read_non_trainable(plan, nt_path)
         return cls(plan, weights, stats, xp)
+
+    @staticmethod
+    def parse_tables(network_json) -> Tuple[TableSpec, ...]:
+        """The embedding tables of a network (path or already-loaded JSON), in order:
+        slots, vector size, combiner. The dense layers are not planned, so this also
+        reads the network JSON of a model whose dense part runs elsewhere (ONNX).
+
+        Raises:
+            ModelFileError: the file is missing or not JSON.
+            ConfigError: the Data layer or an embedding layer is malformed (a missing
+                ``combiner`` included: HugeCTR requires it), as :meth:`parse` says it.
+        """
+        if isinstance(network_json, (str, os.PathLike)):
+            source = os.fspath(network_json)
+            doc = _read_json(source)
+        else:
+            source, doc = "<network json>", network_json
+        return _parse(doc, source, dense=False)
 
     # ---- DenseModel --------------------------------------------------------------------
 

@@ -9,7 +9,10 @@ Contract of the ONNX file (what ``model_repository/dlrm/train.py`` exports):
 
 The combiner of each table (how a multi-hot slot's vectors are combined before the
 network) is not part of ONNX: it comes from the embedding layers of a HugeCTR network
-JSON when one is given (``network_file``), else ``sum``.
+JSON when one is given (``network_file``), else ``sum``. That JSON is read by the
+HugeCTR executor's parser (:meth:`HugeCTRNetwork.parse_tables
+<triton_rec.dense.hugectr_network.HugeCTRNetwork.parse_tables>`): the same embedding
+layer types, the same rules and the same errors for both dense executors.
 """
 
 from __future__ import annotations
@@ -21,33 +24,17 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from triton_rec.dense import Combiner, DenseModel, TableSpec
+from triton_rec.dense.hugectr_network import HugeCTRNetwork
 from triton_rec.errors import ConfigError, ModelFileError
 from triton_rec.model_config import InstanceSettings
-from triton_rec.model_files import open_model_file, read_json
-
-_EMBEDDING_LAYERS = (
-    "DistributedSlotSparseEmbeddingHash",
-    "LocalizedSlotSparseEmbeddingHash",
-    "LocalizedSlotSparseEmbeddingOneHot",
-)
+from triton_rec.model_files import open_model_file
 
 
 def network_combiners(network_file: str) -> List[Combiner]:
-    """The combiner of each embedding layer of a HugeCTR network JSON, in order."""
-    doc = read_json(network_file, "network JSON")
-    layers = doc.get("layers", []) if isinstance(doc, dict) else None
-    if not isinstance(layers, list) or not all(isinstance(x, dict) for x in layers):
-        raise ModelFileError(network_file, 'not a network JSON (expected {"layers": [{...}, ...]})')
-    out = []
-    for layer in layers:
-        if layer.get("type") in _EMBEDDING_LAYERS:
-            hp = layer.get("sparse_embedding_hparam", {})
-            out.append(
-                Combiner.parse(
-                    hp.get("combiner", "sum"), f"{network_file}: layer {layer.get('name')}"
-                )
-            )
-    return out
+    """The combiner of each embedding layer of a HugeCTR network JSON, in order, as
+    :meth:`HugeCTRNetwork.parse_tables` reads them (ConfigError/ModelFileError as it
+    raises them)."""
+    return [t.combiner for t in HugeCTRNetwork.parse_tables(network_file)]
 
 
 class OnnxDenseModel(DenseModel):
