@@ -47,9 +47,9 @@ sys.path.insert(0, str(ROOT))
 
 import tritonclient.http as tc  # noqa: E402
 
-from ps_loader import read_table  # noqa: E402
+from triton_rec.formats.tables import read_table  # noqa: E402
 from ps_loader.torch_dlrm import ClickData  # noqa: E402
-from triton_rec.config import load_ps_config  # noqa: E402
+from triton_rec.config.ps_json import load_ps_config  # noqa: E402
 
 PS_JSON = os.environ.get("TRITON_REC_PS_JSON", str(ROOT / "model_repository" / "ps.json"))
 DLRM_DIR = Path(os.environ.get("TRITON_REC_DLRM_DIR", str(ROOT / "model_repository" / "dlrm" / "1")))

@@ -7,7 +7,7 @@ and its instances share the work. An update of table T of model M (topic
 ``hps_et.M.T``) is
 
 1. written to the tiers whose ``update_filters`` match the topic, persistent tier
-   first (:meth:`triton_rec.tiers.TieredStore.apply_update`);
+   first (:meth:`triton_rec.storage.tiers.TieredStore.apply_update`);
 2. written over the rows the node's shared cache holds for those keys (``update``:
    rows that are not cached stay uncached), so every instance of the model on the
    node serves it at once. Rows a lookup was fetching from a tier while the update
@@ -27,8 +27,8 @@ from typing import Dict, Sequence
 
 import numpy as np
 
-from triton_rec.cached_table import CachedTable
-from triton_rec.config import ModelParams
+from triton_rec.cache.cached_table import CachedTable
+from triton_rec.config.ps_json import ModelParams
 from triton_rec.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from triton_rec.backing_store import (
+from triton_rec.storage.backing_store import (
     StoreError,
     StoreUnavailableError,
     chunks,
@@ -49,8 +49,8 @@ from triton_rec.backing_store import (
     tier_table_name,
 )
 from triton_rec.errors import ConfigError, TritonRecError
-from triton_rec.log_throttle import LogThrottle
-from triton_rec.redis_store import RedisClusterStore, parse_address
+from triton_rec.util.log_throttle import LogThrottle
+from triton_rec.storage.redis_store import RedisClusterStore, parse_address
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def topic_name(model: str, table: str) -> str:
 
     Raises:
         ConfigError: a name is empty or holds other characters than letters, digits,
-            ``_`` and ``-`` (HPS's rule, :func:`~triton_rec.backing_store.tier_table_name`).
+            ``_`` and ``-`` (HPS's rule, :func:`~triton_rec.storage.backing_store.tier_table_name`).
     """
     return tier_table_name(model, table)
 
@@ -170,7 +170,7 @@ class _Redis:
     """A Redis Cluster connection with the store's settings and error translation (the
     update streams live in a cluster, usually the volatile tier's).
 
-    A :class:`~triton_rec.redis_store.RedisClusterStore` gives the connection handling,
+    A :class:`~triton_rec.storage.redis_store.RedisClusterStore` gives the connection handling,
     timeouts, TLS and errors naming the cluster; its table is never used. With
     ``connect=False`` the connection is made by the first command (and made again after
     :meth:`reset`), so an unreachable cluster fails commands, not the constructor.
@@ -233,7 +233,7 @@ class UpdateProducer:
         max_batch_size: most key/value pairs per message (a larger batch becomes
             several messages).
         **kwargs: the other connection settings of
-            :class:`~triton_rec.redis_store.RedisClusterStore` (TLS, timeouts, retries).
+            :class:`~triton_rec.storage.redis_store.RedisClusterStore` (TLS, timeouts, retries).
 
     Raises:
         ConfigError: a malformed address. StoreUnavailableError: the cluster cannot be
@@ -735,7 +735,7 @@ def _sparse_dir_rows(path: str, vec_size: Optional[int]):
     the file sizes when not given."""
     import os
 
-    from ps_loader.hugectr_sparse import KEY_FILE, VECTOR_FILE, read_sparse_dir
+    from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE, read_sparse_dir
 
     if vec_size is None:
         try:

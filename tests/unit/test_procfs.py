@@ -1,4 +1,4 @@
-"""triton_rec.procfs against real processes."""
+"""triton_rec.util.procfs against real processes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from triton_rec import procfs
+from triton_rec.util import procfs
 
 # A child whose command name contains ") " and "(": /proc/<pid>/stat must be cut at
 # the LAST ")" to find its fields.

@@ -1,6 +1,6 @@
 """Triton custom metrics of the embedding cache, served on Triton's metrics port.
 
-Counters are per instance deltas of :class:`~triton_rec.cached_table.TableStats`; Triton
+Counters are per instance deltas of :class:`~triton_rec.cache.cached_table.TableStats`; Triton
 adds up the increments of every instance that uses the same labels, so the figures are
 per model and table. Cache-wide values (size, inserts, evictions, which all instances
 share) are gauges set from the shared cache's own counters.
@@ -75,7 +75,7 @@ _GAUGES = {
 
 
 class RequestMetrics:
-    """Publishes a :class:`~triton_rec.triton_glue.RequestCounters` as
+    """Publishes a :class:`~triton_rec.triton.glue.RequestCounters` as
     ``trec_requests_rejected_total{model, reason}`` (deltas, only on a change)."""
 
     def __init__(self, pb_utils, model: str, counters):
@@ -98,14 +98,14 @@ class RequestMetrics:
 
 
 class CacheMetrics:
-    """Publishes the statistics of a :class:`~triton_rec.session.LookupSession`.
+    """Publishes the statistics of a :class:`~triton_rec.serving.session.LookupSession`.
 
     Args:
         pb_utils: the ``triton_python_backend_utils`` module.
         model: model name (label).
         instance: model instance name (label of ``trec_instance_lookups_total``).
         session: the session whose tables are reported.
-        requests: the instance's :class:`~triton_rec.triton_glue.RequestCounters`, if
+        requests: the instance's :class:`~triton_rec.triton.glue.RequestCounters`, if
             they are to be published too (:class:`RequestMetrics`).
     """
 

@@ -14,7 +14,7 @@ Two implementations of the same publish/attach flow:
 - **CPU**: :func:`share_numpy_arrays` lays the arrays out in one ``/dev/shm`` file and
   publishes it; :func:`attach_numpy_arrays` maps that file in another process (numpy
   arrays over an ``mmap``). This is the GPU flow runnable without a GPU, which is how the
-  tests exercise it; the production CPU cache is the C++ one (:mod:`triton_rec.shm_cache`).
+  tests exercise it; the production CPU cache is the C++ one (:mod:`triton_rec.cache.shm_cache`).
 
 :func:`open_shared_cache` runs the whole flow for one cache (create or attach, plus a
 process-shared writer lock) on either kind of memory.
@@ -55,14 +55,14 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from triton_rec.array_cache import (
+from triton_rec.cache.array_cache import (
     ArrayEmbeddingCache,
     CupyUnavailableError,
     HostCacheView,
     resolve_xp,
 )
 from triton_rec.errors import ConfigError, TritonRecError
-from triton_rec.shm_security import open_private_file, open_segment_dir, remove_namespace_dir
+from triton_rec.cache.shm_security import open_private_file, open_segment_dir, remove_namespace_dir
 
 __all__ = [
     "CupyUnavailableError",
@@ -159,7 +159,7 @@ class FileLock:
     does not exclude threads sharing one open file). Pass it as the cache's ``lock``.
 
     The lock file is created if needed (mode 0600); an existing one is used only if it is
-    private to our user (:mod:`triton_rec.shm_security`). :meth:`unlink` removes it
+    private to our user (:mod:`triton_rec.cache.shm_security`). :meth:`unlink` removes it
     (owner's cleanup). A lock held by a process that dies is released by the kernel.
     """
 
@@ -431,7 +431,7 @@ def read_handles(path: str, check_owner: bool = True) -> Dict[str, Dict[str, Any
 class SharedCache(HostCacheView):
     """One process's handle on a shared cache (see :func:`open_shared_cache`).
 
-    It is the cache as :class:`triton_rec.cached_table.CachedTable` uses it (numpy in
+    It is the cache as :class:`triton_rec.cache.cached_table.CachedTable` uses it (numpy in
     and out: ``query(keys, out, hit_mask)``, ``insert``, ``update``, ``keys``, ``size``,
     ``stats``, ``capacity``, ``vec_size``), plus :meth:`close`.
 
@@ -492,7 +492,7 @@ def open_shared_cache(
 
     With a ``namespace`` (the node store's token) ``<dir>`` is that store's private
     directory ``<shm_dir>/trec-ns-<namespace>`` (mode 0700). Every file is used only if
-    private to our user (:mod:`triton_rec.shm_security`).
+    private to our user (:mod:`triton_rec.cache.shm_security`).
 
     An attached cache must have the same geometry and policy (ConfigError otherwise).
     """

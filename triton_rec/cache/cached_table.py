@@ -25,8 +25,8 @@ from typing import Dict, List, Optional, Protocol
 
 import numpy as np
 
-from triton_rec.backing_store import BackingStore
-from triton_rec.log_throttle import LogThrottle
+from triton_rec.storage.backing_store import BackingStore
+from triton_rec.util.log_throttle import LogThrottle
 
 log = logging.getLogger(__name__)
 

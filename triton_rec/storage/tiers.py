@@ -4,12 +4,12 @@ HPS looks up what its embedding cache misses in the volatile database (a node-lo
 hash map or a Redis Cluster shared by every node), then in the persistent database
 (RocksDB on local disk), and answers what neither holds with the table's default
 value. :class:`TieredStore` is that chain, behind the same
-:class:`~triton_rec.backing_store.BackingStore` interface the cache already uses:
+:class:`~triton_rec.storage.backing_store.BackingStore` interface the cache already uses:
 
 - ``fetch``: each tier is asked only for the keys the tiers before it did not hold;
   with ``cache_missed_embeddings`` the rows a later tier found are copied into the
   first one (best effort: a failed copy is logged, the answer is still right);
-- a tier that cannot be reached (:class:`~triton_rec.backing_store.StoreUnavailableError`)
+- a tier that cannot be reached (:class:`~triton_rec.storage.backing_store.StoreUnavailableError`)
   either fails the lookup (``on_unavailable: "fail"``, the default: the request gets an
   error naming the tier) or is skipped (``"next_tier"``);
 - ``upsert``/``delete`` go to every writable tier; :meth:`TieredStore.apply_update`
@@ -32,8 +32,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from triton_rec.backing_store import BackingStore, StoreError, StoreUnavailableError, check_keys
-from triton_rec.log_throttle import LogThrottle
+from triton_rec.storage.backing_store import BackingStore, StoreError, StoreUnavailableError, check_keys
+from triton_rec.util.log_throttle import LogThrottle
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from triton_rec import _native
 from triton_rec.errors import ConfigError
-from triton_rec.model_files import ConfigFileError, read_json
+from triton_rec.config.model_files import ConfigFileError, read_json
 
 # Model keys documented for HPS / HugeCTR (hps-compat.md, upstream parsers).
 _MODEL_KEYS_USED = {
@@ -215,7 +215,7 @@ class RedisParams:
     socket_timeout: float = 2.0
 
     def client_kwargs(self) -> Dict[str, Any]:
-        """Keyword arguments of :class:`~triton_rec.redis_store.RedisClusterStore` (and
+        """Keyword arguments of :class:`~triton_rec.storage.redis_store.RedisClusterStore` (and
         the update producer/consumer) for these settings."""
         return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "address"}
 

@@ -7,9 +7,9 @@ rest. Implementations, one file each, all run by one contract suite
 - :class:`LocalTableStore` (here): the node-local table, read-only;
 - :class:`DictStore` (here): a Python dict, writable; the brute-force reference the
   contract suite compares every other store with;
-- :class:`~triton_rec.rocksdb_store.RocksDBStore`: a column family of a RocksDB
+- :class:`~triton_rec.storage.rocksdb_store.RocksDBStore`: a column family of a RocksDB
   database (HPS ``persistent_db``);
-- :class:`~triton_rec.redis_store.RedisClusterStore`: hashes in a Redis Cluster (HPS
+- :class:`~triton_rec.storage.redis_store.RedisClusterStore`: hashes in a Redis Cluster (HPS
   ``volatile_db`` of type ``redis_cluster``).
 
 Reading (every store): :meth:`~BackingStore.fetch`, :meth:`~BackingStore.num_rows`,
@@ -33,7 +33,7 @@ import numpy as np
 
 from triton_rec import _native
 from triton_rec.errors import ConfigError, TritonRecError
-from triton_rec.table import EmbeddingTable
+from triton_rec.storage.table import EmbeddingTable
 
 
 class StoreError(TritonRecError):
@@ -212,7 +212,7 @@ class BackingStore(abc.ABC):
     def close(self) -> None:  # pragma: no cover - trivial default
         """Release connections/mappings."""
 
-    # -- import bookkeeping (writable tiers; see triton_rec.tiers.import_table) --------
+    # -- import bookkeeping (writable tiers; see triton_rec.storage.tiers.import_table) --------
 
     def get_meta(self, name: str) -> Optional[str]:
         """A small string stored beside the table (e.g. the content digest of the sparse

@@ -2,13 +2,13 @@
 
 Every Triton model instance is its own process. For one model on one node:
 
-- each table is converted once into the node-local store (``ps_loader.node_store``) and
+- each table is converted once into the node-local store (``triton_rec.storage.node_store``) and
   memory-mapped read-only by every instance: the page cache holds one copy;
 - each table has ONE embedding cache per device, shared by every instance on it:
-  on CPU a shared-memory segment (:mod:`triton_rec.shm_cache`, native code), on a GPU
-  device arrays shared through CUDA IPC (:mod:`triton_rec.gpu_share`, CuPy; not run on
+  on CPU a shared-memory segment (:mod:`triton_rec.cache.shm_cache`, native code), on a GPU
+  device arrays shared through CUDA IPC (:mod:`triton_rec.cache.gpu_share`, CuPy; not run on
   GPU hardware yet). The first instance creates it, the others attach;
-- each instance has its own :class:`~triton_rec.session.LookupSession`, background
+- each instance has its own :class:`~triton_rec.serving.session.LookupSession`, background
   inserter and refresher.
 
 The cache of a table is named ``<model>.<device>.<table>.<content digest prefix>``, so
@@ -25,16 +25,16 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional
 
-from ps_loader import node_store
-from triton_rec.backing_store import BackingStore, LocalTableStore, tier_table_name
-from triton_rec.config import ModelParams, TableParams, model_relative_path
-from triton_rec.model_config import InstanceSettings
-from triton_rec.model_files import confine
-from triton_rec.redis_store import RedisClusterStore
-from triton_rec.rocksdb_store import NodeRocksDBTable, RocksDBStore
-from triton_rec.session import LookupSession, TableSet
-from triton_rec.table import EmbeddingTable
-from triton_rec.tiers import Tier, TieredStore, import_table
+from triton_rec.storage import node_store
+from triton_rec.storage.backing_store import BackingStore, LocalTableStore, tier_table_name
+from triton_rec.config.ps_json import ModelParams, TableParams, model_relative_path
+from triton_rec.config.model_config import InstanceSettings
+from triton_rec.config.model_files import confine
+from triton_rec.storage.redis_store import RedisClusterStore
+from triton_rec.storage.rocksdb_store import NodeRocksDBTable, RocksDBStore
+from triton_rec.serving.session import LookupSession, TableSet
+from triton_rec.storage.table import EmbeddingTable
+from triton_rec.storage.tiers import Tier, TieredStore, import_table
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +79,10 @@ def cache_name(params: ModelParams, spec: InstanceSpec, tp: TableParams, table: 
 
 def shm_namespace(table: EmbeddingTable, parent: str) -> str:
     """The shared-memory namespace token of the node store holding ``table``'s layout
-    (``<store>/layouts/<digest>.tbl``, see :mod:`ps_loader.node_store`), for segments in
-    ``parent`` (:func:`triton_rec.shm_security.store_namespace`)."""
+    (``<store>/layouts/<digest>.tbl``, see :mod:`triton_rec.storage.node_store`), for segments in
+    ``parent`` (:func:`triton_rec.cache.shm_security.store_namespace`)."""
     from triton_rec.errors import CacheError
-    from triton_rec.shm_security import store_namespace
+    from triton_rec.cache.shm_security import store_namespace
 
     layout = getattr(table, "layout_path", None)
     if not layout:
@@ -111,7 +111,7 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
     """The store a table's cache sits in front of, per the ps.json tier sections.
 
     - ``hash_map`` volatile and no persistent tier: the node-local table itself;
-    - otherwise a :class:`~triton_rec.tiers.TieredStore`: [node-local table (hash map
+    - otherwise a :class:`~triton_rec.storage.tiers.TieredStore`: [node-local table (hash map
       types) | Redis Cluster (``redis_cluster``)] then [RocksDB (``rocks_db``)].
       Tables are named ``hps_et.<model>.<table>`` (:func:`tier_table_name`) and both
       tiers use HPS's layout (RocksDB: one database at ``persistent_db.path`` for every
@@ -176,8 +176,8 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
 
 
 def confine_directories(params: ModelParams, spec: InstanceSpec) -> None:
-    """The operator's allowed roots (:mod:`triton_rec.model_files`) for the paths a model
-    names that are not files read through :func:`~triton_rec.model_files.open_model_file`:
+    """The operator's allowed roots (:mod:`triton_rec.config.model_files`) for the paths a model
+    names that are not files read through :func:`~triton_rec.config.model_files.open_model_file`:
     a ``store_dir`` set in config.pbtxt (the operator's ``TRITON_REC_STORE`` / default
     store is trusted), the RocksDB directory and the Redis TLS files of ps.json."""
     if spec.store_dir:
@@ -208,14 +208,14 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
             return None
         name = cache_name(params, spec, tp, table)
         if spec.device == "cpu":
-            from triton_rec.shm_cache import SharedEmbeddingCache
+            from triton_rec.cache.shm_cache import SharedEmbeddingCache
 
             return SharedEmbeddingCache.open(
                 name, capacity, table.vec_size, policy=params.cache_policy,
                 ways=params.cache_ways, directory=spec.cache_dir,
                 namespace=shm_namespace(table, spec.cache_dir),
             )
-        from triton_rec.gpu_share import open_shared_cache, shm_dir
+        from triton_rec.cache.gpu_share import open_shared_cache, shm_dir
 
         shared = open_shared_cache(
             name, capacity, table.vec_size, ways=params.cache_ways, policy=params.cache_policy,
@@ -269,7 +269,7 @@ def load_dense_model(params: ModelParams, model_dir: str, config_network: Option
 def open_ranking_session(params: ModelParams, spec: InstanceSpec, model_dir: str,
                          config_network: Optional[str] = None):
     """A ``hugectr`` whole-model session: the dense model + :func:`open_tables`."""
-    from triton_rec.ranking import RankingSession
+    from triton_rec.serving.ranking import RankingSession
 
     dense = load_dense_model(params, model_dir, config_network, spec.intra_op_threads)
     tables = open_tables(params, spec)

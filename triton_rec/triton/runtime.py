@@ -15,7 +15,7 @@ site-packages of the first Python on ``PATH``), waits until it is ready and stop
 
 Command line: ``python -m triton_rec.runtime serve --model-repository DIR`` (used by
 ``make serve``: tritonserver in the foreground, its instance processes supervised by
-:mod:`triton_rec.supervisor`) and ``python -m triton_rec.runtime prepare`` (backend
+:mod:`triton_rec.triton.supervisor`) and ``python -m triton_rec.runtime prepare`` (backend
 directory only).
 """
 
@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BACKEND_SOURCES = REPO_ROOT / "backend"
 DEFAULT_BACKEND_DIR = REPO_ROOT / "build" / "triton" / "backends"
 
@@ -131,7 +131,7 @@ def python_library_dir() -> str:
 #:
 #: Triton 2.51 has no request-size flag (``--http-max-input-size`` appears in 2.59;
 #: gRPC accepts up to 2 GB): the backends refuse what exceeds a model's largest valid
-#: request (:func:`triton_rec.triton_glue.check_input_size`).
+#: request (:func:`triton_rec.triton.glue.check_input_size`).
 SERVER_LIMIT_FLAGS = ("--strict-readiness=false", "--grpc-infer-allocation-pool-size=0")
 
 
@@ -155,7 +155,7 @@ class TritonServer:
         extra_args: more tritonserver flags.
         env: extra environment variables for the server and its backends
             (e.g. ``TRITON_REC_STORE``).
-        supervise: replace dead instance processes (:class:`~triton_rec.supervisor.Supervisor`,
+        supervise: replace dead instance processes (:class:`~triton_rec.triton.supervisor.Supervisor`,
             run by this object while the server runs). Needs explicit model control:
             without ``explicit`` the server runs in that mode with every model loaded
             at start (``--load-model=*``), which serves what the default mode would.
@@ -242,7 +242,7 @@ class TritonServer:
         env["VIRTUAL_ENV"] = sys.prefix
         # numpy's OpenBLAS may pick generic kernels on a CPU it does not recognize
         # (seen on VMs); name the right ones for every instance process.
-        from triton_rec.process_setup import server_blas_environment
+        from triton_rec.triton.process_setup import server_blas_environment
 
         env.update(server_blas_environment(env))
         env.update(self.extra_env)
@@ -265,7 +265,7 @@ class TritonServer:
             start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None,
         )
         if self.supervise:
-            from triton_rec.supervisor import Supervisor
+            from triton_rec.triton.supervisor import Supervisor
 
             self.supervisor = Supervisor(self.process.pid, self.http_url, log=self.supervisor_log).start()
         return self
@@ -308,7 +308,7 @@ class TritonServer:
         optionally only those of ``model``."""
         if not self.process:
             return []
-        from triton_rec.supervisor import stub_processes
+        from triton_rec.triton.supervisor import stub_processes
 
         by_model = stub_processes(self.process.pid)
         if model is not None:
@@ -408,7 +408,7 @@ def main(argv=None) -> int:
     if args.cmd == "prepare":
         print(prepare_backend_dir())
         return 0
-    from triton_rec.model_files import ALLOWED_ROOTS_ENV
+    from triton_rec.config.model_files import ALLOWED_ROOTS_ENV
 
     env = {ALLOWED_ROOTS_ENV: args.allowed_roots} if args.allowed_roots else None
     server = _PublicServer(args.model_repository, args.http_port, args.grpc_port, args.metrics_port,

@@ -19,7 +19,7 @@ from typing import Tuple
 import numpy as np
 
 from triton_rec.errors import ModelFileError
-from triton_rec.model_files import open_model_file
+from triton_rec.config.model_files import open_model_file
 
 KEY_FILE = "key"
 VECTOR_FILE = "emb_vector"

@@ -3,7 +3,7 @@
 Layout (HPS's, HugeCTR v23.09 ``redis_backend.cpp``; docs/upstream-notes.md):
 
 - a table ``T`` (deployments: ``hps_et.<model>.<table>``,
-  :func:`triton_rec.backing_store.tier_table_name`) is split in ``num_partitions``
+  :func:`triton_rec.storage.backing_store.tier_table_name`) is split in ``num_partitions``
   Redis hashes with the keys ``hps_et{T/p<i>}v``, ``i = 0 .. num_partitions-1``. The
   ``{...}`` hash tag puts each partition in one hash slot on one master, and the
   partitions of a table spread over the masters;
@@ -40,7 +40,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from triton_rec.backing_store import (
+from triton_rec.storage.backing_store import (
     BackingStore,
     StoreError,
     StoreUnavailableError,
@@ -164,7 +164,7 @@ class RedisClusterStore(BackingStore):
         address: ``"host:port,host:port"``: some masters of the cluster (the others are
             discovered).
         table_name: ``<model>.<table>`` by convention
-            (:func:`~triton_rec.backing_store.tier_table_name`).
+            (:func:`~triton_rec.storage.backing_store.tier_table_name`).
         vec_size: floats per vector.
         default_value: value of every element of an unknown key's vector.
         user_name, password: ACL credentials; sent only when ``password`` is set (HPS's

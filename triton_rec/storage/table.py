@@ -6,7 +6,7 @@ Two ways to get one:
   (the per-instance way: every process that does this holds its own index);
 - :meth:`EmbeddingTable.from_layout` wraps arrays that already include a ready index,
   typically read-only memory maps of a node-local layout file written once by
-  :mod:`ps_loader.node_store` and shared by every instance process through the page cache.
+  :mod:`triton_rec.storage.node_store` and shared by every instance process through the page cache.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class EmbeddingTable:
             layout_path: the layout file the arrays map, if any.
 
         Only shapes and dtypes are checked here (O(1)); that ``index`` really indexes
-        ``keys`` is the caller's responsibility (``ps_loader.node_store.open_table``
+        ``keys`` is the caller's responsibility (``triton_rec.storage.node_store.open_table``
         spot-checks it). A wrong index gives wrong rows or ``CorruptIndexError``, never
         an out-of-bounds read: the native lookup checks every row id it follows.
 
@@ -142,7 +142,7 @@ class EmbeddingTable:
         after a load take a page fault per row they touch (a disk read when the page is
         not cached, a minor fault otherwise), so tail latency is bad until the working
         set has been touched. Reading every page once moves that cost to load time.
-        For layouts shared by several instance processes (``ps_loader.node_store``) the
+        For layouts shared by several instance processes (``triton_rec.storage.node_store``) the
         pages land in the page cache once; later instances only map them (minor faults,
         no I/O), and all of them share one physical copy.
 

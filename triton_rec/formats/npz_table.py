@@ -12,7 +12,7 @@ from typing import Tuple
 import numpy as np
 
 from triton_rec.errors import ModelFileError
-from triton_rec.model_files import open_model_file
+from triton_rec.config.model_files import open_model_file
 
 
 def read_npz_table(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:

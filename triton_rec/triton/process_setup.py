@@ -7,7 +7,7 @@ Three things the defaults of the libraries get wrong there, each measured on 2 c
   small matrix product wakes threads that compete with the other instances and spin:
   a small DLRM served by 2 instances went from p50 5.9 ms to 0.85 ms with one BLAS
   thread per instance. The rule is ``instances x threads <= cores``;
-  :class:`~triton_rec.model_config.InstanceSettings` chooses the count (config.pbtxt
+  :class:`~triton_rec.config.model_config.InstanceSettings` chooses the count (config.pbtxt
   ``intra_op_threads``, else ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``/
   ``MKL_NUM_THREADS``, else 1). :func:`limit_thread_pools`.
 - **Memory of large requests.** In Triton's Python-backend stub every temporary of a few
@@ -25,7 +25,7 @@ import ctypes
 import os
 from typing import Dict, Iterable, Optional
 
-from triton_rec.model_config import THREAD_ENV_VARS
+from triton_rec.config.model_config import THREAD_ENV_VARS
 
 
 def limit_thread_pools(threads: int) -> Dict[str, str]:

@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Dict, Optional, Set
 
-from triton_rec import procfs
+from triton_rec.util import procfs
 
 #: Seconds between two scans of the server's instance processes.
 SUPERVISE_INTERVAL_S = 0.5

@@ -28,7 +28,7 @@ Finding the layout of a source (:func:`ensure_layout`, used by :func:`load_table
    shape exists, compute the source's content digest; a layout with that digest is
    reused and ``sources/<fp>`` is pointed at it (a touched or copied file costs one
    read, no conversion);
-3. otherwise convert: read the source (``ps_loader.read_table``), build the index,
+3. otherwise convert: read the source (:func:`triton_rec.formats.tables.read_table`), build the index,
    write the layout to a temporary file in the store, then publish it atomically
    (``link``, or ``os.replace``), so nobody ever sees a partial file.
 
@@ -119,12 +119,12 @@ from typing import Callable, Iterator, Optional, Tuple
 
 import numpy as np
 
-from ps_loader.hugectr_sparse import KEY_FILE, VECTOR_FILE
-from ps_loader.tables import read_table
-from triton_rec.model_files import confine
+from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE
+from triton_rec.formats.tables import read_table
+from triton_rec.config.model_files import confine
 from triton_rec import _native
 from triton_rec.errors import DuplicateKeyError, ModelFileError, TritonRecError
-from triton_rec.table import MADV_POPULATE_READ, EmbeddingTable, mapping_of
+from triton_rec.storage.table import MADV_POPULATE_READ, EmbeddingTable, mapping_of
 
 log = logging.getLogger(__name__)
 
@@ -451,7 +451,7 @@ def _index_digest(index: np.ndarray, pool: ThreadPoolExecutor) -> str:
 def _fingerprint(source_path: str, vec_size: int) -> Tuple[str, Optional[int]]:
     """(fingerprint, rows implied by the file sizes or None): metadata only, no data read."""
     real = os.path.realpath(source_path)
-    npz = str(source_path).endswith(".npz")  # the rule of ps_loader.read_table
+    npz = str(source_path).endswith(".npz")  # the rule of formats.tables.read_table
     files = [real] if npz else [os.path.join(real, KEY_FILE), os.path.join(real, VECTOR_FILE)]
     parts: list = [FORMAT_VERSION, real, int(vec_size)]
     sizes = []

@@ -6,8 +6,8 @@ from typing import Tuple
 
 import numpy as np
 
-from ps_loader.hugectr_sparse import read_sparse_dir, write_sparse_dir
-from ps_loader.npz_table import read_npz_table, write_npz_table
+from triton_rec.formats.hugectr_sparse import read_sparse_dir, write_sparse_dir
+from triton_rec.formats.npz_table import read_npz_table, write_npz_table
 
 
 def read_table(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,8 @@
 """Whole-model inference (the ``hugectr`` backend): embeddings + dense network -> predictions.
 
 A :class:`RankingSession` answers HugeCTR-style requests (``DES``/``CATCOLUMN``/
-``ROWINDEX``, see :mod:`triton_rec.hugectr_request`): per table it looks the keys up
-through the shared cache / node-local table (the same :class:`~triton_rec.session.TableSet`
+``ROWINDEX``, see :mod:`triton_rec.serving.hugectr_request`): per table it looks the keys up
+through the shared cache / node-local table (the same :class:`~triton_rec.serving.session.TableSet`
 the ``hps`` backend uses: never a private copy), combines each slot's vectors with
 the table's combiner (sum or mean, multi-hot slots allowed), and runs the dense
 network on all samples at once.
@@ -17,11 +17,11 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from triton_rec.config import ModelParams
+from triton_rec.config.ps_json import ModelParams
 from triton_rec.dense import DenseModel, combine_slots
 from triton_rec.errors import ConfigError
-from triton_rec.hugectr_request import HugeCTRRequest, parse_embedding_request, parse_hugectr_request
-from triton_rec.session import TableSet
+from triton_rec.serving.hugectr_request import HugeCTRRequest, parse_embedding_request, parse_hugectr_request
+from triton_rec.serving.session import TableSet
 
 
 class RankingSession:
@@ -63,7 +63,7 @@ class RankingSession:
 
     def input_limits(self, catcolumn_itemsize: int = 8):
         """The most elements each input of a valid request holds (see
-        :data:`triton_rec.triton_glue.InputLimits`), from max_batch_size, the network's
+        :data:`triton_rec.triton.glue.InputLimits`), from max_batch_size, the network's
         dense_dim and slots and the most keys per sample of each table."""
         return hugectr_input_limits(self.params.max_batch_size, self.dense, self.slots,
                                     keys_per_sample(self.params, self.dense), catcolumn_itemsize)
@@ -151,7 +151,7 @@ def hugectr_input_limits(max_batch_size: int, dense: DenseModel, slots: Sequence
 
 class DenseSession:
     """The dense half of an ensemble: ``DES`` + the ``hps`` model's ``EMBEDDINGS`` +
-    ``ROWINDEX`` -> predictions (see :func:`~triton_rec.hugectr_request.parse_embedding_request`).
+    ``ROWINDEX`` -> predictions (see :func:`~triton_rec.serving.hugectr_request.parse_embedding_request`).
 
     Args:
         model: model name, for messages.

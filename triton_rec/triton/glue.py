@@ -30,7 +30,7 @@ RESULT_FAILED = "internal"
 class RequestCounters:
     """Requests an instance answered with an error, by reason (plain integers, bumped on
     the request path; published by the metrics thread as ``trec_requests_rejected_total``,
-    see :mod:`triton_rec.triton_metrics`). Triton 2.51's Python backend counts every
+    see :mod:`triton_rec.triton.metrics`). Triton 2.51's Python backend counts every
     request answered with an error response as a success (docs/upstream-notes.md)."""
 
     REASONS = (RESULT_REJECTED_INVALID, RESULT_REJECTED_TOO_LARGE, RESULT_FAILED)
@@ -202,7 +202,7 @@ class MetricsPusher:
     ``execute`` never publishes: every ``Metric.set``/``increment`` of the Python backend
     is a round trip to the server process (about 0.1 ms each, a dozen per model and
     table), and ``Metric.set`` holds the GIL while it waits. The engine's counters
-    accumulate in-process (plain integers, :class:`~triton_rec.cached_table.TableStats`);
+    accumulate in-process (plain integers, :class:`~triton_rec.cache.cached_table.TableStats`);
     this thread reads them and publishes what changed since its last pass, so an idle
     model costs no round trip at all.
 
@@ -214,7 +214,7 @@ class MetricsPusher:
     Args:
         pb_utils: ``triton_python_backend_utils``.
         model_name: for messages.
-        metrics: has ``update()`` (a :class:`~triton_rec.triton_metrics.CacheMetrics`).
+        metrics: has ``update()`` (a :class:`~triton_rec.triton.metrics.CacheMetrics`).
         interval: seconds between publications; 0 starts no thread (nothing is published
             unless :meth:`push` is called).
     """
@@ -259,11 +259,11 @@ ORPHAN_GRACE_S = 5.0
 def prepare_process(pb_utils, model_name: str, config: dict):
     """What every instance does first, in ``initialize``: route the engine's logs to
     Triton's log, size this process's thread pools (``intra_op_threads``) and its
-    allocator (:mod:`triton_rec.process_setup`), start the parent watchdog, log it all. Returns the
-    :class:`~triton_rec.model_config.InstanceSettings` (ConfigError if malformed)."""
+    allocator (:mod:`triton_rec.triton.process_setup`), start the parent watchdog, log it all. Returns the
+    :class:`~triton_rec.config.model_config.InstanceSettings` (ConfigError if malformed)."""
     from triton_rec import _native
-    from triton_rec.model_config import InstanceSettings
-    from triton_rec.process_setup import limit_thread_pools, tune_allocator
+    from triton_rec.config.model_config import InstanceSettings
+    from triton_rec.triton.process_setup import limit_thread_pools, tune_allocator
 
     route_engine_logs(pb_utils, model_name)
     settings = InstanceSettings.from_config(config)

@@ -4,7 +4,7 @@ Layout (the HPS layout; one database may hold the tables of many models):
 
 - one RocksDB database per ``path`` (ps.json ``persistent_db.path``);
 - one **column family per table**; deployments name it ``hps_et.<model>.<table>`` as
-  HPS does (:func:`triton_rec.backing_store.tier_table_name`), e.g.
+  HPS does (:func:`triton_rec.storage.backing_store.tier_table_name`), e.g.
   ``hps_et.hps_demo.item``;
 - key: the int64 key as 8 little-endian bytes; value: the vector as ``vec_size``
   little-endian float32 (``4 * vec_size`` bytes), nothing else.
@@ -39,7 +39,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from triton_rec.backing_store import (
+from triton_rec.storage.backing_store import (
     BackingStore,
     StoreError,
     StoreUnavailableError,
@@ -224,11 +224,11 @@ class RocksDBStore(_ColumnFamilyReads):
     Args:
         path: the database directory (created, with the column family, unless read_only).
         table_name: the column family, ``hps_et.<model>.<table>`` by convention
-            (:func:`~triton_rec.backing_store.tier_table_name`).
+            (:func:`~triton_rec.storage.backing_store.tier_table_name`).
         vec_size: floats per vector.
         default_value: value of every element of an unknown key's vector.
         read_only: open the database read-only (the table must exist); upsert/delete raise
-            :class:`~triton_rec.backing_store.ReadOnlyStoreError`.
+            :class:`~triton_rec.storage.backing_store.ReadOnlyStoreError`.
         max_batch_size: most keys per multi-get or write batch.
         num_threads: RocksDB background threads (``persistent_db.num_threads``).
 

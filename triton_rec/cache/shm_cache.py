@@ -32,10 +32,10 @@ Life cycle of a segment (the rule):
   configuration is never touched; ``open`` raises :class:`CacheConfigMismatchError`
   naming the file.
 
-* **privacy** (:mod:`triton_rec.shm_security`): a segment is created mode 0600 and
+* **privacy** (:mod:`triton_rec.cache.shm_security`): a segment is created mode 0600 and
   opened (without following symbolic links) only if it is a regular file owned by this
   process's euid with no group/other permission bits; anything else raises
-  :class:`~triton_rec.shm_security.SharedMemorySecurityError` naming the file, its
+  :class:`~triton_rec.cache.shm_security.SharedMemorySecurityError` naming the file, its
   owner and mode, before it is read or locked. With a ``namespace`` (what the backends
   pass: the node store's token) segments live in ``<directory>/trec-ns-<token>/``, a
   directory of mode 0700 that the last close of its last segment removes.
@@ -62,8 +62,9 @@ from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from triton_rec import _native, shm_security
-from triton_rec.procfs import proc_stat
+from triton_rec import _native
+from triton_rec.cache import shm_security
+from triton_rec.util.procfs import proc_stat
 from triton_rec.errors import CacheConfigMismatchError, CacheError
 
 log = logging.getLogger(__name__)
@@ -295,14 +296,14 @@ class SharedEmbeddingCache:
             ways: associativity (1..64).
             directory: where segments live (a tmpfs; ``/dev/shm``).
             timeout: seconds to wait for other processes' file locks.
-            namespace: the node store's token (:func:`triton_rec.shm_security.store_namespace`):
+            namespace: the node store's token (:func:`triton_rec.cache.shm_security.store_namespace`):
                 the segment lives in that store's private directory (mode 0700, removed
                 with its last segment). Without it, directly in ``directory``.
 
         Raises:
             SharedMemorySecurityError: the segment (or the namespace directory) is not
                 private to this process's user: another owner, group/other permission
-                bits, a symbolic link (:mod:`triton_rec.shm_security`). Never read from.
+                bits, a symbolic link (:mod:`triton_rec.cache.shm_security`). Never read from.
             CacheConfigMismatchError: the segment exists, is in use by a live process and
                 has another configuration (the message names the file).
             CacheError: the segment cannot be created/attached (no space, not a cache

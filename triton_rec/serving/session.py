@@ -13,12 +13,12 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ps_loader import read_table
-from triton_rec.backing_store import BackingStore, LocalTableStore
-from triton_rec.cached_table import BackgroundInserter, CachedTable, EmbeddingCache, Refresher
-from triton_rec.config import ModelParams, TableParams
+from triton_rec.formats.tables import read_table
+from triton_rec.storage.backing_store import BackingStore, LocalTableStore
+from triton_rec.cache.cached_table import BackgroundInserter, CachedTable, EmbeddingCache, Refresher
+from triton_rec.config.ps_json import ModelParams, TableParams
 from triton_rec.errors import RequestError
-from triton_rec.table import EmbeddingTable
+from triton_rec.storage.table import EmbeddingTable
 
 #: ``(table params, loaded table) -> cache or None``: how a session gets its caches.
 CacheOpener = Callable[[TableParams, EmbeddingTable], Optional[EmbeddingCache]]
@@ -193,7 +193,7 @@ class LookupSession:
     # -- validation -------------------------------------------------------------------
     def input_limits(self):
         """The most elements each input of a valid request holds (see
-        :data:`triton_rec.triton_glue.InputLimits`): ``KEYS`` max_batch_size x the sum of
+        :data:`triton_rec.triton.glue.InputLimits`): ``KEYS`` max_batch_size x the sum of
         ``maxnum_catfeature_query_per_table_per_sample``, ``NUMKEYS`` one count per table."""
         mbs, per_sample = self.params.max_batch_size, sum(self._maxnum)
         return {

@@ -2,7 +2,7 @@
 
 This is the **device** embedding cache: one cache per (model, device, table), its whole
 state a handful of plain arrays so that it can live in GPU memory and be shared by every
-model-instance process on that GPU through CUDA IPC (:mod:`triton_rec.gpu_share`). The
+model-instance process on that GPU through CUDA IPC (:mod:`triton_rec.cache.gpu_share`). The
 algorithm only uses array operations that numpy and CuPy both provide, with ``xp`` the
 array module, so the CPU test suite runs exactly the algorithm the GPU runs, with numpy.
 
@@ -25,7 +25,7 @@ State (all arrays; names as in :meth:`ArrayEmbeddingCache.state_arrays`)::
 
 ``num_sets`` is the smallest power of two >= ``ceil(capacity / ways)``; a key lives in set
 ``splitmix64(key) & (num_sets - 1)`` (:meth:`ArrayEmbeddingCache.set_of`). As for the CPU
-cache (:mod:`triton_rec.shm_cache`), ``capacity`` afterwards means the real slot count
+cache (:mod:`triton_rec.cache.shm_cache`), ``capacity`` afterwards means the real slot count
 ``num_sets * ways`` (the requested figure is ``requested_capacity``), and the sketch has
 ``max(64, next power of two >= 8 * capacity)`` counters per row.
 
@@ -110,7 +110,7 @@ class CupyUnavailableError(TritonRecError, ImportError):
 def resolve_xp(xp: Any = None):
     """The array module for ``xp``: ``None``/``"numpy"``/numpy -> numpy, ``"cupy"``/cupy -> cupy.
 
-    CuPy is imported here and only here (and in :mod:`triton_rec.gpu_share`), when asked for.
+    CuPy is imported here and only here (and in :mod:`triton_rec.cache.gpu_share`), when asked for.
 
     Raises:
         CupyUnavailableError: ``"cupy"`` was asked for and CuPy cannot be imported or sees
@@ -204,7 +204,7 @@ class ArrayEmbeddingCache:
             this is the *creating* side; other processes attach with :meth:`from_arrays`.
         lock: context manager serializing writers. Default: a ``threading.Lock``, which
             serializes the threads of this process only. **With several processes sharing
-            the arrays, pass a process-shared lock** (e.g. :class:`triton_rec.gpu_share.FileLock`).
+            the arrays, pass a process-shared lock** (e.g. :class:`triton_rec.cache.gpu_share.FileLock`).
 
     Attributes:
         capacity: slots, ``num_sets * ways`` (>= the requested capacity, as in the CPU cache).
@@ -673,13 +673,13 @@ class ArrayEmbeddingCache:
 
     def host_view(self) -> "HostCacheView":
         """This cache behind the numpy interface that
-        :class:`triton_rec.cached_table.CachedTable` uses."""
+        :class:`triton_rec.cache.cached_table.CachedTable` uses."""
         return HostCacheView(self)
 
 
 class HostCacheView:
-    """The cache behind the ``EmbeddingCache`` protocol of :mod:`triton_rec.cached_table`
-    (the interface of the CPU cache, :class:`triton_rec.shm_cache.SharedEmbeddingCache`):
+    """The cache behind the ``EmbeddingCache`` protocol of :mod:`triton_rec.cache.cached_table`
+    (the interface of the CPU cache, :class:`triton_rec.cache.shm_cache.SharedEmbeddingCache`):
     numpy in, numpy out; with CuPy, keys and vectors are copied to and from the device."""
 
     def __init__(self, cache: ArrayEmbeddingCache):
