@@ -157,6 +157,125 @@ def _tls_connection_class(server_name: Optional[str]):
     return _SNIConnection
 
 
+class RedisConnection:
+    """A connection to a Redis Cluster with the project's settings (timeouts, retries,
+    pool, TLS, ACL) and error translation: the one way both the Redis tier
+    (:class:`RedisClusterStore`) and the update streams (:mod:`triton_rec.updates`) connect.
+
+    Args:
+        address: ``"host:port,host:port"``: some masters of the cluster (the others are
+            discovered).
+        user_name, password, enable_tls, tls_ca_certificate, tls_client_certificate,
+            tls_client_key, tls_server_name_identification, num_node_connections,
+            connect_timeout, socket_timeout, retries, pool_timeout: as for
+            :class:`RedisClusterStore`.
+        where: how error messages name what failed (default ``"Redis Cluster <address>"``).
+
+    Attributes:
+        client: the redis-py ``RedisCluster``.
+
+    Raises:
+        StoreUnavailableError: redis-py is missing, or the cluster cannot be reached
+            (names ``address``).
+        ConfigError: a malformed ``address``. ValueError: ``num_node_connections < 1``.
+
+    Thread-safety: every method may be called from any number of threads.
+    """
+
+    def __init__(self, address: str, user_name: Optional[str] = None,
+                 password: Optional[str] = None, enable_tls: bool = False,
+                 tls_ca_certificate: Optional[str] = None,
+                 tls_client_certificate: Optional[str] = None, tls_client_key: Optional[str] = None,
+                 tls_server_name_identification: Optional[str] = None,
+                 num_node_connections: int = 5, connect_timeout: float = 2.0,
+                 socket_timeout: float = 2.0, retries: int = 2, pool_timeout: float = 5.0,
+                 where: Optional[str] = None):
+        if redis is None:
+            raise StoreUnavailableError(
+                f"Redis store: the redis package cannot be imported ({_IMPORT_ERROR}; "
+                "pip install redis)")
+        if int(num_node_connections) < 1:
+            raise ValueError(f"num_node_connections must be >= 1, got {num_node_connections}")
+        self.address = address
+        self._where = where if where is not None else f"Redis Cluster {address}"
+        nodes = parse_address(address)
+
+        kwargs = dict(
+            socket_connect_timeout=float(connect_timeout),
+            socket_timeout=float(socket_timeout),
+            max_connections=int(num_node_connections),
+            connection_pool_class=BlockingConnectionPool,
+            timeout=float(pool_timeout),  # BlockingConnectionPool: wait for a free connection
+            retry=Retry(ConstantBackoff(0.05), int(retries)),
+            require_full_coverage=True,
+            decode_responses=False,
+        )
+        if password:
+            kwargs.update(username=user_name or None, password=password)
+        if enable_tls:
+            # "redis://" + our connection class (not "rediss://", whose parsing would
+            # replace the class and so lose the SNI setting).
+            kwargs.update(connection_class=_tls_connection_class(tls_server_name_identification),
+                          ssl_cert_reqs="required", ssl_check_hostname=True,
+                          ssl_certfile=tls_client_certificate, ssl_keyfile=tls_client_key)
+            if tls_ca_certificate and os.path.isdir(tls_ca_certificate):
+                kwargs["ssl_ca_path"] = tls_ca_certificate
+            elif tls_ca_certificate:
+                kwargs["ssl_ca_certs"] = tls_ca_certificate
+        host0, port0 = nodes[0]
+        url_host = f"[{host0}]" if ":" in host0 else host0
+        try:
+            # The URL form is the one in which redis-py honours connection_pool_class.
+            self.client = RedisCluster(url=f"redis://{url_host}:{port0}",
+                                       startup_nodes=[ClusterNode(h, p) for h, p in nodes[1:]],
+                                       **kwargs)
+        except (RedisError, RedisClusterException, OSError) as e:
+            raise StoreUnavailableError(f"Redis Cluster {address}: cannot connect: {e}") from e
+        self._closed = False
+
+    def run_commands(self, what: str, commands) -> list:
+        """Pipeline ``commands(pipe)`` (a redis-py cluster pipeline) and return the
+        replies, with this connection's timeouts and retries; redis errors become
+        :class:`StoreUnavailableError` / :class:`StoreError` naming ``where``."""
+        if self._closed:
+            raise StoreError(f"{self._where}: store is closed")
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            commands(pipe)
+            stack = _pipeline_stack(pipe)
+            if stack is None:  # pragma: no cover - a redis-py without the hook: slower failures
+                return pipe.execute()
+            try:
+                # No redirections: redis-py would otherwise re-send every failed command
+                # of the pipeline alone, each with its own retries and timeouts, so a
+                # stalled master would cost (commands x retries x socket_timeout).
+                # Connection errors and timeouts still get `retries` whole-pipeline retries.
+                return pipe.send_cluster_commands(stack, raise_on_error=True,
+                                                  allow_redirections=False)
+            except (MovedError, AskError, TryAgainError):
+                # Slots moved (resharding): run it again, following redirections (redis-py
+                # updates its slot table from the MOVED replies).
+                pipe = self.client.pipeline(transaction=False)
+                commands(pipe)
+                return pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError,
+                RedisClusterException, OSError) as e:
+            raise StoreUnavailableError(
+                f"{self._where}: {what} failed: {type(e).__name__}: {e}") from e
+        except (ClusterError, RedisError) as e:
+            raise StoreError(f"{self._where}: {what} failed: {type(e).__name__}: {e}") from e
+
+    def close(self) -> None:
+        """Close the connection (idempotent); later commands raise StoreError."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.client.close()
+        except (RedisError, RedisClusterException, OSError):  # pragma: no cover - best effort
+            pass
+
+
 class RedisClusterStore(BackingStore):
     """One table in a Redis Cluster, as ``num_partitions`` hashes (see the module docstring).
 
@@ -249,75 +368,22 @@ class RedisClusterStore(BackingStore):
         self.meta_key = f"hps_et{{{table_name}/meta}}".encode()
         self.evicted = 0  # rows removed by overflow handling (this process)
         self._where = f"Redis Cluster {address} table {table_name!r}"
-        nodes = parse_address(address)
-
-        kwargs = dict(
-            socket_connect_timeout=float(connect_timeout),
-            socket_timeout=float(socket_timeout),
-            max_connections=int(num_node_connections),
-            connection_pool_class=BlockingConnectionPool,
-            timeout=float(pool_timeout),  # BlockingConnectionPool: wait for a free connection
-            retry=Retry(ConstantBackoff(0.05), int(retries)),
-            require_full_coverage=True,
-            decode_responses=False,
-        )
-        if password:
-            kwargs.update(username=user_name or None, password=password)
-        if enable_tls:
-            # "redis://" + our connection class (not "rediss://", whose parsing would
-            # replace the class and so lose the SNI setting).
-            kwargs.update(connection_class=_tls_connection_class(tls_server_name_identification),
-                          ssl_cert_reqs="required", ssl_check_hostname=True,
-                          ssl_certfile=tls_client_certificate, ssl_keyfile=tls_client_key)
-            if tls_ca_certificate and os.path.isdir(tls_ca_certificate):
-                kwargs["ssl_ca_path"] = tls_ca_certificate
-            elif tls_ca_certificate:
-                kwargs["ssl_ca_certs"] = tls_ca_certificate
-        host0, port0 = nodes[0]
-        url_host = f"[{host0}]" if ":" in host0 else host0
-        try:
-            # The URL form is the one in which redis-py honours connection_pool_class.
-            self._client = RedisCluster(url=f"redis://{url_host}:{port0}",
-                                        startup_nodes=[ClusterNode(h, p) for h, p in nodes[1:]],
-                                        **kwargs)
-        except (RedisError, RedisClusterException, OSError) as e:
-            raise StoreUnavailableError(f"Redis Cluster {address}: cannot connect: {e}") from e
-        self._closed = False
+        self._conn = RedisConnection(
+            address, user_name=user_name, password=password, enable_tls=enable_tls,
+            tls_ca_certificate=tls_ca_certificate, tls_client_certificate=tls_client_certificate,
+            tls_client_key=tls_client_key,
+            tls_server_name_identification=tls_server_name_identification,
+            num_node_connections=num_node_connections, connect_timeout=connect_timeout,
+            socket_timeout=socket_timeout, retries=retries, pool_timeout=pool_timeout,
+            where=self._where)
+        self._client = self._conn.client
 
     # -- plumbing -------------------------------------------------------------------
 
     def run_commands(self, what: str, commands) -> list:
         """Pipeline ``commands(pipe)`` (a redis-py cluster pipeline) and return the
-        replies, with this store's timeouts and retries; redis errors become
-        :class:`StoreUnavailableError` / :class:`StoreError` naming the cluster. Also
-        used by :mod:`triton_rec.updates` for the update streams."""
-        if self._closed:
-            raise StoreError(f"{self._where}: store is closed")
-        try:
-            pipe = self._client.pipeline(transaction=False)
-            commands(pipe)
-            stack = _pipeline_stack(pipe)
-            if stack is None:  # pragma: no cover - a redis-py without the hook: slower failures
-                return pipe.execute()
-            try:
-                # No redirections: redis-py would otherwise re-send every failed command
-                # of the pipeline alone, each with its own retries and timeouts, so a
-                # stalled master would cost (commands x retries x socket_timeout).
-                # Connection errors and timeouts still get `retries` whole-pipeline retries.
-                return pipe.send_cluster_commands(stack, raise_on_error=True,
-                                                  allow_redirections=False)
-            except (MovedError, AskError, TryAgainError):
-                # Slots moved (resharding): run it again, following redirections (redis-py
-                # updates its slot table from the MOVED replies).
-                pipe = self._client.pipeline(transaction=False)
-                commands(pipe)
-                return pipe.execute()
-        except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError,
-                RedisClusterException, OSError) as e:
-            raise StoreUnavailableError(
-                f"{self._where}: {what} failed: {type(e).__name__}: {e}") from e
-        except (ClusterError, RedisError) as e:
-            raise StoreError(f"{self._where}: {what} failed: {type(e).__name__}: {e}") from e
+        replies (:meth:`RedisConnection.run_commands`; errors name this table)."""
+        return self._conn.run_commands(what, commands)
 
     def _by_partition(self, keys: np.ndarray):
         """``(partition, indices into keys)`` for every partition holding some of ``keys``,
@@ -534,13 +600,7 @@ class RedisClusterStore(BackingStore):
                 log.warning("%s", e)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._client.close()
-        except (RedisError, RedisClusterException, OSError):  # pragma: no cover - best effort
-            pass
+        self._conn.close()
 
     def hash_key_of(self, keys: np.ndarray) -> Sequence[bytes]:
         """The Redis hash holding each of ``keys`` (for operators and tests)."""
