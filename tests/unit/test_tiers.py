@@ -384,7 +384,7 @@ def test_update_filters_match_the_whole_topic_or_the_model_name_as_hps_subscribe
 @pytest.mark.parametrize("filters, applied", [([".+"], True), (["^hps_et\\.other\\..+$"], False)])
 def test_online_updates_reach_the_tiers_and_the_cache_only_through_matching_filters(
         make, spec, redis_cluster, filters, applied):  # noqa: F811
-    from triton_rec.online_updates import UpdateApplier
+    from triton_rec.updates.online import UpdateApplier
 
     params = make(gpucache=True, hit_rate_threshold=2.0,
                   volatile=redis(redis_cluster, update_filters=filters))

@@ -227,7 +227,7 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
                        open_store=lambda tp, table: open_tier_store(params, tp, table))
     if params.update_source.enabled:
         try:
-            from triton_rec.online_updates import start_update_consumer
+            from triton_rec.updates.online import start_update_consumer
 
             ts.services.append(start_update_consumer(params, ts.tables))
         except BaseException:

@@ -47,7 +47,7 @@ class UpdateApplier:
         self.tables: Dict[str, CachedTable] = {t.name: t for t in tables}
 
     def __call__(self, model: str, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
-        from triton_rec.updates import topic_name
+        from triton_rec.updates.codec import topic_name
 
         ct = self.tables.get(table)
         if model != self.model or ct is None:
@@ -71,7 +71,8 @@ def consumer_name() -> str:
 def start_update_consumer(params: ModelParams, tables: Sequence[CachedTable]):
     """Start consuming the model's topics in the background; returns the consumer
     (``close()`` stops it)."""
-    from triton_rec.updates import UpdateConsumer, topic_name
+    from triton_rec.updates.codec import topic_name
+    from triton_rec.updates.consumer import UpdateConsumer
 
     src = params.update_source
     topics = {topic_name(params.model, tp.name): tp.vec_size for tp in params.tables}

@@ -1,40 +1,9 @@
-"""Online embedding updates: the HPS message format over Redis Streams.
-
-Message format (HPS ``KafkaMessageSink``; see docs/upstream-notes.md, "Online updates"):
-
-- ``uint32`` magic ``0x52544348`` (the bytes ``"HCTR"``), little-endian;
-- ``uint32`` value size in bytes (``4 * vec_size`` for float32 vectors), per message;
-- then pairs of (key: int64 little-endian, value: ``value size`` bytes), nothing else.
-
-A message with no pair is a beacon: it carries no update and its value size means
-nothing (HPS sends ``sizeof(size_t)``). One message holds rows of one table; the table
-is named by the topic ``hps_et.<model>.<table>``.
-
-Transport: HPS used Kafka topics; here each topic is a **Redis Stream** of that name in
-a Redis Cluster, one entry per message (field ``v``). Consumers read in **consumer
-groups** (``XREADGROUP``): each inference node uses its own group, so every node sees
-every update; the instances of a node share the work. An entry is acknowledged
-(``XACK``) only after it was applied, so delivery is at least once (an update may be
-applied twice, which upserts make harmless): a consumer that dies leaves its entries
-pending and another consumer of the group takes them over (``XAUTOCLAIM`` after
-``claim_idle_ms``); a consumer restarted under the same name first re-reads its own
-pending entries.
-
-Each stream key lives in one hash slot, so a consumer reads its topics one
-``XREADGROUP`` per stream (a multi-stream read would be refused with CROSSSLOT).
-
-- :class:`UpdateProducer` publishes (the trainer side), :class:`UpdateConsumer` consumes
-  (used by :mod:`triton_rec.online_updates` inside each model instance);
-- CLI: ``python -m triton_rec.updates publish|info ...`` (``--help``).
-"""
+"""The serving side: :class:`UpdateConsumer` reads topics in a consumer group and applies
+them (delivery and take-over: :mod:`triton_rec.updates.transport`)."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import re
-import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
@@ -46,267 +15,16 @@ from triton_rec.storage.backing_store import (
     StoreUnavailableError,
     chunks,
     last_occurrence,
-    tier_table_name,
 )
-from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.updates.codec import UpdateMessageError, decode_message, parse_topic
+from triton_rec.updates.transport import FIELD, StreamConnection, is_response_error
 from triton_rec.util.log_throttle import LogThrottle
-from triton_rec.storage.redis_store import RedisClusterStore, parse_address
 
 log = logging.getLogger(__name__)
 
-MAGIC = 0x52544348  # b"HCTR" read as a little-endian uint32
-HEADER_SIZE = 8  # magic + value size
-_HEADER = np.dtype([("magic", "<u4"), ("value_size", "<u4")])
-_TOPIC_RE = re.compile(r"hps_et\.([A-Za-z0-9_-]{1,120})\.([A-Za-z0-9_-]{1,120})")
-FIELD = b"v"  # the stream entry field holding the message
 MAX_BACKOFF = 5.0  # seconds: longest wait before retrying a topic after failures in a row
 LOG_EVERY = 30.0  # seconds between two log lines about the same ongoing failure
 PRUNE_EVERY = 60.0  # seconds between two looks for idle consumers of a topic's group
-#: most bytes of messages sent in one pipeline by :meth:`UpdateProducer.publish`
-PIPELINE_BYTES = 16 << 20
-
-
-class UpdateMessageError(TritonRecError):
-    """A message that is not a valid HPS update (the message says what is wrong)."""
-
-
-def topic_name(model: str, table: str) -> str:
-    """The topic (stream key) of ``table`` of ``model``: ``"hps_et.<model>.<table>"``.
-
-    Raises:
-        ConfigError: a name is empty or holds other characters than letters, digits,
-            ``_`` and ``-`` (HPS's rule, :func:`~triton_rec.storage.backing_store.tier_table_name`).
-    """
-    return tier_table_name(model, table)
-
-
-def parse_topic(topic: str) -> Tuple[str, str]:
-    """``(model, table)`` of a topic name ``hps_et.<model>.<table>``.
-
-    Raises:
-        UpdateMessageError: ``topic`` is not such a name.
-    """
-    m = _TOPIC_RE.fullmatch(topic) if isinstance(topic, str) else None
-    if not m:
-        raise UpdateMessageError(f"{topic!r} is not a topic name hps_et.<model>.<table>")
-    return m.group(1), m.group(2)
-
-
-def encode_message(keys: np.ndarray, vectors: np.ndarray) -> bytes:
-    """One HPS update message of ``keys`` (int64 ``[M]``) and ``vectors`` (float32 ``[M, D]``).
-
-    ``M`` may be 0 (a header-only message). Raises ValueError for other dtypes or shapes
-    or ``D == 0``.
-    """
-    keys = np.asarray(keys)
-    vectors = np.asarray(vectors)
-    if keys.ndim != 1 or keys.dtype != np.int64:
-        raise ValueError(f"keys must be a 1-D int64 array, got {keys.dtype} {keys.shape}")
-    if vectors.ndim != 2 or vectors.dtype != np.float32 or vectors.shape[0] != keys.shape[0]:
-        raise ValueError(f"vectors must be float32 [{keys.shape[0]}, D], got "
-                         f"{vectors.dtype} {vectors.shape}")
-    d = vectors.shape[1]
-    if not 0 < 4 * d < 2**32:
-        raise ValueError(f"vectors must have 1 .. 2**30-1 floats, got {d}")
-    # one structured copy writes the interleaved (key, value) pairs
-    pairs = np.empty(keys.shape[0], dtype=[("k", "<i8"), ("v", "<f4", (d,))])
-    pairs["k"] = keys
-    pairs["v"] = vectors
-    header = np.array([(MAGIC, 4 * d)], dtype=_HEADER)
-    return header.tobytes() + pairs.tobytes()
-
-
-def decode_message(data: bytes, vec_size: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """``(keys int64 [M], vectors float32 [M, D])`` of one message (fresh arrays).
-
-    Args:
-        data: the message.
-        vec_size: floats per vector the table expects (None: take the message's).
-
-    A header-only message (a beacon) gives ``M == 0`` whatever its value size says
-    (``D`` is then ``vec_size``, or the message's value size / 4, or 0).
-
-    Raises:
-        UpdateMessageError: shorter than the 8-byte header, wrong magic, a value size
-            that is not a positive multiple of 4 or not ``4 * vec_size``, or a body that
-            is not a whole number of (8 + value size)-byte pairs.
-    """
-    data = bytes(data) if not isinstance(data, (bytes, bytearray, memoryview)) else data
-    if len(data) < HEADER_SIZE:
-        raise UpdateMessageError(f"message of {len(data)} bytes is shorter than the 8-byte header")
-    header = np.frombuffer(data, dtype=_HEADER, count=1)[0]
-    magic = int(header["magic"])
-    if magic != MAGIC:
-        raise UpdateMessageError(f"bad magic 0x{magic:08x} (expected 0x{MAGIC:08x}, 'HCTR')")
-    value_size = int(header["value_size"])
-    body = len(data) - HEADER_SIZE
-    if body == 0:  # beacon (HPS skips these before looking at the value size)
-        d = vec_size if vec_size is not None else (value_size // 4 if value_size % 4 == 0 else 0)
-        return np.empty(0, np.int64), np.empty((0, d), np.float32)
-    if value_size == 0 or value_size % 4:
-        raise UpdateMessageError(f"value size {value_size} bytes is not a positive multiple of 4 "
-                                 "(float32 vectors)")
-    d = value_size // 4
-    if vec_size is not None and d != vec_size:
-        raise UpdateMessageError(f"value size {value_size} bytes = {d} floats, the table has "
-                                 f"vec_size {vec_size}")
-    pair = 8 + value_size
-    if body % pair:
-        raise UpdateMessageError(f"body of {body} bytes is not a whole number of "
-                                 f"{pair}-byte key/value pairs")
-    pairs = np.frombuffer(data, dtype=[("k", "<i8"), ("v", "<f4", (d,))], offset=HEADER_SIZE)
-    return pairs["k"].astype(np.int64), np.ascontiguousarray(pairs["v"], dtype=np.float32)
-
-
-def _is_response_error(e: BaseException, marker: str) -> bool:
-    """Whether a StoreError comes from a Redis error reply holding ``marker``
-    (BUSYGROUP, NOGROUP, ...)."""
-    from redis.exceptions import ResponseError
-
-    return isinstance(e.__cause__, ResponseError) and marker in str(e)
-
-
-class _Redis:
-    """A Redis Cluster connection with the store's settings and error translation (the
-    update streams live in a cluster, usually the volatile tier's).
-
-    A :class:`~triton_rec.storage.redis_store.RedisClusterStore` gives the connection handling,
-    timeouts, TLS and errors naming the cluster; its table is never used. With
-    ``connect=False`` the connection is made by the first command (and made again after
-    :meth:`reset`), so an unreachable cluster fails commands, not the constructor.
-    """
-
-    def __init__(self, address: str, connect: bool = True, **kwargs):
-        parse_address(address)  # a malformed address is a ConfigError now, not later
-        self.address = address
-        self._kwargs = kwargs
-        self._store: Optional[RedisClusterStore] = None
-        self._lock = threading.Lock()
-        self._closed = False
-        if connect:
-            self._get()
-
-    def _get(self) -> RedisClusterStore:
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"Redis Cluster {self.address}: connection closed")
-            if self._store is not None:
-                return self._store
-        # connect outside the lock: close() must not wait for a connect timeout
-        store = RedisClusterStore(self.address, "hps_et.updates", 1, **self._kwargs)
-        with self._lock:
-            if not self._closed and self._store is None:
-                self._store = store
-                return store
-            current, closed = self._store, self._closed
-        store.close()  # closed meanwhile, or another thread connected first
-        if closed or current is None:
-            raise StoreError(f"Redis Cluster {self.address}: connection closed")
-        return current
-
-    def run(self, what: str, commands) -> list:
-        return self._get().run_commands(what, commands)
-
-    def reset(self) -> None:
-        """Drop the connection; the next command connects again (fresh slot map)."""
-        with self._lock:
-            store, self._store = self._store, None
-        if store is not None:
-            store.close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            store, self._store = self._store, None
-        if store is not None:
-            store.close()
-
-
-class UpdateProducer:
-    """Publishes updates (the trainer side) to the streams of a Redis Cluster.
-
-    Args:
-        address: ``host:port[,host:port...]`` of the Redis Cluster.
-        user_name, password: ACL credentials (sent only with a password).
-        maxlen: keep about this many entries per stream (``XADD MAXLEN ~``; None: all).
-            Trimmed entries that a consumer group has not read yet are lost to it.
-        max_batch_size: most key/value pairs per message (a larger batch becomes
-            several messages).
-        **kwargs: the other connection settings of
-            :class:`~triton_rec.storage.redis_store.RedisClusterStore` (TLS, timeouts, retries).
-
-    Raises:
-        ConfigError: a malformed address. StoreUnavailableError: the cluster cannot be
-            reached.
-
-    Thread-safety: :meth:`publish` may be called from several threads.
-    """
-
-    def __init__(self, address: str, user_name: Optional[str] = None,
-                 password: Optional[str] = None, maxlen: Optional[int] = None,
-                 max_batch_size: int = 8192, **kwargs):
-        if int(max_batch_size) < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if maxlen is not None and int(maxlen) < 1:
-            raise ValueError(f"maxlen must be >= 1, got {maxlen}")
-        self.maxlen = None if maxlen is None else int(maxlen)
-        self.max_batch_size = int(max_batch_size)
-        self._redis = _Redis(address, user_name=user_name, password=password, **kwargs)
-
-    def publish(self, model: str, table: str, keys: np.ndarray, vectors: np.ndarray) -> int:
-        """Append the rows to the stream ``hps_et.<model>.<table>``, one entry per
-        ``max_batch_size`` rows (in order); returns the number of entries (messages).
-
-        ``keys``: 1-D integers (int64 range); ``vectors``: ``[M, D]`` floats (sent as
-        float32). Raises ValueError for other shapes or dtypes, ConfigError for bad
-        names, StoreError if Redis fails (entries sent before the failure stay).
-        """
-        topic = topic_name(model, table).encode()
-        keys = np.asarray(keys)
-        vectors = np.asarray(vectors)
-        if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
-            raise ValueError(f"keys must be a 1-D integer array, got {keys.dtype} {keys.shape}")
-        if keys.dtype == np.uint64 and keys.size and int(keys.max()) >= 2**63:
-            raise ValueError("keys must fit in int64")
-        if (vectors.ndim != 2 or not np.issubdtype(vectors.dtype, np.floating)
-                or vectors.shape[0] != keys.shape[0] or vectors.shape[1] < 1):
-            raise ValueError(f"vectors must be floats [{keys.shape[0]}, D >= 1], got "
-                             f"{vectors.dtype} {vectors.shape}")
-        sent = 0
-        group: List[bytes] = []
-        group_bytes = 0
-        for s, e in chunks(keys.shape[0], self.max_batch_size):
-            # encode chunk by chunk: a large table (e.g. a memory-mapped sparse file) is
-            # never copied whole
-            m = encode_message(keys[s:e].astype(np.int64, copy=False),
-                               np.ascontiguousarray(vectors[s:e], dtype=np.float32))
-            group.append(m)
-            group_bytes += len(m)
-            if group_bytes >= PIPELINE_BYTES:
-                sent += self._send(topic, group)
-                group, group_bytes = [], 0
-        if group:
-            sent += self._send(topic, group)
-        return sent
-
-    def _send(self, topic: bytes, messages: List[bytes]) -> int:
-        def commands(pipe):
-            for m in messages:
-                pipe.xadd(topic, {FIELD: m}, maxlen=self.maxlen,
-                          approximate=self.maxlen is not None)
-
-        self._redis.run("XADD", commands)
-        return len(messages)
-
-    def close(self) -> None:
-        """Close the connection (idempotent)."""
-        self._redis.close()
-
-    def __enter__(self) -> "UpdateProducer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 #: ``apply(model, table, keys, vectors)``; raising leaves the entries pending (retried).
@@ -396,7 +114,7 @@ class UpdateConsumer:
         self._claim_every = min(5.0, max(0.05, self.claim_idle_ms / 2000.0))
         self.prune_idle_ms = int(prune_idle_ms)
         self._next_prune: Dict[str, float] = {}
-        self._redis = _Redis(address, connect=False, user_name=user_name, password=password,
+        self._redis = StreamConnection(address, connect=False, user_name=user_name, password=password,
                              **kwargs)
         self._ready: set = set()  # topics whose group exists
         self._own_pending_done: set = set()  # topics whose own pending entries were re-read
@@ -445,7 +163,7 @@ class UpdateConsumer:
         self._count(error=f"{topic}: {e}", redis_errors=1)
         # entries read but not acknowledged before the failure: re-read them first
         self._own_pending_done.discard(topic)
-        if isinstance(e, StoreError) and _is_response_error(e, "NOGROUP"):
+        if isinstance(e, StoreError) and is_response_error(e, "NOGROUP"):
             self._ready.discard(topic)  # stream or group deleted: create it again
         if n % 8 == 0 and isinstance(e, StoreUnavailableError):
             self._redis.reset()  # a long outage: reconnect from scratch (fresh slot map)
@@ -467,7 +185,7 @@ class UpdateConsumer:
             self._redis.run("XGROUP CREATE", lambda p: p.xgroup_create(
                 topic.encode(), self.group, id=self.start_id, mkstream=True))
         except StoreError as e:
-            if not _is_response_error(e, "BUSYGROUP"):
+            if not is_response_error(e, "BUSYGROUP"):
                 raise
         self._ready.add(topic)
 
@@ -695,123 +413,3 @@ class UpdateConsumer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def stream_info(address: str, model: str, table: str, **kwargs) -> dict:
-    """``{"topic", "length", "groups": [{"name", "consumers", "pending",
-    "last-delivered-id", ..., "members": [{"name", "pending", "idle"}]}]}`` of a topic's
-    stream (length 0 and no groups if the stream does not exist). ``members`` lists the
-    group's consumers (``idle`` in ms). ``kwargs``: connection settings as for
-    :class:`UpdateProducer`."""
-    stream = topic_name(model, table).encode()
-    r = _Redis(address, **kwargs)
-    try:
-        length = r.run("XLEN", lambda p: p.xlen(stream))[0]
-        try:
-            groups = r.run("XINFO GROUPS", lambda p: p.xinfo_groups(stream))[0]
-        except StoreError as e:
-            if "no such key" not in str(e).lower():
-                raise
-            groups = []
-        members = []
-        for g in groups:
-            members.append(r.run("XINFO CONSUMERS", lambda p, g=g: p.xinfo_consumers(
-                stream, g["name"]))[0])
-    finally:
-        r.close()
-
-    def text(v):
-        return v.decode() if isinstance(v, bytes) else v
-
-    return {"topic": stream.decode(), "length": int(length),
-            "groups": [{**{text(k): text(v) for k, v in g.items()},
-                        "members": [{"name": text(c["name"]), "pending": int(c["pending"]),
-                                     "idle": int(c["idle"])} for c in m]}
-                       for g, m in zip(groups, members)]}
-
-
-def _sparse_dir_rows(path: str, vec_size: Optional[int]):
-    """``(keys, vectors)`` of a HugeCTR sparse directory; ``vec_size`` is inferred from
-    the file sizes when not given."""
-    import os
-
-    from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE, read_sparse_dir
-
-    if vec_size is None:
-        try:
-            n = os.path.getsize(os.path.join(path, KEY_FILE)) // 8
-            vec_bytes = os.path.getsize(os.path.join(path, VECTOR_FILE))
-        except OSError as e:
-            raise ValueError(f"{path}: not a HugeCTR sparse directory ({e})") from None
-        if n == 0 or vec_bytes % (4 * n) or vec_bytes == 0:
-            raise ValueError(f"{path}: cannot infer the vector size from {n} keys and "
-                             f"{vec_bytes} vector bytes; give --vec-size")
-        vec_size = vec_bytes // (4 * n)
-    return read_sparse_dir(path, vec_size)
-
-
-def _main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m triton_rec.updates",
-        description="Publish HPS embedding updates to Redis Streams (hps_et.<model>.<table>), "
-                    "or show a stream's state.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, what in (("publish", "publish rows of one table"),
-                       ("info", "length, consumer groups and pending entries of a topic")):
-        p = sub.add_parser(name, help=what, description=what)
-        p.add_argument("--address", required=True, help="host:port[,host:port...] of the cluster")
-        p.add_argument("--model", required=True)
-        p.add_argument("--table", required=True)
-        p.add_argument("--user-name", default=None)
-        p.add_argument("--password", default=None)
-        if name == "publish":
-            src = p.add_mutually_exclusive_group(required=True)
-            src.add_argument("--npz", help="a .npz with arrays 'keys' (int64 [N]) and "
-                                           "'vectors' (float32 [N, D])")
-            src.add_argument("--sparse-dir", help="a HugeCTR sparse table directory "
-                                                  "(files key, emb_vector)")
-            p.add_argument("--vec-size", type=int, default=None,
-                           help="floats per vector of --sparse-dir (default: from the file sizes)")
-            p.add_argument("--batch-size", type=int, default=8192, help="pairs per message")
-            p.add_argument("--maxlen", type=int, default=None,
-                           help="trim the stream to about N entries")
-    args = ap.parse_args(argv)
-    conn = dict(user_name=args.user_name, password=args.password)
-    try:
-        topic = topic_name(args.model, args.table)
-        if args.cmd == "info":
-            print(json.dumps(stream_info(args.address, args.model, args.table, **conn),
-                             indent=1, default=str))
-            return 0
-        if args.batch_size < 1:
-            raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-        if args.npz:
-            with np.load(args.npz, allow_pickle=False) as z:
-                if "keys" not in z or "vectors" not in z:
-                    raise ValueError(f"{args.npz}: needs arrays 'keys' and 'vectors', "
-                                     f"has {sorted(z.files)}")
-                keys, vectors = z["keys"], z["vectors"]
-            if (keys.dtype != np.int64 or keys.ndim != 1 or vectors.dtype != np.float32
-                    or vectors.ndim != 2 or vectors.shape[0] != keys.shape[0]):
-                raise ValueError(f"{args.npz}: keys must be int64 [N] and vectors float32 [N, D], "
-                                 f"got {keys.dtype} {keys.shape} and {vectors.dtype} {vectors.shape}")
-        else:
-            if args.vec_size is not None and args.vec_size < 1:
-                raise ValueError(f"--vec-size must be >= 1, got {args.vec_size}")
-            keys, vectors = _sparse_dir_rows(args.sparse_dir, args.vec_size)
-        with UpdateProducer(args.address, maxlen=args.maxlen, max_batch_size=args.batch_size,
-                            **conn) as producer:
-            n = producer.publish(args.model, args.table, keys, vectors)
-        print(f"published {len(keys)} vector(s) of size {vectors.shape[1]} in {n} message(s) "
-              f"to {topic}")
-        return 0
-    except StoreError as e:  # Redis unreachable or refusing: not the input's fault
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except (ValueError, OSError, ConfigError, TritonRecError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(_main())
