@@ -16,7 +16,12 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from triton_rec.config.ps_json import config_warnings, find_ps_config, load_ps_config, model_relative_path
+from triton_rec.config.ps_json import (
+    config_warnings,
+    find_ps_config,
+    load_ps_config,
+    model_relative_path,
+)
 from triton_rec.serving.deployment import InstanceSpec, open_ranking_session
 from triton_rec.errors import TritonRecError
 from triton_rec.config.model_config import (

@@ -3,7 +3,11 @@
 import pytest
 
 from triton_rec.errors import ConfigError
-from triton_rec.config.model_config import check_hps_model_config, check_hugectr_model_config, model_parameter
+from triton_rec.config.model_config import (
+    check_hps_model_config,
+    check_hugectr_model_config,
+    model_parameter,
+)
 
 
 def _cfg(inputs=None, outputs=None, **kw):

@@ -20,7 +20,11 @@ import numpy as np
 from triton_rec.config.ps_json import ModelParams
 from triton_rec.dense import DenseModel, combine_slots
 from triton_rec.errors import ConfigError
-from triton_rec.serving.hugectr_request import HugeCTRRequest, parse_embedding_request, parse_hugectr_request
+from triton_rec.serving.hugectr_request import (
+    HugeCTRRequest,
+    parse_embedding_request,
+    parse_hugectr_request,
+)
 from triton_rec.serving.session import TableSet
 
 

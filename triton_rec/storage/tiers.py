@@ -32,7 +32,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from triton_rec.storage.backing_store import BackingStore, StoreError, StoreUnavailableError, check_keys
+from triton_rec.storage.backing_store import (
+    BackingStore,
+    StoreError,
+    StoreUnavailableError,
+    check_keys,
+)
 from triton_rec.util.log_throttle import LogThrottle
 
 log = logging.getLogger(__name__)

@@ -114,8 +114,8 @@ class UpdateConsumer:
         self._claim_every = min(5.0, max(0.05, self.claim_idle_ms / 2000.0))
         self.prune_idle_ms = int(prune_idle_ms)
         self._next_prune: Dict[str, float] = {}
-        self._redis = StreamConnection(address, connect=False, user_name=user_name, password=password,
-                             **kwargs)
+        self._redis = StreamConnection(address, connect=False, user_name=user_name,
+                                       password=password, **kwargs)
         self._ready: set = set()  # topics whose group exists
         self._own_pending_done: set = set()  # topics whose own pending entries were re-read
         self._claim_cursor: Dict[str, bytes] = {}
