@@ -341,7 +341,7 @@ class Bench:
         code = (
             "import time, json; t0 = time.perf_counter()\n"
             "from triton_rec.serving.deployment import open_session\n"
-            "from ps_loader import node_store\n"
+            "from triton_rec.storage import node_store\n"
             "from triton_rec.config.ps_json import TableParams\n"
             "t1 = time.perf_counter()\n"
             f"tp = TableParams(name='emb', sparse_file={str(model.table_dir)!r}, vec_size={model.dim},"
