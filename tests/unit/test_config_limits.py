@@ -16,7 +16,7 @@ import pytest
 from triton_rec.storage import node_store
 from ps_loader.synthetic import SyntheticTable, write_model
 from tests.fake_pb_utils import HPS_INPUTS, start_instance, triton_config
-from triton_rec.config.ps_json import model_files
+from triton_rec.config import model_files
 from triton_rec.config.ps_json import (
     MAX_BATCH_SIZE,
     MAX_CACHE_WAYS,
