@@ -65,11 +65,11 @@ from bench_lookup import timed, unique_random_keys  # noqa: E402
 from machine import machine_info  # noqa: E402
 
 from triton_rec import _native  # noqa: E402
-from triton_rec.array_cache import ArrayEmbeddingCache  # noqa: E402
-from triton_rec.backing_store import LocalTableStore  # noqa: E402
-from triton_rec.cached_table import BackgroundInserter, CachedTable  # noqa: E402
-from triton_rec.shm_cache import SharedEmbeddingCache  # noqa: E402
-from triton_rec.table import EmbeddingTable  # noqa: E402
+from triton_rec.cache.array_cache import ArrayEmbeddingCache  # noqa: E402
+from triton_rec.storage.backing_store import LocalTableStore  # noqa: E402
+from triton_rec.cache.cached_table import BackgroundInserter, CachedTable  # noqa: E402
+from triton_rec.cache.shm_cache import SharedEmbeddingCache  # noqa: E402
+from triton_rec.storage.table import EmbeddingTable  # noqa: E402
 
 WAYS = 8
 SECTIONS = (

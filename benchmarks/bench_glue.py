@@ -118,10 +118,10 @@ def dlrm_parts(model, req: Request, repeat: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from triton_rec.process_setup import server_blas_environment
+    from triton_rec.triton.process_setup import server_blas_environment
 
     fix = server_blas_environment()
-    if fix:  # load OpenBLAS with the kernels a served instance gets (triton_rec.runtime)
+    if fix:  # load OpenBLAS with the kernels a served instance gets (triton_rec.triton.runtime)
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **fix})
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeat", type=int, default=2000)

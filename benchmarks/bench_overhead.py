@@ -65,9 +65,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_perf_analyzer  # noqa: E402
 from machine import machine_info  # noqa: E402
-from triton_rec import perf_analyzer  # noqa: E402
-from triton_rec.procfs import tree_cpu_seconds  # noqa: E402
-from triton_rec.runtime import TritonServer  # noqa: E402
+from triton_rec.triton import perf_analyzer  # noqa: E402
+from triton_rec.util.procfs import tree_cpu_seconds  # noqa: E402
+from triton_rec.triton.runtime import TritonServer  # noqa: E402
 
 SEED = 2026
 HELD_OUT_SEED = 31337

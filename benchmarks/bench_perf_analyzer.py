@@ -63,8 +63,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from triton_rec import perf_analyzer  # noqa: E402
-from triton_rec.runtime import TritonServer  # noqa: E402
+from triton_rec.triton import perf_analyzer  # noqa: E402
+from triton_rec.triton.runtime import TritonServer  # noqa: E402
 
 DEMO = ROOT / "model_repository"
 VENV_BIN = Path(sys.executable).parent

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from machine import machine_info  # noqa: E402
 
 from tests.storage_fixtures import start_redis_cluster  # noqa: E402
-from triton_rec.redis_store import RedisClusterStore  # noqa: E402
+from triton_rec.storage.redis_store import RedisClusterStore  # noqa: E402
 
 BATCHES = {64: 400, 1024: 120, 16384: 16}
 ROUNDS = 5

@@ -51,9 +51,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ps_loader import node_store  # noqa: E402
-from ps_loader.hugectr_sparse import KEY_FILE, VECTOR_FILE  # noqa: E402
-from triton_rec.runtime import TritonServer, prepare_backend_dir  # noqa: E402
+from triton_rec.storage import node_store  # noqa: E402
+from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE  # noqa: E402
+from triton_rec.triton.runtime import TritonServer, prepare_backend_dir  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import evict_files, machine_info  # noqa: E402
 
@@ -340,9 +340,9 @@ class Bench:
         """A fresh Python process: import time, map time (store fast path), prefault time."""
         code = (
             "import time, json; t0 = time.perf_counter()\n"
-            "from triton_rec.deployment import open_session\n"
-            "from ps_loader import node_store\n"
-            "from triton_rec.config import TableParams\n"
+            "from triton_rec.serving.deployment import open_session\n"
+            "from triton_rec.storage import node_store\n"
+            "from triton_rec.config.ps_json import TableParams\n"
             "t1 = time.perf_counter()\n"
             f"tp = TableParams(name='emb', sparse_file={str(model.table_dir)!r}, vec_size={model.dim},"
             " max_keys_per_sample=1, default_value=-1.0)\n"

@@ -3,7 +3,7 @@
 
 Two servers one after the other, each serving ``floor_dlrm`` and ``dlrm`` of
 ``bench_overhead.py`` (2 instances each): one as shipped (the instances set glibc's
-malloc thresholds, ``triton_rec.process_setup.tune_allocator``), one with a harmless
+malloc thresholds, ``triton_rec.triton.process_setup.tune_allocator``), one with a harmless
 ``GLIBC_TUNABLES=glibc.malloc.check=0``, which makes the instances leave malloc alone
 (a user's malloc tunables always win). For each model, perf_analyzer (gRPC, concurrency
 1, ``--seconds`` per round, ``--rounds`` rounds alternating the models) loads it while
@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_overhead as bo  # noqa: E402
 from machine import machine_info  # noqa: E402
-from triton_rec import perf_analyzer  # noqa: E402
-from triton_rec.procfs import proc_stat  # noqa: E402
-from triton_rec.runtime import TritonServer  # noqa: E402
+from triton_rec.triton import perf_analyzer  # noqa: E402
+from triton_rec.util.procfs import proc_stat  # noqa: E402
+from triton_rec.triton.runtime import TritonServer  # noqa: E402
 
 
 def cpu_and_faults(pid: int):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Table load times: node-local layout (ps_loader.node_store) vs the per-instance way.
+"""Table load times: node-local layout (triton_rec.storage.node_store) vs the per-instance way.
 
 Writes a HugeCTR sparse table (--rows x --dim float32, default 8.2M x 128 = 4.2 GB of
 vectors; keys are shuffled unique random int64) under --dir, then measures, in one run:
@@ -41,10 +41,11 @@ import time
 
 import numpy as np
 
-from ps_loader import node_store, read_table
-from ps_loader.hugectr_sparse import KEY_FILE, VECTOR_FILE
-from triton_rec.config import TableParams
-from triton_rec.table import EmbeddingTable
+from triton_rec.storage import node_store
+from triton_rec.formats.tables import read_table
+from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE
+from triton_rec.config.ps_json import TableParams
+from triton_rec.storage.table import EmbeddingTable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import evict_files, machine_info  # noqa: E402
 

@@ -13,7 +13,7 @@ vCPUs; at the 0.99 point the three caches hold about 0.7 GB of /dev/shm.
 
 Set-up: one table of --rows random unique int64 keys x --dim float32 (seeded), held by
 
-  local         LocalTableStore over the node-local layout (ps_loader.node_store: the
+  local         LocalTableStore over the node-local layout (triton_rec.storage.node_store: the
                 HugeCTR sparse files written to a temp dir, converted once, mapped
                 read-only, native hash index), as a serving process maps it
   redis         RedisClusterStore on a real 3-master Redis Cluster on loopback, started
@@ -34,7 +34,7 @@ and two references that are not tiers:
                 RocksDB) does around its I/O, with no I/O at all
 
 1. Ingest. Bulk load of the whole table in upserts of 65,536 rows (the batch of
-   triton_rec.tiers.import_table): rows/s and MB/s (MB = rows x dim x 4 bytes); then
+   triton_rec.storage.tiers.import_table): rows/s and MB/s (MB = rows x dim x 4 bytes); then
    the same plus the compaction import_table runs after it (RocksDBStore has no compact
    method: its column family's compact_range is called). Then upserts of --upsert-rows
    random existing keys (overwrites) in calls of 1,000 and 10,000 keys: vectors/s.
@@ -85,13 +85,14 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from machine import machine_info  # noqa: E402
 
-from ps_loader import node_store, write_table  # noqa: E402
+from triton_rec.storage import node_store  # noqa: E402
+from triton_rec.formats.tables import write_table
 from tests.storage_fixtures import start_redis_cluster  # noqa: E402
-from triton_rec.backing_store import LocalTableStore, decode_values, encode_keys  # noqa: E402
-from triton_rec.cached_table import CachedTable  # noqa: E402
-from triton_rec.redis_store import RedisClusterStore  # noqa: E402
-from triton_rec.rocksdb_store import NodeRocksDBTable, RocksDBStore  # noqa: E402
-from triton_rec.shm_cache import SharedEmbeddingCache, layout_for, segment_path  # noqa: E402
+from triton_rec.storage.backing_store import LocalTableStore, decode_values, encode_keys  # noqa: E402
+from triton_rec.cache.cached_table import CachedTable  # noqa: E402
+from triton_rec.storage.redis_store import RedisClusterStore  # noqa: E402
+from triton_rec.storage.rocksdb_store import NodeRocksDBTable, RocksDBStore  # noqa: E402
+from triton_rec.cache.shm_cache import SharedEmbeddingCache, layout_for, segment_path  # noqa: E402
 from triton_rec.updates import UpdateConsumer, UpdateProducer, topic_name  # noqa: E402
 
 LOOKUP_BATCHES = (64, 1024, 16384)

@@ -9,7 +9,7 @@ JSON instead), mixing
   ``dlrm_ensemble`` (hps -> dense, 1-D DES/KEYS/NUMKEYS/ROWINDEX), weights from
   ``LOCUST_MODEL_WEIGHTS`` (default ``dlrm:1,dlrm_ensemble:1``);
 - batch sizes: ``LOCUST_BATCH_MIX`` ``samples:weight,...`` (default ``1:40,8:30,64:20,256:10``);
-- keys drawn from the trained tables (``ps_loader.read_table`` on the model's sparse
+- keys drawn from the trained tables (``triton_rec.formats.tables.read_table`` on the model's sparse
   directories named in ps.json) with a Zipf popularity: each table's keys are put in a
   fixed random rank order and rank r is drawn with probability ~ r^-alpha
   (``LOCUST_ZIPF``, default 1.05). Slots and keys per slot follow the trained model
@@ -47,9 +47,9 @@ sys.path.insert(0, str(ROOT))
 
 import tritonclient.http as tc  # noqa: E402
 
-from ps_loader import read_table  # noqa: E402
+from triton_rec.formats.tables import read_table  # noqa: E402
 from ps_loader.torch_dlrm import ClickData  # noqa: E402
-from triton_rec.config import load_ps_config  # noqa: E402
+from triton_rec.config.ps_json import load_ps_config  # noqa: E402
 
 PS_JSON = os.environ.get("TRITON_REC_PS_JSON", str(ROOT / "model_repository" / "ps.json"))
 DLRM_DIR = Path(os.environ.get("TRITON_REC_DLRM_DIR", str(ROOT / "model_repository" / "dlrm" / "1")))

@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from machine import machine_info  # noqa: E402  (benchmarks/ is on sys.path as the script dir)
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model  # noqa: E402
-from triton_rec.runtime import TritonServer  # noqa: E402
+from triton_rec.triton.runtime import TritonServer  # noqa: E402
 
 SEED = 71
 HPS_TABLE = SyntheticTable("t0", rows=200_000, vec_size=16, max_keys_per_sample=26, default_value=-2.0)

@@ -47,8 +47,8 @@ def lookup(
 
 
 def _keys_from_tables(ps_json: str, model: str, samples: int, seed: int):
-    from ps_loader import read_table
-    from triton_rec.config import load_ps_config
+    from triton_rec.formats.tables import read_table
+    from triton_rec.config.ps_json import load_ps_config
 
     params = load_ps_config(ps_json).model(model)
     rng = np.random.default_rng(seed)

@@ -20,8 +20,8 @@ from clients.hps_requests import perf_analyzer_data
 
 
 def main(argv=None) -> int:
-    from ps_loader import read_table
-    from triton_rec.config import load_ps_config
+    from triton_rec.formats.tables import read_table
+    from triton_rec.config.ps_json import load_ps_config
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ps-json", required=True)

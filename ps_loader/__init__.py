@@ -1,15 +1,11 @@
-"""ps_loader: readers, validators and writers for trained embedding-table files.
+"""ps_loader: offline tools around trained embedding tables (never imported by the engine).
 
-Formats:
+- ``python -m ps_loader``: validate a ps.json, convert its tables to the node-local
+  store ahead of serving, write the demo tables (:mod:`ps_loader.__main__`);
+- :mod:`ps_loader.synthetic`: the deterministic demo/synthetic tables;
+- :mod:`ps_loader.torch_import`: PyTorch state dicts to HugeCTR sparse tables;
+- :mod:`ps_loader.torch_dlrm`: the demo DLRM (training, export).
 
-- HugeCTR sparse model directory (``<prefix><i>_sparse_<iter>.model/``) holding
-  ``key`` (int64, little-endian, no header) and ``emb_vector`` (float32 rows);
-  see :mod:`ps_loader.hugectr_sparse`.
-- numpy ``.npz`` with arrays ``keys`` (int64, [N]) and ``vectors`` (float32, [N, D]);
-  see :mod:`ps_loader.npz_table`.
-
-:func:`ps_loader.tables.read_table` picks the reader from the path. Every reader
-validates sizes and raises :class:`triton_rec.errors.ModelFileError` naming the file.
+The file formats themselves (readers and writers) are engine code:
+:mod:`triton_rec.formats`.
 """
-
-from ps_loader.tables import read_table, write_table  # noqa: F401

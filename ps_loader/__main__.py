@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from triton_rec.config import load_ps_config
+from triton_rec.config.ps_json import load_ps_config
 from triton_rec.errors import TritonRecError
 
 
@@ -32,7 +32,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from triton_rec.session import LookupSession
+    from triton_rec.serving.session import LookupSession
 
     cfg = load_ps_config(args.ps_json)
     models = [cfg.model(args.model)] if args.model else list(cfg.models)
@@ -48,7 +48,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from ps_loader.node_store import ProgressLogger, default_store_dir, ensure_layout
+    from triton_rec.storage.node_store import ProgressLogger, default_store_dir, ensure_layout
 
     cfg = load_ps_config(args.ps_json)
     models = [cfg.model(args.model)] if args.model else list(cfg.models)

@@ -12,7 +12,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from ps_loader.hugectr_sparse import write_sparse_dir
+from triton_rec.formats.hugectr_sparse import write_sparse_dir
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ps_loader.hugectr_sparse import write_sparse_dir
+from triton_rec.formats.hugectr_sparse import write_sparse_dir
 
 META_FORMAT = "triton-rec-dlrm/1"
 COMBINERS = ("sum", "mean")

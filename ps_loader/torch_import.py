@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ps_loader.tables import write_table
+from triton_rec.formats.tables import write_table
 from triton_rec.errors import ModelFileError, TritonRecError
 
 FORMATS = ("hugectr", "npz")

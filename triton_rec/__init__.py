@@ -2,8 +2,8 @@
 
 Importable and testable without Triton. Main entry points:
 
-- :func:`triton_rec.config.load_ps_config` parses a HugeCTR/HPS ``ps.json``.
-- :class:`triton_rec.session.LookupSession` answers HPS-style lookups for one model.
+- :func:`triton_rec.config.ps_json.load_ps_config` parses a HugeCTR/HPS ``ps.json``.
+- :class:`triton_rec.serving.session.LookupSession` answers HPS-style lookups for one model.
 """
 
 from triton_rec.errors import (  # noqa: F401

@@ -4,7 +4,7 @@
 One root (:class:`TritonRecError`) with narrow subclasses, so callers can catch
 exactly what they can handle. The Triton backends translate these into
 ``pb_utils.TritonError`` (bad request) or a failed model load (bad files/config).
-The modules that raise an error re-export its class (``triton_rec.backing_store.StoreError``
+The modules that raise an error re-export its class (``triton_rec.storage.backing_store.StoreError``
 is ``triton_rec.errors.StoreError``), so either import path names the same class.
 
 ::
@@ -93,14 +93,14 @@ class ConfigFileError(ModelFileError, ConfigError):
 
 class PathNotAllowedError(ModelFileError, ConfigError):
     """A model file resolves outside the allowed roots
-    (:data:`triton_rec.model_files.ALLOWED_ROOTS_ENV`)."""
+    (:data:`triton_rec.config.model_files.ALLOWED_ROOTS_ENV`)."""
 
 
 class CorruptLayoutError(ModelFileError):
     """A layout file of the node store is truncated, incomplete, of another format
     version or corrupt.
 
-    :func:`ps_loader.node_store.load_table` deletes such a layout and converts the source
+    :func:`triton_rec.storage.node_store.load_table` deletes such a layout and converts the source
     again.
     """
 
@@ -125,8 +125,8 @@ class StoreError(TritonRecError):
 
 
 class ReadOnlyStoreError(StoreError):
-    """A write (:meth:`~triton_rec.backing_store.BackingStore.upsert`,
-    :meth:`~triton_rec.backing_store.BackingStore.delete`) to a read-only store."""
+    """A write (:meth:`~triton_rec.storage.backing_store.BackingStore.upsert`,
+    :meth:`~triton_rec.storage.backing_store.BackingStore.delete`) to a read-only store."""
 
 
 class StoreUnavailableError(StoreError):

@@ -14,13 +14,13 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from triton_rec.config import find_ps_config, load_ps_config
-from triton_rec.deployment import load_dense_model
+from triton_rec.config.ps_json import find_ps_config, load_ps_config
+from triton_rec.serving.deployment import load_dense_model
 from triton_rec.errors import ConfigError, TritonRecError
-from triton_rec.model_config import check_max_batch_size, model_parameter
-from triton_rec.ranking import DenseSession
-from triton_rec.triton_glue import MetricsPusher, RequestCounters, prepare_process, run_requests
-from triton_rec.triton_metrics import RequestMetrics
+from triton_rec.config.model_config import check_max_batch_size, model_parameter
+from triton_rec.serving.ranking import DenseSession
+from triton_rec.triton.glue import MetricsPusher, RequestCounters, prepare_process, run_requests
+from triton_rec.triton.metrics import RequestMetrics
 
 
 class TritonPythonModel:

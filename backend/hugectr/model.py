@@ -16,17 +16,22 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from triton_rec.config import config_warnings, find_ps_config, load_ps_config, model_relative_path
-from triton_rec.deployment import InstanceSpec, open_ranking_session
+from triton_rec.config.ps_json import (
+    config_warnings,
+    find_ps_config,
+    load_ps_config,
+    model_relative_path,
+)
+from triton_rec.serving.deployment import InstanceSpec, open_ranking_session
 from triton_rec.errors import TritonRecError
-from triton_rec.model_config import (
+from triton_rec.config.model_config import (
     check_hugectr_model_config,
     model_flag,
     model_parameter,
     with_model_parameters,
 )
-from triton_rec.triton_glue import MetricsPusher, RequestCounters, prepare_process, run_requests
-from triton_rec.triton_metrics import CacheMetrics
+from triton_rec.triton.glue import MetricsPusher, RequestCounters, prepare_process, run_requests
+from triton_rec.triton.metrics import CacheMetrics
 
 
 class TritonPythonModel:

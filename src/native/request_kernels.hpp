@@ -2,7 +2,7 @@
 //
 // Both functions are fast paths of a reference written in Python: they return false on
 // any input the reference rejects, and the caller then runs the reference, which raises
-// the error that names the problem (triton_rec/hugectr_request.py, triton_rec/dense).
+// the error that names the problem (triton_rec/serving/hugectr_request.py, triton_rec/dense).
 // So the messages live in one place; tests check that both accept the same inputs.
 #pragma once
 

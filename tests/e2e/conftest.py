@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ps_loader.synthetic import SyntheticTable, write_model
-from triton_rec.runtime import TritonServer
+from triton_rec.triton.runtime import TritonServer
 
 SEED = 5
 HERE = Path(__file__).parent

@@ -11,8 +11,8 @@ import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.e2e.conftest import hps_config, make_client
-from triton_rec.model_files import ALLOWED_ROOTS_ENV
-from triton_rec.runtime import TritonServer
+from triton_rec.config.model_files import ALLOWED_ROOTS_ENV
+from triton_rec.triton.runtime import TritonServer
 
 TABLES = [SyntheticTable("t", rows=200, vec_size=8, max_keys_per_sample=2, default_value=0.5)]
 SEED = 11

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ps_loader import write_table
+from triton_rec.formats.tables import write_table
 from tests.e2e.conftest import infer_raw, make_client
 from triton_rec.dense import combine_slots
 from triton_rec.dense.hugectr_network import HugeCTRNetwork
-from triton_rec.runtime import TritonServer
+from triton_rec.triton.runtime import TritonServer
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SAMPLES = {"dcn": 16, "deepfm": 11}  # model -> embedding_vec_size in its network JSON

@@ -5,13 +5,13 @@ connected, has a dead sibling instance, or exits because a model failed to load.
 How the instance processes of a server are found: the server is started in its own
 session (TritonServer), so its process group id is its pid, and the Python-backend stubs
 it forks inherit that group; once the server has exited, every live (non-zombie)
-member of that group is an orphan (:func:`triton_rec.procfs.group_members`).
+member of that group is an orphan (:func:`triton_rec.util.procfs.group_members`).
 
 In Triton's Python-backend stub, a metric call waits for the server's answer while
 holding the stub's IPC mutex (and, for Metric.set, the GIL); the stub's own exit path
 needs that mutex, so a call in flight when the server dies used to leave the instance
 process alive for good, with its memory and cache attachment. The native parent
-watchdog (triton_rec.triton_glue.prepare_process) ends such an orphan after
+watchdog (triton_rec.triton.glue.prepare_process) ends such an orphan after
 ORPHAN_GRACE_S. Publishing every millisecond under load keeps a call in flight most of
 the time, so without the watchdog this test fails most of the time.
 """
@@ -29,9 +29,9 @@ import numpy as np
 
 from ps_loader.synthetic import SyntheticTable, table_keys, write_model
 from tests.e2e.conftest import hps_config, make_client
-from triton_rec.procfs import group_members, is_gone
-from triton_rec.runtime import TritonServer
-from triton_rec.triton_glue import ORPHAN_GRACE_S
+from triton_rec.util.procfs import group_members, is_gone
+from triton_rec.triton.runtime import TritonServer
+from triton_rec.triton.glue import ORPHAN_GRACE_S
 
 SEED = 31
 TABLES = [SyntheticTable("t", rows=5000, vec_size=8, max_keys_per_sample=4)]

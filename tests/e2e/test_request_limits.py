@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.e2e.conftest import infer_raw, make_client
-from triton_rec.runtime import TritonServer
+from triton_rec.triton.runtime import TritonServer
 
 # hps_wdl (ps.json): max_batch_size 1024, 2 + 26 keys per sample at most.
 WDL_MAX_KEYS = 1024 * (2 + 26)

@@ -13,10 +13,10 @@ import urllib.request
 import numpy as np
 import pytest
 
-from ps_loader import write_table
+from triton_rec.formats.tables import write_table
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.e2e.conftest import hps_config, infer_raw
-from triton_rec.runtime import TritonServer
+from triton_rec.triton.runtime import TritonServer
 
 SEED = 21
 TABLES = [

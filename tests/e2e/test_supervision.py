@@ -1,4 +1,4 @@
-"""End to end: a dead instance process is replaced (triton_rec.supervisor), and the
+"""End to end: a dead instance process is replaced (triton_rec.triton.supervisor), and the
 launcher (`python -m triton_rec.runtime serve`, i.e. `make serve`) stops cleanly.
 
 Triton's Python backend never replaces a dead instance itself: requests routed to it
@@ -21,8 +21,8 @@ import numpy as np
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.e2e.conftest import hps_config, make_client
 from tests.e2e.test_instance_lifecycle import NO_ORPHAN_S, remove_server_shm
-from triton_rec.procfs import children, cmdline, group_members
-from triton_rec.runtime import TritonServer, free_port
+from triton_rec.util.procfs import children, cmdline, group_members
+from triton_rec.triton.runtime import TritonServer, free_port
 
 SEED = 47
 TABLES = [SyntheticTable("t", rows=4000, vec_size=8, max_keys_per_sample=4)]

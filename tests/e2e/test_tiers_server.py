@@ -21,9 +21,9 @@ import pytest
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.e2e.conftest import hps_config, make_client
 from tests.storage_fixtures import start_redis_cluster
-from triton_rec.backing_store import tier_table_name
-from triton_rec.redis_store import RedisClusterStore
-from triton_rec.runtime import TritonServer
+from triton_rec.storage.backing_store import tier_table_name
+from triton_rec.storage.redis_store import RedisClusterStore
+from triton_rec.triton.runtime import TritonServer
 
 SEED = 31
 TABLES = [
@@ -88,7 +88,7 @@ def lookup(client, tc, model, keys_per_table):
 
 def rocks_rows(path, model, s, keys):
     """``(vectors, found)`` of ``keys`` in the RocksDB column family hps_et.<model>.<table>."""
-    from triton_rec.rocksdb_store import RocksDBStore
+    from triton_rec.storage.rocksdb_store import RocksDBStore
 
     store = RocksDBStore(path, f"hps_et.{model}.{s.name}", s.vec_size, read_only=True)
     try:

@@ -1,5 +1,5 @@
-"""triton_rec.array_cache (the device embedding cache, run here with xp=numpy) and the
-publish/attach flow of triton_rec.gpu_share, checked against a brute-force set-associative
+"""triton_rec.cache.array_cache (the device embedding cache, run here with xp=numpy) and the
+publish/attach flow of triton_rec.cache.gpu_share, checked against a brute-force set-associative
 LRU written with Python lists, vectors derived from their keys, and real spawned processes
 sharing the arrays through /dev/shm. CuPy is absent on this machine (and blocked where a
 test needs it absent on any machine)."""
@@ -17,12 +17,12 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from triton_rec.array_cache import (
+from triton_rec.cache.array_cache import (
     ArrayEmbeddingCache,
     CupyUnavailableError,
     resolve_xp,
 )
-from triton_rec import gpu_share
+from triton_rec.cache import gpu_share
 
 D = 8
 
@@ -452,7 +452,7 @@ def _child_sees_and_inserts(name, parent_keys, child_keys, results):
     """Spawned process: attach by name, check the parent's inserts, insert its own."""
     import numpy as np
 
-    from triton_rec import gpu_share as gs
+    from triton_rec.cache import gpu_share as gs
 
     shared = gs.open_shared_cache(name, 256, D, ways=8, policy="lru")
     out, hit = shared.cache.query(parent_keys)
@@ -508,7 +508,7 @@ def _hammering_writer(name, keys, ready, stop, results):
     """Spawned process: rewrite every vector as fast as it can until told to stop."""
     import numpy as np
 
-    from triton_rec import gpu_share as gs
+    from triton_rec.cache import gpu_share as gs
 
     shared = gs.open_shared_cache(name, 256, RW, ways=8)
     ready.set()
@@ -577,8 +577,8 @@ class NoCupy:
         return None
 
 sys.meta_path.insert(0, NoCupy())
-from triton_rec.array_cache import ArrayEmbeddingCache
-from triton_rec import gpu_share
+from triton_rec.cache.array_cache import ArrayEmbeddingCache
+from triton_rec.cache import gpu_share
 c = ArrayEmbeddingCache(32, 4, policy="tinylfu", xp="numpy")
 k = np.arange(10)
 c.query(k)
@@ -629,9 +629,9 @@ def test_an_unknown_array_module_or_policy_is_a_config_error():
 
 
 def test_a_cached_table_serves_correct_vectors_through_the_shared_cache(shm_name):
-    from triton_rec.backing_store import LocalTableStore
-    from triton_rec.cached_table import CachedTable
-    from triton_rec.table import EmbeddingTable
+    from triton_rec.storage.backing_store import LocalTableStore
+    from triton_rec.cache.cached_table import CachedTable
+    from triton_rec.storage.table import EmbeddingTable
 
     keys = np.arange(-500, 500, 3, dtype=np.int64)
     shared = gpu_share.open_shared_cache(shm_name, 64, D, ways=4)  # what deployment opens

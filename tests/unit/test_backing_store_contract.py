@@ -27,7 +27,7 @@ from tests.storage_fixtures import (  # noqa: F401  (fixtures)
     start_redis_cluster,
     start_tls_redis_cluster,
 )
-from triton_rec.backing_store import (
+from triton_rec.storage.backing_store import (
     DictStore,
     LocalTableStore,
     ReadOnlyStoreError,
@@ -36,7 +36,7 @@ from triton_rec.backing_store import (
     tier_table_name,
 )
 from triton_rec.errors import ConfigError, TritonRecError
-from triton_rec.table import EmbeddingTable
+from triton_rec.storage.table import EmbeddingTable
 
 I64_MIN, I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 SMALL_BATCH = 7  # max_batch_size of the remote stores: every test batch is chunked
@@ -85,9 +85,9 @@ class Stores:
         elif self.kind == "local":
             s = LocalTableStore(EmbeddingTable("t", keys.copy(), vectors.copy(), default))
         elif self.kind.startswith("rocksdb"):
-            from triton_rec.rocksdb_store import RocksDBStore
+            from triton_rec.storage.rocksdb_store import RocksDBStore
             if self.kind == "rocksdb-node":
-                from triton_rec.rocksdb_store import NodeRocksDBTable
+                from triton_rec.storage.rocksdb_store import NodeRocksDBTable
                 s = NodeRocksDBTable(self.backend / "node", name, vec, default,
                                      max_batch_size=SMALL_BATCH)
             else:
@@ -100,9 +100,9 @@ class Stores:
         elif self.kind == "tiered":
             # Redis in front of a node RocksDB, copying what it misses (an empty Redis
             # with every row in RocksDB: each answer has to come through the chain).
-            from triton_rec.redis_store import RedisClusterStore
-            from triton_rec.rocksdb_store import NodeRocksDBTable
-            from triton_rec.tiers import Tier, TieredStore
+            from triton_rec.storage.redis_store import RedisClusterStore
+            from triton_rec.storage.rocksdb_store import NodeRocksDBTable
+            from triton_rec.storage.tiers import Tier, TieredStore
             redis_cluster_, rdir = self.backend
             vol = RedisClusterStore(redis_cluster_.address, name, vec, default,
                                     max_batch_size=SMALL_BATCH)
@@ -114,7 +114,7 @@ class Stores:
             self.opened.append(s)
             return s
         else:
-            from triton_rec.redis_store import RedisClusterStore
+            from triton_rec.storage.redis_store import RedisClusterStore
             s = RedisClusterStore(self.backend.address, name, vec, default,
                                   max_batch_size=SMALL_BATCH)
         self.opened.append(s)
@@ -323,7 +323,7 @@ def test_tier_table_names_join_model_and_table_and_refuse_separators():
 
 def test_rocksdb_reopened_read_only_sees_the_data_and_other_tables_are_separate(rocksdb_dir):
     importlib.import_module("rocksdict")
-    from triton_rec.rocksdb_store import RocksDBStore
+    from triton_rec.storage.rocksdb_store import RocksDBStore
     k1, v1 = rows(30, 4, seed=1)
     k2, v2 = rows(20, 2, seed=2)
     a = RocksDBStore(rocksdb_dir, "m.a", 4)
@@ -344,7 +344,7 @@ def test_rocksdb_reopened_read_only_sees_the_data_and_other_tables_are_separate(
 
 def test_rocksdb_value_of_wrong_length_is_reported_with_table_and_key(rocksdb_dir):
     rocksdict = importlib.import_module("rocksdict")
-    from triton_rec.rocksdb_store import RocksDBStore
+    from triton_rec.storage.rocksdb_store import RocksDBStore
     keys, vectors = rows(20, 4)
     s = RocksDBStore(rocksdb_dir, "m.t", 4)
     s.upsert(keys, vectors)
@@ -366,7 +366,7 @@ def test_rocksdb_value_of_wrong_length_is_reported_with_table_and_key(rocksdb_di
 
 def test_rocksdb_unopenable_databases_raise_store_unavailable_naming_the_path(rocksdb_dir):
     importlib.import_module("rocksdict")
-    from triton_rec.rocksdb_store import RocksDBStore
+    from triton_rec.storage.rocksdb_store import RocksDBStore
     with pytest.raises(StoreUnavailableError, match="no database there"):
         RocksDBStore(rocksdb_dir, "m.t", 4, read_only=True)
     w = RocksDBStore(rocksdb_dir, "m.t", 4)
@@ -374,8 +374,8 @@ def test_rocksdb_unopenable_databases_raise_store_unavailable_naming_the_path(ro
         with pytest.raises(StoreUnavailableError, match=r"no such column family.*has: m\.t"):
             RocksDBStore(rocksdb_dir, "m.other", 4, read_only=True)
         # another process cannot open it read-write while this one holds it
-        code = ("import sys; from triton_rec.rocksdb_store import RocksDBStore\n"
-                "from triton_rec.backing_store import StoreUnavailableError\n"
+        code = ("import sys; from triton_rec.storage.rocksdb_store import RocksDBStore\n"
+                "from triton_rec.storage.backing_store import StoreUnavailableError\n"
                 f"try: RocksDBStore({str(rocksdb_dir)!r}, 'm.t', 4)\n"
                 "except StoreUnavailableError as e: print(e); sys.exit(3)\n")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -403,7 +403,7 @@ def _owner(cluster, hash_key: bytes) -> int:
 
 def test_redis_partitions_spread_a_table_over_all_masters(redis_cluster):
     importlib.import_module("redis")
-    from triton_rec.redis_store import RedisClusterStore, partition_of
+    from triton_rec.storage.redis_store import RedisClusterStore, partition_of
     store = RedisClusterStore(redis_cluster.address, "spread.t", 4, num_partitions=8)
     try:
         keys, vectors = rows(400, 4)
@@ -433,7 +433,7 @@ def test_redis_partitions_spread_a_table_over_all_masters(redis_cluster):
 
 def test_redis_partition_function_is_fixed():
     importlib.import_module("redis")
-    from triton_rec.redis_store import mix64, partition_of
+    from triton_rec.storage.redis_store import mix64, partition_of
     # It decides where a key lives: changing it would make stored rows unreachable, and
     # it must be HPS's (rrxmrrxmsx_0, HugeCTR database_backend_detail.hpp) for a Redis
     # HPS filled to be readable. Reference: the mixer written out with Python ints.
@@ -449,7 +449,7 @@ def test_redis_partition_function_is_fixed():
 
 def test_redis_value_of_wrong_length_is_reported_with_table_and_key(redis_cluster):
     importlib.import_module("redis")
-    from triton_rec.redis_store import RedisClusterStore
+    from triton_rec.storage.redis_store import RedisClusterStore
     store = RedisClusterStore(redis_cluster.address, "corrupt.t", 4)
     try:
         keys, vectors = rows(30, 4)
@@ -468,7 +468,7 @@ def test_redis_value_of_wrong_length_is_reported_with_table_and_key(redis_cluste
 def test_redis_bad_or_unreachable_addresses_fail_fast_with_the_address():
     importlib.import_module("redis")
     from tests.storage_fixtures import free_cluster_ports
-    from triton_rec.redis_store import RedisClusterStore, parse_address
+    from triton_rec.storage.redis_store import RedisClusterStore, parse_address
     assert parse_address("a:1, [::1]:2") == [("a", 1), ("::1", 2)]
     for bad in ("", "host", "host:x", "host:70000"):
         with pytest.raises(ConfigError):
@@ -482,7 +482,7 @@ def test_redis_bad_or_unreachable_addresses_fail_fast_with_the_address():
 
 def test_redis_over_tls_with_client_certificate_and_server_name():
     importlib.import_module("redis")
-    from triton_rec.redis_store import RedisClusterStore
+    from triton_rec.storage.redis_store import RedisClusterStore
     with start_tls_redis_cluster() as c:
         tls = dict(enable_tls=True, tls_ca_certificate=c.tls["ca"],
                    tls_client_certificate=c.tls["client_cert"], tls_client_key=c.tls["client_key"])
@@ -508,7 +508,7 @@ def test_redis_stalled_or_killed_master_raises_store_unavailable_quickly():
     """Last on purpose, with a cluster of its own: a stalled master (SIGSTOP) times out,
     recovers when resumed; a killed one is reported at once. Never a hang."""
     importlib.import_module("redis")
-    from triton_rec.redis_store import RedisClusterStore
+    from triton_rec.storage.redis_store import RedisClusterStore
     with start_redis_cluster(3) as c:
         store = RedisClusterStore(c.address, "fail.t", 4, socket_timeout=0.5, connect_timeout=0.5,
                                   retries=1)

@@ -10,11 +10,11 @@ import uuid
 import numpy as np
 import pytest
 
-from triton_rec.array_cache import ArrayEmbeddingCache
-from triton_rec.backing_store import LocalTableStore
-from triton_rec.cached_table import BackgroundInserter, CachedTable, Refresher
-from triton_rec.shm_cache import SharedEmbeddingCache
-from triton_rec.table import EmbeddingTable
+from triton_rec.cache.array_cache import ArrayEmbeddingCache
+from triton_rec.storage.backing_store import LocalTableStore
+from triton_rec.cache.cached_table import BackgroundInserter, CachedTable, Refresher
+from triton_rec.cache.shm_cache import SharedEmbeddingCache
+from triton_rec.storage.table import EmbeddingTable
 
 VEC = 8
 ROWS = 2000

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ps_loader import node_store
+from triton_rec.storage import node_store
 from ps_loader.synthetic import SyntheticTable, write_model
 from tests.fake_pb_utils import HPS_INPUTS, start_instance, triton_config
-from triton_rec import model_files
-from triton_rec.config import (
+from triton_rec.config import model_files
+from triton_rec.config.ps_json import (
     MAX_BATCH_SIZE,
     MAX_CACHE_WAYS,
     MAX_TIER_BATCH_SIZE,
@@ -72,7 +72,7 @@ def test_a_fifo_as_ps_json_is_refused_at_once_naming_the_file(tmp_path):
     fifo = tmp_path / "ps.json"
     os.mkfifo(fifo)
     rc, out = _in_child(f"""
-        from triton_rec.config import load_ps_config
+        from triton_rec.config.ps_json import load_ps_config
         from triton_rec.errors import ConfigError
         try:
             load_ps_config({str(fifo)!r})

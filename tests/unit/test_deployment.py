@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
-from triton_rec.array_cache import CupyUnavailableError
-from triton_rec.config import parse_ps_config
-from triton_rec.deployment import InstanceSpec, cache_capacity, open_session
+from triton_rec.cache.array_cache import CupyUnavailableError
+from triton_rec.config.ps_json import parse_ps_config
+from triton_rec.serving.deployment import InstanceSpec, cache_capacity, open_session
 
 SEED = 9
 TABLES = [SyntheticTable("a", rows=3000, vec_size=16, max_keys_per_sample=2, default_value=-1.0),

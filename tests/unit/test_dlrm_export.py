@@ -15,10 +15,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ps_loader import read_table  # noqa: E402
+from triton_rec.formats.tables import read_table  # noqa: E402
 from ps_loader import torch_dlrm as td  # noqa: E402
 from ps_loader.torch_import import find_tables, load_state_dict, write_tables  # noqa: E402
-from triton_rec.config import parse_ps_config  # noqa: E402
+from triton_rec.config.ps_json import parse_ps_config  # noqa: E402
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "model_repository" / "dlrm" / "train.py"
 SEED = 2026

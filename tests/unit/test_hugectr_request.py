@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from triton_rec.errors import RequestError
-from triton_rec.hugectr_request import parse_hugectr_request
+from triton_rec.serving.hugectr_request import parse_hugectr_request
 
 
 def _build(samples, dense_dim=3, dtype=np.int64):

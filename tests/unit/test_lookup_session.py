@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
-from triton_rec.config import parse_ps_config
+from triton_rec.config.ps_json import parse_ps_config
 from triton_rec.errors import DuplicateKeyError, RequestError
-from triton_rec.session import LookupSession
-from triton_rec.table import EmbeddingTable
+from triton_rec.serving.session import LookupSession
+from triton_rec.storage.table import EmbeddingTable
 
 SEED = 11
 WDL = [

@@ -3,7 +3,11 @@
 import pytest
 
 from triton_rec.errors import ConfigError
-from triton_rec.model_config import check_hps_model_config, check_hugectr_model_config, model_parameter
+from triton_rec.config.model_config import (
+    check_hps_model_config,
+    check_hugectr_model_config,
+    model_parameter,
+)
 
 
 def _cfg(inputs=None, outputs=None, **kw):
@@ -72,8 +76,8 @@ def test_the_hugectr_interface_takes_uint32_or_int64_keys():
 
 
 def test_config_pbtxt_parameters_override_refresh_and_freeze_sparse():
-    from triton_rec.config import parse_ps_config
-    from triton_rec.model_config import with_model_parameters
+    from triton_rec.config.ps_json import parse_ps_config
+    from triton_rec.config.model_config import with_model_parameters
 
     entry = {"model": "m", "sparse_files": ["x"], "embedding_vecsize_per_table": [4],
              "maxnum_catfeature_query_per_table_per_sample": [1], "max_batch_size": 8,
@@ -93,7 +97,7 @@ def test_config_pbtxt_parameters_override_refresh_and_freeze_sparse():
 
 @pytest.mark.parametrize("value, seconds", [(None, 2.0), ("0", 0.0), ("0.25", 0.25), ("10", 10.0)])
 def test_seconds_parameters_default_or_parse(value, seconds):
-    from triton_rec.model_config import model_seconds
+    from triton_rec.config.model_config import model_seconds
 
     config = {"parameters": {} if value is None else {"metrics_interval": {"string_value": value}}}
     assert model_seconds(config, "metrics_interval", 2.0) == seconds
@@ -101,7 +105,7 @@ def test_seconds_parameters_default_or_parse(value, seconds):
 
 @pytest.mark.parametrize("value", ["-1", "soon", "nan", "inf"])
 def test_malformed_seconds_parameters_are_refused_naming_them(value):
-    from triton_rec.model_config import model_seconds
+    from triton_rec.config.model_config import model_seconds
 
     config = {"parameters": {"metrics_interval": {"string_value": value}}}
     with pytest.raises(ConfigError, match="metrics_interval"):
@@ -109,7 +113,7 @@ def test_malformed_seconds_parameters_are_refused_naming_them(value):
 
 
 def _settings(params, environ):
-    from triton_rec.model_config import InstanceSettings
+    from triton_rec.config.model_config import InstanceSettings
 
     config = {"parameters": {k: {"string_value": v} for k, v in params.items()}}
     return InstanceSettings.from_config(config, environ)
@@ -143,7 +147,7 @@ def test_metrics_interval_defaults_to_one_second():
 
 
 def test_oversubscription_is_instances_times_threads_against_usable_cores():
-    from triton_rec.model_config import InstanceSettings, usable_cores
+    from triton_rec.config.model_config import InstanceSettings, usable_cores
 
     cores = usable_cores()
     config = {"instance_group": [{"count": cores, "kind": "KIND_CPU"}]}
@@ -154,7 +158,7 @@ def test_oversubscription_is_instances_times_threads_against_usable_cores():
 
 def test_an_absurd_max_batch_size_is_refused_naming_the_model_and_field():
     from triton_rec.errors import ConfigError
-    from triton_rec.model_config import MAX_BATCH_SIZE_LIMIT, check_hps_model_config
+    from triton_rec.config.model_config import MAX_BATCH_SIZE_LIMIT, check_hps_model_config
 
     config = {"name": "m", "max_batch_size": 1000000000000,
               "input": [{"name": "KEYS", "data_type": "TYPE_INT64"},

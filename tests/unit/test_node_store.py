@@ -1,4 +1,4 @@
-"""Node-local table layouts (ps_loader.node_store): convert once, map everywhere."""
+"""Node-local table layouts (triton_rec.storage.node_store): convert once, map everywhere."""
 
 import hashlib
 import multiprocessing
@@ -8,12 +8,13 @@ import struct
 import numpy as np
 import pytest
 
-from ps_loader import node_store, write_table
+from triton_rec.storage import node_store
+from triton_rec.formats.tables import write_table
 from ps_loader.__main__ import main as ps_loader_main
 from triton_rec import _native
-from triton_rec.config import TableParams
+from triton_rec.config.ps_json import TableParams
 from triton_rec.errors import DuplicateKeyError, ModelFileError
-from triton_rec.table import EmbeddingTable
+from triton_rec.storage.table import EmbeddingTable
 
 
 def _table(n=3000, d=8, seed=0):
@@ -346,7 +347,7 @@ def _load_in_child(src, store, log_path, barrier, results):
     """Run in a spawned process: load the table, count conversions, report what it sees."""
     import time
 
-    from ps_loader import node_store as ns
+    from triton_rec.storage import node_store as ns
 
     write_layout = ns._write_layout
 

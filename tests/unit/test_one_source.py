@@ -10,8 +10,8 @@ import json
 import pytest
 
 from triton_rec import array_cache, backing_store, config, errors, shm_cache, updates
-from triton_rec.cached_table import CachedTable
-from triton_rec.config import CachePolicy, ModelParams, OverflowPolicy, parse_ps_config
+from triton_rec.cache.cached_table import CachedTable
+from triton_rec.config.ps_json import CachePolicy, ModelParams, OverflowPolicy, parse_ps_config
 from triton_rec.dense import Combiner
 from triton_rec.dense.hugectr_network import HugeCTRNetwork
 from triton_rec.dense.onnx_model import network_combiners

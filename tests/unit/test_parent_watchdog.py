@@ -15,7 +15,7 @@ import sys
 import textwrap
 import time
 
-from triton_rec.procfs import is_gone
+from triton_rec.util.procfs import is_gone
 
 INSTANCE = textwrap.dedent("""
     import ctypes, sys

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from triton_rec import perf_analyzer
+from triton_rec.triton import perf_analyzer
 
 
 def test_the_environment_puts_the_cuda_runtime_library_on_the_path():
@@ -19,7 +19,7 @@ def test_the_environment_puts_the_cuda_runtime_library_on_the_path():
 
 def test_the_console_script_runs_perf_analyzer():
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    out = subprocess.run([sys.executable, "-m", "triton_rec.perf_analyzer", "--version"],
+    out = subprocess.run([sys.executable, "-m", "triton_rec.triton.perf_analyzer", "--version"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "Perf Analyzer" in out.stdout + out.stderr

@@ -17,7 +17,7 @@ PROBE = textwrap.dedent("""
     import numpy  # loads OpenBLAS with its own default pool (one thread per core)
     from threadpoolctl import threadpool_info
     before = {i["internal_api"]: i["num_threads"] for i in threadpool_info()}
-    from triton_rec.process_setup import limit_thread_pools
+    from triton_rec.triton.process_setup import limit_thread_pools
     after = limit_thread_pools(int(sys.argv[1]))
     print(json.dumps({"before": before, "after": after}))
 """)
@@ -43,14 +43,14 @@ def test_a_larger_count_is_applied_too():
 
 
 def test_zero_threads_is_refused():
-    from triton_rec.process_setup import limit_thread_pools
+    from triton_rec.triton.process_setup import limit_thread_pools
 
     with pytest.raises(ValueError):
         limit_thread_pools(0)
 
 
 def test_pre_avx2_kernels_on_an_avx2_cpu_are_corrected():
-    from triton_rec.process_setup import blas_coretype_fix
+    from triton_rec.triton.process_setup import blas_coretype_fix
 
     avx512 = {"avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
     assert blas_coretype_fix("Prescott", avx512) == "SkylakeX"
@@ -61,13 +61,13 @@ def test_pre_avx2_kernels_on_an_avx2_cpu_are_corrected():
 
 
 def test_the_user_setting_always_stands():
-    from triton_rec.process_setup import server_blas_environment
+    from triton_rec.triton.process_setup import server_blas_environment
 
     assert server_blas_environment({"OPENBLAS_CORETYPE": "Haswell"}) == {}
 
 
 def test_instances_started_with_the_server_environment_load_avx2_kernels_on_an_avx2_cpu():
-    from triton_rec.process_setup import _PRE_AVX2_KERNELS, cpu_flags, server_blas_environment
+    from triton_rec.triton.process_setup import _PRE_AVX2_KERNELS, cpu_flags, server_blas_environment
 
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
     env.update(server_blas_environment(env))
@@ -83,7 +83,7 @@ ALLOC = textwrap.dedent("""
     import numpy as np
     ctypes.CDLL(None).mallopt(-3, 128 << 10)  # what a host process may have set (fixed, small)
     if sys.argv[1] == "tune":
-        from triton_rec.process_setup import tune_allocator
+        from triton_rec.triton.process_setup import tune_allocator
         print(tune_allocator({}), file=sys.stderr)
     x = np.ones((1024, 27, 32), np.float32)
     def request():  # temporaries of a few MB, as a 1,024-sample request makes
@@ -111,6 +111,6 @@ def test_the_tuned_allocator_keeps_large_temporaries_without_page_faults():
 
 
 def test_malloc_settings_in_glibc_tunables_stand():
-    from triton_rec.process_setup import tune_allocator
+    from triton_rec.triton.process_setup import tune_allocator
 
     assert "kept" in tune_allocator({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"})

@@ -1,4 +1,4 @@
-"""triton_rec.procfs against real processes."""
+"""triton_rec.util.procfs against real processes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from triton_rec import procfs
+from triton_rec.util import procfs
 
 # A child whose command name contains ") " and "(": /proc/<pid>/stat must be cut at
 # the LAST ")" to find its fields.

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from triton_rec.config import find_ps_config, load_ps_config, parse_ps_config
+from triton_rec.config.ps_json import find_ps_config, load_ps_config, parse_ps_config
 from triton_rec.errors import ConfigError
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")

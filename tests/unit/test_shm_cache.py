@@ -1,4 +1,4 @@
-"""triton_rec.shm_cache / _native.ShmCacheView: the node-wide shared-memory embedding cache.
+"""triton_rec.cache.shm_cache / _native.ShmCacheView: the node-wide shared-memory embedding cache.
 
 Checked against an independent brute-force model of a set-associative LRU cache (a
 Python OrderedDict per set, set = high bits of splitmix64 re-implemented in numpy), with
@@ -26,7 +26,7 @@ import pytest
 
 from triton_rec import _native
 from triton_rec.errors import CacheConfigMismatchError, CacheError, ConfigError
-from triton_rec.shm_cache import SharedEmbeddingCache, segment_path
+from triton_rec.cache.shm_cache import SharedEmbeddingCache, segment_path
 
 SHM = "/dev/shm"
 RUN_PREFIX = f"pytest-{uuid.uuid4().hex[:8]}"

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
-from triton_rec import gpu_share
-from triton_rec.config import parse_ps_config
-from triton_rec.deployment import InstanceSpec, cache_capacity, cache_name, open_session
+from triton_rec.cache import gpu_share
+from triton_rec.config.ps_json import parse_ps_config
+from triton_rec.serving.deployment import InstanceSpec, cache_capacity, cache_name, open_session
 from triton_rec.errors import CacheConfigMismatchError, CacheError
-from triton_rec.shm_cache import SharedEmbeddingCache, segment_path
+from triton_rec.cache.shm_cache import SharedEmbeddingCache, segment_path
 
 SHM = "/dev/shm"
 NOBODY = 65534

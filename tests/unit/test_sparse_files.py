@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ps_loader import read_table, write_table
+from triton_rec.formats.tables import read_table, write_table
 from ps_loader.synthetic import expected_vectors, table_keys
 from triton_rec.errors import ModelFileError
 

@@ -13,12 +13,12 @@ import pytest
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.hps_layout import write_hps_redis, write_hps_rocksdb
 from tests.storage_fixtures import redis_cluster, rocksdb_dir, start_redis_cluster  # noqa: F401
-from triton_rec.backing_store import DictStore, StoreUnavailableError, tier_table_name
-from triton_rec.config import parse_ps_config
-from triton_rec.deployment import InstanceSpec, open_session
-from triton_rec.redis_store import RedisClusterStore
+from triton_rec.storage.backing_store import DictStore, StoreUnavailableError, tier_table_name
+from triton_rec.config.ps_json import parse_ps_config
+from triton_rec.serving.deployment import InstanceSpec, open_session
+from triton_rec.storage.redis_store import RedisClusterStore
 from triton_rec.errors import ConfigError
-from triton_rec.tiers import SOURCE_META, Tier, TieredStore
+from triton_rec.storage.tiers import SOURCE_META, Tier, TieredStore
 
 SEED = 5
 TABLES = [SyntheticTable("a", rows=2000, vec_size=8, max_keys_per_sample=2, default_value=-1.0),
@@ -226,7 +226,7 @@ def test_an_unreachable_redis_fails_the_load_naming_the_address(make, spec):
 def test_tables_added_to_a_node_database_later_are_followed_by_the_open_tables(tmp_path):
     """One database holds every table (HPS's layout). A secondary handle cannot follow
     a column family created after it opened: the open tables reopen theirs."""
-    from triton_rec.rocksdb_store import NodeRocksDBTable
+    from triton_rec.storage.rocksdb_store import NodeRocksDBTable
 
     db = tmp_path / "db"
     keys = np.arange(1, 51, dtype=np.int64)
@@ -310,11 +310,11 @@ def test_secondary_directories_of_dead_processes_are_removed(tmp_path):
     import subprocess
     import sys
 
-    from triton_rec.rocksdb_store import NodeRocksDBTable
+    from triton_rec.storage.rocksdb_store import NodeRocksDBTable
 
     db = tmp_path / "db"
     # a process that opens the table and is killed without closing it
-    code = ("import os, sys; from triton_rec.rocksdb_store import NodeRocksDBTable as T; "
+    code = ("import os, sys; from triton_rec.storage.rocksdb_store import NodeRocksDBTable as T; "
             f"T({str(db)!r}, 'm.t', 4); os._exit(0)")
     subprocess.run([sys.executable, "-c", code], check=True)
     left = os.listdir(str(db) + ".secondary")
@@ -333,13 +333,13 @@ def test_processes_of_a_node_write_one_rocksdb_table_in_turn_and_read_each_other
     import subprocess
     import sys
 
-    from triton_rec.rocksdb_store import NodeRocksDBTable
+    from triton_rec.storage.rocksdb_store import NodeRocksDBTable
 
     db = tmp_path / "db"
     reader = NodeRocksDBTable(db, "m.t", 4)
     code = """
 import sys, numpy as np
-from triton_rec.rocksdb_store import NodeRocksDBTable
+from triton_rec.storage.rocksdb_store import NodeRocksDBTable
 t = NodeRocksDBTable(sys.argv[1], "m.t", 4, lock_timeout=30)
 base = int(sys.argv[2])
 for i in range(40):
@@ -384,7 +384,7 @@ def test_update_filters_match_the_whole_topic_or_the_model_name_as_hps_subscribe
 @pytest.mark.parametrize("filters, applied", [([".+"], True), (["^hps_et\\.other\\..+$"], False)])
 def test_online_updates_reach_the_tiers_and_the_cache_only_through_matching_filters(
         make, spec, redis_cluster, filters, applied):  # noqa: F811
-    from triton_rec.online_updates import UpdateApplier
+    from triton_rec.updates.online import UpdateApplier
 
     params = make(gpucache=True, hit_rate_threshold=2.0,
                   volatile=redis(redis_cluster, update_filters=filters))
@@ -429,7 +429,7 @@ def test_ps_json_tls_settings_reach_the_redis_tier(make, spec):
 
 
 def test_log_throttle_lets_one_line_through_per_period_and_counts_the_rest():
-    from triton_rec.log_throttle import LogThrottle
+    from triton_rec.util.log_throttle import LogThrottle
 
     t = LogThrottle(every=0.2)
     assert t.allow() == (True, 0)

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from ps_loader import read_table  # noqa: E402
+from triton_rec.formats.tables import read_table  # noqa: E402
 from ps_loader.torch_import import (  # noqa: E402
     find_tables,
     import_tables,

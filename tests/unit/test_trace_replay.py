@@ -4,8 +4,8 @@ The simulator is how cache policies are compared (docs and benchmarks); these te
 show that what it simulates is what the production caches do, on the same trace, one
 key at a time (a lookup, then an insert on a miss: the demand fill of the serving path):
 
-- the CPU cache (:class:`triton_rec.shm_cache.SharedEmbeddingCache`, C++) and the
-  array cache (:class:`triton_rec.array_cache.ArrayEmbeddingCache`, numpy/CuPy), each
+- the CPU cache (:class:`triton_rec.cache.shm_cache.SharedEmbeddingCache`, C++) and the
+  array cache (:class:`triton_rec.cache.array_cache.ArrayEmbeddingCache`, numpy/CuPy), each
   with ``lru`` and ``tinylfu``;
 - **exactly** (same hit count) against the simulator's policies given the production
   cache's hash functions (which set a key lives in, which sketch counters it uses): the
@@ -26,10 +26,10 @@ import tempfile
 import numpy as np
 import pytest
 
-from triton_rec.array_cache import ArrayEmbeddingCache, HostCacheView
-from triton_rec.array_cache import SKETCH_MAX as ARRAY_SKETCH_MAX
-from triton_rec.config import CachePolicy
-from triton_rec.shm_cache import SharedEmbeddingCache
+from triton_rec.cache.array_cache import ArrayEmbeddingCache, HostCacheView
+from triton_rec.cache.array_cache import SKETCH_MAX as ARRAY_SKETCH_MAX
+from triton_rec.config.ps_json import CachePolicy
+from triton_rec.cache.shm_cache import SharedEmbeddingCache
 
 _PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "cache_sim.py")
 
@@ -50,7 +50,7 @@ M64 = (1 << 64) - 1
 SHM_SKETCH_SALT = 0xD6E8FEB86659FD93
 SHM_SKETCH_STEP = 0x9E3779B97F4A7C15
 SHM_SKETCH_MAX = 15  # 4-bit counters
-# triton_rec/array_cache.py: row r is splitmix64(k + SEEDS[r]) & (width - 1); the set is
+# triton_rec/cache/array_cache.py: row r is splitmix64(k + SEEDS[r]) & (width - 1); the set is
 # the LOW bits of splitmix64(k) (as in the simulator).
 ARRAY_SKETCH_SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
                       0xD6E8FEB86659FD93)

@@ -13,9 +13,9 @@ import uuid
 import numpy as np
 import pytest
 
-from ps_loader import write_table
+from triton_rec.formats.tables import write_table
 from tests.storage_fixtures import redis_cluster  # noqa: F401  (fixture)
-from triton_rec.backing_store import StoreError
+from triton_rec.storage.backing_store import StoreError
 from triton_rec.errors import ConfigError, TritonRecError
 from triton_rec.updates import (
     MAGIC,

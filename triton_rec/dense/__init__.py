@@ -1,7 +1,7 @@
 """Dense executors: the part of a ranking model that runs after the embedding lookup.
 
 A :class:`DenseModel` turns a batch of dense features and the *combined* embedding
-vectors of each table into predictions. The caller (``triton_rec.ranking``) does the
+vectors of each table into predictions. The caller (``triton_rec.serving.ranking``) does the
 lookups and combines every slot's vectors with :func:`combine_slots`; the model only
 runs the network.
 

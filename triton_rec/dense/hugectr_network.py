@@ -53,7 +53,7 @@ import numpy as np
 
 from triton_rec.dense import Combiner, DenseModel, TableSpec
 from triton_rec.errors import ConfigError, ModelFileError
-from triton_rec.model_files import open_model_file, read_json
+from triton_rec.config.model_files import open_model_file, read_json
 
 __all__ = ["SUPPORTED_LAYER_TYPES", "HugeCTRNetwork", "LayerPlan", "NetworkPlan", "ParamBlock"]
 

@@ -26,8 +26,8 @@ import numpy as np
 from triton_rec.dense import Combiner, DenseModel, TableSpec
 from triton_rec.dense.hugectr_network import HugeCTRNetwork
 from triton_rec.errors import ConfigError, ModelFileError
-from triton_rec.model_config import InstanceSettings
-from triton_rec.model_files import open_model_file
+from triton_rec.config.model_config import InstanceSettings
+from triton_rec.config.model_files import open_model_file
 
 
 def network_combiners(network_file: str) -> List[Combiner]:

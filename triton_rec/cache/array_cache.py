@@ -1,0 +1,727 @@
+"""Set-associative embedding cache written once over the numpy/CuPy array API.
+
+This is the **device** embedding cache: one cache per (model, device, table), its whole
+state a handful of plain arrays so that it can live in GPU memory and be shared by every
+model-instance process on that GPU through CUDA IPC (:mod:`triton_rec.cache.gpu_share`). The
+algorithm only uses array operations that numpy and CuPy both provide, with ``xp`` the
+array module, so the CPU test suite runs exactly the algorithm the GPU runs, with numpy.
+
+.. warning::
+   The CuPy path has **not run on GPU hardware**: the machines this was written and
+   tested on have no GPU and no CuPy. Everything below was exercised with ``xp=numpy``
+   only (including multi-process sharing over /dev/shm). CuPy is an optional dependency,
+   imported only when a device cache is requested (``xp="cupy"``).
+
+State (all arrays; names as in :meth:`ArrayEmbeddingCache.state_arrays`)::
+
+    keys     int64   [num_sets, ways]            key held by each way
+    valid    bool    [num_sets, ways]            way holds a key
+    ticks    int64   [num_sets, ways]            clock value of the way's last access
+    vectors  float32 [num_sets, ways, vec_size]  the cached vectors
+    seq      int64   [num_sets]                  per-set version: odd while being written
+    sketch   uint8   [4, width]                  TinyLFU count-min sketch (4 rows)
+    meta     int64   [16]                        clock, sketch increments, geometry, magic,
+                                                 node-wide writer counters
+
+``num_sets`` is the smallest power of two >= ``ceil(capacity / ways)``; a key lives in set
+``splitmix64(key) & (num_sets - 1)`` (:meth:`ArrayEmbeddingCache.set_of`). As for the CPU
+cache (:mod:`triton_rec.cache.shm_cache`), ``capacity`` afterwards means the real slot count
+``num_sets * ways`` (the requested figure is ``requested_capacity``), and the sketch has
+``max(64, next power of two >= 8 * capacity)`` counters per row.
+
+Policies: ``lru`` (HPS): a new key takes a free way of its set, else evicts the least
+recently used way. ``tinylfu``: the same eviction, plus TinyLFU admission: every looked-up
+key is counted in a count-min sketch (saturating 8-bit counters, all halved every
+``10 * capacity`` counted keys); a new key that would evict a valid way is admitted only
+if its estimated frequency is strictly greater than the victim's. Free ways always admit.
+
+Concurrency (several processes sharing the arrays):
+
+- Readers (:meth:`~ArrayEmbeddingCache.query`) take no lock. Each set has a sequence
+  number (a seqlock): a reader reads the ``seq`` of each key's set, gathers keys and
+  vectors, reads ``seq`` again; a key whose set's ``seq`` was odd or changed is retried
+  once and then reported as a miss. A concurrent writer can therefore never make a
+  reader return a torn or foreign vector; at worst the reader misses.
+- Writers (insert, update, erase, clear) are serialized by the ``lock`` passed at
+  construction and bump ``seq`` of every set they touch to odd before writing and to
+  even after (on a GPU these are kernels on one stream, hence ordered; the stream is
+  synchronized before the lock is released).
+- Readers also write: ``ticks`` of hits and the TinyLFU sketch, without a lock. Racing
+  readers may lose a tick or a sketch increment (both are approximate by nature), never
+  cached data.
+- A writer that dies mid-write leaves its sets odd: readers miss on them, and the next
+  write touching such a set first invalidates all its ways (its data may be torn) and
+  makes its ``seq`` even again (:meth:`~ArrayEmbeddingCache.repair` does it for all sets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from triton_rec.config.ps_json import CACHE_POLICIES, CachePolicy
+from triton_rec.errors import ConfigError, CupyUnavailableError
+
+__all__ = [
+    "ArrayEmbeddingCache",
+    "CupyUnavailableError",
+    "HostCacheView",
+    "POLICIES",
+    "resolve_xp",
+    "splitmix64",
+]
+
+#: cache policies (triton_rec.config.ps_json.CachePolicy); meta[_POLICY] holds the index in this order
+POLICIES = CACHE_POLICIES
+
+SKETCH_ROWS = 4
+SKETCH_MAX = 255  # uint8 counters saturate here
+AGING_FACTOR = 10  # halve the sketch after AGING_FACTOR * capacity counted keys
+SKETCH_WIDTH_FACTOR = 8  # sketch counters per row: >= 8 per slot
+
+# meta[] slots
+(_CLOCK, _INCS, _CAPACITY, _POLICY, _WAYS, _VEC, _MAGIC, _AGINGS,
+ _INSERTS, _UPDATES, _EVICTIONS, _REJECTED, _OVERFLOW, _ERASED, _RECOVERED, _RESERVED) = range(16)
+META_LEN = 16
+#: node-wide counters kept in meta (written under the writer lock, so exact)
+_WRITER_COUNTERS = {
+    "inserts": _INSERTS, "updates": _UPDATES, "evictions": _EVICTIONS, "rejected": _REJECTED,
+    "overflow": _OVERFLOW, "erased": _ERASED, "recovered_sets": _RECOVERED,
+    "sketch_agings": _AGINGS,
+}
+MAGIC = 0x5452454341434845  # "TRECACHE"
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+# per-row seeds of the sketch hashes (odd 64-bit constants; row r adds _SEEDS[r])
+_SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
+_I64_MIN = np.int64(np.iinfo(np.int64).min)
+_I64_MAX = np.int64(np.iinfo(np.int64).max)
+
+
+def resolve_xp(xp: Any = None):
+    """The array module for ``xp``: ``None``/``"numpy"``/numpy -> numpy, ``"cupy"``/cupy -> cupy.
+
+    CuPy is imported here and only here (and in :mod:`triton_rec.cache.gpu_share`), when asked for.
+
+    Raises:
+        CupyUnavailableError: ``"cupy"`` was asked for and CuPy cannot be imported or sees
+            no CUDA device.
+        ConfigError: anything else.
+    """
+    if xp is None or xp is np or xp == "numpy":
+        return np
+    name = xp if isinstance(xp, str) else getattr(xp, "__name__", None)
+    if name != "cupy":
+        raise ConfigError(f"array module must be 'numpy' or 'cupy', got {xp!r}")
+    if not isinstance(xp, str):
+        return xp
+    try:
+        cupy = importlib.import_module("cupy")
+    except ImportError as e:
+        raise CupyUnavailableError(
+            "a GPU embedding cache needs CuPy (pip install cupy-cuda12x) and a CUDA device; "
+            f"CuPy cannot be imported here ({e}). Use a CPU cache on this node."
+        ) from e
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CUDARuntimeError when there is no driver / device
+        raise CupyUnavailableError(f"CuPy is installed but sees no CUDA device ({e})") from e
+    if n < 1:
+        raise CupyUnavailableError("CuPy is installed but sees no CUDA device")
+    return cupy
+
+
+def _is_cupy(xp) -> bool:
+    return getattr(xp, "__name__", "") == "cupy"
+
+
+def _xp_of(array):
+    """numpy or cupy, whichever owns ``array`` (without importing cupy for numpy arrays)."""
+    if isinstance(array, np.ndarray):
+        return np
+    mod = type(array).__module__.split(".")[0]
+    if mod == "cupy":
+        return importlib.import_module("cupy")
+    raise ConfigError(f"state arrays must be numpy or cupy arrays, got {type(array)!r}")
+
+
+def splitmix64(keys, xp=np):
+    """splitmix64 finalizer of int64 ``keys`` as uint64 (wrapping arithmetic, works in xp)."""
+    z = keys.astype(np.int64, copy=False).view(np.uint64)
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def _on_device(method):
+    """Run a method with the cache's device current (CuPy); no-op for numpy."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self._device_id is None:
+            return method(self, *args, **kwargs)
+        with self.xp.cuda.Device(self._device_id):
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _stable_argsort(xp, a, axis=-1):
+    # numpy: ask for a stable sort; CuPy's sorts are always stable (radix) and older
+    # releases reject the ``kind`` argument.
+    if xp is np:
+        return np.argsort(a, axis=axis, kind="stable")
+    return xp.argsort(a, axis=axis)
+
+
+class ArrayEmbeddingCache:
+    """Set-associative embedding cache over xp arrays (see the module docstring).
+
+    Args:
+        capacity: vectors the cache should hold; the real slot count is
+            ``num_sets * ways`` (>= capacity).
+        vec_size: floats per vector.
+        ways: ways per set.
+        policy: ``"lru"`` or ``"tinylfu"``.
+        xp: numpy (default), cupy, or their names. ``"cupy"`` imports CuPy (and raises
+            :class:`CupyUnavailableError` without it); device arrays are allocated on
+            CuPy's current device (``with cupy.cuda.Device(i): ...``).
+        arrays: storage allocated elsewhere (shared memory, IPC-exportable device memory)
+            with the shapes/dtypes of :meth:`state_layout`. They are zeroed and initialized:
+            this is the *creating* side; other processes attach with :meth:`from_arrays`.
+        lock: context manager serializing writers. Default: a ``threading.Lock``, which
+            serializes the threads of this process only. **With several processes sharing
+            the arrays, pass a process-shared lock** (e.g. :class:`triton_rec.cache.gpu_share.FileLock`).
+
+    Attributes:
+        capacity: slots, ``num_sets * ways`` (>= the requested capacity, as in the CPU cache).
+        requested_capacity, num_sets, ways, vec_size, policy, xp, lock.
+
+    Thread-safety: any number of threads may :meth:`query` while one writes; writes are
+    serialized by ``lock``. See :meth:`stats` for which counters are node-wide.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        vec_size: int,
+        ways: int = 8,
+        policy: str = CachePolicy.LRU,
+        xp: Any = np,
+        arrays: Optional[Dict[str, Any]] = None,
+        lock: Any = None,
+    ):
+        capacity, vec_size, ways = int(capacity), int(vec_size), int(ways)
+        if capacity < 1 or vec_size < 1 or ways < 1:
+            raise ConfigError(
+                "cache capacity, vec_size and ways must be >= 1, "
+                f"got {capacity}, {vec_size}, {ways}"
+            )
+        if policy not in POLICIES:
+            raise ConfigError(f"cache policy must be one of {list(POLICIES)}, got {policy!r}")
+        self.xp = resolve_xp(xp)
+        layout = self.state_layout(capacity, vec_size, ways)
+        if arrays is None:
+            arrays = {n: self.xp.zeros(shape, dtype=dt) for n, (shape, dt) in layout.items()}
+        else:
+            self._check_layout(arrays, layout)
+            for a in arrays.values():
+                a[...] = 0
+        meta = arrays["meta"]
+        meta[_CAPACITY] = capacity
+        meta[_POLICY] = POLICIES.index(policy)
+        meta[_WAYS] = ways
+        meta[_VEC] = vec_size
+        meta[_MAGIC] = MAGIC
+        self._attach(arrays, lock)
+
+    # ----------------------------------------------------------------- construction
+    @staticmethod
+    def state_layout(capacity: int, vec_size: int, ways: int = 8) -> Dict[str, Tuple[tuple, Any]]:
+        """``name -> (shape, dtype)`` of the state arrays of such a cache."""
+        num_sets = _next_pow2(-(-int(capacity) // int(ways)))
+        width = max(64, _next_pow2(SKETCH_WIDTH_FACTOR * num_sets * int(ways)))
+        return {
+            "keys": ((num_sets, ways), np.dtype(np.int64)),
+            "valid": ((num_sets, ways), np.dtype(np.bool_)),
+            "ticks": ((num_sets, ways), np.dtype(np.int64)),
+            "vectors": ((num_sets, ways, vec_size), np.dtype(np.float32)),
+            "seq": ((num_sets,), np.dtype(np.int64)),
+            "sketch": ((SKETCH_ROWS, width), np.dtype(np.uint8)),
+            "meta": ((META_LEN,), np.dtype(np.int64)),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: Dict[str, Any], xp: Any = None,
+                    lock: Any = None) -> "ArrayEmbeddingCache":
+        """Attach to the (already initialized) state arrays of a cache created elsewhere.
+
+        Geometry and policy are read from the arrays. ``xp`` defaults to the module that
+        owns the arrays. Nothing is written.
+        """
+        meta = arrays.get("meta")
+        if meta is None:
+            raise ConfigError("state arrays lack 'meta'")
+        xp = resolve_xp(xp) if xp is not None else _xp_of(meta)
+        m = [int(v) for v in (meta.get() if _is_cupy(xp) else meta)]
+        if m[_MAGIC] != MAGIC:
+            raise ConfigError("state arrays are not an initialized embedding cache (bad magic)")
+        if not 0 <= m[_POLICY] < len(POLICIES):
+            raise ConfigError(f"state arrays carry an unknown policy code {m[_POLICY]}")
+        self = cls.__new__(cls)
+        self.xp = xp
+        cls._check_layout(arrays, cls.state_layout(m[_CAPACITY], m[_VEC], m[_WAYS]))
+        self._attach(arrays, lock)
+        return self
+
+    @staticmethod
+    def _check_layout(arrays, layout) -> None:
+        for name, (shape, dt) in layout.items():
+            a = arrays.get(name)
+            if a is None:
+                raise ConfigError(f"state array {name!r} missing")
+            if tuple(a.shape) != tuple(shape) or np.dtype(a.dtype) != dt:
+                raise ConfigError(
+                    f"state array {name!r} is {a.dtype}{tuple(a.shape)}, "
+                    f"expected {dt}{tuple(shape)}"
+                )
+            if not a.flags.c_contiguous:
+                raise ConfigError(f"state array {name!r} must be C-contiguous")
+
+    def _attach(self, arrays, lock) -> None:
+        self._arrays = dict(arrays)
+        self.slot_keys = arrays["keys"]
+        self.valid = arrays["valid"]
+        self.ticks = arrays["ticks"]
+        self.vectors = arrays["vectors"]
+        self.seq = arrays["seq"]
+        self.sketch = arrays["sketch"]
+        self.meta = arrays["meta"]
+        m = self.meta.get() if _is_cupy(self.xp) else self.meta
+        self.requested_capacity = int(m[_CAPACITY])
+        self.policy = POLICIES[int(m[_POLICY])]
+        self.num_sets, self.ways = (int(v) for v in self.slot_keys.shape)
+        self.capacity = self.num_sets * self.ways
+        self.vec_size = int(self.vectors.shape[2])
+        self.sketch_width = int(self.sketch.shape[1])
+        self.lock = lock if lock is not None else threading.Lock()
+        # CuPy: the device holding the arrays, made current around every operation
+        self._device_id = int(self.meta.device.id) if _is_cupy(self.xp) else None
+        self._stats_lock = threading.Lock()
+        self._stats = dict.fromkeys(("lookups", "hits", "misses", "torn"), 0)  # this process
+        # Test hook: called as hook(cache, sets) between the gather and the second read of
+        # ``seq`` in a query (simulates a writer running concurrently with the reader).
+        self._between_reads = None
+
+    def state_arrays(self) -> Dict[str, Any]:
+        """The live state arrays, ``name -> array`` (to share them: IPC, shared memory)."""
+        return dict(self._arrays)
+
+    @property
+    def slots(self) -> int:
+        """Vectors the cache can hold (``num_sets * ways``)."""
+        return self.num_sets * self.ways
+
+    # ----------------------------------------------------------------- helpers
+    def _keys(self, keys):
+        k = self.xp.asarray(keys)
+        if k.ndim != 1:
+            k = k.reshape(-1)
+        if k.dtype != np.int64:
+            if k.dtype.kind not in "iu" and k.size:
+                raise ValueError(f"keys must be integers, got {k.dtype}")
+            k = k.astype(np.int64)
+        return k
+
+    def _vectors(self, vectors, n):
+        v = self.xp.asarray(vectors, dtype=np.float32)
+        if v.shape != (n, self.vec_size):
+            raise ValueError(
+                f"vectors must be float32 [{n}, {self.vec_size}], got {tuple(v.shape)}")
+        return v
+
+    @_on_device
+    def set_of(self, keys):
+        """Set index (int64) of each key: ``splitmix64(key) & (num_sets - 1)``."""
+        h = splitmix64(self._keys(keys), self.xp) & np.uint64(self.num_sets - 1)
+        return h.astype(np.int64)
+
+    def _sketch_index(self, k):
+        """Flat sketch indices ``[M, 4]``; row r:
+        ``r * width + (splitmix64(k + seed_r) & (width - 1))``."""
+        xp = self.xp
+        u = k.view(np.uint64)
+        mask = np.uint64(self.sketch_width - 1)
+        cols = [
+            (splitmix64((u + np.uint64(seed)).view(np.int64), xp) & mask).astype(np.int64)
+            + r * self.sketch_width
+            for r, seed in enumerate(_SEEDS)
+        ]
+        return xp.stack(cols, axis=1)
+
+    @_on_device
+    def estimate(self, keys):
+        """TinyLFU frequency estimate of each key (min over the sketch rows), int64."""
+        k = self._keys(keys)
+        flat = self.sketch.reshape(-1)
+        return flat[self._sketch_index(k)].min(axis=1).astype(np.int64)
+
+    def _sketch_add(self, k) -> None:
+        xp = self.xp
+        idx, counts = xp.unique(self._sketch_index(k).reshape(-1), return_counts=True)
+        flat = self.sketch.reshape(-1)  # a view: the state arrays are C-contiguous
+        flat[idx] = xp.minimum(flat[idx].astype(np.int64) + counts, SKETCH_MAX).astype(np.uint8)
+        self.meta[_INCS] += int(k.shape[0])
+        if int(self.meta[_INCS]) >= AGING_FACTOR * self.capacity:
+            self.sketch >>= 1
+            self.meta[_INCS] = 0
+            self.meta[_AGINGS] += 1
+
+    def _tick(self):
+        """Advance the shared clock; returns its new value as a 1-element xp array."""
+        self.meta[_CLOCK] += 1
+        return self.meta[_CLOCK:_CLOCK + 1].copy()
+
+    def _sync(self) -> None:
+        if _is_cupy(self.xp):  # writes must be done on the device before the lock is released
+            self.xp.cuda.get_current_stream().synchronize()
+
+    def _count(self, **deltas) -> None:
+        with self._stats_lock:
+            for k, v in deltas.items():
+                self._stats[k] += int(v)
+
+    def _count_writes(self, **deltas) -> None:
+        """Add to the node-wide writer counters (caller holds the writer lock)."""
+        for k, v in deltas.items():
+            if v:
+                self.meta[_WRITER_COUNTERS[k]] += int(v)
+
+    def _begin_write(self, sets) -> None:
+        """Under the lock: heal sets a dead writer left odd, then make ``sets`` odd.
+
+        ``sets`` must be unique (``_end_write`` adds 1 to each entry)."""
+        odd = (self.seq[sets] & 1).astype(np.bool_)
+        self.valid[sets] &= ~odd[:, None]  # their data may be torn: drop it
+        self.meta[_RECOVERED:_RECOVERED + 1] += odd.sum()
+        self.seq[sets] |= 1
+
+    def _end_write(self, sets) -> None:
+        self.seq[sets] += 1
+        self._sync()
+
+    def _find(self, k, s):
+        """(found, way) of each key in its set (no validation; writers hold the lock)."""
+        match = self.valid[s] & (self.slot_keys[s] == k[:, None])
+        return match.any(axis=1), match.argmax(axis=1)
+
+    def _dedupe_last(self, k):
+        """Positions of the last occurrence of each distinct key, in batch order."""
+        xp = self.xp
+        order = _stable_argsort(xp, k)
+        ks = k[order]
+        last = xp.ones(k.shape[0], dtype=np.bool_)
+        last[:-1] = ks[:-1] != ks[1:]
+        return xp.sort(order[last])
+
+    # ----------------------------------------------------------------- reads
+    def _read(self, k, s):
+        seq0 = self.seq[s]  # fancy indexing copies: this is the "before" read
+        found, way = self._find(k, s)
+        vec = self.vectors[s, way]
+        if self._between_reads is not None:
+            self._between_reads(self, s)
+        seq1 = self.seq[s]
+        ok = (seq0 == seq1) & ((seq0 & 1) == 0)
+        return found & ok, way, vec, ok
+
+    @_on_device
+    def query(self, keys):
+        """Look ``keys`` up. Returns ``(out, hit_mask)``: float32 ``[M, D]`` (zeros for
+        misses) and bool ``[M]``, both xp arrays. Lock-free, validated against writers."""
+        xp = self.xp
+        k = self._keys(keys)
+        m = int(k.shape[0])
+        if m == 0:
+            return xp.zeros((0, self.vec_size), dtype=np.float32), xp.zeros(0, dtype=np.bool_)
+        s = self.set_of(k)
+        hit, way, vec, ok = self._read(k, s)
+        torn = 0
+        retry = xp.flatnonzero(~ok)
+        if retry.shape[0]:
+            h2, w2, v2, ok2 = self._read(k[retry], s[retry])
+            hit[retry], way[retry], vec[retry] = h2, w2, v2
+            torn = int((~ok2).sum())
+        out = xp.where(hit[:, None], vec, np.float32(0))
+        clk = self._tick()
+        self.ticks[s[hit], way[hit]] = clk
+        if self.policy == CachePolicy.TINYLFU:
+            self._sketch_add(k)
+        hits = int(hit.sum())
+        self._count(lookups=m, hits=hits, misses=m - hits, torn=torn)
+        return out, hit
+
+    # ----------------------------------------------------------------- writes
+    @_on_device
+    def insert(self, keys, vectors) -> Dict[str, int]:
+        """Insert (or update) ``keys`` with ``vectors`` (float32 ``[N, D]``).
+
+        - Duplicate keys in the batch: the last occurrence wins.
+        - Keys already cached are updated in place (and count as accessed).
+        - New keys are grouped by set, in batch order (order of each key's last
+          occurrence). In a set, the k-th new key takes the k-th free way (ascending way
+          index), then the k-th least recently used way (ties: lower way index). Ways of
+          keys updated by this same batch are never evicted by it.
+        - If more new keys land in one set than it has ways to give (``ways`` minus the
+          ways updated by this batch), the **first** ones in batch order are inserted; the
+          others are dropped and counted as ``overflow``.
+        - ``tinylfu``: a new key whose way holds a valid victim is admitted only if
+          ``estimate(new) > estimate(victim)``, else it is dropped (``rejected``) and the
+          victim stays. Free ways always admit.
+
+        Returns ``{"inserted", "updated", "evicted", "rejected", "overflow"}``.
+        """
+        k = self._keys(keys)
+        v = self._vectors(vectors, int(k.shape[0]))
+        res = dict(inserted=0, updated=0, evicted=0, rejected=0, overflow=0)
+        if k.shape[0] == 0:
+            return res
+        pos = self._dedupe_last(k)
+        uk, uv = k[pos], v[pos]
+        s = self.set_of(uk)
+        touched = self.xp.unique(s)
+        with self.lock:
+            self._begin_write(touched)
+            try:
+                res = self._insert_locked(uk, uv, s)
+                self._count_writes(inserts=res["inserted"], updates=res["updated"],
+                                   evictions=res["evicted"], rejected=res["rejected"],
+                                   overflow=res["overflow"])
+            finally:
+                self._end_write(touched)
+        return res
+
+    def _insert_locked(self, uk, uv, s) -> Dict[str, int]:
+        xp = self.xp
+        W = self.ways
+        clk = self._tick()
+        present, pway = self._find(uk, s)
+        # 1. keys already cached: update in place, mark accessed
+        up = xp.flatnonzero(present)
+        up_s, up_w = s[up], pway[up]
+        self.vectors[up_s, up_w] = uv[up]
+        self.ticks[up_s, up_w] = clk
+        # 2. new keys, grouped by set (stable: batch order within a set)
+        new = xp.flatnonzero(~present)
+        n_new = int(new.shape[0])
+        res = dict(inserted=0, updated=int(up.shape[0]), evicted=0, rejected=0, overflow=0)
+        if n_new == 0:
+            return res
+        ns = s[new]
+        o = _stable_argsort(xp, ns)
+        ns, new = ns[o], new[o]
+        first = xp.searchsorted(ns, ns, side="left")
+        rank = xp.arange(n_new, dtype=np.int64) - first
+        ts = ns[rank == 0]  # touched sets, ascending, unique
+        t_of = xp.searchsorted(ts, ns)  # row of each new key in ts
+        # 3. way order per touched set: free ways first (by index), then by last access;
+        #    ways updated by this batch last (pinned) and excluded from the ways to give
+        tv = self.valid[ts]
+        pinned = xp.zeros(tv.shape, dtype=np.bool_)
+        pt = xp.searchsorted(ts, up_s)
+        in_ts = pt < ts.shape[0]
+        pt, pw = pt[in_ts], up_w[in_ts]
+        hit_ts = ts[pt] == up_s[in_ts]
+        pinned[pt[hit_ts], pw[hit_ts]] = True
+        order_key = xp.where(tv, xp.where(pinned, _I64_MAX, self.ticks[ts]), _I64_MIN)
+        way_order = _stable_argsort(xp, order_key, axis=1)
+        avail = W - pinned.sum(axis=1)
+        fits = rank < avail[t_of]
+        way = way_order[t_of, xp.minimum(rank, W - 1)]
+        ws = ts[t_of]
+        victim_valid = tv[t_of, way]
+        admit = fits
+        if self.policy == CachePolicy.TINYLFU:
+            victim_keys = self.slot_keys[ws, way]
+            better = self.estimate(uk[new]) > self.estimate(victim_keys)
+            admit = fits & (~victim_valid | better)
+        # 4. write the admitted keys
+        a = xp.flatnonzero(admit)
+        aw_s, aw_w = ws[a], way[a]
+        self.slot_keys[aw_s, aw_w] = uk[new[a]]
+        self.vectors[aw_s, aw_w] = uv[new[a]]
+        self.ticks[aw_s, aw_w] = clk
+        self.valid[aw_s, aw_w] = True
+        res["inserted"] = int(a.shape[0])
+        res["evicted"] = int((admit & victim_valid).sum())
+        res["rejected"] = int((fits & ~admit).sum())
+        res["overflow"] = int((~fits).sum())
+        return res
+
+    @_on_device
+    def update(self, keys, vectors) -> int:
+        """Overwrite the vectors of the ``keys`` that are cached (others are ignored;
+        last occurrence wins). Does not count as an access. Returns keys updated."""
+        k = self._keys(keys)
+        v = self._vectors(vectors, int(k.shape[0]))
+        if k.shape[0] == 0:
+            return 0
+        pos = self._dedupe_last(k)
+        uk, uv = k[pos], v[pos]
+        s = self.set_of(uk)
+        touched = self.xp.unique(s)
+        with self.lock:
+            self._begin_write(touched)
+            try:
+                found, way = self._find(uk, s)
+                f = self.xp.flatnonzero(found)
+                self.vectors[s[f], way[f]] = uv[f]
+                n = int(f.shape[0])
+                self._count_writes(updates=n)
+            finally:
+                self._end_write(touched)
+        return n
+
+    @_on_device
+    def erase(self, keys) -> int:
+        """Remove ``keys`` from the cache; returns how many were cached."""
+        k = self._keys(keys)
+        if k.shape[0] == 0:
+            return 0
+        uk = k[self._dedupe_last(k)]
+        s = self.set_of(uk)
+        touched = self.xp.unique(s)
+        with self.lock:
+            self._begin_write(touched)
+            try:
+                found, way = self._find(uk, s)
+                f = self.xp.flatnonzero(found)
+                self.valid[s[f], way[f]] = False
+                n = int(f.shape[0])
+                self._count_writes(erased=n)
+            finally:
+                self._end_write(touched)
+        return n
+
+    @_on_device
+    def clear(self) -> None:
+        """Empty the cache and reset the TinyLFU sketch (the clock keeps running)."""
+        every = self.xp.arange(self.num_sets, dtype=np.int64)
+        with self.lock:
+            self._begin_write(every)
+            try:
+                self.valid[...] = False
+                self.sketch[...] = 0
+                self.meta[_INCS] = 0
+            finally:
+                self._end_write(every)
+
+    @_on_device
+    def repair(self) -> int:
+        """Invalidate every set a dead writer left odd and make it even; returns their
+        number. Safe at any time (takes the writer lock)."""
+        with self.lock:
+            bad = self.xp.flatnonzero(self.seq & 1)
+            n = int(bad.shape[0])
+            if n:
+                self._begin_write(bad)
+                self._end_write(bad)
+        return n
+
+    # ----------------------------------------------------------------- inspection
+    @_on_device
+    def cached_keys(self):
+        """Keys held now (xp int64 array, in slot order). Not a consistent snapshot under
+        concurrent writes."""
+        return self.slot_keys[self.valid]
+
+    @_on_device
+    def size(self) -> int:
+        """Keys held now (all processes)."""
+        return int(self.valid.sum())
+
+    def stats(self) -> Dict[str, int]:
+        """Counters. Of this object (readers share no atomic counters): lookups, hits,
+        misses, torn (keys reported as misses because a writer was in their set). Node-wide,
+        all processes since creation (kept in ``meta`` under the writer lock): inserts,
+        updates, evictions, rejected (TinyLFU), overflow (over-full set in one batch),
+        erased, recovered_sets (sets a dead writer left odd), sketch_agings. Plus ``size``."""
+        with self._stats_lock:
+            d = dict(self._stats)
+        m = self.meta.get() if _is_cupy(self.xp) else self.meta
+        d.update({k: int(m[i]) for k, i in _WRITER_COUNTERS.items()})
+        d["size"] = self.size()
+        return d
+
+    def hit_rate(self) -> float:
+        with self._stats_lock:
+            n, h = self._stats["lookups"], self._stats["hits"]
+        return h / n if n else 0.0
+
+    def host_view(self) -> "HostCacheView":
+        """This cache behind the numpy interface that
+        :class:`triton_rec.cache.cached_table.CachedTable` uses."""
+        return HostCacheView(self)
+
+
+class HostCacheView:
+    """The cache behind the ``EmbeddingCache`` protocol of :mod:`triton_rec.cache.cached_table`
+    (the interface of the CPU cache, :class:`triton_rec.cache.shm_cache.SharedEmbeddingCache`):
+    numpy in, numpy out; with CuPy, keys and vectors are copied to and from the device."""
+
+    def __init__(self, cache: ArrayEmbeddingCache):
+        self.cache = cache
+        self.vec_size = cache.vec_size
+        self.capacity = cache.capacity
+        self.policy = cache.policy
+
+    def _host(self, a) -> np.ndarray:
+        return a.get() if _is_cupy(self.cache.xp) else a
+
+    def query(self, keys: np.ndarray, out: np.ndarray, hit_mask: np.ndarray) -> int:
+        """``out[i]`` = vector of ``keys[i]`` where ``hit_mask[i]`` is set (other rows
+        untouched); returns the hits."""
+        vec, hit = self.cache.query(keys)
+        hit = self._host(hit)
+        idx = np.flatnonzero(hit)
+        out[idx] = self._host(vec)[idx]
+        hit_mask[:] = hit
+        return int(idx.shape[0])
+
+    def insert(self, keys: np.ndarray, vectors: np.ndarray) -> Dict[str, int]:
+        return self.cache.insert(keys, vectors)
+
+    def update(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        return self.cache.update(keys, vectors)
+
+    def erase(self, keys: np.ndarray) -> int:
+        return self.cache.erase(keys)
+
+    def clear(self) -> None:
+        self.cache.clear()
+
+    def keys(self) -> np.ndarray:
+        return self._host(self.cache.cached_keys())
+
+    def size(self) -> int:
+        return self.cache.size()
+
+    def stats(self) -> Dict[str, int]:
+        return self.cache.stats()
+
+    def hit_rate(self) -> float:
+        return self.cache.hit_rate()
+
+
+#: A no-op writer lock, for a cache written by one thread of one process only.
+NO_LOCK = contextlib.nullcontext()

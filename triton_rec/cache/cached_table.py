@@ -1,0 +1,271 @@
+"""One table as a lookup session sees it: an embedding cache in front of a backing store.
+
+Lookup (HPS semantics, ``hit_rate_threshold`` of ps.json):
+
+1. the cache answers the keys it holds;
+2. if the batch's hit rate is **at or above** the threshold, the misses are answered
+   with the table's default value right away and handed to a background inserter
+   that fetches them from the store and inserts them (later lookups hit);
+3. below the threshold the misses are fetched from the store synchronously, answered
+   correctly and inserted before returning. A threshold above 1.0 therefore means
+   "always synchronous", 0.0 "never wait".
+
+The cache is shared by every instance on the node (one per model, device and table);
+each instance has its own :class:`CachedTable`, statistics and background threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Protocol
+
+import numpy as np
+
+from triton_rec.config.ps_json import MODEL_DEFAULTS
+from triton_rec.storage.backing_store import BackingStore
+from triton_rec.util.log_throttle import LogThrottle
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddingCache(Protocol):
+    """What :class:`CachedTable` needs of a cache (CPU shared memory or device arrays)."""
+
+    vec_size: int
+    capacity: int
+
+    def size(self) -> int: ...
+
+    def query(self, keys: np.ndarray, out: np.ndarray, hit_mask: np.ndarray) -> int: ...
+
+    def insert(self, keys: np.ndarray, vectors: np.ndarray): ...
+
+    def update(self, keys: np.ndarray, vectors: np.ndarray) -> int: ...
+
+    def keys(self) -> np.ndarray: ...
+
+    def stats(self) -> Dict[str, int]: ...
+
+
+@dataclass
+class TableStats:
+    """Per-instance counters of one table (monotonic; exported as Triton metrics)."""
+
+    lookups: int = 0  # keys looked up
+    hits: int = 0  # keys answered by the cache
+    misses: int = 0  # keys the cache did not hold
+    sync_fetched: int = 0  # misses fetched from the store before answering
+    default_answered: int = 0  # misses answered with the default value (hit rate >= threshold)
+    queued: int = 0  # misses handed to the background inserter
+    dropped: int = 0  # misses the background inserter had no room for
+    refreshed: int = 0  # cached rows re-read from the store by the refresher
+    cache_ns: int = 0  # time spent in the cache
+    store_ns: int = 0  # time spent in the backing store (synchronous path)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: int) -> None:
+        with self.lock:
+            for k, v in deltas.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def snapshot(self) -> Dict[str, int]:
+        with self.lock:
+            return {k: v for k, v in self.__dict__.items() if k != "lock"}
+
+
+class CachedTable:
+    """Cache + backing store for one table of one instance.
+
+    Args:
+        name: table name (for messages and metrics).
+        store: the backing store (source of truth).
+        cache: the shared embedding cache, or None to read the store directly.
+        hit_rate_threshold: see the module docstring.
+        inserter: background inserter used when the hit rate is at or above the threshold.
+
+    Thread-safety: :meth:`lookup` may run in several threads at once.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        store: BackingStore,
+        cache: Optional[EmbeddingCache] = None,
+        hit_rate_threshold: float = MODEL_DEFAULTS["hit_rate_threshold"],
+        inserter: Optional["BackgroundInserter"] = None,
+    ):
+        self.name = name
+        self.store = store
+        self.cache = cache
+        self.hit_rate_threshold = float(hit_rate_threshold)
+        self.inserter = inserter
+        self.vec_size = store.vec_size
+        self.default_value = store.default_value
+        self.stats = TableStats()
+
+    def lookup(self, keys: np.ndarray, out: np.ndarray) -> int:
+        """Fill ``out`` (float32 ``[M, D]``) with the vectors of ``keys``; returns cache hits."""
+        m = keys.shape[0]
+        if m == 0:
+            return 0
+        if self.cache is None:
+            t0 = time.perf_counter_ns()
+            self.store.fetch(keys, out)
+            self.stats.add(lookups=m, misses=m, sync_fetched=m, store_ns=time.perf_counter_ns() - t0)
+            return 0
+        hit = np.empty(m, dtype=np.uint8)  # query writes every entry
+        t0 = time.perf_counter_ns()
+        hits = int(self.cache.query(keys, out, hit))
+        t1 = time.perf_counter_ns()
+        misses = m - hits
+        if misses == 0:
+            self.stats.add(lookups=m, hits=hits, cache_ns=t1 - t0)
+            return hits
+        miss_idx = np.flatnonzero(hit == 0)
+        miss_keys = keys[miss_idx]
+        if hits / m >= self.hit_rate_threshold and self.inserter is not None:
+            out[miss_idx] = self.default_value
+            accepted = self.inserter.submit(self, miss_keys)
+            self.stats.add(lookups=m, hits=hits, misses=misses, default_answered=misses,
+                           queued=misses if accepted else 0, dropped=0 if accepted else misses,
+                           cache_ns=t1 - t0)
+            return hits
+        fetched = np.empty((misses, self.vec_size), dtype=np.float32)
+        self.store.fetch(miss_keys, fetched)
+        out[miss_idx] = fetched
+        t2 = time.perf_counter_ns()
+        self.cache.insert(miss_keys, fetched)
+        t3 = time.perf_counter_ns()
+        self.stats.add(lookups=m, hits=hits, misses=misses, sync_fetched=misses,
+                       cache_ns=(t1 - t0) + (t3 - t2), store_ns=t2 - t1)
+        return hits
+
+    def fill_from_store(self, keys: np.ndarray) -> None:
+        """Fetch ``keys`` from the store and insert them in the cache (background path)."""
+        keys = np.unique(keys)
+        vectors = np.empty((keys.shape[0], self.vec_size), dtype=np.float32)
+        self.store.fetch(keys, vectors)
+        self.cache.insert(keys, vectors)
+
+    def refresh(self, fraction: float, cursor: int) -> int:
+        """Re-read a ``fraction`` of the cached keys from the store, starting at ``cursor``.
+
+        Returns the next cursor. Only rows still cached are overwritten (``update``).
+        """
+        if self.cache is None:
+            return 0
+        cached = np.asarray(self.cache.keys())
+        if cached.shape[0] == 0:
+            return 0
+        n = max(1, int(np.ceil(cached.shape[0] * fraction)))
+        start = cursor % cached.shape[0]
+        batch = np.take(cached, np.arange(start, start + n), mode="wrap")
+        vectors = np.empty((batch.shape[0], self.vec_size), dtype=np.float32)
+        self.store.fetch(batch, vectors)
+        self.cache.update(batch, vectors)
+        self.stats.add(refreshed=int(batch.shape[0]))
+        return start + n
+
+    def warm_up(self, max_rows: int) -> int:
+        """``init_ec``: insert up to ``max_rows`` rows of the store into the cache."""
+        if self.cache is None or max_rows <= 0:
+            return 0
+        keys = np.ascontiguousarray(self.store.sample_keys(max_rows), dtype=np.int64)
+        vectors = np.empty((keys.shape[0], self.vec_size), dtype=np.float32)
+        self.store.fetch(keys, vectors)
+        self.cache.insert(keys, vectors)
+        return int(keys.shape[0])
+
+
+class BackgroundInserter:
+    """A daemon thread that fetches missed keys from the store and inserts them.
+
+    Bounded: at most ``max_pending`` batches wait; beyond that new batches are dropped
+    (counted in ``TableStats.dropped``) rather than slowing down the serving path.
+    """
+
+    def __init__(self, max_pending: int = 64, name: str = "trec-inserter"):
+        self._queue: "queue.Queue" = queue.Queue(maxsize=max_pending)
+        self._throttle = LogThrottle()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, table: CachedTable, keys: np.ndarray) -> bool:
+        try:
+            self._queue.put_nowait((table, np.array(keys, dtype=np.int64, copy=True)))
+            return True
+        except queue.Full:
+            return False
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until every submitted batch is inserted (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._queue.unfinished_tasks == 0:
+                return True
+            time.sleep(0.005)
+        return False
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                table, keys = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            try:
+                table.fill_from_store(keys)
+            except Exception:  # keep serving; the next miss retries
+                allowed, held = self._throttle.allow()
+                if allowed:
+                    log.exception("background insert into table %s failed (%d more failures "
+                                  "since the last line)", table.name, held)
+            finally:
+                self._queue.task_done()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class Refresher:
+    """Every ``interval`` seconds, re-read ``fraction`` of each table's cached rows.
+
+    HPS's ``refresh_interval`` / ``cache_refresh_percentage_per_iteration``: keeps
+    cached rows in step with a store that receives online updates.
+    """
+
+    def __init__(self, tables: List[CachedTable], interval: float, fraction: float, delay: float = 0.0):
+        self.tables = tables
+        self.interval = float(interval)
+        self.delay = float(delay)
+        self.fraction = float(fraction)
+        self._cursors = [0] * len(tables)
+        self._throttle = LogThrottle()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trec-refresher", daemon=True)
+        self._thread.start()
+
+    def run_once(self) -> None:
+        for i, t in enumerate(self.tables):
+            try:
+                self._cursors[i] = t.refresh(self.fraction, self._cursors[i])
+            except Exception:
+                allowed, held = self._throttle.allow()
+                if allowed:
+                    log.exception("refresh of table %s failed (%d more failures since the "
+                                  "last line)", t.name, held)
+
+    def _run(self) -> None:
+        if self._stop.wait(self.delay):
+            return
+        while not self._stop.wait(self.interval):
+            self.run_once()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -1,0 +1,101 @@
+"""HugeCTR sparse model directories (one per embedding table).
+
+Layout (HugeCTR / HPS, see docs/upstream-notes.md):
+
+- ``key``: N little-endian int64 values, no header, any order;
+- ``emb_vector``: N x vec_size little-endian float32 values, row i belongs to key i;
+  vec_size is not stored, it comes from ps.json (``embedding_vecsize_per_table``);
+- ``slot_id`` (N x uint64, localized embeddings) and ``meta`` may exist and are ignored.
+
+Reading memory-maps the files read-only (no copy); validation only looks at sizes.
+Key uniqueness is checked when the hash index is built.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Tuple
+
+import numpy as np
+
+from triton_rec.errors import ModelFileError
+from triton_rec.config.model_files import open_model_file
+
+KEY_FILE = "key"
+VECTOR_FILE = "emb_vector"
+_KEY_DTYPE = np.dtype("<i8")
+_VEC_DTYPE = np.dtype("<f4")
+
+
+def _map(f, dtype: np.dtype, count: int) -> np.ndarray:
+    if count == 0:
+        return np.empty(0, dtype=dtype)
+    return np.memmap(f, dtype=dtype, mode="r", shape=(count,))
+
+
+def read_sparse_dir(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Map a HugeCTR sparse directory read-only.
+
+    Args:
+        path: the ``*.model`` directory.
+        vec_size: floats per vector (from ps.json).
+
+    Returns:
+        ``(keys, vectors)``: int64 ``[N]`` and float32 ``[N, vec_size]`` read-only arrays.
+
+    Raises:
+        ModelFileError: naming the directory or file that is missing or whose size is wrong.
+    """
+    if vec_size < 1:
+        raise ModelFileError(path, f"vector size must be >= 1, got {vec_size}")
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise ModelFileError(path, f"sparse model directory {what}")
+    key_path = os.path.join(path, KEY_FILE)
+    vec_path = os.path.join(path, VECTOR_FILE)
+    for p in (key_path, vec_path):
+        if not os.path.lexists(p):
+            raise ModelFileError(p, "missing file of the sparse model")
+    # Opened once, regular files inside the allowed roots; sizes and maps from these.
+    key_fd, key_st = open_model_file(key_path, "sparse key file")
+    with os.fdopen(key_fd, "rb") as key_f:
+        vec_fd, vec_st = open_model_file(vec_path, "sparse vector file")
+        with os.fdopen(vec_fd, "rb") as vec_f:
+            return _map_sparse(path, vec_size, key_path, key_f, key_st.st_size,
+                               vec_path, vec_f, vec_st.st_size)
+
+
+def _map_sparse(path, vec_size, key_path, key_f, key_bytes, vec_path, vec_f, vec_bytes):
+    if key_bytes % _KEY_DTYPE.itemsize:
+        raise ModelFileError(
+            key_path, f"size {key_bytes} bytes is not a multiple of 8 (int64 keys): truncated?"
+        )
+    row_bytes = _VEC_DTYPE.itemsize * vec_size
+    if vec_bytes % row_bytes:
+        raise ModelFileError(
+            vec_path,
+            f"size {vec_bytes} bytes is not a multiple of 4*vec_size = {row_bytes} "
+            f"(vec_size {vec_size} from the config): truncated or wrong vec_size?",
+        )
+    n_keys = key_bytes // _KEY_DTYPE.itemsize
+    n_rows = vec_bytes // row_bytes
+    if n_keys != n_rows:
+        raise ModelFileError(
+            path,
+            f"'{KEY_FILE}' holds {n_keys} keys but '{VECTOR_FILE}' holds {n_rows} vectors "
+            f"of size {vec_size}",
+        )
+    keys = _map(key_f, _KEY_DTYPE, n_keys)
+    vectors = _map(vec_f, _VEC_DTYPE, n_rows * vec_size).reshape(n_rows, vec_size)
+    return keys, vectors
+
+
+def write_sparse_dir(path: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+    """Write ``keys`` / ``emb_vector`` in HugeCTR's layout (creates the directory)."""
+    keys = np.ascontiguousarray(keys, dtype=_KEY_DTYPE)
+    vectors = np.ascontiguousarray(vectors, dtype=_VEC_DTYPE)
+    if vectors.ndim != 2 or vectors.shape[0] != keys.shape[0]:
+        raise ValueError(f"vectors shape {vectors.shape} does not match {keys.shape[0]} keys")
+    os.makedirs(path, exist_ok=True)
+    keys.tofile(os.path.join(path, KEY_FILE))
+    vectors.tofile(os.path.join(path, VECTOR_FILE))

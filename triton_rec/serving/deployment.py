@@ -1,0 +1,280 @@
+"""How a model instance gets its lookup session: node-local tables and the shared caches.
+
+Every Triton model instance is its own process. For one model on one node:
+
+- each table is converted once into the node-local store (``triton_rec.storage.node_store``) and
+  memory-mapped read-only by every instance: the page cache holds one copy;
+- each table has ONE embedding cache per device, shared by every instance on it:
+  on CPU a shared-memory segment (:mod:`triton_rec.cache.shm_cache`, native code), on a GPU
+  device arrays shared through CUDA IPC (:mod:`triton_rec.cache.gpu_share`, CuPy; not run on
+  GPU hardware yet). The first instance creates it, the others attach;
+- each instance has its own :class:`~triton_rec.serving.session.LookupSession`, background
+  inserter and refresher.
+
+The cache of a table is named ``<model>.<device>.<table>.<content digest prefix>``, so
+a new model version with new table content gets a fresh cache; it lives in the private
+shared-memory namespace of the node store holding the table (:func:`shm_namespace`), so
+servers with the same store share it and servers with different stores never do.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import List, Optional
+
+from triton_rec.storage import node_store
+from triton_rec.storage.backing_store import BackingStore, LocalTableStore, tier_table_name
+from triton_rec.config.ps_json import ModelParams, TableParams, model_relative_path
+from triton_rec.config.model_config import InstanceSettings
+from triton_rec.config.model_files import confine
+from triton_rec.storage.redis_store import RedisClusterStore
+from triton_rec.storage.rocksdb_store import NodeRocksDBTable, RocksDBStore
+from triton_rec.serving.session import LookupSession, TableSet
+from triton_rec.storage.table import EmbeddingTable
+from triton_rec.storage.tiers import Tier, TieredStore, import_table
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """Where an instance runs and how it loads.
+
+    Args:
+        kind: ``"CPU"`` or ``"GPU"`` (Triton's ``model_instance_kind``).
+        device_id: GPU id for GPU instances (ignored on CPU).
+        store_dir: node-local store directory (None: ``TRITON_REC_STORE`` or the default).
+        prefault: make every page of the tables resident before serving.
+        cache_dir: directory of the CPU cache segments (``/dev/shm``).
+        intra_op_threads: threads of the dense executor's own pool (onnxruntime).
+    """
+
+    kind: str = "CPU"
+    device_id: int = 0
+    store_dir: Optional[str] = None
+    prefault: bool = True
+    cache_dir: str = "/dev/shm"
+    intra_op_threads: int = InstanceSettings.intra_op_threads
+
+    @property
+    def device(self) -> str:
+        return f"gpu{self.device_id}" if self.kind.upper() == "GPU" else "cpu"
+
+
+def cache_capacity(params: ModelParams, table: EmbeddingTable) -> int:
+    """Rows of a table's cache: ``gpucacheper`` of its rows (0 means no cache)."""
+    if not params.gpucache or params.gpucacheper <= 0:
+        return 0
+    return max(1, math.ceil(params.gpucacheper * table.num_rows))
+
+
+def cache_name(params: ModelParams, spec: InstanceSpec, tp: TableParams, table: EmbeddingTable) -> str:
+    layout = getattr(table, "layout_path", None) or table.path
+    digest = os.path.splitext(os.path.basename(layout))[0][:16]
+    return f"{params.model}.{spec.device}.{tp.name}.{digest}"
+
+
+def shm_namespace(table: EmbeddingTable, parent: str) -> str:
+    """The shared-memory namespace token of the node store holding ``table``'s layout
+    (``<store>/layouts/<digest>.tbl``, see :mod:`triton_rec.storage.node_store`), for segments in
+    ``parent`` (:func:`triton_rec.cache.shm_security.store_namespace`)."""
+    from triton_rec.errors import CacheError
+    from triton_rec.cache.shm_security import store_namespace
+
+    layout = getattr(table, "layout_path", None)
+    if not layout:
+        raise CacheError(f"{table.path}: a shared cache needs a table of the node store")
+    return store_namespace(os.path.dirname(os.path.dirname(layout)), parent)
+
+
+def open_session(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> LookupSession:
+    """An ``hps`` lookup session over :func:`open_tables`."""
+    ts = open_tables(params, spec)
+    return LookupSession(params, ts.tables, ts.inserter, ts.refresher, ts.services)
+
+
+def uses_tiers(params: ModelParams) -> bool:
+    """Whether the model's tables live in database tiers (else: the node-local store only)."""
+    return not (params.volatile_db.type == "hash_map" and params.persistent_db.type == "disabled")
+
+
+def content_digest(table: EmbeddingTable) -> str:
+    """The content digest of a node-local table (its layout file is named by it)."""
+    layout = getattr(table, "layout_path", None) or table.path
+    return os.path.splitext(os.path.basename(layout))[0]
+
+
+def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable) -> BackingStore:
+    """The store a table's cache sits in front of, per the ps.json tier sections.
+
+    - ``hash_map`` volatile and no persistent tier: the node-local table itself;
+    - otherwise a :class:`~triton_rec.storage.tiers.TieredStore`: [node-local table (hash map
+      types) | Redis Cluster (``redis_cluster``)] then [RocksDB (``rocks_db``)].
+      Tables are named ``hps_et.<model>.<table>`` (:func:`tier_table_name`) and both
+      tiers use HPS's layout (RocksDB: one database at ``persistent_db.path`` for every
+      model, a column family per table; Redis: ``hps_et{<name>/p<i>}v`` hashes), so
+      what HPS filled can be served as it is.
+
+    The writable tiers get the sparse files' rows on first use (:func:`import_table`,
+    once per content and tier; ``freeze_sparse`` keeps an existing import) from the
+    node-local table ``table``, which was converted from them.
+    """
+    vol, per = params.volatile_db, params.persistent_db
+    if not uses_tiers(params):
+        return LocalTableStore(table)
+    name = tier_table_name(params.model, tp.name)
+    digest = content_digest(table)
+    row_bytes = 4 * tp.vec_size
+    opened: List[Tier] = []
+    persistent: Optional[Tier] = None
+
+    def imported(store: BackingStore, role: str, fraction: float = 1.0) -> None:
+        progress = node_store.ProgressLogger(f"importing {name} into the {role} tier")
+        result = import_table(store, table.keys, table.vectors, digest, fraction=fraction,
+                              freeze=params.freeze_sparse,
+                              progress=lambda d, t: progress(d * row_bytes, t * row_bytes))
+        log.info("%s: %s tier %r: %s", name, role, store, result)
+
+    try:
+        if vol.type == "hash_map":
+            opened.append(Tier("local", LocalTableStore(table)))
+        if per.type == "rocks_db":
+            path = per.path
+            if per.read_only:
+                store = RocksDBStore(path, name, tp.vec_size, tp.default_value, read_only=True,
+                                     max_batch_size=per.max_batch_size,
+                                     num_threads=per.num_threads)
+            else:
+                store = NodeRocksDBTable(path, name, tp.vec_size, tp.default_value,
+                                         max_batch_size=per.max_batch_size,
+                                         num_threads=per.num_threads)
+            persistent = Tier("persistent", store, per.on_unavailable, per.update_filters)
+            if not per.read_only:
+                imported(store, "persistent")
+        if vol.type == "redis_cluster":
+            store = RedisClusterStore(
+                vol.redis.address, name, tp.vec_size, tp.default_value,
+                num_partitions=vol.num_partitions, max_batch_size=vol.max_batch_size,
+                overflow_margin=vol.overflow_margin, overflow_policy=vol.overflow_policy,
+                overflow_resolution_target=vol.overflow_resolution_target,
+                refresh_time_after_fetch=vol.refresh_time_after_fetch,
+                **vol.redis.client_kwargs())
+            opened.append(Tier("volatile", store, vol.on_unavailable, vol.update_filters))
+            imported(store, "volatile", vol.initial_cache_rate if persistent else 1.0)
+        if persistent is not None:
+            opened.append(persistent)
+    except BaseException:
+        for t in opened:
+            t.store.close()
+        if persistent is not None and persistent not in opened:
+            persistent.store.close()
+        raise
+    return TieredStore(tp.name, opened, cache_missed_embeddings=vol.cache_missed_embeddings)
+
+
+def confine_directories(params: ModelParams, spec: InstanceSpec) -> None:
+    """The operator's allowed roots (:mod:`triton_rec.config.model_files`) for the paths a model
+    names that are not files read through :func:`~triton_rec.config.model_files.open_model_file`:
+    a ``store_dir`` set in config.pbtxt (the operator's ``TRITON_REC_STORE`` / default
+    store is trusted), the RocksDB directory and the Redis TLS files of ps.json."""
+    if spec.store_dir:
+        confine(spec.store_dir, "store_dir (config.pbtxt parameter)")
+    if params.persistent_db.type == "rocks_db":
+        confine(params.persistent_db.path, "persistent_db.path")
+    used = (("volatile_db", params.volatile_db.type == "redis_cluster"),
+            ("update_source", params.update_source.enabled))
+    for section in (name for name, on in used if on):
+        redis = getattr(params, section).redis
+        for key in ("tls_ca_certificate", "tls_client_certificate", "tls_client_key"):
+            if getattr(redis, key):
+                confine(getattr(redis, key), f"{section}.{key}")
+
+
+def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> TableSet:
+    """Load the model's tables (node-local store, then the database tiers of ps.json),
+    attach the shared caches and start the online-update consumer if configured."""
+
+    confine_directories(params, spec)
+
+    def load(tp: TableParams) -> EmbeddingTable:
+        return node_store.load_table(tp, spec.store_dir, prefault=spec.prefault)
+
+    def open_cache(tp: TableParams, table: EmbeddingTable):
+        capacity = cache_capacity(params, table)
+        if capacity == 0:
+            return None
+        name = cache_name(params, spec, tp, table)
+        if spec.device == "cpu":
+            from triton_rec.cache.shm_cache import SharedEmbeddingCache
+
+            return SharedEmbeddingCache.open(
+                name, capacity, table.vec_size, policy=params.cache_policy,
+                ways=params.cache_ways, directory=spec.cache_dir,
+                namespace=shm_namespace(table, spec.cache_dir),
+            )
+        from triton_rec.cache.gpu_share import open_shared_cache, shm_dir
+
+        shared = open_shared_cache(
+            name, capacity, table.vec_size, ways=params.cache_ways, policy=params.cache_policy,
+            device=spec.device_id, namespace=shm_namespace(table, shm_dir()),
+        )
+        return shared
+
+    ts = TableSet.open(params, load_table=load, open_cache=open_cache,
+                       open_store=lambda tp, table: open_tier_store(params, tp, table))
+    if params.update_source.enabled:
+        try:
+            from triton_rec.updates.online import start_update_consumer
+
+            ts.services.append(start_update_consumer(params, ts.tables))
+        except BaseException:
+            ts.close()
+            raise
+    return ts
+
+
+def load_dense_model(params: ModelParams, model_dir: str, config_network: Optional[str] = None,
+                     threads: int = InstanceSettings.intra_op_threads):
+    """The dense part of a whole model, from its ps.json entry (``threads``: onnxruntime's
+    intra-op pool; the numpy executor runs in BLAS's pool, sized per process).
+
+    - ``dense_file`` ending in ``.onnx``: run with onnxruntime (tables' layout from the
+      ONNX inputs, combiners from ``network_file`` if given, else ``sum``);
+    - otherwise a HugeCTR dense file with its network JSON: ``network_file`` of ps.json,
+      else the config.pbtxt parameter ``config`` (relative to the model directory), as
+      the upstream HugeCTR backend samples have it.
+    """
+    from triton_rec.errors import ConfigError
+
+    if not params.dense_file:
+        raise ConfigError(f"model '{params.model}': ps.json names no 'dense_file'")
+    network = params.network_file or model_relative_path(model_dir, config_network)
+    if params.dense_file.endswith(".onnx"):
+        from triton_rec.dense.onnx_model import OnnxDenseModel
+
+        return OnnxDenseModel.load(params.dense_file, network_file=network, threads=threads)
+    if network is None:
+        raise ConfigError(
+            f"model '{params.model}': a HugeCTR dense file needs a network JSON "
+            "('network_file' in ps.json or the config.pbtxt parameter 'config')"
+        )
+    from triton_rec.dense.hugectr_network import HugeCTRNetwork
+
+    return HugeCTRNetwork.load(network, params.dense_file, params.non_trainable_params_file)
+
+
+def open_ranking_session(params: ModelParams, spec: InstanceSpec, model_dir: str,
+                         config_network: Optional[str] = None):
+    """A ``hugectr`` whole-model session: the dense model + :func:`open_tables`."""
+    from triton_rec.serving.ranking import RankingSession
+
+    dense = load_dense_model(params, model_dir, config_network, spec.intra_op_threads)
+    tables = open_tables(params, spec)
+    try:
+        return RankingSession(params, tables, dense)
+    except BaseException:
+        tables.close()
+        raise

@@ -1,0 +1,205 @@
+"""Whole-model inference (the ``hugectr`` backend): embeddings + dense network -> predictions.
+
+A :class:`RankingSession` answers HugeCTR-style requests (``DES``/``CATCOLUMN``/
+``ROWINDEX``, see :mod:`triton_rec.serving.hugectr_request`): per table it looks the keys up
+through the shared cache / node-local table (the same :class:`~triton_rec.serving.session.TableSet`
+the ``hps`` backend uses: never a private copy), combines each slot's vectors with
+the table's combiner (sum or mean, multi-hot slots allowed), and runs the dense
+network on all samples at once.
+
+Requests that reach one ``execute`` call are answered together: one lookup per table
+and one dense forward pass for all their samples.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from triton_rec.config.ps_json import ModelParams
+from triton_rec.dense import DenseModel, combine_slots
+from triton_rec.errors import ConfigError
+from triton_rec.serving.hugectr_request import (
+    HugeCTRRequest,
+    parse_embedding_request,
+    parse_hugectr_request,
+)
+from triton_rec.serving.session import TableSet
+
+
+class RankingSession:
+    """One model instance's whole-model session.
+
+    Args:
+        params: the model's ps.json entry (tables in the order of the network's
+            embedding layers).
+        tables: the instance's tables (shared caches, node-local stores).
+        dense: the dense network.
+
+    Raises:
+        ConfigError: the tables do not match the network's embedding inputs.
+    """
+
+    def __init__(self, params: ModelParams, tables: TableSet, dense: DenseModel):
+        specs = dense.tables
+        if len(specs) != params.num_tables:
+            raise ConfigError(
+                f"model '{params.model}': the dense network has {len(specs)} embedding inputs "
+                f"but ps.json names {params.num_tables} sparse files"
+            )
+        for i, (spec, tp) in enumerate(zip(specs, params.tables)):
+            if spec.vec_size != tp.vec_size:
+                raise ConfigError(
+                    f"model '{params.model}': table {i} ('{tp.name}') has vec_size {tp.vec_size} "
+                    f"in ps.json but {spec.vec_size} in the network"
+                )
+        self.params = params
+        self.table_set = tables
+        self.dense = dense
+        self.slots = [int(s.slot_num) for s in specs]
+        self.combiners = [s.combiner for s in specs]
+        self._slot_array = np.asarray(self.slots, np.int64)  # what the native regrouping takes
+
+    @property
+    def cached_tables(self):
+        return self.table_set.tables
+
+    def input_limits(self, catcolumn_itemsize: int = 8):
+        """The most elements each input of a valid request holds (see
+        :data:`triton_rec.triton.glue.InputLimits`), from max_batch_size, the network's
+        dense_dim and slots and the most keys per sample of each table."""
+        return hugectr_input_limits(self.params.max_batch_size, self.dense, self.slots,
+                                    keys_per_sample(self.params, self.dense), catcolumn_itemsize)
+
+    def parse_request(self, des: np.ndarray, catcolumn: np.ndarray, rowindex: np.ndarray) -> HugeCTRRequest:
+        """Validate one request (RequestError says what is wrong)."""
+        return parse_hugectr_request(
+            self.params.model, des, catcolumn, rowindex, self._slot_array, self.dense.dense_dim,
+            self.params.max_batch_size,
+        )
+
+    def predict_many(self, requests: Sequence[HugeCTRRequest]) -> List[np.ndarray]:
+        """Predictions (float32 ``[num_samples * label_dim]``) for each request."""
+        if not requests:
+            return []
+        if len(requests) == 1:  # the usual case at low load: nothing to concatenate
+            r = requests[0]
+            keys, ptrs, dense = r.keys, r.row_ptrs, r.dense
+        else:
+            keys, ptrs = [], []
+            for t in range(len(self.slots)):
+                keys.append(np.concatenate([r.keys[t] for r in requests]))
+                # Row pointers of all requests, shifted into the concatenated key array.
+                shifted, offset = [np.zeros(1, np.int64)], 0
+                for r in requests:
+                    shifted.append(r.row_ptrs[t][1:] + offset)
+                    offset += r.keys[t].shape[0]
+                ptrs.append(np.concatenate(shifted))
+            dense = np.concatenate([r.dense for r in requests], axis=0)
+        embeddings = []
+        for t, table in enumerate(self.cached_tables):
+            vectors = np.empty((keys[t].shape[0], table.vec_size), dtype=np.float32)
+            table.lookup(keys[t], vectors)
+            embeddings.append(combine_slots(vectors, ptrs[t], self.combiners[t], slot_num=self.slots[t]))
+        out = np.asarray(self.dense.predict(dense, embeddings), dtype=np.float32)
+        if len(requests) == 1:
+            return [out.reshape(-1)]
+        answers, pos = [], 0
+        for r in requests:
+            answers.append(np.ascontiguousarray(out[pos : pos + r.num_samples]).reshape(-1))
+            pos += r.num_samples
+        return answers
+
+    def close(self) -> None:
+        self.table_set.close()
+
+
+def keys_per_sample(params: Optional[ModelParams], dense: DenseModel) -> List[int]:
+    """Most keys of each table in one valid sample: the largest of ps.json's
+    ``maxnum_catfeature_query_per_table_per_sample`` and what the network declares
+    (``max_feature_num_per_sample``, ``slot_num x nnz_per_slot``)."""
+    out = []
+    for t, spec in enumerate(dense.tables):
+        bounds = [int(spec.slot_num)]
+        if params is not None and t < params.num_tables:
+            bounds.append(int(params.tables[t].max_keys_per_sample))
+        if spec.max_feature_num_per_sample:
+            bounds.append(int(spec.max_feature_num_per_sample))
+        if spec.max_nnz:
+            bounds.append(int(spec.slot_num) * int(spec.max_nnz))
+        out.append(max(bounds))
+    return out
+
+
+def hugectr_input_limits(max_batch_size: int, dense: DenseModel, slots: Sequence[int],
+                         keys: Sequence[int], key_itemsize: int = 8, vec_sizes=None):
+    """Input limits of the HugeCTR layout (``DES``, ``CATCOLUMN`` or, with ``vec_sizes``,
+    the ensemble's ``EMBEDDINGS``, ``ROWINDEX``); see :meth:`RankingSession.input_limits`."""
+    mbs, dim, total_slots = int(max_batch_size), int(dense.dense_dim), int(sum(slots))
+    per_sample = int(sum(keys))
+    limits = {
+        "DES": (mbs * dim, 4, f"max_batch_size {mbs} x dense_dim {dim}"),
+        "ROWINDEX": (mbs * total_slots + len(slots), 4,
+                     f"max_batch_size {mbs} x {total_slots} slots + {len(slots)} tables"),
+    }
+    if vec_sizes is None:
+        limits["CATCOLUMN"] = (mbs * per_sample, key_itemsize,
+                               f"max_batch_size {mbs} x {per_sample} keys per sample")
+    else:
+        floats = int(sum(k * v for k, v in zip(keys, vec_sizes)))
+        limits["EMBEDDINGS"] = (mbs * floats, 4,
+                                f"max_batch_size {mbs} x {floats} floats per sample")
+    return limits
+
+
+class DenseSession:
+    """The dense half of an ensemble: ``DES`` + the ``hps`` model's ``EMBEDDINGS`` +
+    ``ROWINDEX`` -> predictions (see :func:`~triton_rec.serving.hugectr_request.parse_embedding_request`).
+
+    Args:
+        model: model name, for messages.
+        dense: the dense network.
+        max_batch_size: most samples one request may hold.
+    """
+
+    def __init__(self, model: str, dense: DenseModel, max_batch_size: int,
+                 params: Optional[ModelParams] = None):
+        self.model = model
+        self.dense = dense
+        self.max_batch_size = int(max_batch_size)
+        self.slots = [int(t.slot_num) for t in dense.tables]
+        self.vec_sizes = [int(t.vec_size) for t in dense.tables]
+        self.params = params
+
+    def input_limits(self):
+        """The most elements each input of a valid request holds (``DES``,
+        ``EMBEDDINGS``, ``ROWINDEX``), as :meth:`RankingSession.input_limits`."""
+        return hugectr_input_limits(self.max_batch_size, self.dense, self.slots,
+                                    keys_per_sample(self.params, self.dense),
+                                    vec_sizes=self.vec_sizes)
+
+    def parse_request(self, des: np.ndarray, embeddings: np.ndarray, rowindex: np.ndarray):
+        """Validate one request (RequestError says what is wrong)."""
+        return parse_embedding_request(self.model, des, embeddings, rowindex, self.slots,
+                                       self.vec_sizes, self.dense.dense_dim, self.max_batch_size)
+
+    def predict_many(self, requests) -> List[np.ndarray]:
+        """Predictions for each parsed request, one dense forward pass for all of them."""
+        if not requests:
+            return []
+        combined = []
+        for t, spec in enumerate(self.dense.tables):
+            per_request = [combine_slots(r[2][t], r[3][t], spec.combiner, slot_num=self.slots[t])
+                           for r in requests]
+            combined.append(np.concatenate(per_request, axis=0))
+        dense = np.concatenate([r[1] for r in requests], axis=0)
+        out = np.asarray(self.dense.predict(dense, combined), dtype=np.float32)
+        answers, pos = [], 0
+        for r in requests:
+            answers.append(np.ascontiguousarray(out[pos : pos + r[0]]).reshape(-1))
+            pos += r[0]
+        return answers
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,615 @@
+"""The volatile tier: one table in a Redis Cluster (HPS ``volatile_db`` of type ``redis_cluster``).
+
+Layout (HPS's, HugeCTR v23.09 ``redis_backend.cpp``; docs/upstream-notes.md):
+
+- a table ``T`` (deployments: ``hps_et.<model>.<table>``,
+  :func:`triton_rec.storage.backing_store.tier_table_name`) is split in ``num_partitions``
+  Redis hashes with the keys ``hps_et{T/p<i>}v``, ``i = 0 .. num_partitions-1``. The
+  ``{...}`` hash tag puts each partition in one hash slot on one master, and the
+  partitions of a table spread over the masters;
+- a key goes to partition ``rrxmrrxmsx_0(key) % num_partitions`` (:func:`partition_of`);
+- hash field: the int64 key as 8 little-endian bytes; value: the vector as
+  ``vec_size`` little-endian float32, nothing else.
+
+So a Redis that HPS filled (with the same ``num_partitions``) is read as it is. Our own
+bookkeeping lives beside it: sorted sets ``hps_et{T/p<i>}z`` for the overflow policies
+(HPS keeps hashes ``...t`` of its own, which we leave alone) and the hash
+``hps_et{T/meta}`` (import marker).
+
+Bulk reads are pipelined HMGETs (one per partition and chunk of ``max_batch_size``
+keys), bulk writes pipelined HSETs; redis-py sends the commands of all masters before
+reading the replies. A value of the wrong length is reported
+(:class:`StoreDataError` naming the table and the key), never returned in part.
+
+Failures never hang: connect and socket timeouts (2 s by default), a bounded number
+of cluster retries with a short backoff, a bounded wait for a free connection; they
+raise :class:`StoreUnavailableError` naming the cluster's address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from triton_rec.storage.backing_store import (
+    BackingStore,
+    StoreError,
+    StoreUnavailableError,
+    check_keys,
+    check_rows,
+    chunks,
+    decode_keys,
+    decode_values,
+    encode_keys,
+    last_occurrence,
+)
+from triton_rec.config.ps_json import OVERFLOW_POLICIES, OverflowPolicy
+from triton_rec.errors import ConfigError
+
+try:  # optional dependency (pip install redis)
+    import redis
+    from redis.backoff import ConstantBackoff
+    from redis.cluster import ClusterNode, RedisCluster
+    from redis.connection import BlockingConnectionPool, SSLConnection
+    from redis.exceptions import (
+        AskError,
+        ClusterDownError,
+        ClusterError,
+        MovedError,
+        RedisClusterException,
+        RedisError,
+        TryAgainError,
+    )
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+    from redis.retry import Retry
+except ImportError as _e:  # pragma: no cover - exercised only without redis-py
+    redis = None
+    _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
+
+log = logging.getLogger(__name__)
+
+_TABLE_RE = re.compile(r"[A-Za-z0-9_.-]{1,250}")
+_C1 = np.uint64(0xA24BAED4963EE407)
+_C2 = np.uint64(0x9FB21C651E98DF25)
+
+
+def _rotr(x: np.ndarray, n: int) -> np.ndarray:
+    return (x >> np.uint64(n)) | (x << np.uint64(64 - n))
+
+
+def mix64(keys: np.ndarray) -> np.ndarray:
+    """Pelle Evensen's rrxmrrxmsx_0 mixer of every int64 key (as uint64), the function
+    HPS partitions Redis tables with (HugeCTR ``database_backend_detail.hpp``)."""
+    x = keys.astype(np.int64, copy=False).view(np.uint64)
+    with np.errstate(over="ignore"):
+        x = x ^ _rotr(x, 25) ^ _rotr(x, 50)
+        x = x * _C1
+        x = x ^ _rotr(x, 24) ^ _rotr(x, 49)
+        x = x * _C2
+        return x ^ (x >> np.uint64(28))
+
+
+def partition_of(keys: np.ndarray, num_partitions: int) -> np.ndarray:
+    """The partition (``0 .. num_partitions-1``) of every key: ``mix64(key) % num_partitions``,
+    as HPS computes it.
+
+    A fixed function of the key alone (never Python's ``hash``), so every process, every
+    later version and HPS agree on where a key lives.
+    """
+    return (mix64(keys) % np.uint64(num_partitions)).astype(np.intp)
+
+
+def parse_address(address: str) -> List[Tuple[str, int]]:
+    """``"host:port,host:port"`` (``[v6]:port`` for IPv6) as ``[(host, port), ...]``.
+
+    Raises:
+        ConfigError: empty, or an entry without a valid port.
+    """
+    nodes = []
+    for part in (address or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"Redis address {address!r}: {part!r} is not host:port")
+        nodes.append((host.strip("[]"), int(port)))
+    if not nodes:
+        raise ConfigError(f"Redis address {address!r}: no host:port given")
+    return nodes
+
+
+def _pipeline_stack(pipe):
+    """The queued commands of a cluster pipeline (redis-py 6+: its execution strategy's
+    ``command_queue``; 5: ``command_stack``), or None if this redis-py has neither."""
+    strategy = getattr(pipe, "_execution_strategy", None)
+    if strategy is not None:
+        return getattr(strategy, "command_queue", None)
+    return getattr(pipe, "command_stack", None)
+
+
+def _tls_connection_class(server_name: Optional[str]):
+    """An SSLConnection that sends ``server_name`` as SNI and checks the certificate
+    against it (redis-py uses the address it connects to for both)."""
+    if server_name is None:
+        return SSLConnection
+    if not hasattr(SSLConnection, "_wrap_socket_with_ssl"):  # pragma: no cover - old redis-py
+        raise ConfigError("tls_server_name_identification needs redis-py >= 5")
+
+    class _SNIConnection(SSLConnection):
+        def _wrap_socket_with_ssl(self, sock):
+            host = self.host
+            self.host = server_name
+            try:
+                return super()._wrap_socket_with_ssl(sock)
+            finally:
+                self.host = host
+
+    return _SNIConnection
+
+
+class RedisConnection:
+    """A connection to a Redis Cluster with the project's settings (timeouts, retries,
+    pool, TLS, ACL) and error translation: the one way both the Redis tier
+    (:class:`RedisClusterStore`) and the update streams (:mod:`triton_rec.updates`) connect.
+
+    Args:
+        address: ``"host:port,host:port"``: some masters of the cluster (the others are
+            discovered).
+        user_name, password, enable_tls, tls_ca_certificate, tls_client_certificate,
+            tls_client_key, tls_server_name_identification, num_node_connections,
+            connect_timeout, socket_timeout, retries, pool_timeout: as for
+            :class:`RedisClusterStore`.
+        where: how error messages name what failed (default ``"Redis Cluster <address>"``).
+
+    Attributes:
+        client: the redis-py ``RedisCluster``.
+
+    Raises:
+        StoreUnavailableError: redis-py is missing, or the cluster cannot be reached
+            (names ``address``).
+        ConfigError: a malformed ``address``. ValueError: ``num_node_connections < 1``.
+
+    Thread-safety: every method may be called from any number of threads.
+    """
+
+    def __init__(self, address: str, user_name: Optional[str] = None,
+                 password: Optional[str] = None, enable_tls: bool = False,
+                 tls_ca_certificate: Optional[str] = None,
+                 tls_client_certificate: Optional[str] = None, tls_client_key: Optional[str] = None,
+                 tls_server_name_identification: Optional[str] = None,
+                 num_node_connections: int = 5, connect_timeout: float = 2.0,
+                 socket_timeout: float = 2.0, retries: int = 2, pool_timeout: float = 5.0,
+                 where: Optional[str] = None):
+        if redis is None:
+            raise StoreUnavailableError(
+                f"Redis store: the redis package cannot be imported ({_IMPORT_ERROR}; "
+                "pip install redis)")
+        if int(num_node_connections) < 1:
+            raise ValueError(f"num_node_connections must be >= 1, got {num_node_connections}")
+        self.address = address
+        self._where = where if where is not None else f"Redis Cluster {address}"
+        nodes = parse_address(address)
+
+        kwargs = dict(
+            socket_connect_timeout=float(connect_timeout),
+            socket_timeout=float(socket_timeout),
+            max_connections=int(num_node_connections),
+            connection_pool_class=BlockingConnectionPool,
+            timeout=float(pool_timeout),  # BlockingConnectionPool: wait for a free connection
+            retry=Retry(ConstantBackoff(0.05), int(retries)),
+            require_full_coverage=True,
+            decode_responses=False,
+        )
+        if password:
+            kwargs.update(username=user_name or None, password=password)
+        if enable_tls:
+            # "redis://" + our connection class (not "rediss://", whose parsing would
+            # replace the class and so lose the SNI setting).
+            kwargs.update(connection_class=_tls_connection_class(tls_server_name_identification),
+                          ssl_cert_reqs="required", ssl_check_hostname=True,
+                          ssl_certfile=tls_client_certificate, ssl_keyfile=tls_client_key)
+            if tls_ca_certificate and os.path.isdir(tls_ca_certificate):
+                kwargs["ssl_ca_path"] = tls_ca_certificate
+            elif tls_ca_certificate:
+                kwargs["ssl_ca_certs"] = tls_ca_certificate
+        host0, port0 = nodes[0]
+        url_host = f"[{host0}]" if ":" in host0 else host0
+        try:
+            # The URL form is the one in which redis-py honours connection_pool_class.
+            self.client = RedisCluster(url=f"redis://{url_host}:{port0}",
+                                       startup_nodes=[ClusterNode(h, p) for h, p in nodes[1:]],
+                                       **kwargs)
+        except (RedisError, RedisClusterException, OSError) as e:
+            raise StoreUnavailableError(f"Redis Cluster {address}: cannot connect: {e}") from e
+        self._closed = False
+
+    def run_commands(self, what: str, commands) -> list:
+        """Pipeline ``commands(pipe)`` (a redis-py cluster pipeline) and return the
+        replies, with this connection's timeouts and retries; redis errors become
+        :class:`StoreUnavailableError` / :class:`StoreError` naming ``where``."""
+        if self._closed:
+            raise StoreError(f"{self._where}: store is closed")
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            commands(pipe)
+            stack = _pipeline_stack(pipe)
+            if stack is None:  # pragma: no cover - a redis-py without the hook: slower failures
+                return pipe.execute()
+            try:
+                # No redirections: redis-py would otherwise re-send every failed command
+                # of the pipeline alone, each with its own retries and timeouts, so a
+                # stalled master would cost (commands x retries x socket_timeout).
+                # Connection errors and timeouts still get `retries` whole-pipeline retries.
+                return pipe.send_cluster_commands(stack, raise_on_error=True,
+                                                  allow_redirections=False)
+            except (MovedError, AskError, TryAgainError):
+                # Slots moved (resharding): run it again, following redirections (redis-py
+                # updates its slot table from the MOVED replies).
+                pipe = self.client.pipeline(transaction=False)
+                commands(pipe)
+                return pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError,
+                RedisClusterException, OSError) as e:
+            raise StoreUnavailableError(
+                f"{self._where}: {what} failed: {type(e).__name__}: {e}") from e
+        except (ClusterError, RedisError) as e:
+            raise StoreError(f"{self._where}: {what} failed: {type(e).__name__}: {e}") from e
+
+    def close(self) -> None:
+        """Close the connection (idempotent); later commands raise StoreError."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.client.close()
+        except (RedisError, RedisClusterException, OSError):  # pragma: no cover - best effort
+            pass
+
+
+class RedisClusterStore(BackingStore):
+    """One table in a Redis Cluster, as ``num_partitions`` hashes (see the module docstring).
+
+    Args:
+        address: ``"host:port,host:port"``: some masters of the cluster (the others are
+            discovered).
+        table_name: ``<model>.<table>`` by convention
+            (:func:`~triton_rec.storage.backing_store.tier_table_name`).
+        vec_size: floats per vector.
+        default_value: value of every element of an unknown key's vector.
+        user_name, password: ACL credentials; sent only when ``password`` is set (HPS's
+            default user name ``"default"`` with an empty password means no AUTH).
+        num_partitions: hashes per table (HPS default 8; more spreads a table over more
+            masters). Must match the writer's: it decides where a key lives.
+        max_batch_size: most keys per HMGET/HSET/HDEL command.
+        enable_tls, tls_ca_certificate (file or directory), tls_client_certificate,
+            tls_client_key, tls_server_name_identification: TLS as in HPS. The server
+            certificate is verified, and its name checked against
+            ``tls_server_name_identification`` if given, else against the address.
+        num_node_connections: connections per master (a request waits at most
+            ``pool_timeout`` for a free one).
+        connect_timeout, socket_timeout: seconds, per connection attempt / per reply.
+        retries: whole-pipeline retries after a connection error or timeout. A call to
+            a stalled master fails after about ``(retries + 1) x socket_timeout`` plus
+            one topology refresh (measured: 1.5 s with 0.5 s and 1 retry); a refused
+            connection (master down) fails at once.
+        pool_timeout: seconds to wait for a free connection.
+
+    Raises:
+        StoreUnavailableError: the cluster cannot be reached (names ``address``).
+        ConfigError: a malformed ``address``.
+
+    Thread-safety: every method may be called from any number of threads.
+    """
+
+    tier = "redis"
+    read_only = False
+
+    def __init__(self, address: str, table_name: str, vec_size: int, default_value: float = 0.0,
+                 user_name: Optional[str] = None, password: Optional[str] = None,
+                 num_partitions: int = 8, max_batch_size: int = 10000,
+                 enable_tls: bool = False, tls_ca_certificate: Optional[str] = None,
+                 tls_client_certificate: Optional[str] = None, tls_client_key: Optional[str] = None,
+                 tls_server_name_identification: Optional[str] = None,
+                 num_node_connections: int = 5, connect_timeout: float = 2.0,
+                 socket_timeout: float = 2.0, retries: int = 2, pool_timeout: float = 5.0,
+                 overflow_margin: Optional[int] = None,
+                 overflow_policy: str = OverflowPolicy.EVICT_OLDEST,
+                 overflow_resolution_target: float = 0.8, refresh_time_after_fetch: bool = False):
+        if redis is None:
+            raise StoreUnavailableError(
+                f"Redis store: the redis package cannot be imported ({_IMPORT_ERROR}; "
+                "pip install redis)")
+        if not isinstance(table_name, str) or not _TABLE_RE.fullmatch(table_name):
+            raise ValueError(
+                f"Redis table name {table_name!r}: letters, digits, '_', '-', '.' only")
+        for what, v in (("vec_size", vec_size), ("num_partitions", num_partitions),
+                        ("max_batch_size", max_batch_size),
+                        ("num_node_connections", num_node_connections)):
+            if int(v) < 1:
+                raise ValueError(f"{what} must be >= 1, got {v}")
+        self.address = address
+        self.table_name = table_name
+        self.vec_size = int(vec_size)
+        self.default_value = float(default_value)
+        self.num_partitions = int(num_partitions)
+        self.max_batch_size = int(max_batch_size)
+        # HPS's value hashes: hps_et{<table>/p<i>}v, the {...} hash tag puts a partition
+        # (and its bookkeeping below) in one slot
+        self.hash_keys = [f"hps_et{{{table_name}/p{i}}}v".encode()
+                          for i in range(self.num_partitions)]
+        # Overflow bookkeeping: one sorted set per partition, in the partition's slot (same
+        # hash tag), scoring every key by write time (evict_oldest; access time too with
+        # refresh_time_after_fetch) or by reads (evict_least_used). Only kept with a margin.
+        if overflow_policy not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow_policy {overflow_policy!r}: "
+                             f"{', '.join(OVERFLOW_POLICIES[:-1])} or {OVERFLOW_POLICIES[-1]}")
+        if overflow_margin is not None and int(overflow_margin) < 1:
+            raise ValueError(f"overflow_margin must be >= 1, got {overflow_margin}")
+        if not 0.0 < float(overflow_resolution_target) < 1.0:
+            raise ValueError(f"overflow_resolution_target must be within ]0, 1[, "
+                             f"got {overflow_resolution_target}")
+        self.overflow_margin = None if overflow_margin is None else int(overflow_margin)
+        self.overflow_policy = overflow_policy
+        self.overflow_target = (None if overflow_margin is None else
+                                max(0, int(self.overflow_margin * float(overflow_resolution_target))))
+        self.refresh_time_after_fetch = bool(refresh_time_after_fetch)
+        self._scored = (self.overflow_margin is not None
+                        and overflow_policy != OverflowPolicy.EVICT_RANDOM)
+        # "z", not HPS's "t": HPS keeps plain hashes of times / counts there
+        self.score_keys = [h[:-1] + b"z" for h in self.hash_keys]
+        self.meta_key = f"hps_et{{{table_name}/meta}}".encode()
+        self.evicted = 0  # rows removed by overflow handling (this process)
+        self._where = f"Redis Cluster {address} table {table_name!r}"
+        self._conn = RedisConnection(
+            address, user_name=user_name, password=password, enable_tls=enable_tls,
+            tls_ca_certificate=tls_ca_certificate, tls_client_certificate=tls_client_certificate,
+            tls_client_key=tls_client_key,
+            tls_server_name_identification=tls_server_name_identification,
+            num_node_connections=num_node_connections, connect_timeout=connect_timeout,
+            socket_timeout=socket_timeout, retries=retries, pool_timeout=pool_timeout,
+            where=self._where)
+        self._client = self._conn.client
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def run_commands(self, what: str, commands) -> list:
+        """Pipeline ``commands(pipe)`` (a redis-py cluster pipeline) and return the
+        replies (:meth:`RedisConnection.run_commands`; errors name this table)."""
+        return self._conn.run_commands(what, commands)
+
+    def _by_partition(self, keys: np.ndarray):
+        """``(partition, indices into keys)`` for every partition holding some of ``keys``,
+        the indices cut in chunks of at most ``max_batch_size``."""
+        parts = partition_of(keys, self.num_partitions)
+        order = np.argsort(parts, kind="stable")
+        bounds = np.searchsorted(parts[order], np.arange(self.num_partitions + 1))
+        for p in range(self.num_partitions):
+            idx = order[bounds[p]:bounds[p + 1]]
+            for s, e in chunks(idx.shape[0], self.max_batch_size):
+                yield p, idx[s:e]
+
+    # -- BackingStore ---------------------------------------------------------------
+
+    def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        keys = check_keys(keys)
+        m = keys.shape[0]
+        found = np.zeros(m, dtype=bool)
+        if m == 0:
+            return found
+        raw = encode_keys(keys)
+        groups = list(self._by_partition(keys))
+
+        def commands(pipe):
+            for p, idx in groups:
+                pipe.hmget(self.hash_keys[p], [raw[i] for i in idx.tolist()])
+
+        values: List[Optional[bytes]] = [None] * m
+        for (_, idx), reply in zip(groups, self.run_commands("HMGET", commands)):
+            for i, v in zip(idx.tolist(), reply):
+                values[i] = v
+        decode_values(values, keys, out, found, self.default_value, self._where)
+        if self._scored and (self.refresh_time_after_fetch
+                             or self.overflow_policy == OverflowPolicy.EVICT_LEAST_USED):
+            self._touch(keys, found, raw)
+        return found
+
+    def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        keys, vectors = check_rows(keys, vectors, self.vec_size)
+        idx = last_occurrence(keys)
+        keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx], dtype="<f4")
+        if keys.shape[0] == 0:
+            return 0
+        raw_k = encode_keys(keys)
+        raw_v = vectors.view(f"V{4 * self.vec_size}").ravel().tolist()
+        touched = set()
+        now = time.time()
+
+        def commands(pipe):
+            for p, sub in self._by_partition(keys):
+                touched.add(p)
+                items: List[bytes] = []
+                for i in sub.tolist():
+                    items.append(raw_k[i])
+                    items.append(raw_v[i])
+                pipe.hset(self.hash_keys[p], items=items)
+                if self._scored:
+                    if self.overflow_policy == OverflowPolicy.EVICT_OLDEST:
+                        pipe.zadd(self.score_keys[p], {raw_k[i]: now for i in sub.tolist()})
+                    else:  # evict_least_used: new rows start unused, rewrites keep their count
+                        pipe.zadd(self.score_keys[p], {raw_k[i]: 0 for i in sub.tolist()}, nx=True)
+
+        self.run_commands("HSET", commands)
+        if self.overflow_margin is not None:
+            self._resolve_overflow(sorted(touched))
+        return int(keys.shape[0])
+
+    # -- overflow handling ----------------------------------------------------------
+
+    def _resolve_overflow(self, parts: List[int]) -> None:
+        """Prune every partition of ``parts`` holding more than ``overflow_margin`` rows
+        down to ``overflow_margin * overflow_resolution_target`` rows (HPS semantics)."""
+        def lens(pipe):
+            for p in parts:
+                pipe.hlen(self.hash_keys[p])
+
+        for p, n in zip(parts, self.run_commands("HLEN", lens)):
+            if int(n) > self.overflow_margin:
+                self._prune(p, int(n) - self.overflow_target)
+
+    def _prune(self, p: int, n: int) -> None:
+        h, z = self.hash_keys[p], self.score_keys[p]
+        victims: List[bytes] = []
+        if self._scored:  # lowest scores first: oldest writes / fewest reads
+            popped = self.run_commands("ZPOPMIN", lambda pipe: pipe.zpopmin(z, n))[0]
+            victims = [m for m, _ in popped]
+        if len(victims) < n:  # evict_random, or rows the sorted set does not know
+            more = self.run_commands("HRANDFIELD",
+                             lambda pipe: pipe.hrandfield(h, n - len(victims)))[0] or []
+            victims += [v for v in more if v not in set(victims)]
+        if not victims:
+            return
+
+        def drop(pipe):
+            pipe.hdel(h, *victims)
+            if self._scored:
+                pipe.zrem(z, *victims)
+
+        removed = self.run_commands("HDEL", drop)[0]
+        self.evicted += int(removed)
+
+    def _touch(self, keys: np.ndarray, found: np.ndarray, raw: List[bytes]) -> None:
+        """Record reads for the overflow policy (evict_least_used, or evict_oldest with
+        refresh_time_after_fetch). Best effort: a failure here never fails the lookup."""
+        hit = np.flatnonzero(found)
+        if hit.shape[0] == 0:
+            return
+        now = time.time()
+
+        def commands(pipe):
+            for p, sub in self._by_partition(keys[hit]):
+                members = [raw[i] for i in hit[sub].tolist()]
+                if self.overflow_policy == OverflowPolicy.EVICT_OLDEST:
+                    pipe.zadd(self.score_keys[p], {m: now for m in members}, xx=True)
+                else:
+                    for m in members:
+                        pipe.zincrby(self.score_keys[p], 1, m)
+
+        try:
+            self.run_commands("ZADD", commands)
+        except StoreError as e:
+            log.warning("%s", e)
+
+    def delete(self, keys: np.ndarray) -> int:
+        keys = np.unique(check_keys(keys))
+        if keys.shape[0] == 0:
+            return 0
+        raw = encode_keys(keys)
+
+        def commands(pipe):
+            for p, sub in self._by_partition(keys):
+                pipe.hdel(self.hash_keys[p], *[raw[i] for i in sub.tolist()])
+                if self._scored:
+                    pipe.zrem(self.score_keys[p], *[raw[i] for i in sub.tolist()])
+
+        replies = self.run_commands("HDEL", commands)
+        return int(sum(replies[::2] if self._scored else replies))
+
+    def num_rows(self) -> int:
+        """Exact: the sum of HLEN over the table's partitions."""
+        def commands(pipe):
+            for h in self.hash_keys:
+                pipe.hlen(h)
+
+        return int(sum(self.run_commands("HLEN", commands)))
+
+    def sample_keys(self, n: int) -> np.ndarray:
+        """Up to ``n`` distinct keys, taken by HSCAN partition after partition."""
+        raw: dict = {}  # HSCAN may return a field twice: keep each once, in order
+        for h in self.hash_keys:
+            cursor = 0
+            while len(raw) < n:
+                step = min(max(n - len(raw), 10), 1000)
+                cursor, page = self.run_commands(
+                    "HSCAN", lambda pipe, c=cursor, h=h, step=step: pipe.hscan(h, c, count=step))[0]
+                for field in page:
+                    if len(raw) >= n:
+                        break
+                    raw[field] = None
+                if cursor == 0:
+                    break
+            if len(raw) >= n:
+                break
+        return decode_keys(list(raw), self._where)
+
+    # -- import bookkeeping ------------------------------------------------------------
+
+    def get_meta(self, name: str) -> Optional[str]:
+        v = self.run_commands("HGET", lambda pipe: pipe.hget(self.meta_key, name))[0]
+        return None if v is None else v.decode()
+
+    def set_meta(self, name: str, value: str) -> None:
+        self.run_commands("HSET", lambda pipe: pipe.hset(self.meta_key, name, str(value)))
+
+    @contextlib.contextmanager
+    def import_lock(self, timeout: float, ttl: float = 15.0):
+        """One importer of this table across every node: ``SET <lock> <token> NX PX``,
+        kept alive by a thread while held (a crashed holder frees it after ``ttl``).
+
+        Raises:
+            StoreUnavailableError: not acquired within ``timeout`` seconds.
+        """
+        key = self.meta_key + b"lock"
+        token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}".encode()
+        ttl_ms = int(ttl * 1000)
+        deadline = time.monotonic() + timeout
+        while not self.run_commands("SET", lambda pipe: pipe.set(key, token, nx=True, px=ttl_ms))[0]:
+            if time.monotonic() > deadline:
+                holder = self.run_commands("GET", lambda pipe: pipe.get(key))[0]
+                raise StoreUnavailableError(
+                    f"{self._where}: another loader ({holder!r}) holds the import lock; "
+                    f"gave up after {timeout:.0f} s")
+            time.sleep(0.1)
+        stop = threading.Event()
+
+        def keep_alive():
+            while not stop.wait(ttl / 3):
+                try:
+                    self.run_commands("PEXPIRE", lambda pipe: pipe.pexpire(key, ttl_ms))
+                except StoreError as e:  # the import itself will fail and say why
+                    log.warning("%s", e)
+
+        t = threading.Thread(target=keep_alive, name="trec-import-lock", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join()
+            try:
+                if self.run_commands("GET", lambda pipe: pipe.get(key))[0] == token:
+                    self.run_commands("DEL", lambda pipe: pipe.delete(key))
+            except StoreError as e:  # expires by itself
+                log.warning("%s", e)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def hash_key_of(self, keys: np.ndarray) -> Sequence[bytes]:
+        """The Redis hash holding each of ``keys`` (for operators and tests)."""
+        parts = partition_of(check_keys(keys), self.num_partitions)
+        return [self.hash_keys[p] for p in parts.tolist()]
+
+    def __repr__(self) -> str:
+        return (f"RedisClusterStore({self.address!r}, {self.table_name!r}, "
+                f"vec_size={self.vec_size}, num_partitions={self.num_partitions})")

@@ -1,0 +1,304 @@
+"""The request loop the Python backends share (``pb_utils`` is passed in).
+
+Every backend's ``execute`` is the same shape: read each request's input tensors,
+validate them (a malformed request gets its own ``INVALID_ARG`` error and does not
+disturb the others), run every valid request of the call together, build one response
+per request. An unexpected failure of the batched run answers the valid requests of
+that call with an error instead of taking the model instance down.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import threading
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+
+from triton_rec.errors import RequestError, RequestTooLarge  # noqa: F401  (re-exported)
+
+#: Per input name: (most elements a valid request of the model holds, bytes per element,
+#: how that number follows from the model's configuration). Built once at ``initialize``
+#: by the session (``input_limits()``), checked on tensor metadata only.
+InputLimits = Mapping[str, Tuple[int, int, str]]
+
+RESULT_REJECTED_INVALID = "invalid"
+RESULT_REJECTED_TOO_LARGE = "too_large"
+RESULT_FAILED = "internal"
+
+
+class RequestCounters:
+    """Requests an instance answered with an error, by reason (plain integers, bumped on
+    the request path; published by the metrics thread as ``trec_requests_rejected_total``,
+    see :mod:`triton_rec.triton.metrics`). Triton 2.51's Python backend counts every
+    request answered with an error response as a success (docs/upstream-notes.md)."""
+
+    REASONS = (RESULT_REJECTED_INVALID, RESULT_REJECTED_TOO_LARGE, RESULT_FAILED)
+
+    def __init__(self):
+        self.counts = dict.fromkeys(self.REASONS, 0)
+
+    def snapshot(self) -> dict:
+        return dict(self.counts)
+
+
+_MADV_REMOVE = 9  # Linux: free the backing store (tmpfs pages) of a shared mapping
+_libc = None
+
+
+def release_input_pages(tensor, nbytes: int) -> bool:
+    """Give back the shared-memory pages that hold a rejected input's data.
+
+    The Python backend copies every input into its shared-memory pool before
+    ``execute`` runs, and the pool never shrinks: a 400 MB request would stay resident
+    (in /dev/shm, in the server and in this process) for the life of the instance.
+    ``madvise(MADV_REMOVE)`` on the whole pages inside the tensor's data frees them in
+    every process that maps the pool; the pool's allocator state lives outside the
+    tensor's data, and the data of a rejected request is never read again. The address
+    comes from the tensor's DLPack capsule (no copy). Returns whether pages were freed.
+    """
+    global _libc
+    try:
+        capsule = tensor.to_dlpack()
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        managed = get(capsule, b"dltensor")
+        # DLManagedTensor starts with DLTensor, which starts with `void* data`;
+        # device (int32 type, int32 id) follows: only kDLCPU (1) memory is released.
+        data = ctypes.c_void_p.from_address(managed).value
+        device_type = ctypes.c_int32.from_address(managed + ctypes.sizeof(ctypes.c_void_p)).value
+        if not data or device_type != 1:
+            return False
+        page = mmap.PAGESIZE
+        start, end = -(-data // page) * page, (data + nbytes) // page * page
+        if end <= start:
+            return False
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return _libc.madvise(start, end - start, _MADV_REMOVE) == 0
+    except Exception:  # best effort: the request is refused either way
+        return False
+
+
+#: An input over its limit but at most this large is left to the model's own checks,
+#: which name the precise problem (samples over max_batch_size, counts per table...);
+#: a larger one is refused from its shape alone, its data never read.
+PRECISE_CHECK_BYTES = 1 << 20
+
+
+def check_input_size(model_name: str, name: str, tensor, limits: InputLimits) -> bool:
+    """Whether ``tensor`` holds more elements than any valid request of the model (from
+    its shape: no data is read). Above :data:`PRECISE_CHECK_BYTES` such a tensor is
+    refused here (RequestTooLarge) and its shared-memory pages are released."""
+    limit = limits.get(name)
+    if limit is None:
+        return False
+    n = 1
+    for d in tensor.shape():
+        n *= int(d)
+    max_elements, itemsize, why = limit
+    if n <= max_elements:
+        return False
+    if n * itemsize <= PRECISE_CHECK_BYTES:
+        return True
+    release_input_pages(tensor, n * itemsize)
+    raise too_large(model_name, name, n, limit)
+
+
+def too_large(model_name: str, name: str, n: int, limit) -> "RequestTooLarge":
+    max_elements, itemsize, why = limit
+    return RequestTooLarge(
+            f"model '{model_name}': input {name} holds {n} elements ({n * itemsize} bytes), "
+            f"more than the {max_elements} ({max_elements * itemsize} bytes) of the model's "
+            f"largest valid request ({why})"
+        )
+
+
+def run_requests(
+    pb_utils,
+    model_name: str,
+    requests: Sequence,
+    input_names: Sequence[str],
+    parse: Callable,
+    run: Callable[[List], List],
+    respond: Callable,
+    limits: Optional[InputLimits] = None,
+    counters: Optional[RequestCounters] = None,
+) -> List:
+    """One ``execute`` call.
+
+    Args:
+        pb_utils: ``triton_python_backend_utils``.
+        model_name: for messages.
+        requests: the call's requests.
+        input_names: tensors to read, passed to ``parse`` in this order.
+        parse: ``parse(*tensors) -> parsed request``; raises RequestError.
+        run: ``run(parsed requests) -> answers`` (one per request, same order).
+        respond: ``respond(parsed, answer) -> pb_utils.InferenceResponse``.
+        limits: per input, the most elements a valid request holds: a larger input is
+            refused from its shape, before its data is read (:func:`check_input_size`).
+        counters: counts the requests answered with an error, by reason.
+    """
+    responses = [None] * len(requests)
+    parsed, slots = [], []
+    for i, request in enumerate(requests):
+        over = None
+        try:
+            tensors = []
+            for name in input_names:
+                t = pb_utils.get_input_tensor_by_name(request, name)
+                if t is None:
+                    raise RequestError(
+                        f"model '{model_name}': missing input {name} (needs {', '.join(input_names)})"
+                    )
+                if limits is not None and check_input_size(model_name, name, t, limits):
+                    over = name
+                tensors.append(t.as_numpy())
+            request_parsed = parse(*tensors)
+            if over is not None:  # consistent, but larger than the model allows
+                n = tensors[list(input_names).index(over)].size
+                raise too_large(model_name, over, n, limits[over])
+            parsed.append(request_parsed)
+            slots.append(i)
+        except RequestError as e:
+            if counters is not None:
+                reason = (RESULT_REJECTED_TOO_LARGE if over is not None or isinstance(e, RequestTooLarge)
+                          else RESULT_REJECTED_INVALID)
+                counters.counts[reason] += 1
+            responses[i] = pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
+            )
+    try:
+        answers = run(parsed)
+    except Exception as e:  # a bug must not take the other requests' answers down
+        pb_utils.Logger.log_error(f"model '{model_name}': inference failed: {e!r}")
+        err = pb_utils.TritonError(f"model '{model_name}': inference failed: {e}")
+        for i in slots:
+            responses[i] = pb_utils.InferenceResponse(error=err)
+        if counters is not None:
+            counters.counts[RESULT_FAILED] += len(slots)
+        return responses
+    for i, req, out in zip(slots, parsed, answers):
+        responses[i] = respond(req, out)
+    return responses
+
+
+def update_metrics(pb_utils, model_name: str, metrics) -> None:
+    """Publish metrics; a metrics failure is logged, never raised."""
+    try:
+        metrics.update()
+    except Exception as e:
+        pb_utils.Logger.log_warn(f"model '{model_name}': metrics update failed: {e!r}")
+
+
+class MetricsPusher:
+    """Publishes an instance's metrics every ``interval`` seconds from a daemon thread.
+
+    ``execute`` never publishes: every ``Metric.set``/``increment`` of the Python backend
+    is a round trip to the server process (about 0.1 ms each, a dozen per model and
+    table), and ``Metric.set`` holds the GIL while it waits. The engine's counters
+    accumulate in-process (plain integers, :class:`~triton_rec.cache.cached_table.TableStats`);
+    this thread reads them and publishes what changed since its last pass, so an idle
+    model costs no round trip at all.
+
+    Exit safety: a publication blocks for good if the server dies while it is in flight
+    (the server never answers). :meth:`close` therefore waits a bounded time for the
+    thread, and an instance orphaned that way is ended by the process-wide native
+    watchdog (:func:`prepare_process`).
+
+    Args:
+        pb_utils: ``triton_python_backend_utils``.
+        model_name: for messages.
+        metrics: has ``update()`` (a :class:`~triton_rec.triton.metrics.CacheMetrics`).
+        interval: seconds between publications; 0 starts no thread (nothing is published
+            unless :meth:`push` is called).
+    """
+
+    def __init__(self, pb_utils, model_name: str, metrics, interval: float):
+        self._pb = pb_utils
+        self._model = model_name
+        self.metrics = metrics
+        self.interval = float(interval)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+        if self.interval > 0:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"trec-metrics-{model_name}")
+            self._thread.start()
+
+    def push(self) -> None:
+        """Publish what changed since the last publication (never raises; serialized)."""
+        with self._lock:
+            if not self._stop.is_set():
+                update_metrics(self._pb, self._model, self.metrics)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.push()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop publishing (idempotent). Waits at most ``timeout`` s for a publication in
+        flight; none starts after this returns."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+
+#: Seconds an instance process may outlive its server before the native watchdog ends
+#: it (the Python backend's own exit path normally takes well under a second).
+ORPHAN_GRACE_S = 5.0
+
+
+def prepare_process(pb_utils, model_name: str, config: dict):
+    """What every instance does first, in ``initialize``: route the engine's logs to
+    Triton's log, size this process's thread pools (``intra_op_threads``) and its
+    allocator (:mod:`triton_rec.triton.process_setup`), start the parent watchdog, log it all. Returns the
+    :class:`~triton_rec.config.model_config.InstanceSettings` (ConfigError if malformed)."""
+    from triton_rec import _native
+    from triton_rec.config.model_config import InstanceSettings
+    from triton_rec.triton.process_setup import limit_thread_pools, tune_allocator
+
+    route_engine_logs(pb_utils, model_name)
+    settings = InstanceSettings.from_config(config)
+    pools = limit_thread_pools(settings.intra_op_threads)
+    malloc = tune_allocator()
+    _native.start_parent_watchdog(ORPHAN_GRACE_S)
+    line = f"model '{model_name}': {settings.describe(config)}; pools: {pools}; {malloc}"
+    log = pb_utils.Logger.log_warn if settings.oversubscribes(config) else pb_utils.Logger.log_info
+    log(line)
+    return settings
+
+
+class TritonLogHandler(logging.Handler):
+    """Forwards the engine's ``logging`` records (``triton_rec``, ``ps_loader``: import
+    progress, tiers skipped, update consumer errors) to Triton's log."""
+
+    def __init__(self, pb_utils, model_name: str):
+        super().__init__(logging.INFO)
+        self.pb_utils = pb_utils
+        self.model_name = model_name
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = f"model '{self.model_name}': {record.name}: {self.format(record)}"
+            log = self.pb_utils.Logger
+            if record.levelno >= logging.ERROR:
+                log.log_error(msg)
+            elif record.levelno >= logging.WARNING:
+                log.log_warn(msg)
+            else:
+                log.log_info(msg)
+        except Exception:  # logging must never fail a model
+            self.handleError(record)
+
+
+def route_engine_logs(pb_utils, model_name: str) -> None:
+    """Send INFO and above of the engine's loggers to Triton's log (once per process)."""
+    for name in ("triton_rec", "ps_loader"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, TritonLogHandler) for h in logger.handlers):
+            logger.addHandler(TritonLogHandler(pb_utils, model_name))
+        logger.setLevel(logging.INFO)

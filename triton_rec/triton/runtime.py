@@ -1,0 +1,421 @@
+"""Run a real Triton Inference Server with this project's backends.
+
+The server binary comes from the PyPI wheel ``nvidia-pytriton`` (Triton 2.51, CPU-capable).
+:func:`prepare_backend_dir` lays out a backend directory Triton accepts:
+
+- ``python/``: the Python backend (``libtriton_python.so`` and its utils, *copied*:
+  Triton refuses a backend library whose real path escapes the backend directory) and
+  the stub built for the running Python version (``triton_python_backend_stub``);
+- ``hps/`` (and any other directory of the repository's ``backend/`` folder): the
+  Python-based backends, each a ``model.py``.
+
+:class:`TritonServer` starts it on given (or free) loopback ports with the stub's
+library path and this virtual environment first on ``PATH`` (the stub uses the
+site-packages of the first Python on ``PATH``), waits until it is ready and stops it.
+
+Command line: ``python -m triton_rec.runtime serve --model-repository DIR`` (used by
+``make serve``: tritonserver in the foreground, its instance processes supervised by
+:mod:`triton_rec.triton.supervisor`) and ``python -m triton_rec.runtime prepare`` (backend
+directory only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+from triton_rec.errors import RuntimeNotFound
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BACKEND_SOURCES = REPO_ROOT / "backend"
+DEFAULT_BACKEND_DIR = REPO_ROOT / "build" / "triton" / "backends"
+
+
+def _pytriton_root() -> Path:
+    try:
+        import pytriton  # noqa: F401  (only to locate the wheel's files)
+    except ImportError as e:
+        raise RuntimeNotFound(
+            "the Triton server wheel is missing: pip install 'triton-rec[server]' "
+            "(or nvidia-pytriton==0.7.0)"
+        ) from e
+    return Path(pytriton.__file__).resolve().parent / "tritonserver"
+
+
+def tritonserver_binary() -> Path:
+    """Path of the ``tritonserver`` executable shipped in the wheel."""
+    return _pytriton_root() / "bin" / "tritonserver"
+
+
+def runtime_library_dir() -> Path:
+    """Directory of the shared libraries the server and the stub link (``nvidia_pytriton.libs``)."""
+    return _pytriton_root().parent.parent / "nvidia_pytriton.libs"
+
+
+def _install(src: Path, dst: Path) -> None:
+    # Copy next to the target, then rename over it: a server already running from this
+    # directory keeps its (busy) files, and nobody sees a half-copied one.
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+
+
+def prepare_backend_dir(dest: Path = DEFAULT_BACKEND_DIR) -> Path:
+    """(Re)create the backend directory and return it. Cheap; safe to call every start,
+    also while another server runs from the same directory."""
+    root = _pytriton_root()
+    py = dest / "python"
+    py.mkdir(parents=True, exist_ok=True)
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        _install(root / "backends" / "python" / name, py / name)
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    if not stub.exists():
+        raise RuntimeNotFound(f"no Triton Python backend stub for Python {ver} in {stub.parent.parent}")
+    _install(stub, py / "triton_python_backend_stub")
+    for src in sorted(BACKEND_SOURCES.iterdir()):
+        if (src / "model.py").exists():
+            (dest / src.name).mkdir(exist_ok=True)
+            for f in src.iterdir():
+                if f.is_file() and f.suffix == ".py":
+                    _install(f, dest / src.name / f.name)
+    return dest
+
+
+def free_port() -> int:
+    """A TCP port that is free on the loopback interface right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def python_library_dir() -> str:
+    """The directory of this interpreter's own ``libpython3.X.so.1.0``, if it has one.
+
+    The backend stub links ``libpython3.X.so.1.0`` and would otherwise load the system's
+    (e.g. Debian's 3.11.2) while importing this interpreter's standard library (e.g.
+    3.11.7): C modules such as ``_ssl`` then fail with undefined symbols (seen with
+    pyenv), and packages needing them (redis-py) cannot be imported in the stub.
+    Returns "" when the interpreter is not a shared build.
+    """
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    soname = sysconfig.get_config_var("INSTSONAME") or ""
+    if libdir and soname and os.path.exists(os.path.join(libdir, soname)):
+        return libdir
+    return ""
+
+
+#: Server-wide settings that keep a node serving (docs/operations.md, "Readiness" and
+#: "Request limits and accounting"; upstream sources in docs/upstream-notes.md):
+#:
+#: - ``--strict-readiness=false``: ``/v2/health/ready`` is the server's own state. With
+#:   Triton's default (true) one model that failed to load keeps the whole node "not
+#:   ready" until it loads, also after it is unloaded; per-model readiness
+#:   (``/v2/models/<m>/ready``) stays exact either way.
+#: - ``--grpc-infer-allocation-pool-size=0``: the gRPC frontend keeps up to this many
+#:   request objects for reuse, each with the capacity of the largest request it ever
+#:   held (default 8: 8 x 64 MB stayed resident after 64 MB requests); 0 frees each
+#:   request when it is answered.
+#:
+#: Triton 2.51 has no request-size flag (``--http-max-input-size`` appears in 2.59;
+#: gRPC accepts up to 2 GB): the backends refuse what exceeds a model's largest valid
+#: request (:func:`triton_rec.triton.glue.check_input_size`).
+SERVER_LIMIT_FLAGS = ("--strict-readiness=false", "--grpc-infer-allocation-pool-size=0")
+
+
+def _die_with_parent() -> None:
+    """In the forked server, before exec: SIGTERM when the launching thread dies (Linux)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class TritonServer:
+    """A tritonserver process serving ``model_repository`` on loopback.
+
+    Args:
+        model_repository: the repository directory.
+        http_port, grpc_port, metrics_port: ports; free ones are picked when None.
+        explicit: start in explicit model-control mode (load models with the client).
+        load_models: with ``explicit``, models to load at start (``--load-model``).
+        log_path: file that receives the server's output.
+        extra_args: more tritonserver flags.
+        env: extra environment variables for the server and its backends
+            (e.g. ``TRITON_REC_STORE``).
+        supervise: replace dead instance processes (:class:`~triton_rec.triton.supervisor.Supervisor`,
+            run by this object while the server runs). Needs explicit model control:
+            without ``explicit`` the server runs in that mode with every model loaded
+            at start (``--load-model=*``), which serves what the default mode would.
+        supervisor_log: receives the supervisor's lines (default: stderr).
+        inherit_output: the server writes to this process's stdout/stderr (no log_path).
+    """
+
+    def __init__(
+        self,
+        model_repository: os.PathLike,
+        http_port: Optional[int] = None,
+        grpc_port: Optional[int] = None,
+        metrics_port: Optional[int] = None,
+        explicit: bool = False,
+        load_models: Sequence[str] = (),
+        log_path: Optional[os.PathLike] = None,
+        extra_args: Sequence[str] = (),
+        backend_dir: Path = DEFAULT_BACKEND_DIR,
+        env: Optional[dict] = None,
+        supervise: bool = False,
+        supervisor_log: Optional[Callable[[str], None]] = None,
+        inherit_output: bool = False,
+    ):
+        self.model_repository = Path(model_repository).resolve()
+        self.http_port = http_port or free_port()
+        self.grpc_port = grpc_port or free_port()
+        self.metrics_port = metrics_port or free_port()
+        self.explicit = explicit
+        self.load_models = list(load_models)
+        self.log_path = Path(log_path) if log_path else None
+        self.extra_args = list(extra_args)
+        self.backend_dir = Path(backend_dir)
+        self.extra_env = dict(env or {})
+        self.supervise = supervise
+        self.supervisor_log = supervisor_log
+        self.inherit_output = inherit_output
+        self.supervisor = None
+        self.process: Optional[subprocess.Popen] = None
+        self._log = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def command(self) -> List[str]:
+        cmd = [
+            str(tritonserver_binary()),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={self.backend_dir.resolve()}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--http-address=127.0.0.1",
+            "--grpc-address=127.0.0.1",
+            "--allow-metrics=true",
+            "--exit-timeout-secs=10",
+            # Our configs are complete; auto-completion would start an extra stub per
+            # model (with a fixed 1 s wait inside the Python backend) at every load.
+            "--disable-auto-complete-config",
+            *SERVER_LIMIT_FLAGS,
+        ]
+        if self.explicit or self.supervise:
+            # The supervisor reloads models through the repository API (explicit mode only).
+            cmd.append("--model-control-mode=explicit")
+            cmd += [f"--load-model={m}" for m in (self.load_models if self.explicit else ["*"])]
+        return cmd + self.extra_args
+
+    def environment(self) -> dict:
+        env = dict(os.environ)
+        libdir = str(runtime_library_dir())
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (python_library_dir(), libdir, env.get("LD_LIBRARY_PATH", "")) if p
+        )
+        # The stub runs the first `python` environment on PATH: make it ours.
+        env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+        env["VIRTUAL_ENV"] = sys.prefix
+        # numpy's OpenBLAS may pick generic kernels on a CPU it does not recognize
+        # (seen on VMs); name the right ones for every instance process.
+        from triton_rec.triton.process_setup import server_blas_environment
+
+        env.update(server_blas_environment(env))
+        env.update(self.extra_env)
+        return env
+
+    def launch(self, die_with_parent: bool = False) -> "TritonServer":
+        """Start the server process (in its own session: its process group is its pid)
+        and, with ``supervise``, its supervisor; does not wait. ``die_with_parent``: the
+        server gets SIGTERM (a graceful stop) if this process dies first."""
+        prepare_backend_dir(self.backend_dir)
+        out, err = subprocess.DEVNULL, subprocess.STDOUT
+        if self.log_path:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "wb")
+            out = self._log
+        elif self.inherit_output:
+            out = err = None
+        self.process = subprocess.Popen(
+            self.command(), stdout=out, stderr=err, env=self.environment(),
+            start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None,
+        )
+        if self.supervise:
+            from triton_rec.triton.supervisor import Supervisor
+
+            self.supervisor = Supervisor(self.process.pid, self.http_url, log=self.supervisor_log).start()
+        return self
+
+    def start(self, timeout: float = 120.0) -> "TritonServer":
+        """Start the server and wait until it reports ready (or raise with its log tail)."""
+        self.launch()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self._stop_supervisor()
+                raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
+            if self.is_ready():
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready after {timeout} s:\n{self.log_tail()}")
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def is_live(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/live", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return "(no log file)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def backend_pids(self, model: Optional[str] = None) -> List[int]:
+        """PIDs of the live Python backend stub processes (one per model instance),
+        optionally only those of ``model``."""
+        if not self.process:
+            return []
+        from triton_rec.triton.supervisor import stub_processes
+
+        by_model = stub_processes(self.process.pid)
+        if model is not None:
+            return sorted(by_model.get(model, ()))
+        return sorted(p for pids in by_model.values() for p in pids)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGINT (graceful), then SIGKILL of the whole process group if it hangs."""
+        self._stop_supervisor()
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        if self.process:
+            self._wait_group_gone(timeout)
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def _stop_supervisor(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
+
+    def _wait_group_gone(self, timeout: float) -> None:
+        # Python-backend stub processes share the server's process group and clean up
+        # their shared memory after the server itself has exited: wait for them.
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.process.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class _PublicServer(TritonServer):
+    """Listens on every interface (the test fixtures keep loopback)."""
+
+    def command(self) -> List[str]:
+        return [a for a in super().command() if not a.startswith(("--http-address", "--grpc-address"))]
+
+
+def serve(server: TritonServer) -> int:
+    """Run ``server`` in the foreground until it exits; SIGINT/SIGTERM/SIGHUP of this
+    process are forwarded to it (a graceful stop, once). Returns its exit status after
+    its instance processes have gone."""
+    stopping = []
+
+    def forward(signum, _frame):
+        if server.process is None or server.process.poll() is not None:
+            return
+        if stopping:
+            print("triton-rec: already stopping (tritonserver waits for its exit timeout)",
+                  file=sys.stderr, flush=True)
+            return
+        stopping.append(signum)
+        server.process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    server.launch(die_with_parent=True)
+    code = server.process.wait()
+    server.stop()  # the supervisor, then whatever is left of the server's process group
+    return code if code >= 0 else 128 - code
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m triton_rec.runtime", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("prepare", help="create the backend directory and print its path")
+    s = sub.add_parser("serve", help="run tritonserver in the foreground until Ctrl-C")
+    s.add_argument("--model-repository", required=True)
+    s.add_argument("--http-port", type=int, default=8000)
+    s.add_argument("--grpc-port", type=int, default=8001)
+    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--no-supervise", action="store_true",
+                   help="do not replace dead instance processes (and keep Triton's default model control)")
+    s.add_argument("--print-command", action="store_true", help="print the command and exit")
+    s.add_argument("--allowed-roots", metavar="DIR[:DIR...]",
+                   help="confine every model file to these directories (sets "
+                        "TRITON_REC_ALLOWED_ROOTS for the backends; default: no confinement)")
+    args = p.parse_args(argv)
+    if args.cmd == "prepare":
+        print(prepare_backend_dir())
+        return 0
+    from triton_rec.config.model_files import ALLOWED_ROOTS_ENV
+
+    env = {ALLOWED_ROOTS_ENV: args.allowed_roots} if args.allowed_roots else None
+    server = _PublicServer(args.model_repository, args.http_port, args.grpc_port, args.metrics_port,
+                           supervise=not args.no_supervise, inherit_output=True, env=env)
+    if args.print_command:
+        print(" ".join(server.command()))
+        return 0
+    return serve(server)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Online updates inside a model instance: consume the model's topics, write the rows to
+the tiers, refresh the shared cache.
+
+Every instance of a model runs one consumer of the node's consumer group
+(``update_source.group``, default: the host name), so each node sees every update once
+and its instances share the work. An update of table T of model M (topic
+``hps_et.M.T``) is
+
+1. written to the tiers whose ``update_filters`` match the topic, persistent tier
+   first (:meth:`triton_rec.storage.tiers.TieredStore.apply_update`);
+2. written over the rows the node's shared cache holds for those keys (``update``:
+   rows that are not cached stay uncached), so every instance of the model on the
+   node serves it at once. Rows a lookup was fetching from a tier while the update
+   landed may be cached with the old value; the periodic refresh
+   (``refresh_interval``, ``cache_refresh_percentage_per_iteration``) re-reads them.
+
+The shared caches never hand out a torn row (seqlock in the CPU cache), and the tiers
+write whole values, so a reader sees a row either before or after an update.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Dict, Sequence
+
+import numpy as np
+
+from triton_rec.cache.cached_table import CachedTable
+from triton_rec.config.ps_json import ModelParams
+from triton_rec.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class UpdateApplier:
+    """``apply(model, table, keys, vectors)`` for the consumer: tiers, then the cache.
+
+    Args:
+        model: the model whose tables are updated.
+        tables: the instance's tables, by name.
+    """
+
+    def __init__(self, model: str, tables: Sequence[CachedTable]):
+        self.model = model
+        self.tables: Dict[str, CachedTable] = {t.name: t for t in tables}
+
+    def __call__(self, model: str, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        from triton_rec.updates.codec import topic_name
+
+        ct = self.tables.get(table)
+        if model != self.model or ct is None:
+            return  # not ours (the consumer only subscribes to our topics)
+        topic = topic_name(model, table)
+        apply_update = getattr(ct.store, "apply_update", None)
+        if apply_update is None:
+            raise ConfigError(f"{topic}: table {table!r} has no writable tier")
+        if apply_update(keys, vectors, topic) == 0:
+            return  # no tier's update_filters take this topic: the cache follows the tiers
+        if ct.cache is not None:
+            ct.cache.update(np.ascontiguousarray(keys, dtype=np.int64),
+                            np.ascontiguousarray(vectors, dtype=np.float32))
+
+
+def consumer_name() -> str:
+    """This process's consumer name in the node's group: ``<host>-<pid>``."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def start_update_consumer(params: ModelParams, tables: Sequence[CachedTable]):
+    """Start consuming the model's topics in the background; returns the consumer
+    (``close()`` stops it)."""
+    from triton_rec.updates.codec import topic_name
+    from triton_rec.updates.consumer import UpdateConsumer
+
+    src = params.update_source
+    topics = {topic_name(params.model, tp.name): tp.vec_size for tp in params.tables}
+    consumer = UpdateConsumer(
+        src.redis.address,
+        group=src.group or socket.gethostname(),
+        consumer=consumer_name(),
+        topics=topics,
+        apply=UpdateApplier(params.model, tables),
+        count=src.max_batch_size,
+        block_ms=src.poll_timeout_ms,
+        backoff_ms=src.failure_backoff_ms,
+        start=src.start,
+        **src.redis.client_kwargs(),
+    )
+    consumer.start()
+    return consumer

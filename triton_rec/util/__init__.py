@@ -1,0 +1,1 @@
+"""Small helpers every layer may use: rate-limited logging, /proc readers."""
