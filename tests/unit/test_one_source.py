@@ -9,7 +9,11 @@ import json
 
 import pytest
 
-from triton_rec import array_cache, backing_store, config, errors, shm_cache, updates
+from triton_rec import errors
+from triton_rec.cache import array_cache, shm_cache
+from triton_rec.config import ps_json as config
+from triton_rec.storage import backing_store
+from triton_rec.updates import codec as updates
 from triton_rec.cache.cached_table import CachedTable
 from triton_rec.config.ps_json import CachePolicy, ModelParams, OverflowPolicy, parse_ps_config
 from triton_rec.dense import Combiner
@@ -89,8 +93,11 @@ def test_every_error_class_is_defined_in_errors_under_one_root():
 
 
 def test_modules_re_export_their_errors_as_the_same_classes():
-    from ps_loader import node_store
-    from triton_rec import gpu_share, model_files, runtime, shm_security, triton_glue
+    from triton_rec.cache import gpu_share, shm_security
+    from triton_rec.config import model_files
+    from triton_rec.storage import node_store
+    from triton_rec.triton import glue as triton_glue
+    from triton_rec.triton import runtime
 
     assert node_store.StoreError is backing_store.StoreError is errors.StoreError
     assert node_store.CorruptLayoutError is errors.CorruptLayoutError
