@@ -308,6 +308,7 @@ def wait_for(cond, what, timeout=10.0):
         time.sleep(0.01)
 
 
+@pytest.mark.redis
 def test_an_unreachable_redis_is_retried_quietly_and_close_returns_promptly(names, caplog):
     from tests.storage_fixtures import start_redis_cluster
 
@@ -357,6 +358,7 @@ def owns(cluster, i, key):
         return False
 
 
+@pytest.mark.redis
 def test_the_consumer_recovers_when_a_node_comes_back_empty(names):
     """The master holding the stream restarts without its data (no persistence): the
     consumer creates its group again and applies what is published afterwards."""
