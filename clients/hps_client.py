@@ -60,6 +60,7 @@ def _keys_from_tables(ps_json: str, model: str, samples: int, seed: int):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """Command line entry point (``triton-rec-client``); returns the exit status."""
     p = argparse.ArgumentParser(prog="triton-rec-client", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="server address (default localhost:8000 http, localhost:8001 grpc)")
