@@ -246,15 +246,18 @@ class LocalTableStore(BackingStore):
         self.default_value = table.default_value
 
     def fetch(self, keys: np.ndarray, out: np.ndarray, missing: Optional[np.ndarray] = None) -> np.ndarray:
+        """Gather ``keys`` into ``out`` (the default for unknown keys); returns found."""
         missing = np.empty(keys.shape[0], dtype=np.uint8) if missing is None else missing
         t = self.table
         _native.lookup(t.index, t.vectors, keys, out, t.default_value, missing=missing)
         return missing == 0
 
     def num_rows(self) -> int:
+        """Rows of the table."""
         return self.table.num_rows
 
     def sample_keys(self, n: int) -> np.ndarray:
+        """The first ``n`` keys of the table."""
         return np.asarray(self.table.keys[: max(0, min(n, self.table.num_rows))])
 
     def __repr__(self) -> str:
@@ -289,14 +292,17 @@ class DictStore(BackingStore):
         self._lock = threading.Lock()
 
     def get_meta(self, name: str) -> Optional[str]:
+        """The metadata string ``name``, or None."""
         with self._lock:
             return self._meta.get(name)
 
     def set_meta(self, name: str, value: str) -> None:
+        """Store ``value`` under ``name``."""
         with self._lock:
             self._meta[name] = str(value)
 
     def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Write the rows of ``keys`` into ``out`` (the default for unknown keys); returns found."""
         keys = check_keys(keys)
         found = np.zeros(keys.shape[0], dtype=bool)
         with self._lock:
@@ -310,6 +316,7 @@ class DictStore(BackingStore):
         return found
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """Insert or overwrite rows (last occurrence wins); returns the distinct keys written."""
         keys, vectors = check_rows(keys, vectors, self.vec_size)
         with self._lock:
             for k, v in zip(keys.tolist(), vectors):
@@ -317,15 +324,18 @@ class DictStore(BackingStore):
         return len(set(keys.tolist()))
 
     def delete(self, keys: np.ndarray) -> int:
+        """Remove the rows of ``keys``; returns how many were held."""
         keys = check_keys(keys)
         with self._lock:
             return sum(self._rows.pop(k, None) is not None for k in set(keys.tolist()))
 
     def num_rows(self) -> int:
+        """Rows held."""
         with self._lock:
             return len(self._rows)
 
     def sample_keys(self, n: int) -> np.ndarray:
+        """Up to ``n`` held keys."""
         with self._lock:
             return np.fromiter(self._rows, dtype=np.int64, count=len(self._rows))[: max(0, n)]
 

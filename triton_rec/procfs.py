@@ -32,6 +32,7 @@ class ProcStat(NamedTuple):
 
     @property
     def cpu_seconds(self) -> float:
+        """User plus system CPU time, in seconds."""
         return (self.utime + self.stime) / CLOCK_TICKS
 
 

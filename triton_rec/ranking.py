@@ -59,6 +59,7 @@ class RankingSession:
 
     @property
     def cached_tables(self):
+        """The session's :class:`~triton_rec.cached_table.CachedTable` objects, one per table."""
         return self.table_set.tables
 
     def input_limits(self, catcolumn_itemsize: int = 8):
@@ -108,6 +109,7 @@ class RankingSession:
         return answers
 
     def close(self) -> None:
+        """Close the tables (caches, stores, background threads)."""
         self.table_set.close()
 
 
@@ -198,4 +200,5 @@ class DenseSession:
         return answers
 
     def close(self) -> None:
+        """Nothing to release (the dense network lives as long as the session)."""
         pass

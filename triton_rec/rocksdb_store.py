@@ -284,6 +284,7 @@ class RocksDBStore(_ColumnFamilyReads):
         self._get("write", self._h.db.write, wb)
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """Insert or overwrite rows (last occurrence wins, in batches); returns rows written."""
         if self.read_only:
             return super().upsert(keys, vectors)
         keys, vectors = check_rows(keys, vectors, self.vec_size)
@@ -648,6 +649,7 @@ class NodeRocksDBTable(_ColumnFamilyReads):
     # -- BackingStore ---------------------------------------------------------------
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """Insert or overwrite rows (last occurrence wins, in batches); returns rows written."""
         keys, vectors = check_rows(keys, vectors, self.vec_size)
         idx = last_occurrence(keys)
         keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx], dtype="<f4")
@@ -664,6 +666,7 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         return int(keys.shape[0])
 
     def delete(self, keys: np.ndarray) -> int:
+        """Remove the rows of ``keys``; returns how many were held."""
         keys = np.unique(check_keys(keys))
         raw = encode_keys(keys)
         self.catch_up()
@@ -679,11 +682,13 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         return present
 
     def get_meta(self, name: str) -> Optional[str]:
+        """The metadata string ``name``, or None."""
         self.catch_up()
         v = self._get("meta read", lambda k: self._meta.get(k), f"{self.table_name}/{name}".encode())
         return None if v is None else bytes(v).decode()
 
     def set_meta(self, name: str, value: str) -> None:
+        """Store ``value`` under ``name``."""
         with self._primary() as db:
             meta = db.get_column_family(META_COLUMN_FAMILY)
             meta[f"{self.table_name}/{name}".encode()] = str(value).encode()
@@ -695,6 +700,7 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         return _flock(f"{self.path}.{self.table_name}.import.lock", timeout, self._where)
 
     def close(self) -> None:
+        """Release the writer lock, close the database, remove the secondary directory."""
         if self._closed:
             return
         self._closed = True

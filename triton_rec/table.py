@@ -119,10 +119,12 @@ class EmbeddingTable:
 
     @property
     def num_rows(self) -> int:
+        """Rows of the table."""
         return int(self.vectors.shape[0])
 
     @property
     def vec_size(self) -> int:
+        """Embedding vector size."""
         return int(self.vectors.shape[1])
 
     def lookup(self, keys: np.ndarray, out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:

@@ -129,6 +129,7 @@ class TieredStore(BackingStore):
     # -- reading --------------------------------------------------------------------
 
     def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Each key from the first tier that holds it (an unavailable tier skipped or fatal)."""
         keys = check_keys(keys)
         m = keys.shape[0]
         found = np.zeros(m, dtype=bool)
@@ -211,6 +212,7 @@ class TieredStore(BackingStore):
         return written
 
     def delete(self, keys: np.ndarray) -> int:
+        """Remove ``keys`` from every writable tier; returns the most any tier held."""
         if self.read_only:
             return super().delete(keys)
         held = 0
@@ -220,6 +222,7 @@ class TieredStore(BackingStore):
         return held
 
     def close(self) -> None:
+        """Close every tier."""
         for t in self.tiers:
             t.store.close()
 

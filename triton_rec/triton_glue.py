@@ -39,6 +39,7 @@ class RequestCounters:
         self.counts = dict.fromkeys(self.REASONS, 0)
 
     def snapshot(self) -> dict:
+        """A copy of the counts, by reason."""
         return dict(self.counts)
 
 
@@ -107,6 +108,7 @@ def check_input_size(model_name: str, name: str, tensor, limits: InputLimits) ->
 
 
 def too_large(model_name: str, name: str, n: int, limit) -> "RequestTooLarge":
+    """The error for an input of ``n`` elements over ``limit`` (its bound, itemsize, reason)."""
     max_elements, itemsize, why = limit
     return RequestTooLarge(
             f"model '{model_name}': input {name} holds {n} elements ({n * itemsize} bytes), "
@@ -286,6 +288,7 @@ class TritonLogHandler(logging.Handler):
         self.model_name = model_name
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Send ``record`` to Triton's log at the matching level."""
         try:
             msg = f"model '{self.model_name}': {record.name}: {self.format(record)}"
             log = self.pb_utils.Logger

@@ -89,6 +89,7 @@ class RequestMetrics:
         self._last = dict.fromkeys(counters.REASONS, 0)
 
     def update(self) -> None:
+        """Add what each reason's counter grew by since the last call."""
         now = self.counters.snapshot()
         for reason, metric in self._metrics.items():
             delta = now[reason] - self._last[reason]
