@@ -20,7 +20,6 @@ from clients.hps_requests import perf_analyzer_data
 
 
 def main(argv=None) -> int:
-    """Command line entry point (see the module docstring); returns the exit status."""
     from ps_loader import read_table
     from triton_rec.config import load_ps_config
 

@@ -47,7 +47,6 @@ class UpdateApplier:
         self.tables: Dict[str, CachedTable] = {t.name: t for t in tables}
 
     def __call__(self, model: str, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
-        """Apply one update of ``model``'s ``table``: to its writable tiers, then to its cache."""
         from triton_rec.updates import topic_name
 
         ct = self.tables.get(table)

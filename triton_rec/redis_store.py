@@ -333,7 +333,6 @@ class RedisClusterStore(BackingStore):
     # -- BackingStore ---------------------------------------------------------------
 
     def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Write the rows of ``keys`` into ``out`` (the default for unknown keys); returns found."""
         keys = check_keys(keys)
         m = keys.shape[0]
         found = np.zeros(m, dtype=bool)
@@ -357,7 +356,6 @@ class RedisClusterStore(BackingStore):
         return found
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
-        """Insert or overwrite rows (last occurrence wins); returns the rows written."""
         keys, vectors = check_rows(keys, vectors, self.vec_size)
         idx = last_occurrence(keys)
         keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx], dtype="<f4")
@@ -444,7 +442,6 @@ class RedisClusterStore(BackingStore):
             log.warning("%s", e)
 
     def delete(self, keys: np.ndarray) -> int:
-        """Remove the rows of ``keys``; returns how many the cluster held."""
         keys = np.unique(check_keys(keys))
         if keys.shape[0] == 0:
             return 0
@@ -489,12 +486,10 @@ class RedisClusterStore(BackingStore):
     # -- import bookkeeping ------------------------------------------------------------
 
     def get_meta(self, name: str) -> Optional[str]:
-        """The metadata string ``name`` (from the table's meta hash), or None."""
         v = self.run_commands("HGET", lambda pipe: pipe.hget(self.meta_key, name))[0]
         return None if v is None else v.decode()
 
     def set_meta(self, name: str, value: str) -> None:
-        """Store ``value`` under ``name`` in the table's meta hash."""
         self.run_commands("HSET", lambda pipe: pipe.hset(self.meta_key, name, str(value)))
 
     @contextlib.contextmanager
@@ -539,7 +534,6 @@ class RedisClusterStore(BackingStore):
                 log.warning("%s", e)
 
     def close(self) -> None:
-        """Close the cluster connection (idempotent)."""
         if self._closed:
             return
         self._closed = True
