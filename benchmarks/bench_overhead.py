@@ -758,7 +758,7 @@ def main(argv=None) -> int:
     if hit_rates:
         md += "\ncache hit rate of `hps` over the run: " + ", ".join(
             f"{m} {fmt(100 * v, 1) if v is not None else '-'}%" for m, v in hit_rates.items()) + "\n"
-    for model, svg, raw in profiles:
+    for model, _svg, raw in profiles:
         if raw.exists():
             text = hottest(raw)
             (out_dir / f"profile_{model}_top.txt").write_text(text)

@@ -200,7 +200,7 @@ class Model:
 class TimedServer(TritonServer):
     """TritonServer whose start() records the wall time of Popen and the time to ready."""
 
-    def start(self, timeout: float = 600.0, poll: float = 0.02) -> "TimedServer":
+    def start(self, timeout: float = 600.0, poll: float = 0.02) -> TimedServer:
         prepare_backend_dir(self.backend_dir)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
@@ -376,7 +376,6 @@ def gib(b):
 
 
 def report(bench: Bench, models: dict, info: dict, extra: dict) -> str:
-    a = bench.args
     L = []
     L.append("Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     L.append(f"Load average at start / end: {extra['load_start']} / {extra['load_end']}")

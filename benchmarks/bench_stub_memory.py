@@ -16,7 +16,6 @@ from /proc; printed per inference the server counted.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile

@@ -149,7 +149,7 @@ class DLRMConfig:
         }
 
     @classmethod
-    def from_meta(cls, meta: Dict) -> "DLRMConfig":
+    def from_meta(cls, meta: Dict) -> DLRMConfig:
         """The inverse of :meth:`to_meta` (``vec_size`` per table defaults to the model's)."""
         tables = []
         for t in meta["tables"]:

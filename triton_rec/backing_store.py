@@ -209,7 +209,8 @@ class BackingStore(abc.ABC):
         """
         raise ReadOnlyStoreError(f"store {self!r} is read-only: cannot delete {len(keys)} key(s)")
 
-    def close(self) -> None:  # pragma: no cover - trivial default
+    # Not abstract: a no-op default for the stores that hold nothing to release.
+    def close(self) -> None:  # noqa: B027  # pragma: no cover - trivial default
         """Release connections/mappings."""
 
     # -- import bookkeeping (writable tiers; see triton_rec.tiers.import_table) --------

@@ -103,7 +103,7 @@ class CachedTable:
         store: BackingStore,
         cache: Optional[EmbeddingCache] = None,
         hit_rate_threshold: float = 0.9,
-        inserter: Optional["BackgroundInserter"] = None,
+        inserter: Optional[BackgroundInserter] = None,
     ):
         self.name = name
         self.store = store
@@ -196,7 +196,7 @@ class BackgroundInserter:
     """
 
     def __init__(self, max_pending: int = 64, name: str = "trec-inserter"):
-        self._queue: "queue.Queue" = queue.Queue(maxsize=max_pending)
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._throttle = LogThrottle()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)

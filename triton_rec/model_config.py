@@ -205,7 +205,7 @@ class InstanceSettings:
 
     @classmethod
     def from_config(cls, config: Dict[str, Any],
-                    environ: Optional[Mapping[str, str]] = None) -> "InstanceSettings":
+                    environ: Optional[Mapping[str, str]] = None) -> InstanceSettings:
         """Read the parameters (ConfigError names a malformed one).
 
         ``intra_op_threads``: the config.pbtxt parameter if given, else the first of

@@ -109,7 +109,7 @@ class Supervisor:
         return expected_instances(self._http("GET", f"/v2/models/{model}/config"))
 
     # -- the loop -------------------------------------------------------------------
-    def start(self) -> "Supervisor":
+    def start(self) -> Supervisor:
         """Start the supervising thread; returns ``self``."""
         self._thread = threading.Thread(target=self._run, name="trec-supervisor", daemon=True)
         self._thread.start()

@@ -79,7 +79,7 @@ class EmbeddingTable:
         default_value: float = 0.0,
         path: Optional[str] = None,
         layout_path: Optional[str] = None,
-    ) -> "EmbeddingTable":
+    ) -> EmbeddingTable:
         """A table over existing arrays and a ready index: nothing is copied or built.
 
         Args:

@@ -61,7 +61,7 @@ class Tier:
     store: BackingStore
     on_unavailable: str = "fail"
     update_filters: Tuple[str, ...] = (".+",)
-    _filters: List["re.Pattern"] = field(default_factory=list, repr=False)
+    _filters: List[re.Pattern] = field(default_factory=list, repr=False)
 
     def __post_init__(self):
         if self.on_unavailable not in ("fail", "next_tier"):

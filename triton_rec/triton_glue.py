@@ -107,7 +107,7 @@ def check_input_size(model_name: str, name: str, tensor, limits: InputLimits) ->
     raise too_large(model_name, name, n, limit)
 
 
-def too_large(model_name: str, name: str, n: int, limit) -> "RequestTooLarge":
+def too_large(model_name: str, name: str, n: int, limit) -> RequestTooLarge:
     """The error for an input of ``n`` elements over ``limit`` (its bound, itemsize, reason)."""
     max_elements, itemsize, why = limit
     return RequestTooLarge(

@@ -181,7 +181,9 @@ class CacheMetrics:
             metric.set(value)
             entry["gauge_last"][key] = value
 
-    def update(self) -> None:
+    # Flat: one on-change test per metric family (table counters, cache gauges, tiers, update
+    # consumers), in the order they are exported.
+    def update(self) -> None:  # noqa: C901
         """Publish what changed since the last call (by MetricsPusher's thread, never
         from ``execute``): counter deltas, and the gauges whose value moved."""
         if self._requests is not None:

@@ -141,7 +141,7 @@ def test_every_group_sees_every_update_and_batches_are_split_in_messages(redis_c
     for group in ("node1", "node2"):
         c = UpdateConsumer(redis_cluster.address, group, "c", {topic: 3}, Collector())
         try:
-            consume_until(c, lambda: len(c.apply.rows) == 250)
+            consume_until(c, lambda c=c: len(c.apply.rows) == 250)
             assert c.stats()["messages"] == 3 and c.stats()["vectors"] == 250
             got.append(c.apply.rows)
         finally:
