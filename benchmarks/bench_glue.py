@@ -152,8 +152,8 @@ def main(argv=None) -> int:
                                      dlrm_parts(model, req, rep)))
             finally:
                 model.finalize()
-    lines = ["| model | samples/request | execute us | execute after 1 ms idle | read tensors | parse_request "
-             "| engine run | response | engine parts (us) |",
+    lines = ["| model | samples/request | execute us | execute after 1 ms idle | read tensors "
+             "| parse_request | engine run | response | engine parts (us) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, n, st, parts in rows:
         lines.append(f"| `{name}` | {n} | {st['execute']:.1f} | {st['execute after 1 ms idle']:.1f} | "

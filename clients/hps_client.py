@@ -5,7 +5,8 @@ Examples::
     # keys given by hand, one --table flag per table (table order of ps.json)
     triton-rec-client --model hps_demo --table 11,12 --table 7 --vec-sizes 64,16
     # draw 2 samples of real keys from the model's tables (reads ps.json and the files)
-    triton-rec-client --model hps_demo --ps-json model_repository/ps.json --samples 2 --protocol grpc
+    triton-rec-client --model hps_demo --ps-json model_repository/ps.json --samples 2 \\
+        --protocol grpc
 """
 
 from __future__ import annotations

@@ -156,7 +156,8 @@ def run_requests(
                 t = pb_utils.get_input_tensor_by_name(request, name)
                 if t is None:
                     raise RequestError(
-                        f"model '{model_name}': missing input {name} (needs {', '.join(input_names)})"
+                        f"model '{model_name}': missing input {name} "
+                        f"(needs {', '.join(input_names)})"
                     )
                 if limits is not None and check_input_size(model_name, name, t, limits):
                     over = name

@@ -324,7 +324,7 @@ def test_tier_table_names_join_model_and_table_and_refuse_separators():
 
 # -- RocksDB -------------------------------------------------------------------------------
 
-def test_rocksdb_reopened_read_only_sees_the_data_and_other_tables_are_separate(rocksdb_dir):  # noqa: F811
+def test_rocksdb_reopened_read_only_sees_the_data_and_other_tables_are_separate(rocksdb_dir):
     importlib.import_module("rocksdict")
     from triton_rec.rocksdb_store import RocksDBStore
     k1, v1 = rows(30, 4, seed=1)
@@ -345,7 +345,7 @@ def test_rocksdb_reopened_read_only_sees_the_data_and_other_tables_are_separate(
         rb.close()
 
 
-def test_rocksdb_value_of_wrong_length_is_reported_with_table_and_key(rocksdb_dir):  # noqa: F811
+def test_rocksdb_value_of_wrong_length_is_reported_with_table_and_key(rocksdb_dir):
     rocksdict = importlib.import_module("rocksdict")
     from triton_rec.rocksdb_store import RocksDBStore
     keys, vectors = rows(20, 4)
@@ -367,7 +367,7 @@ def test_rocksdb_value_of_wrong_length_is_reported_with_table_and_key(rocksdb_di
         s.close()
 
 
-def test_rocksdb_unopenable_databases_raise_store_unavailable_naming_the_path(rocksdb_dir):  # noqa: F811
+def test_rocksdb_unopenable_databases_raise_store_unavailable_naming_the_path(rocksdb_dir):
     importlib.import_module("rocksdict")
     from triton_rec.rocksdb_store import RocksDBStore
     with pytest.raises(StoreUnavailableError, match="no database there"):
@@ -404,7 +404,7 @@ def _owner(cluster, hash_key: bytes) -> int:
     return owners[0]
 
 
-def test_redis_partitions_spread_a_table_over_all_masters(redis_cluster):  # noqa: F811
+def test_redis_partitions_spread_a_table_over_all_masters(redis_cluster):
     importlib.import_module("redis")
     from triton_rec.redis_store import RedisClusterStore, partition_of
     store = RedisClusterStore(redis_cluster.address, "spread.t", 4, num_partitions=8)
@@ -450,7 +450,7 @@ def test_redis_partition_function_is_fixed():
         assert partition_of(keys, n).tolist() == [w % n for w in want]
 
 
-def test_redis_value_of_wrong_length_is_reported_with_table_and_key(redis_cluster):  # noqa: F811
+def test_redis_value_of_wrong_length_is_reported_with_table_and_key(redis_cluster):
     importlib.import_module("redis")
     from triton_rec.redis_store import RedisClusterStore
     store = RedisClusterStore(redis_cluster.address, "corrupt.t", 4)

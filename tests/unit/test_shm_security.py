@@ -247,9 +247,7 @@ def test_gpu_share_never_uses_a_file_planted_by_another_uid(suffix):
             return sa.close
         path = gpu_share.shared_path(name, suffix, SHM)
         with open(path, "w") as f:
-            # %-format: JSON, whose braces a format string would need doubled
-            f.write('{"format": "%s", "pid": %d, "arrays": {}}' % (gpu_share.HANDLES_FORMAT,  # noqa: UP031
-                                                                   os.getpid()))
+            f.write(f'{{"format": "{gpu_share.HANDLES_FORMAT}", "pid": {os.getpid()}, "arrays": {{}}}}')
         os.chmod(path, 0o666)
         return lambda: os.unlink(path)
 
