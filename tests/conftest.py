@@ -22,5 +22,5 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "redis_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.redis)
-        if E2E in Path(str(item.fspath)).parents:
+        if E2E in Path(item.path).parents:
             item.add_marker(pytest.mark.server)
