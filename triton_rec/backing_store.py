@@ -27,7 +27,7 @@ import abc
 import contextlib
 import re
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -119,21 +119,22 @@ def decode_values(values: Sequence[Optional[bytes]], keys: np.ndarray, out: np.n
     """
     row_bytes = out.shape[1] * 4
     hit = [i for i, v in enumerate(values) if v is not None]
-    bad = [i for i in hit if len(values[i]) != row_bytes]
+    present = cast(Sequence[bytes], values)  # at the indices in hit (all of them if no miss)
+    bad = [i for i in hit if len(present[i]) != row_bytes]
     if bad:
         i = bad[0]
         raise StoreDataError(
-            f"{where}: the value of key {int(keys[i])} has {len(values[i])} bytes, expected "
+            f"{where}: the value of key {int(keys[i])} has {len(present[i])} bytes, expected "
             f"{row_bytes} ({out.shape[1]} float32); {len(bad)} bad value(s) in this batch")
     found[:] = False
     if len(hit) == len(values):
-        out[:] = np.frombuffer(b"".join(values), dtype="<f4").reshape(out.shape)
+        out[:] = np.frombuffer(b"".join(present), dtype="<f4").reshape(out.shape)
         found[:] = True
         return
     out[:] = default_value
     if hit:
         idx = np.asarray(hit, dtype=np.int64)
-        rows = np.frombuffer(b"".join(values[i] for i in hit), dtype="<f4")
+        rows = np.frombuffer(b"".join(present[i] for i in hit), dtype="<f4")
         out[idx] = rows.reshape(len(hit), -1)
         found[idx] = True
 

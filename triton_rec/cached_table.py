@@ -153,6 +153,7 @@ class CachedTable:
 
     def fill_from_store(self, keys: np.ndarray) -> None:
         """Fetch ``keys`` from the store and insert them in the cache (background path)."""
+        assert self.cache is not None  # the background path exists only with a cache
         keys = np.unique(keys)
         vectors = np.empty((keys.shape[0], self.vec_size), dtype=np.float32)
         self.store.fetch(keys, vectors)

@@ -145,6 +145,7 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
             opened.append(Tier("local", LocalTableStore(table)))
         if per.type == "rocks_db":
             path = per.path
+            store: BackingStore
             if per.read_only:
                 store = RocksDBStore(path, name, tp.vec_size, tp.default_value, read_only=True,
                                      max_batch_size=per.max_batch_size,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, overload
 
 from triton_rec.errors import ConfigError
 
@@ -141,6 +141,12 @@ def _number_parameter(config: Dict[str, Any], key: str, convert, valid, what: st
     if number is None or not valid(number):
         raise ConfigError(f"config.pbtxt parameter '{key}' must be {what}, got {value!r}")
     return number
+
+
+@overload
+def model_seconds(config: Dict[str, Any], key: str, default: float) -> float: ...
+@overload
+def model_seconds(config: Dict[str, Any], key: str, default: None) -> Optional[float]: ...
 
 
 def model_seconds(config: Dict[str, Any], key: str, default: Optional[float]) -> Optional[float]:

@@ -84,15 +84,17 @@ class RankingSession:
             r = requests[0]
             keys, ptrs, dense = r.keys, r.row_ptrs, r.dense
         else:
-            keys, ptrs = [], []
+            key_parts: List[np.ndarray] = []
+            ptr_parts: List[np.ndarray] = []
             for t in range(len(self.slots)):
-                keys.append(np.concatenate([r.keys[t] for r in requests]))
+                key_parts.append(np.concatenate([r.keys[t] for r in requests]))
                 # Row pointers of all requests, shifted into the concatenated key array.
                 shifted, offset = [np.zeros(1, np.int64)], 0
                 for r in requests:
                     shifted.append(r.row_ptrs[t][1:] + offset)
                     offset += r.keys[t].shape[0]
-                ptrs.append(np.concatenate(shifted))
+                ptr_parts.append(np.concatenate(shifted))
+            keys, ptrs = tuple(key_parts), tuple(ptr_parts)
             dense = np.concatenate([r.dense for r in requests], axis=0)
         embeddings = []
         for t, table in enumerate(self.cached_tables):

@@ -76,7 +76,7 @@ class TableSet:
                 table = load_table(tp)
                 store = open_store(tp, table)
                 try:
-                    cache = open_cache(tp, table) if use_cache else None
+                    cache = open_cache(tp, table) if use_cache and open_cache is not None else None
                 except BaseException:
                     store.close()
                     raise

@@ -169,8 +169,8 @@ class EmbeddingTable:
             except (OSError, ValueError):
                 pass  # old kernel: fall back to touching the pages below
         for a in arrays:
-            m = mapping_of(a)
-            if m is None or id(m) not in populated:
+            mapping = mapping_of(a)
+            if mapping is None or id(mapping) not in populated:
                 _touch_pages(a)
         return int(sum(a.nbytes for a in arrays))
 
