@@ -103,7 +103,7 @@ class CachedTable:
         store: BackingStore,
         cache: Optional[EmbeddingCache] = None,
         hit_rate_threshold: float = 0.9,
-        inserter: Optional[BackgroundInserter] = None,
+        inserter: Optional["BackgroundInserter"] = None,
     ):
         self.name = name
         self.store = store
