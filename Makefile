@@ -10,7 +10,7 @@ NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp)
 # redis-server + openssl (the Redis Cluster tier and its tests).
 APT_PACKAGES ?= libpython3.11 libb64-0d redis-server openssl
 
-.PHONY: all install system-deps triton demo serve test unit e2e bench perf clean
+.PHONY: all install system-deps triton demo serve lint test unit e2e bench perf clean
 
 all: install
 
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml CMakeLists.txt $(NATIVE)
 	$(MAKE) system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[server,test,tiers]'
+	$(PY) -m pip install -q -e '.[server,test,tiers,lint]'
 	touch $@
 
 install: $(STAMP)
@@ -45,11 +45,20 @@ demo: $(STAMP) $(DLRM)
 serve: triton demo
 	$(PY) -m triton_rec.runtime serve --model-repository model_repository
 
+# ruff (rules and formatting: [tool.ruff] in pyproject.toml), clang-format (src/native/.clang-format),
+# mypy over the engine ([tool.mypy]).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/clang-format --dry-run -Werror $(NATIVE)
+	$(VENV)/bin/mypy triton_rec
+
 test: $(STAMP) demo
 	$(VENV)/bin/pytest tests
 
+# No Redis and no tritonserver: the tests marked redis/server (tests/conftest.py) are left out.
 unit: $(STAMP)
-	$(VENV)/bin/pytest tests/unit
+	$(VENV)/bin/pytest -m "not redis and not server" tests/unit
 
 e2e: $(STAMP) demo
 	$(VENV)/bin/pytest tests/e2e

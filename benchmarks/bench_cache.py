@@ -228,7 +228,7 @@ def bench_query(b: Bench):
             bk = b.keys[rows]
             order = methods if rep % 2 == 0 else methods[::-1]
             for n, f in order:
-                times[n].append(timed(lambda: f(bk, rows, nh)))
+                times[n].append(timed(lambda f=f, bk=bk, rows=rows, nh=nh: f(bk, rows, nh)))
         res[hr] = {"hits": nh, **{n: med(t) for n, t in times.items()}}
     bad = {k: v for k, v in hits_seen.items() if v != {0}}
     if bad:
@@ -433,25 +433,26 @@ def bench_insert(b: Bench):
     times = {c: [] for c in cases}
     counts = {c: [] for c in cases}
     # Empty cases first (clear before each), then the full ones (steady state).
-    for rep in range(a.insert_reps):
+    for _ in range(a.insert_reps):
         for pol in ("lru", "tinylfu"):
             c = caches[pol]
             c.clear()
             r = rng.choice(a.rows, B, replace=False)
             k, v = b.keys[r], np.ascontiguousarray(b.vectors[r])
             res = []
-            times[(pol, "empty")].append(timed(lambda: res.append(c.insert(k, v))))
+            times[(pol, "empty")].append(
+                timed(lambda res=res, c=c, k=k, v=v: res.append(c.insert(k, v))))
             counts[(pol, "empty")].append(res[0])
         slots_idx = rng.choice(slots, min(B, slots), replace=False)
         v = np.ascontiguousarray(b.vectors[rng.choice(a.rows, len(slots_idx))])
 
-        def scatter():
+        def scatter(slots_idx=slots_idx, v=v):
             scratch[slots_idx] = v
         times[cases[-1]].append(timed(scatter))
     for c in caches.values():
         c.clear()
         fill(c)
-    for rep in range(a.insert_reps):
+    for _ in range(a.insert_reps):
         for case in cases[:-1]:
             pol, state = case
             if state == "empty":
@@ -470,7 +471,8 @@ def bench_insert(b: Bench):
                 if state == "full, keys queried once":
                     c.query(k, qout, hm)
                 res = []
-                times[case].append(timed(lambda: res.append(c.insert(k, v))))
+                times[case].append(
+                    timed(lambda res=res, c=c, k=k, v=v: res.append(c.insert(k, v))))
                 counts[case].append(res[0])
             finally:
                 if c is not caches[pol]:
@@ -573,7 +575,7 @@ def bench_processes(b: Bench):
             p.start()
             child.close()
             workers.append((p, parent))
-        for p, conn in workers:
+        for _, conn in workers:
             msg = conn.recv()
             if msg[0] != "ready":
                 raise RuntimeError(f"worker failed:\n{msg[1]}")
@@ -601,12 +603,12 @@ def bench_processes(b: Bench):
                       for k in ("kps", "lat", "cpu_share", "kpcpu") for n in (1, 2)}
                for case in cases}
     finally:
-        for p, conn in workers:
+        for _, conn in workers:
             try:
                 conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
-        for p, conn in workers:
+        for p, _ in workers:
             p.join(10)
             if p.is_alive():
                 p.terminate()

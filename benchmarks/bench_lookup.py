@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         bk = keys[pos]
         order = methods if rep % 2 == 0 else methods[::-1]  # alternate order against drift
         for name, fn in order:
-            times[name].append(timed(lambda: fn(bk, pos)))
+            times[name].append(timed(lambda fn=fn, bk=bk, pos=pos: fn(bk, pos)))
 
     out_bytes = args.batch * args.dim * 4
     results = []

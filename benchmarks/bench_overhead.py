@@ -738,10 +738,13 @@ def main(argv=None) -> int:
                                 rec = run_perf(model, group, n, conc, proto, server, files, out_dir, args, tag)
                                 rec["round"] = rnd
                                 results.append(rec)
-                                print(f"r{rnd} {model:15s} n={n:<5d} {proto:4s} c={conc} {rec['status']:8s} "
-                                      f"{fmt(rec.get('infer_per_s')):>7s} infer/s p50 {fmt(rec.get('p50_us')):>7s} us "
+                                tail = " " + rec.get("reason", "") if rec["status"] == "failed" else ""
+                                print(f"r{rnd} {model:15s} n={n:<5d} {proto:4s} c={conc} "
+                                      f"{rec['status']:8s} "
+                                      f"{fmt(rec.get('infer_per_s')):>7s} infer/s "
+                                      f"p50 {fmt(rec.get('p50_us')):>7s} us "
                                       f"cpu/inf {fmt(rec.get('cpu_us_per_infer')):>6s} us"
-                                      f"{' ' + rec.get('reason', '') if rec['status'] == 'failed' else ''}",
+                                      f"{tail}",
                                       flush=True)
         for group in groups:
             if base_group(group) == "hps":
@@ -758,7 +761,7 @@ def main(argv=None) -> int:
     if hit_rates:
         md += "\ncache hit rate of `hps` over the run: " + ", ".join(
             f"{m} {fmt(100 * v, 1) if v is not None else '-'}%" for m, v in hit_rates.items()) + "\n"
-    for model, svg, raw in profiles:
+    for model, _svg, raw in profiles:
         if raw.exists():
             text = hottest(raw)
             (out_dir / f"profile_{model}_top.txt").write_text(text)

@@ -9,9 +9,10 @@ One run, loopback only, every server stopped at the end. It
    ``dlrm`` (fused, backend ``hugectr``, dense part = HugeCTR dense file run by numpy),
    ``dlrm_onnx`` (the same fused model with its dense part in onnxruntime: the dense
    implementation the ensemble uses, so fused vs ensemble can be compared like for like),
-   ``dlrm_ensemble`` with its two steps ``dlrm_hps`` -> ``dlrm_dense`` (ONNX), and ``identity``: a Python-backend model with dlrm's
-   interface (DES/CATCOLUMN/ROWINDEX in, OUTPUT0 = the first num_samples values of DES
-   out; max_batch_size 1024, ragged inputs, dynamic batching, 2 instances, like dlrm).
+   ``dlrm_ensemble`` with its two steps ``dlrm_hps`` -> ``dlrm_dense`` (ONNX), and
+   ``identity``: a Python-backend model with dlrm's interface (DES/CATCOLUMN/ROWINDEX
+   in, OUTPUT0 = the first num_samples values of DES out; max_batch_size 1024, ragged
+   inputs, dynamic batching, 2 instances, like dlrm).
    That is the floor: Triton + Python-backend stub round trip, no model work. The
    server gets a private node-local store (``TRITON_REC_STORE``) in the temp dir;
 3. writes perf_analyzer ``--input-data`` JSON files from held-out samples of the
@@ -112,7 +113,8 @@ class TritonPythonModel:
             rowindex = pb_utils.get_input_tensor_by_name(request, "ROWINDEX").as_numpy().reshape(-1)
             n = (rowindex.size - self.tables) // self.slots
             out = des[:n].copy()
-            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", out)]))
+            responses.append(
+                pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", out)]))
         return responses
 '''
 
@@ -430,8 +432,9 @@ def tables_md(results: list) -> str:
                 if ok else None
             status = r["status"] if r["status"] != "failed" else f"failed: {r.get('reason', '')}"
             lines.append(
-                f"| {r['samples']} | {r['concurrency']} | {r['protocol']} | {fmt(r.get('infer_per_s'), 1)} "
-                f"| {fmt(r.get('samples_per_s'))} | {fmt(r.get('avg_us'))} | {fmt(r.get('p50_us'))} "
+                f"| {r['samples']} | {r['concurrency']} | {r['protocol']} "
+                f"| {fmt(r.get('infer_per_s'), 1)} | {fmt(r.get('samples_per_s'))} "
+                f"| {fmt(r.get('avg_us'))} | {fmt(r.get('p50_us'))} "
                 f"| {fmt(r.get('p99_us'))} | {fmt(r.get('server_queue_us'))} | {fmt(compute)} "
                 f"| {fmt(r.get('requests_per_execution'), 2)} | {status} |")
         lines.append("")
@@ -445,7 +448,8 @@ def tables_md(results: list) -> str:
                 cells = []
                 for nm in names:
                     c = r["composing"].get(nm, {})
-                    cells.append(f"{fmt(c.get('queue_us'))} / {fmt(c.get('compute_infer_us'))} / {fmt(c.get('total_us'))}")
+                    cells.append(f"{fmt(c.get('queue_us'))} / {fmt(c.get('compute_infer_us'))} "
+                                 f"/ {fmt(c.get('total_us'))}")
                 lines.append(f"| {r['samples']} | {r['concurrency']} | {r['protocol']} | " + " | ".join(cells) + " |")
             lines.append("")
     return "\n".join(lines)
@@ -456,15 +460,16 @@ def reference_md(results: list) -> str:
             and r["status"] != "failed"]
     lines = ["### dlrm at batch 1, concurrency 1 vs the published HugeCTR/V100 figure", "",
              "| setup | avg us | p99 us | infer/s |", "|---|---:|---:|---:|",
-             f"| NVIDIA HugeCTR backend, full Criteo DLRM, 1x V100 (published) | {V100_REF['avg_us']:.0f} "
-             f"| {V100_REF['p99_us']:.0f} | {V100_REF['infer_per_s']:.1f} |"]
+             "| NVIDIA HugeCTR backend, full Criteo DLRM, 1x V100 (published) "
+             f"| {V100_REF['avg_us']:.0f} | {V100_REF['p99_us']:.0f} | {V100_REF['infer_per_s']:.1f} |"]
     for r in rows:
-        lines.append(f"| triton-rec `dlrm` (small demo DLRM, 2 CPU cores), {r['protocol']} | {fmt(r['avg_us'])} "
-                     f"| {fmt(r['p99_us'])} | {fmt(r['infer_per_s'], 1)} |")
+        lines.append(f"| triton-rec `dlrm` (small demo DLRM, 2 CPU cores), {r['protocol']} "
+                     f"| {fmt(r['avg_us'])} | {fmt(r['p99_us'])} | {fmt(r['infer_per_s'], 1)} |")
     for r in rows:
         lines.append("")
-        lines.append(f"{r['protocol']}: our average latency is {r['avg_us'] / V100_REF['avg_us']:.2f}x the V100 "
-                     f"figure, throughput {r['infer_per_s'] / V100_REF['infer_per_s']:.2f}x. The models differ "
+        lines.append(f"{r['protocol']}: our average latency is "
+                     f"{r['avg_us'] / V100_REF['avg_us']:.2f}x the V100 figure, throughput "
+                     f"{r['infer_per_s'] / V100_REF['infer_per_s']:.2f}x. The models differ "
                      "(theirs: full Criteo DLRM on a GPU; ours: a small demo DLRM on 2 CPU cores), so this "
                      "compares serving overhead at batch 1, not model speed.")
     return "\n".join(lines) + "\n"
@@ -521,7 +526,8 @@ def main(argv=None) -> int:
     try:
         t0 = time.monotonic()
         server.start(timeout=300)
-        print(f"server ready in {time.monotonic() - t0:.1f} s ({server.http_url}, grpc {server.grpc_url})", flush=True)
+        print(f"server ready in {time.monotonic() - t0:.1f} s "
+              f"({server.http_url}, grpc {server.grpc_url})", flush=True)
         problems = sanity_check(server, files, models, samples)
         print("sanity check:", "ok" if not problems else problems, flush=True)
         for model in ([] if args.skip_perf else models):
@@ -530,9 +536,11 @@ def main(argv=None) -> int:
                     for protocol in protocols:
                         rec = run_one(model, n, conc, protocol, server, files, out_dir, args, env)
                         results.append(rec)
+                        tail = " " + rec.get("reason", "") if rec["status"] == "failed" else ""
                         print(f"{model:14s} n={n:<5d} c={conc} {protocol:4s} {rec['status']:8s} "
-                              f"{fmt(rec.get('infer_per_s'), 1):>9s} infer/s {fmt(rec.get('avg_us')):>8s} us avg "
-                              f"{fmt(rec.get('p99_us')):>8s} us p99  ({rec['wall_s']} s){' ' + rec.get('reason', '') if rec['status'] == 'failed' else ''}",
+                              f"{fmt(rec.get('infer_per_s'), 1):>9s} infer/s "
+                              f"{fmt(rec.get('avg_us')):>8s} us avg "
+                              f"{fmt(rec.get('p99_us')):>8s} us p99  ({rec['wall_s']} s){tail}",
                               flush=True)
         if args.locust is not None:
             locust_md = run_locust(server, repo, out_dir, args.locust)

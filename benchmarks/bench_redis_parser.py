@@ -94,8 +94,8 @@ def main(argv=None) -> int:
                 return 1
             for lo in range(0, args.rows, 65536):
                 stores["hiredis"].upsert(keys[lo:lo + 65536], vectors[lo:lo + 65536])
-            print(f"| batch | hiredis keys/s | python keys/s | ratio | hiredis p50 ms | "
-                  f"python p50 ms |")
+            print("| batch | hiredis keys/s | python keys/s | ratio | hiredis p50 ms | "
+                  "python p50 ms |")
             print("|---:|---:|---:|---:|---:|---:|")
             for batch, reps in BATCHES.items():
                 rows = {m: rng.integers(0, args.rows, (reps, batch)) for m in stores}

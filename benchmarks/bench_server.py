@@ -200,7 +200,7 @@ class Model:
 class TimedServer(TritonServer):
     """TritonServer whose start() records the wall time of Popen and the time to ready."""
 
-    def start(self, timeout: float = 600.0, poll: float = 0.02) -> "TimedServer":
+    def start(self, timeout: float = 600.0, poll: float = 0.02) -> TimedServer:
         prepare_backend_dir(self.backend_dir)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
@@ -323,7 +323,8 @@ class Bench:
         inst = ev["instance_ready"]
         print(f"  {model.name:10s} {label:28s} n={count} prefault={'on ' if prefault else 'off'} "
               f"ready {run['ready_s']:7.2f} s  (first log {_f(ev['first_log'])}, instances ready "
-              f"{_f(min(inst) if inst else None)}..{_f(max(inst) if inst else None)}, loaded {_f(ev['loaded'])}) "
+              f"{_f(min(inst) if inst else None)}..{_f(max(inst) if inst else None)}, "
+              f"loaded {_f(ev['loaded'])}) "
               f"lookup {run['first_lookup_s']*1e3:.1f} ms correct={run['correct']}"
               + (f"  PSS {run['mem']['Pss']/2**30:.2f} GiB RSS {run['mem']['Rss']/2**30:.2f} GiB" if memory else ""),
               flush=True)
@@ -344,8 +345,8 @@ class Bench:
             "from triton_rec.storage import node_store\n"
             "from triton_rec.config.ps_json import TableParams\n"
             "t1 = time.perf_counter()\n"
-            f"tp = TableParams(name='emb', sparse_file={str(model.table_dir)!r}, vec_size={model.dim},"
-            " max_keys_per_sample=1, default_value=-1.0)\n"
+            f"tp = TableParams(name='emb', sparse_file={str(model.table_dir)!r},"
+            f" vec_size={model.dim}, max_keys_per_sample=1, default_value=-1.0)\n"
             f"t = node_store.load_table(tp, {str(self.store)!r})\n"
             "t2 = time.perf_counter()\n"
             "t.prefault()\n"
@@ -376,24 +377,26 @@ def gib(b):
 
 
 def report(bench: Bench, models: dict, info: dict, extra: dict) -> str:
-    a = bench.args
     L = []
     L.append("Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     L.append(f"Load average at start / end: {extra['load_start']} / {extra['load_end']}")
     L.append("")
-    L.append("| table | rows x dim | table bytes (keys+vectors) | layout file | write s | cache segment (/dev/shm) |")
+    L.append("| table | rows x dim | table bytes (keys+vectors) | layout file | write s "
+             "| cache segment (/dev/shm) |")
     L.append("|---|---|---:|---:|---:|---:|")
     for m in models.values():
         lay = extra["layout"][m.name]
         seg = next((r["shm"] for r in bench.runs if r["model"] == m.name and r.get("shm")), [])
         segtxt = ", ".join(f"{s['size']/2**20:.1f} MiB ({s['allocated']/2**20:.1f} MiB allocated)"
                            for s in seg) or "-"
-        L.append(f"| {m.name} | {m.rows:,} x {m.dim} | {gib(m.table_bytes):.2f} GiB ({m.table_bytes/1e9:.2f} GB) "
+        L.append(f"| {m.name} | {m.rows:,} x {m.dim} "
+                 f"| {gib(m.table_bytes):.2f} GiB ({m.table_bytes/1e9:.2f} GB) "
                  f"| {gib(lay['bytes']):.2f} GiB | {m.write_seconds:.1f} | {segtxt} |")
     L.append("")
-    L.append("Start-to-ready (Popen of tritonserver -> /v2/health/ready 200). Log columns (medians): seconds "
-             "after Popen of the server log's first line, of the first \"TRITONBACKEND_ModelInstanceInitialize\" "
-             "(the model-level part, incl. the Python backend's auto-complete stub, is over), of the instances' "
+    L.append("Start-to-ready (Popen of tritonserver -> /v2/health/ready 200). "
+             "Log columns (medians): seconds after Popen of the server log's first line, "
+             "of the first \"TRITONBACKEND_ModelInstanceInitialize\" (the model-level part, "
+             "incl. the Python backend's auto-complete stub, is over), of the instances' "
              "\"hps model ... ready\" lines (first..last), of \"successfully loaded\".")
     L.append("")
     L.append("| table | run | instances | prefault | page cache | start-to-ready s (median, min-max, n) "
@@ -408,17 +411,18 @@ def report(bench: Bench, models: dict, info: dict, extra: dict) -> str:
         ev = [r["events"] for r in rs]
         fl = statistics.median([e["first_log"] for e in ev if e["first_log"] is not None] or [float("nan")])
         ir = [e["instance_ready"] for e in ev if e["instance_ready"]]
-        irt = (f"{statistics.median(min(x) for x in ir):.2f}..{statistics.median(max(x) for x in ir):.2f}"
-               if ir else "-")
+        irt = (f"{statistics.median(min(x) for x in ir):.2f}.."
+               f"{statistics.median(max(x) for x in ir):.2f}" if ir else "-")
         ii = statistics.median([min(e["instance_init"]) for e in ev if e["instance_init"]] or [float("nan")])
         ld = statistics.median([e["loaded"] for e in ev if e["loaded"] is not None] or [float("nan")])
         lk = statistics.median([r["first_lookup_s"] * 1e3 for r in rs])
-        L.append(f"| {model} | {label} | {count} | {'on' if prefault else 'off'} | {cache} | {t} | {fl:.2f} "
-                 f"| {ii:.2f} | {irt} | {ld:.2f} | {lk:.1f} |")
+        L.append(f"| {model} | {label} | {count} | {'on' if prefault else 'off'} | {cache} "
+                 f"| {t} | {fl:.2f} | {ii:.2f} | {irt} | {ld:.2f} | {lk:.1f} |")
     L.append("")
     if extra.get("breakdown"):
-        L.append("In-process breakdown of an instance's load (fresh Python process, layout in the page cache, "
-                 "no Triton): import of triton_rec, store fast path + map (`load_table`), `prefault()`.")
+        L.append("In-process breakdown of an instance's load (fresh Python process, "
+                 "layout in the page cache, no Triton): import of triton_rec, "
+                 "store fast path + map (`load_table`), `prefault()`.")
         L.append("")
         L.append("| table | import s | map s | prefault s |")
         L.append("|---|---:|---:|---:|")
@@ -436,18 +440,22 @@ def report(bench: Bench, models: dict, info: dict, extra: dict) -> str:
                  f"{gib(big.table_bytes):.2f} GiB, layout file incl. hash index {gib(lay):.2f} GiB). "
                  "Naive = N private copies of the layout (interpreter overhead not included).")
         L.append("")
-        L.append("| instances | total PSS GiB | PSS file / anon / shmem GiB | total RSS GiB | naive N x layout GiB "
-                 "| PSS / layout | PSS - 1 layout, per instance MiB | start-to-ready s |")
+        L.append("| instances | total PSS GiB | PSS file / anon / shmem GiB | total RSS GiB "
+                 "| naive N x layout GiB | PSS / layout | PSS - 1 layout, per instance MiB "
+                 "| start-to-ready s |")
         L.append("|---:|---:|---|---:|---:|---:|---:|---:|")
         for r in mem:
             m = r["mem"]
-            L.append(f"| {r['count']} | {gib(m['Pss']):.2f} | {gib(m['Pss_File']):.2f} / {gib(m['Pss_Anon']):.2f} / "
+            L.append(f"| {r['count']} | {gib(m['Pss']):.2f} "
+                     f"| {gib(m['Pss_File']):.2f} / {gib(m['Pss_Anon']):.2f} / "
                      f"{gib(m['Pss_Shmem']):.2f} | {gib(m['Rss']):.2f} | {gib(r['count'] * lay):.2f} "
-                     f"| {m['Pss'] / lay:.2f} | {(m['Pss'] - lay) / r['count'] / 2**20:.0f} | {r['ready_s']:.2f} |")
+                     f"| {m['Pss'] / lay:.2f} | {(m['Pss'] - lay) / r['count'] / 2**20:.0f} "
+                     f"| {r['ready_s']:.2f} |")
         L.append("")
+    left = sorted({s for r in bench.runs for s in r["shm_left"]}) or "nothing"
     L.append(f"Every server answered a lookup of 64 random known keys with the exact vectors written: "
              f"{all(r['correct'] for r in bench.runs)} ({len(bench.runs)} servers). "
-             f"Left in /dev/shm after stop: {sorted({s for r in bench.runs for s in r['shm_left']}) or 'nothing'}.")
+             f"Left in /dev/shm after stop: {left}.")
     return "\n".join(L)
 
 
@@ -520,7 +528,8 @@ def main(argv=None) -> int:
                     print(f"  drop_caches took {s:.1f} s; layout {cached_fraction(lay):.0%} cached", flush=True)
                     bench.serve(m, "second load", 1, prefault, "drop_caches")
             # memory: with the layout back in the page cache (the last run did not read it all).
-            print(f"  re-reading the layout: {warm_file(lay):.1f} s; {cached_fraction(lay):.0%} cached", flush=True)
+            print(f"  re-reading the layout: {warm_file(lay):.1f} s; "
+                  f"{cached_fraction(lay):.0%} cached", flush=True)
             for c in counts:
                 bench.serve(m, "second load, memory", c, True, "warm", memory=True)
         if "hps_big" in models and a.no_cold:

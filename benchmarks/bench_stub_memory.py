@@ -16,7 +16,6 @@ from /proc; printed per inference the server counted.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -89,7 +88,8 @@ def main(argv=None) -> int:
           "| tritonserver: CPU us / faults per inference |\n|---|---|---:|---:|---:|---:|")
     for setting, model, rnd, r in rows:
         print(f"| {setting} | `{model}` | {rnd} | {r['inferences']} | {r['instances_cpu_us']:,.0f} / "
-              f"{r['instances_faults']:,.1f} | {r['server_cpu_us']:,.0f} / {r['server_faults']:,.1f} |")
+              f"{r['instances_faults']:,.1f} | "
+              f"{r['server_cpu_us']:,.0f} / {r['server_faults']:,.1f} |")
     return 0
 
 

@@ -250,15 +250,16 @@ def lookups(stores, keys, vectors, zipf, args, rng):
         out = np.empty((batch, dim), np.float32)
         found = np.empty(batch, bool)
 
-        def codec(b):
+        def codec(b, out=out, found=found):
             raw = encode_keys(b[1])
             decode_values(b[2], b[1], out, found, 0.0, "bench")
             return raw
 
-        methods = {"gather": lambda b: np.take(vectors, b[0], axis=0, out=out, mode="clip"),
+        methods = {"gather": lambda b, out=out: np.take(vectors, b[0], axis=0, out=out,
+                                                        mode="clip"),
                    "codec": codec}
         for name, s in stores.items():
-            methods[name] = (lambda s: lambda b: s.fetch(b[1], out))(s)
+            methods[name] = lambda b, s=s, out=out: s.fetch(b[1], out)
         batches = {}
         for m in methods:  # every method gets batches of its own (same law, other rows)
             rows = [zipf.rows(rng, batch) for _ in range(reps)]

@@ -1,4 +1,5 @@
-"""What machine a benchmark ran on (one function every benchmark reports with), and page-cache control."""
+"""What machine a benchmark ran on (one function every benchmark reports with), and
+page-cache control."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ Examples::
     # keys given by hand, one --table flag per table (table order of ps.json)
     triton-rec-client --model hps_demo --table 11,12 --table 7 --vec-sizes 64,16
     # draw 2 samples of real keys from the model's tables (reads ps.json and the files)
-    triton-rec-client --model hps_demo --ps-json model_repository/ps.json --samples 2 --protocol grpc
+    triton-rec-client --model hps_demo --ps-json model_repository/ps.json --samples 2 \\
+        --protocol grpc
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def _keys_from_tables(ps_json: str, model: str, samples: int, seed: int):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """Command line entry point (``triton-rec-client``); returns the exit status."""
     p = argparse.ArgumentParser(prog="triton-rec-client", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="server address (default localhost:8000 http, localhost:8001 grpc)")

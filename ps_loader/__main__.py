@@ -74,6 +74,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
+    """Command line entry point (``ps-loader``); returns the exit status."""
     p = argparse.ArgumentParser(prog="ps-loader", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="generate the demo models' sparse files into a repository")

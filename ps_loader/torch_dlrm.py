@@ -85,6 +85,7 @@ class TableSpec:
 
     @property
     def max_feature_num_per_sample(self) -> int:
+        """Most keys one sample holds in this table (HugeCTR's ``max_feature_num``)."""
         return self.slot_num * self.max_keys_per_slot
 
 
@@ -123,18 +124,22 @@ class DLRMConfig:
 
     @property
     def vec_size(self) -> int:
+        """Embedding vector size (the same for every table)."""
         return self.tables[0].vec_size
 
     @property
     def total_slots(self) -> int:
+        """Slots of all tables together."""
         return sum(t.slot_num for t in self.tables)
 
     @property
     def interaction_dim(self) -> int:
+        """Width of the interaction output: the bottom MLP's output and the pairwise dots."""
         n = self.total_slots + 1
         return self.vec_size + n * (n - 1) // 2 + 1
 
     def to_meta(self) -> Dict:
+        """The hyper-parameters as a JSON-able dict (stored beside exported models)."""
         return {
             "dense_dim": self.dense_dim,
             "vec_size": self.vec_size,
@@ -144,7 +149,8 @@ class DLRMConfig:
         }
 
     @classmethod
-    def from_meta(cls, meta: Dict) -> "DLRMConfig":
+    def from_meta(cls, meta: Dict) -> DLRMConfig:
+        """The inverse of :meth:`to_meta` (``vec_size`` per table defaults to the model's)."""
         tables = []
         for t in meta["tables"]:
             t = dict(t)
@@ -241,10 +247,12 @@ class DenseArch(nn.Module):
                              persistent=False)
 
     def logits(self, dense: torch.Tensor, *embs: torch.Tensor) -> torch.Tensor:
+        """``[B, 1]`` logits from dense features and pooled embeddings (``[B, slots, D]``)."""
         emb = embs[0] if len(embs) == 1 else torch.cat(embs, dim=1)
         return self.top(interaction(self.bottom(dense), emb, self.pair_index))
 
     def forward(self, dense: torch.Tensor, *embs: torch.Tensor) -> torch.Tensor:
+        """Click probabilities ``[B, 1]``: the sigmoid of :meth:`logits`."""
         return torch.sigmoid(self.logits(dense, *embs))
 
 
@@ -284,9 +292,11 @@ class DLRM(nn.Module):
 
     # -- keys
     def table_keys(self, t: int) -> np.ndarray:
+        """The int64 key of each row of table ``t``."""
         return getattr(self.sparse_keys, self.config.tables[t].name).cpu().numpy()
 
     def set_table_keys(self, t: int, keys: np.ndarray) -> None:
+        """Set the keys of table ``t``'s rows (``rows`` unique int64 keys)."""
         keys = np.asarray(keys, dtype=np.int64)
         spec = self.config.tables[t]
         if keys.shape != (spec.rows,) or np.unique(keys).shape[0] != spec.rows:
@@ -339,6 +349,7 @@ class DLRM(nn.Module):
         return self.dense_arch.logits(dense, *embs)
 
     def forward(self, dense, sparse, defaults=None) -> torch.Tensor:
+        """Click probabilities ``[B, 1]``: the sigmoid of :meth:`logits`."""
         return torch.sigmoid(self.logits(dense, sparse, defaults))
 
     @torch.no_grad()
@@ -480,6 +491,7 @@ class HiddenModel:
             self.pairs.append((0, total - 1))
 
     def sample(self, n: int, rng: np.random.Generator) -> ClickData:
+        """``n`` samples drawn from the hidden model: dense features, keys per table and clicks."""
         cfg = self.config
         dense = rng.standard_normal((n, cfg.dense_dim)).astype(np.float32)
         logit = dense @ self.dense_w + 0.5 * dense[:, 0] * dense[:, 1] + self.intercept

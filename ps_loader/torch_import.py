@@ -62,10 +62,12 @@ class TorchTable:
 
     @property
     def rows(self) -> int:
+        """Rows of the table."""
         return int(self.weight.shape[0])
 
     @property
     def vec_size(self) -> int:
+        """Embedding vector size."""
         return int(self.weight.shape[1])
 
 
@@ -308,6 +310,7 @@ def _parse_keys(specs: Sequence[str]) -> Dict[str, np.ndarray]:
 
 
 def main(argv=None) -> int:
+    """Command line entry point (``python -m ps_loader.torch_import``); returns the exit status."""
     p = argparse.ArgumentParser(
         prog="python -m ps_loader.torch_import",
         description="Embedding tables from a PyTorch state dict (torch.load weights_only=True) "

@@ -24,7 +24,10 @@ from triton_rec.triton.metrics import RequestMetrics
 
 
 class TritonPythonModel:
+    """One instance per Triton model instance (each its own process)."""
+
     def initialize(self, args):
+        """Load the model's dense network named by ps.json; set up limits, counters and metrics."""
         config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         try:
@@ -49,6 +52,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"dense model '{self.model_name}' ready: {dense!r}")
 
     def execute(self, requests):
+        """Answer a batch of requests: one forward pass over all valid requests."""
         return run_requests(
             pb_utils, self.model_name, requests, ("DES", "EMBEDDINGS", "ROWINDEX"),
             self.session.parse_request, self.session.predict_many,
@@ -58,5 +62,6 @@ class TritonPythonModel:
         )
 
     def finalize(self):
+        """Stop the metrics thread."""
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()

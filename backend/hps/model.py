@@ -52,6 +52,7 @@ class TritonPythonModel:
     """One instance per Triton model instance (each its own process)."""
 
     def initialize(self, args):
+        """Open the model's tables (store, cache, tiers) from ps.json; set up limits and metrics."""
         config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         self.device_id = int(args.get("model_instance_device_id") or 0)
@@ -84,6 +85,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"hps model '{self.model_name}' ready: {self.session.describe()}")
 
     def execute(self, requests):
+        """Answer a batch of requests: one lookup per table for all valid requests."""
         # Every valid request of this call is looked up together, one pass per table.
         responses = run_requests(
             pb_utils, self.model_name, requests, ("KEYS", "NUMKEYS"),
@@ -101,6 +103,7 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def finalize(self):
+        """Stop the metrics thread and close the session (tables, caches, threads)."""
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
         if getattr(self, "session", None) is not None:

@@ -38,6 +38,7 @@ class TritonPythonModel:
     """One instance per Triton model instance (each its own process)."""
 
     def initialize(self, args):
+        """Open the model's tables and dense network from ps.json; set up limits and metrics."""
         config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         try:
@@ -71,6 +72,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"hugectr model '{self.model_name}' ready: {self.session.dense!r}")
 
     def execute(self, requests):
+        """Answer a batch of requests: one lookup per table, one dense forward pass."""
         # All valid requests of the call: one lookup per table, one dense forward pass.
         responses = run_requests(
             pb_utils, self.model_name, requests, ("DES", "CATCOLUMN", "ROWINDEX"),
@@ -82,6 +84,7 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
+        """Stop the metrics thread and close the session (tables, caches, threads)."""
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
         if getattr(self, "session", None) is not None:

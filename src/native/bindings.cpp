@@ -58,8 +58,8 @@ py::array require_array(const py::handle& obj, const char* name, const DTypeSpec
                         bool writable) {
   if (!py::isinstance<py::array>(obj)) {
     const std::string got = py::str(py::type::handle_of(obj).attr("__name__"));
-    throw py::type_error(std::string(name) + " must be a numpy.ndarray of " + want.name +
-                         ", got " + got);
+    throw py::type_error(std::string(name) + " must be a numpy.ndarray of " + want.name + ", got " +
+                         got);
   }
   auto a = py::reinterpret_borrow<py::array>(obj);
   const py::dtype dt = a.dtype();
@@ -238,9 +238,11 @@ bool regroup_hugectr(const py::handle& cat_obj, const py::handle& rowindex_obj,
   const void* c = cat.data();
   py::gil_scoped_release release;
   if (wide) {
-    return tr::regroup_hugectr(static_cast<const int64_t*>(c), n, ri, s, tables, samples, ok, ko, op);
+    return tr::regroup_hugectr(static_cast<const int64_t*>(c), n, ri, s, tables, samples, ok, ko,
+                               op);
   }
-  return tr::regroup_hugectr(static_cast<const uint32_t*>(c), n, ri, s, tables, samples, ok, ko, op);
+  return tr::regroup_hugectr(static_cast<const uint32_t*>(c), n, ri, s, tables, samples, ok, ko,
+                             op);
 }
 
 }  // namespace
@@ -319,11 +321,12 @@ PYBIND11_MODULE(_native, m) {
         "samples*slots[t]+1 row pointers starts at 0, never decreases, and the blocks count "
         "exactly K keys (the caller then explains the error).");
 
-  m.def("index_capacity", [](uint64_t num_keys) { return tr::index_capacity(num_keys); },
-        py::arg("num_keys"),
-        "index_capacity(num_keys: int) -> int\n\n"
-        "Number of slots of the index of a table with num_keys keys: "
-        "max(16, next power of two >= 2 * num_keys).");
+  m.def(
+      "index_capacity", [](uint64_t num_keys) { return tr::index_capacity(num_keys); },
+      py::arg("num_keys"),
+      "index_capacity(num_keys: int) -> int\n\n"
+      "Number of slots of the index of a table with num_keys keys: "
+      "max(16, next power of two >= 2 * num_keys).");
 
   m.def("build_index", &build_index, py::arg("keys"),
         "build_index(keys: int64[N]) -> int64[capacity, 2]\n\n"
@@ -334,9 +337,8 @@ PYBIND11_MODULE(_native, m) {
         "probe(index, keys: int64[M], out_rows: int64[M]) -> int\n\n"
         "Write the row of each key to out_rows (-1 when absent); return the number absent.");
 
-  m.def("lookup", &lookup, py::arg("index"), py::arg("vectors"), py::arg("keys"),
-        py::arg("out"), py::arg("default_value"), py::arg("missing") = py::none(),
-        py::arg("num_threads") = 1,
+  m.def("lookup", &lookup, py::arg("index"), py::arg("vectors"), py::arg("keys"), py::arg("out"),
+        py::arg("default_value"), py::arg("missing") = py::none(), py::arg("num_threads") = 1,
         "lookup(index, vectors: float32[N, D], keys: int64[M], out: float32[M, D], "
         "default_value: float, missing: uint8|bool[M] | None = None, num_threads: int = 1) -> int"
         "\n\n"
@@ -387,8 +389,10 @@ class ShmCacheView {
     if (PyObject_GetBuffer(obj.ptr(), &buf, PyBUF_WRITABLE) != 0) {
       PyErr_Clear();
       const std::string got = py::str(py::type::handle_of(obj).attr("__name__"));
-      throw py::type_error("buffer must be a writable C-contiguous buffer (mmap.mmap, numpy "
-                           "uint8 array, bytearray), got " + got);
+      throw py::type_error(
+          "buffer must be a writable C-contiguous buffer (mmap.mmap, numpy "
+          "uint8 array, bytearray), got " +
+          got);
     }
     return buf;
   }
@@ -600,8 +604,9 @@ class ShmCacheView {
     const tr::ShmCache& c = cache_;
     return "<ShmCacheView policy=" + std::string(tr::policy_name(c.policy())) +
            " capacity=" + std::to_string(c.capacity()) + " (" + std::to_string(c.num_sets()) +
-           " sets x " + std::to_string(c.ways()) + " ways) vec_size=" +
-           std::to_string(c.vec_size()) + " nbytes=" + std::to_string(c.total_bytes()) + ">";
+           " sets x " + std::to_string(c.ways()) +
+           " ways) vec_size=" + std::to_string(c.vec_size()) +
+           " nbytes=" + std::to_string(c.total_bytes()) + ">";
   }
 
  private:

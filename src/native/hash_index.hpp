@@ -107,8 +107,8 @@ namespace detail {
   std::string msg = "corrupt index: slot " + std::to_string(slot) + " maps key " +
                     std::to_string(key) + " to row " + std::to_string(row);
   if (num_rows >= 0) {
-    msg += ", but vectors has " + std::to_string(num_rows) +
-           " rows (index built for another table?)";
+    msg +=
+        ", but vectors has " + std::to_string(num_rows) + " rows (index built for another table?)";
   }
   throw CorruptIndexError(msg);
 }
@@ -147,8 +147,8 @@ inline void prefetch_bytes(const void* p, size_t bytes) noexcept {
 inline void build_index(const int64_t* keys, size_t n, int64_t* slots, uint64_t capacity) {
   if (!is_valid_capacity(capacity) || capacity < 2 * static_cast<uint64_t>(n)) {
     throw std::invalid_argument("build_index: capacity " + std::to_string(capacity) +
-                                " is too small or not a power of two for " +
-                                std::to_string(n) + " keys");
+                                " is too small or not a power of two for " + std::to_string(n) +
+                                " keys");
   }
   for (uint64_t s = 0; s < capacity; ++s) {
     slots[2 * s] = 0;
@@ -185,8 +185,7 @@ inline int64_t probe(const IndexView& ix, const int64_t* keys, size_t m, int64_t
     if (i + kAhead < m) {
       TRITON_REC_PREFETCH(ix.slot(mix64(static_cast<uint64_t>(keys[i + kAhead])) & mask));
     }
-    const int64_t row =
-        detail::find(ix, keys[i], mix64(static_cast<uint64_t>(keys[i])) & mask, -1);
+    const int64_t row = detail::find(ix, keys[i], mix64(static_cast<uint64_t>(keys[i])) & mask, -1);
     out_rows[i] = row;
     missing += (row == kEmptyRow);
   }

@@ -228,9 +228,8 @@ inline ShmCacheLayout shm_cache_layout(const ShmCacheParams& p) {
                                 "], got " + std::to_string(p.ways));
   }
   if (p.vec_size < 1 || p.vec_size > kShmCacheMaxVecSize) {
-    throw std::invalid_argument("vec_size must be in [1, " +
-                                std::to_string(kShmCacheMaxVecSize) + "], got " +
-                                std::to_string(p.vec_size));
+    throw std::invalid_argument("vec_size must be in [1, " + std::to_string(kShmCacheMaxVecSize) +
+                                "], got " + std::to_string(p.vec_size));
   }
   if (p.policy != CachePolicy::kLru && p.policy != CachePolicy::kTinyLfu) {
     throw std::invalid_argument("unknown cache policy " +
@@ -326,8 +325,7 @@ class ShmCache {
     }
     if (version != kShmCacheLayoutVersion) {
       throw ShmCacheError("shared cache layout version " + std::to_string(version) +
-                          ", this build reads version " +
-                          std::to_string(kShmCacheLayoutVersion));
+                          ", this build reads version " + std::to_string(kShmCacheLayoutVersion));
     }
     if (len < kShmCacheHeaderBytes) {
       throw ShmCacheError("shared cache region truncated: " + std::to_string(len) +
@@ -335,8 +333,9 @@ class ShmCache {
     }
     const auto* h = static_cast<const ShmCacheHeader*>(base);
     if (h->initialized.load(std::memory_order_acquire) != 1) {
-      throw ShmCacheError("shared cache region is not initialized (being formatted, or its "
-                          "creator died while formatting it)");
+      throw ShmCacheError(
+          "shared cache region is not initialized (being formatted, or its "
+          "creator died while formatting it)");
     }
     ShmCacheParams p;
     p.num_sets = h->num_sets;
@@ -354,8 +353,9 @@ class ShmCache {
         l.sketch_offset != h->sketch_offset || l.sketch_width != h->sketch_width ||
         h->attach_slots != kShmCacheAttachSlots ||
         h->aging_threshold != kSketchAgingFactor * p.num_sets * p.ways) {
-      throw ShmCacheError("malformed shared cache header (layout fields disagree with its "
-                          "parameters)");
+      throw ShmCacheError(
+          "malformed shared cache header (layout fields disagree with its "
+          "parameters)");
     }
     if (len < l.total_bytes) {
       throw ShmCacheError("shared cache region truncated: " + std::to_string(len) +
@@ -484,8 +484,7 @@ class ShmCache {
     h_->inserts.fetch_add(static_cast<uint64_t>(r.inserted), std::memory_order_relaxed);
     h_->updates.fetch_add(updated, std::memory_order_relaxed);
     h_->evictions.fetch_add(static_cast<uint64_t>(r.evicted), std::memory_order_relaxed);
-    h_->rejected_admissions.fetch_add(static_cast<uint64_t>(r.rejected),
-                                      std::memory_order_relaxed);
+    h_->rejected_admissions.fetch_add(static_cast<uint64_t>(r.rejected), std::memory_order_relaxed);
     return r;
   }
 
@@ -590,8 +589,8 @@ class ShmCache {
     for (uint64_t r = 0; r < kSketchRows; ++r) {
       uint64_t word_ix, shift;
       counter_pos(h, r, word_ix, shift);
-      const unsigned c = static_cast<unsigned>(
-          (sketch_[word_ix].load(std::memory_order_relaxed) >> shift) & 0xF);
+      const unsigned c =
+          static_cast<unsigned>((sketch_[word_ix].load(std::memory_order_relaxed) >> shift) & 0xF);
       best = c < best ? c : best;
     }
     return best;
@@ -672,9 +671,8 @@ class ShmCache {
     sets_ = base_ + h_->sets_offset;
     set_shift_ = 64 - shm_detail::log2_pow2(num_sets_);
     sketch_width_ = h_->sketch_width;
-    sketch_ = sketch_width_
-                  ? reinterpret_cast<std::atomic<uint64_t>*>(base_ + h_->sketch_offset)
-                  : nullptr;
+    sketch_ = sketch_width_ ? reinterpret_cast<std::atomic<uint64_t>*>(base_ + h_->sketch_offset)
+                            : nullptr;
   }
 
   // Throws E (std::invalid_argument when formatting, ShmCacheError when attaching).

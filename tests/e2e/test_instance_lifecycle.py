@@ -81,7 +81,9 @@ def life_repo(tmp_path, count=2, interval="0.001", broken=False):
     entry = write_model(str(repo), "hps_life", TABLES, seed=SEED)
     models = [entry]
     (repo / "hps_life" / "config.pbtxt").write_text(hps_config(
-        "hps_life", count, extra=f'parameters {{ key: "metrics_interval" value: {{ string_value: "{interval}" }} }}'))
+        "hps_life", count,
+        extra=f'parameters {{ key: "metrics_interval" '
+              f'value: {{ string_value: "{interval}" }} }}'))
     if broken:
         bad = write_model(str(repo), "hps_broken", TABLES, seed=SEED)
         bad["sparse_files"] = ["nowhere/t_sparse_0.model"]

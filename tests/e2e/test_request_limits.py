@@ -122,16 +122,18 @@ def test_memory_returns_to_baseline_after_oversized_requests(limits_server):
 
 
 def test_rejected_requests_are_counted_as_failures_on_the_metrics_port(limits_server):
+    from tritonclient.utils import InferenceServerException
+
     srv = limits_server
     before = {r: _metric(srv, "trec_requests_rejected_total", model="hps_wdl", reason=r)
               for r in ("invalid", "too_large")}
     bad = [("KEYS", np.arange(5, dtype=np.int64).reshape(1, -1), "INT64"),
            ("NUMKEYS", np.array([[2, 2]], np.int32), "INT32")]  # counts sum to 4, not 5
     for protocol in ("http", "grpc", "http"):
-        with pytest.raises(Exception):
+        with pytest.raises(InferenceServerException):
             infer_raw(srv, protocol, "hps_wdl", bad)
     for protocol in ("http", "grpc"):
-        with pytest.raises(Exception):
+        with pytest.raises(InferenceServerException):
             infer_raw(srv, protocol, "hps_wdl", _keys_request(WDL_MAX_KEYS + 1))
     infer_raw(srv, "http", "hps_wdl", _valid_request())
     deadline = time.monotonic() + 10  # published by each instance's metrics thread (1 s)
@@ -146,11 +148,13 @@ def test_rejected_requests_are_counted_as_failures_on_the_metrics_port(limits_se
 
 
 def test_a_failed_model_does_not_take_the_node_out_of_rotation(limits_server):
+    from tritonclient.utils import InferenceServerException
+
     srv = limits_server
     base = f"http://{srv.http_url}"
     assert _status(f"{base}/v2/health/ready") == 200
     with make_client(srv, "http") as client:
-        with pytest.raises(Exception):
+        with pytest.raises(InferenceServerException):
             client.load_model("bad_missing")
         # Per model: the truth. Server: still in rotation, other models serve.
         assert _status(f"{base}/v2/models/bad_missing/ready") == 400

@@ -72,7 +72,7 @@ class RefLRU:
     def insert(self, keys, sets):
         self.clock += 1
         last = {}
-        for i, (k, s) in enumerate(zip(keys, sets)):
+        for k, s in zip(keys, sets):
             last.pop(k, None)
             last[k] = s  # dict order = order of last occurrences
         pinned, new_by_set = set(), defaultdict(list)

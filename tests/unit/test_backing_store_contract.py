@@ -40,9 +40,12 @@ from triton_rec.storage.table import EmbeddingTable
 
 I64_MIN, I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 SMALL_BATCH = 7  # max_batch_size of the remote stores: every test batch is chunked
-KINDS = ["dict", "local", "rocksdb", "rocksdb-read-only", "rocksdb-node", "redis",
-         "tiered"]  # every store reads
-WRITABLE = ["dict", "rocksdb", "rocksdb-node", "redis", "tiered"]
+# the stores on a Redis Cluster start one (the redis marker: `make unit` leaves them out)
+REDIS = pytest.param("redis", marks=pytest.mark.redis)
+TIERED = pytest.param("tiered", marks=pytest.mark.redis)
+KINDS = ["dict", "local", "rocksdb", "rocksdb-read-only", "rocksdb-node", REDIS,
+         TIERED]  # every store reads
+WRITABLE = ["dict", "rocksdb", "rocksdb-node", REDIS, TIERED]
 READ_ONLY = ["local", "rocksdb-read-only"]
 
 
@@ -480,6 +483,7 @@ def test_redis_bad_or_unreachable_addresses_fail_fast_with_the_address():
     assert time.monotonic() - t0 < 5
 
 
+@pytest.mark.redis
 def test_redis_over_tls_with_client_certificate_and_server_name():
     importlib.import_module("redis")
     from triton_rec.storage.redis_store import RedisClusterStore
@@ -504,6 +508,7 @@ def test_redis_over_tls_with_client_certificate_and_server_name():
                               tls_server_name_identification="redis.test")
 
 
+@pytest.mark.redis
 def test_redis_stalled_or_killed_master_raises_store_unavailable_quickly():
     """Last on purpose, with a cluster of its own: a stalled master (SIGSTOP) times out,
     recovers when resumed; a killed one is reported at once. Never a hang."""

@@ -331,7 +331,7 @@ def test_sparse_and_dense_files_outside_the_roots_are_refused(roots, tmp_path, m
 def test_a_store_dir_from_config_pbtxt_outside_the_roots_is_refused(roots, tmp_path):
     inside, outside = roots
     _write_repo(inside)
-    with pytest.raises(Exception, match=rf"store_dir \(config.pbtxt parameter\) is outside the allowed roots"):
+    with pytest.raises(Exception, match=r"store_dir \(config.pbtxt parameter\) is outside the allowed roots"):
         start_instance(inside, triton_config("m", "hps", HPS_INPUTS, store_dir=str(outside / "store"),
                                              prefault="false", metrics_interval="0"))
     assert not (outside / "store").exists()

@@ -106,7 +106,7 @@ def test_the_native_regrouping_matches_the_samples_table_by_table(seed):
     samples = _random_samples(rng, n, slots, 4)
     des, cat, rows = _build(samples)
     r = parse_hugectr_request("m", des, cat, rows, slots=slots, dense_dim=3, max_batch_size=64)
-    for t, s in enumerate(slots):
+    for t in range(len(slots)):
         assert r.keys[t].tolist() == [k for smp in samples for slot in smp[t] for k in slot]
         counts = [len(slot) for smp in samples for slot in smp[t]]
         assert r.row_ptrs[t].tolist() == np.concatenate([[0], np.cumsum(counts)]).tolist()

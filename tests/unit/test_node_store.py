@@ -327,8 +327,8 @@ def test_the_convert_command_converts_each_table_once_and_prints_the_layouts(tmp
     src_a, _, _ = _source(tmp_path, name="a_sparse_0.model", seed=1)
     src_b, _, _ = _source(tmp_path, name="b_sparse_0.model", d=4, seed=2)
     ps = tmp_path / "ps.json"
-    ps.write_text(
-        '{"supportlonglong": true, "models": [{"model": "m", "sparse_files": ["%s", "%s"],'
+    ps.write_text(  # %-format: JSON, whose braces a format string would need doubled
+        '{"supportlonglong": true, "models": [{"model": "m", "sparse_files": ["%s", "%s"],'  # noqa: UP031
         ' "embedding_vecsize_per_table": [8, 4], "embedding_table_names": ["a", "b"],'
         ' "maxnum_catfeature_query_per_table_per_sample": [1, 1], "max_batch_size": 8}]}'
         % (src_a, src_b)

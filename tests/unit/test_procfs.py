@@ -15,8 +15,8 @@ from triton_rec.util import procfs
 # A child whose command name contains ") " and "(": /proc/<pid>/stat must be cut at
 # the LAST ")" to find its fields.
 TRICKY_NAME = "a) b (c"
-CHILD = ("import ctypes, time; ctypes.CDLL(None).prctl(15, %r, 0, 0, 0); "
-         "print('ok', flush=True); time.sleep(60)" % TRICKY_NAME.encode())
+CHILD = (f"import ctypes, time; ctypes.CDLL(None).prctl(15, {TRICKY_NAME.encode()!r}, 0, 0, 0); "
+         "print('ok', flush=True); time.sleep(60)")
 
 
 def _child():

@@ -632,7 +632,7 @@ def test_writers_sigkilled_at_random_moments_leave_a_usable_consistent_cache(nam
             before = cache.stats()["inserts"] + cache.stats()["updates"]
             writer = spawn("write_loop", name)
             try:
-                wait_for(lambda: cache.stats()["inserts"] + cache.stats()["updates"] > before
+                wait_for(lambda before=before: cache.stats()["inserts"] + cache.stats()["updates"] > before
                          + 2000, 30, "the writer to start writing")
                 time.sleep(float(rng.uniform(0.0, 0.2)))
             finally:

@@ -162,7 +162,7 @@ def test_the_backends_never_serve_a_segment_planted_by_another_uid(tmp_path):
     truth = expected_vectors(SEED, 0, keys, 8).reshape(-1)
     s = open_session(p, spec)
     try:
-        table, cache = s.tables[0], s.cached_tables[0].cache
+        table = s.tables[0]
         name, capacity = cache_name(p, spec, p.tables[0], table), cache_capacity(p, table)
         # What another user sees of it in a listing of /dev/shm:
         seen = [e for e in os.listdir(SHM) if e.startswith("trec")]
@@ -247,8 +247,7 @@ def test_gpu_share_never_uses_a_file_planted_by_another_uid(suffix):
             return sa.close
         path = gpu_share.shared_path(name, suffix, SHM)
         with open(path, "w") as f:
-            f.write('{"format": "%s", "pid": %d, "arrays": {}}' % (gpu_share.HANDLES_FORMAT,
-                                                                   os.getpid()))
+            f.write(f'{{"format": "{gpu_share.HANDLES_FORMAT}", "pid": {os.getpid()}, "arrays": {{}}}}')
         os.chmod(path, 0o666)
         return lambda: os.unlink(path)
 

@@ -174,6 +174,7 @@ def test_redis_overflow_is_pruned_and_lookups_stay_exact(make, spec, redis_clust
         session.close()
 
 
+@pytest.mark.redis
 def test_a_killed_redis_master_fails_requests_or_falls_through_per_config(make, spec, tmp_path):
     with start_redis_cluster(3) as cluster:
         fail = make(gpucache=False, volatile=redis(cluster, socket_timeout=0.5), persistent=ROCKS)
@@ -408,6 +409,7 @@ def test_online_updates_reach_the_tiers_and_the_cache_only_through_matching_filt
         session.close()
 
 
+@pytest.mark.redis
 def test_ps_json_tls_settings_reach_the_redis_tier(make, spec):
     from tests.storage_fixtures import start_tls_redis_cluster
 

@@ -141,7 +141,7 @@ def test_every_group_sees_every_update_and_batches_are_split_in_messages(redis_c
     for group in ("node1", "node2"):
         c = UpdateConsumer(redis_cluster.address, group, "c", {topic: 3}, Collector())
         try:
-            consume_until(c, lambda: len(c.apply.rows) == 250)
+            consume_until(c, lambda c=c: len(c.apply.rows) == 250)
             assert c.stats()["messages"] == 3 and c.stats()["vectors"] == 250
             got.append(c.apply.rows)
         finally:
@@ -308,6 +308,7 @@ def wait_for(cond, what, timeout=10.0):
         time.sleep(0.01)
 
 
+@pytest.mark.redis
 def test_an_unreachable_redis_is_retried_quietly_and_close_returns_promptly(names, caplog):
     from tests.storage_fixtures import start_redis_cluster
 
@@ -357,6 +358,7 @@ def owns(cluster, i, key):
         return False
 
 
+@pytest.mark.redis
 def test_the_consumer_recovers_when_a_node_comes_back_empty(names):
     """The master holding the stream restarts without its data (no persistence): the
     consumer creates its group again and applies what is published afterwards."""

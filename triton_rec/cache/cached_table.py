@@ -38,17 +38,23 @@ class EmbeddingCache(Protocol):
     vec_size: int
     capacity: int
 
-    def size(self) -> int: ...
+    def size(self) -> int:
+        """Rows held now."""
 
-    def query(self, keys: np.ndarray, out: np.ndarray, hit_mask: np.ndarray) -> int: ...
+    def query(self, keys: np.ndarray, out: np.ndarray, hit_mask: np.ndarray) -> int:
+        """Write the cached vectors of ``keys`` into ``out``, set ``hit_mask``; returns hits."""
 
-    def insert(self, keys: np.ndarray, vectors: np.ndarray): ...
+    def insert(self, keys: np.ndarray, vectors: np.ndarray):
+        """Insert (or overwrite) ``keys`` with ``vectors``, evicting per the cache's policy."""
 
-    def update(self, keys: np.ndarray, vectors: np.ndarray) -> int: ...
+    def update(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """Overwrite the vectors of the ``keys`` already cached; returns how many were."""
 
-    def keys(self) -> np.ndarray: ...
+    def keys(self) -> np.ndarray:
+        """The keys cached now."""
 
-    def stats(self) -> Dict[str, int]: ...
+    def stats(self) -> Dict[str, int]:
+        """The cache's counters (lookups, hits, inserts, evictions, ...)."""
 
 
 @dataclass
@@ -68,11 +74,13 @@ class TableStats:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
+        """Add ``deltas`` to the named counters (under the lock)."""
         with self.lock:
             for k, v in deltas.items():
                 setattr(self, k, getattr(self, k) + v)
 
     def snapshot(self) -> Dict[str, int]:
+        """A consistent copy of every counter."""
         with self.lock:
             return {k: v for k, v in self.__dict__.items() if k != "lock"}
 
@@ -146,6 +154,7 @@ class CachedTable:
 
     def fill_from_store(self, keys: np.ndarray) -> None:
         """Fetch ``keys`` from the store and insert them in the cache (background path)."""
+        assert self.cache is not None  # the background path exists only with a cache
         keys = np.unique(keys)
         vectors = np.empty((keys.shape[0], self.vec_size), dtype=np.float32)
         self.store.fetch(keys, vectors)
@@ -189,13 +198,14 @@ class BackgroundInserter:
     """
 
     def __init__(self, max_pending: int = 64, name: str = "trec-inserter"):
-        self._queue: "queue.Queue" = queue.Queue(maxsize=max_pending)
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._throttle = LogThrottle()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, table: CachedTable, keys: np.ndarray) -> bool:
+        """Queue the missed ``keys`` of ``table`` for insertion; False when the queue is full."""
         try:
             self._queue.put_nowait((table, np.array(keys, dtype=np.int64, copy=True)))
             return True
@@ -228,6 +238,7 @@ class BackgroundInserter:
                 self._queue.task_done()
 
     def close(self) -> None:
+        """Stop the thread (waits up to 5 s for the batch in progress)."""
         self._stop.set()
         self._thread.join(timeout=5)
 
@@ -251,6 +262,7 @@ class Refresher:
         self._thread.start()
 
     def run_once(self) -> None:
+        """Refresh one ``fraction`` of each table's cached rows (what each interval does)."""
         for i, t in enumerate(self.tables):
             try:
                 self._cursors[i] = t.refresh(self.fraction, self._cursors[i])
@@ -267,5 +279,6 @@ class Refresher:
             self.run_once()
 
     def close(self) -> None:
+        """Stop the thread (waits up to 5 s)."""
         self._stop.set()
         self._thread.join(timeout=5)

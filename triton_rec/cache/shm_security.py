@@ -60,7 +60,7 @@ NAMESPACE_FILE = "shm-namespace"
 #: prefix of a store's private directory in the shared-memory parent directory
 NAMESPACE_DIR_PREFIX = "trec-ns-"
 _TOKEN_BYTES = 16
-_TOKEN_RE = re.compile(r"[0-9a-f]{%d}" % (2 * _TOKEN_BYTES))
+_TOKEN_RE = re.compile(r"[0-9a-f]{%d}" % (2 * _TOKEN_BYTES))  # noqa: UP031 (regex braces)
 _ROTATIONS = 4  # new tokens tried before giving up (each one needs an attacker's guess)
 
 

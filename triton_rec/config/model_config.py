@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, overload
 
 from triton_rec.errors import ConfigError
 
@@ -143,6 +143,12 @@ def _number_parameter(config: Dict[str, Any], key: str, convert, valid, what: st
     return number
 
 
+@overload
+def model_seconds(config: Dict[str, Any], key: str, default: float) -> float: ...
+@overload
+def model_seconds(config: Dict[str, Any], key: str, default: None) -> Optional[float]: ...
+
+
 def model_seconds(config: Dict[str, Any], key: str, default: Optional[float]) -> Optional[float]:
     """A string parameter of config.pbtxt holding seconds >= 0 (``default`` if absent;
     ConfigError if malformed)."""
@@ -205,7 +211,7 @@ class InstanceSettings:
 
     @classmethod
     def from_config(cls, config: Dict[str, Any],
-                    environ: Optional[Mapping[str, str]] = None) -> "InstanceSettings":
+                    environ: Optional[Mapping[str, str]] = None) -> InstanceSettings:
         """Read the parameters (ConfigError names a malformed one).
 
         ``intra_op_threads``: the config.pbtxt parameter if given, else the first of

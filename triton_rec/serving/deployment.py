@@ -61,6 +61,7 @@ class InstanceSpec:
 
     @property
     def device(self) -> str:
+        """The cache's device name: ``cpu`` or ``gpu<device_id>``."""
         return f"gpu{self.device_id}" if self.kind.upper() == "GPU" else "cpu"
 
 
@@ -72,6 +73,7 @@ def cache_capacity(params: ModelParams, table: EmbeddingTable) -> int:
 
 
 def cache_name(params: ModelParams, spec: InstanceSpec, tp: TableParams, table: EmbeddingTable) -> str:
+    """Name of a table's shared cache: model, device, table and the digest of its layout file."""
     layout = getattr(table, "layout_path", None) or table.path
     digest = os.path.splitext(os.path.basename(layout))[0][:16]
     return f"{params.model}.{spec.device}.{tp.name}.{digest}"
@@ -143,6 +145,7 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
             opened.append(Tier("local", LocalTableStore(table)))
         if per.type == "rocks_db":
             path = per.path
+            store: BackingStore
             if per.read_only:
                 store = RocksDBStore(path, name, tp.vec_size, tp.default_value, read_only=True,
                                      max_batch_size=per.max_batch_size,

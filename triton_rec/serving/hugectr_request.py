@@ -18,7 +18,7 @@ table order and its own row pointers, ready for lookup and slot combination.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -48,7 +48,7 @@ def parse_hugectr_request(
     des: np.ndarray,
     catcolumn: np.ndarray,
     rowindex: np.ndarray,
-    slots: Sequence[int],
+    slots: Union[Sequence[int], np.ndarray],
     dense_dim: int,
     max_batch_size: int,
 ) -> HugeCTRRequest:

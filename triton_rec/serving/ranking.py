@@ -63,6 +63,7 @@ class RankingSession:
 
     @property
     def cached_tables(self):
+        """The session's :class:`~triton_rec.cached_table.CachedTable` objects, one per table."""
         return self.table_set.tables
 
     def input_limits(self, catcolumn_itemsize: int = 8):
@@ -87,15 +88,17 @@ class RankingSession:
             r = requests[0]
             keys, ptrs, dense = r.keys, r.row_ptrs, r.dense
         else:
-            keys, ptrs = [], []
+            key_parts: List[np.ndarray] = []
+            ptr_parts: List[np.ndarray] = []
             for t in range(len(self.slots)):
-                keys.append(np.concatenate([r.keys[t] for r in requests]))
+                key_parts.append(np.concatenate([r.keys[t] for r in requests]))
                 # Row pointers of all requests, shifted into the concatenated key array.
                 shifted, offset = [np.zeros(1, np.int64)], 0
                 for r in requests:
                     shifted.append(r.row_ptrs[t][1:] + offset)
                     offset += r.keys[t].shape[0]
-                ptrs.append(np.concatenate(shifted))
+                ptr_parts.append(np.concatenate(shifted))
+            keys, ptrs = tuple(key_parts), tuple(ptr_parts)
             dense = np.concatenate([r.dense for r in requests], axis=0)
         embeddings = []
         for t, table in enumerate(self.cached_tables):
@@ -112,6 +115,7 @@ class RankingSession:
         return answers
 
     def close(self) -> None:
+        """Close the tables (caches, stores, background threads)."""
         self.table_set.close()
 
 
@@ -202,4 +206,5 @@ class DenseSession:
         return answers
 
     def close(self) -> None:
+        """Nothing to release (the dense network lives as long as the session)."""
         pass

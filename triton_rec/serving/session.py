@@ -58,7 +58,7 @@ class TableSet:
         load_table: TableLoader = read_table_privately,
         open_cache: Optional[CacheOpener] = None,
         open_store: StoreOpener = lambda tp, table: LocalTableStore(table),
-    ) -> "TableSet":
+    ) -> TableSet:
         """Load every table of ``params`` and put a cache in front when ``gpucache`` is on.
 
         Args:
@@ -76,7 +76,7 @@ class TableSet:
                 table = load_table(tp)
                 store = open_store(tp, table)
                 try:
-                    cache = open_cache(tp, table) if use_cache else None
+                    cache = open_cache(tp, table) if use_cache and open_cache is not None else None
                 except BaseException:
                     store.close()
                     raise
@@ -180,7 +180,7 @@ class LookupSession:
         params: ModelParams,
         load_table: TableLoader = read_table_privately,
         open_cache: Optional[CacheOpener] = None,
-    ) -> "LookupSession":
+    ) -> LookupSession:
         """Load every table of ``params`` (see :meth:`TableSet.open`)."""
         ts = TableSet.open(params, load_table, open_cache)
         return cls(params, ts.tables, ts.inserter, ts.refresher)
@@ -285,7 +285,7 @@ class LookupSession:
             per_table.append(buf)
         answers = []
         starts = np.zeros(self.params.num_tables, dtype=np.int64)
-        for i, r in enumerate(requests):
+        for r in requests:
             out = np.empty(self.output_size(r), dtype=np.float32)
             pos = 0
             for t in range(self.params.num_tables):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -103,21 +103,22 @@ def decode_values(values: Sequence[Optional[bytes]], keys: np.ndarray, out: np.n
     """
     row_bytes = out.shape[1] * 4
     hit = [i for i, v in enumerate(values) if v is not None]
-    bad = [i for i in hit if len(values[i]) != row_bytes]
+    present = cast(Sequence[bytes], values)  # at the indices in hit (all of them if no miss)
+    bad = [i for i in hit if len(present[i]) != row_bytes]
     if bad:
         i = bad[0]
         raise StoreDataError(
-            f"{where}: the value of key {int(keys[i])} has {len(values[i])} bytes, expected "
+            f"{where}: the value of key {int(keys[i])} has {len(present[i])} bytes, expected "
             f"{row_bytes} ({out.shape[1]} float32); {len(bad)} bad value(s) in this batch")
     found[:] = False
     if len(hit) == len(values):
-        out[:] = np.frombuffer(b"".join(values), dtype="<f4").reshape(out.shape)
+        out[:] = np.frombuffer(b"".join(present), dtype="<f4").reshape(out.shape)
         found[:] = True
         return
     out[:] = default_value
     if hit:
         idx = np.asarray(hit, dtype=np.int64)
-        rows = np.frombuffer(b"".join(values[i] for i in hit), dtype="<f4")
+        rows = np.frombuffer(b"".join(present[i] for i in hit), dtype="<f4")
         out[idx] = rows.reshape(len(hit), -1)
         found[idx] = True
 
@@ -193,7 +194,8 @@ class BackingStore(abc.ABC):
         """
         raise ReadOnlyStoreError(f"store {self!r} is read-only: cannot delete {len(keys)} key(s)")
 
-    def close(self) -> None:  # pragma: no cover - trivial default
+    # Not abstract: a no-op default for the stores that hold nothing to release.
+    def close(self) -> None:  # noqa: B027  # pragma: no cover - trivial default
         """Release connections/mappings."""
 
     # -- import bookkeeping (writable tiers; see triton_rec.storage.tiers.import_table) --------
@@ -230,15 +232,18 @@ class LocalTableStore(BackingStore):
         self.default_value = table.default_value
 
     def fetch(self, keys: np.ndarray, out: np.ndarray, missing: Optional[np.ndarray] = None) -> np.ndarray:
+        """Gather ``keys`` into ``out`` (the default for unknown keys); returns found."""
         missing = np.empty(keys.shape[0], dtype=np.uint8) if missing is None else missing
         t = self.table
         _native.lookup(t.index, t.vectors, keys, out, t.default_value, missing=missing)
         return missing == 0
 
     def num_rows(self) -> int:
+        """Rows of the table."""
         return self.table.num_rows
 
     def sample_keys(self, n: int) -> np.ndarray:
+        """The first ``n`` keys of the table."""
         return np.asarray(self.table.keys[: max(0, min(n, self.table.num_rows))])
 
     def __repr__(self) -> str:
@@ -273,14 +278,17 @@ class DictStore(BackingStore):
         self._lock = threading.Lock()
 
     def get_meta(self, name: str) -> Optional[str]:
+        """The metadata string ``name``, or None."""
         with self._lock:
             return self._meta.get(name)
 
     def set_meta(self, name: str, value: str) -> None:
+        """Store ``value`` under ``name``."""
         with self._lock:
             self._meta[name] = str(value)
 
     def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Write the rows of ``keys`` into ``out`` (the default for unknown keys); returns found."""
         keys = check_keys(keys)
         found = np.zeros(keys.shape[0], dtype=bool)
         with self._lock:
@@ -294,6 +302,7 @@ class DictStore(BackingStore):
         return found
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """Insert or overwrite rows (last occurrence wins); returns the distinct keys written."""
         keys, vectors = check_rows(keys, vectors, self.vec_size)
         with self._lock:
             for k, v in zip(keys.tolist(), vectors):
@@ -301,15 +310,18 @@ class DictStore(BackingStore):
         return len(set(keys.tolist()))
 
     def delete(self, keys: np.ndarray) -> int:
+        """Remove the rows of ``keys``; returns how many were held."""
         keys = check_keys(keys)
         with self._lock:
             return sum(self._rows.pop(k, None) is not None for k in set(keys.tolist()))
 
     def num_rows(self) -> int:
+        """Rows held."""
         with self._lock:
             return len(self._rows)
 
     def sample_keys(self, n: int) -> np.ndarray:
+        """Up to ``n`` held keys."""
         with self._lock:
             return np.fromiter(self._rows, dtype=np.int64, count=len(self._rows))[: max(0, n)]
 

@@ -64,7 +64,7 @@ _TABLE_RE = re.compile(r"[A-Za-z0-9_.-]{1,250}")
 
 @dataclass
 class _OpenDB:
-    db: "rocksdict.Rdict"
+    db: rocksdict.Rdict
     read_only: bool
     users: int
 
@@ -76,7 +76,7 @@ _DBS: Dict[str, List[_OpenDB]] = {}
 _DBS_LOCK = threading.Lock()
 
 
-def _options(num_threads: int, create: bool) -> "rocksdict.Options":
+def _options(num_threads: int, create: bool) -> rocksdict.Options:
     opts = rocksdict.Options(raw_mode=True)
     if create:
         opts.create_if_missing(True)
@@ -85,7 +85,7 @@ def _options(num_threads: int, create: bool) -> "rocksdict.Options":
     return opts
 
 
-def _column_family(db: "rocksdict.Rdict", name: str, create: bool, options=None):
+def _column_family(db: rocksdict.Rdict, name: str, create: bool, options=None):
     """The column family ``name`` of ``db`` (created if ``create``, with ``options``), or
     None if absent."""
     try:
@@ -96,7 +96,7 @@ def _column_family(db: "rocksdict.Rdict", name: str, create: bool, options=None)
     return db.create_column_family(name, options or rocksdict.Options(raw_mode=True))
 
 
-def _open(path: str, real: str, read_only: bool, num_threads: int) -> "rocksdict.Rdict":
+def _open(path: str, real: str, read_only: bool, num_threads: int) -> rocksdict.Rdict:
     try:
         if read_only:
             if not os.path.isdir(real):
@@ -284,6 +284,7 @@ class RocksDBStore(_ColumnFamilyReads):
         self._get("write", self._h.db.write, wb)
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """Insert or overwrite rows (last occurrence wins, in batches); returns rows written."""
         if self.read_only:
             return super().upsert(keys, vectors)
         keys, vectors = check_rows(keys, vectors, self.vec_size)
@@ -337,7 +338,7 @@ META_COLUMN_FAMILY = "__trec_meta__"
 L0_COMPACTION_TRIGGER = 8
 
 
-def _node_options(num_threads: int = 1, create: bool = False) -> "rocksdict.Options":
+def _node_options(num_threads: int = 1, create: bool = False) -> rocksdict.Options:
     """Options of the node databases: bloom filters (a get for a missing key skips most
     files), few info-log files."""
     opts = _options(num_threads, create)
@@ -361,7 +362,7 @@ class _NodeWriter:
     go, so the other processes of the node get their turn to write.
     """
 
-    _open: Dict[str, "_NodeWriter"] = {}
+    _open: Dict[str, _NodeWriter] = {}
     _open_lock = threading.Lock()
 
     def __init__(self, path: str, num_threads: int, hold_seconds: float,
@@ -379,7 +380,7 @@ class _NodeWriter:
 
     @classmethod
     def acquire(cls, path: str, num_threads: int, hold_seconds: float,
-                max_hold_seconds: float) -> "_NodeWriter":
+                max_hold_seconds: float) -> _NodeWriter:
         """The writer of database ``path`` (settings of its first user win)."""
         with cls._open_lock:
             w = cls._open.get(path)
@@ -648,6 +649,7 @@ class NodeRocksDBTable(_ColumnFamilyReads):
     # -- BackingStore ---------------------------------------------------------------
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """Insert or overwrite rows (last occurrence wins, in batches); returns rows written."""
         keys, vectors = check_rows(keys, vectors, self.vec_size)
         idx = last_occurrence(keys)
         keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx], dtype="<f4")
@@ -664,6 +666,7 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         return int(keys.shape[0])
 
     def delete(self, keys: np.ndarray) -> int:
+        """Remove the rows of ``keys``; returns how many were held."""
         keys = np.unique(check_keys(keys))
         raw = encode_keys(keys)
         self.catch_up()
@@ -679,11 +682,13 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         return present
 
     def get_meta(self, name: str) -> Optional[str]:
+        """The metadata string ``name``, or None."""
         self.catch_up()
         v = self._get("meta read", lambda k: self._meta.get(k), f"{self.table_name}/{name}".encode())
         return None if v is None else bytes(v).decode()
 
     def set_meta(self, name: str, value: str) -> None:
+        """Store ``value`` under ``name``."""
         with self._primary() as db:
             meta = db.get_column_family(META_COLUMN_FAMILY)
             meta[f"{self.table_name}/{name}".encode()] = str(value).encode()
@@ -695,6 +700,7 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         return _flock(f"{self.path}.{self.table_name}.import.lock", timeout, self._where)
 
     def close(self) -> None:
+        """Release the writer lock, close the database, remove the secondary directory."""
         if self._closed:
             return
         self._closed = True

@@ -79,7 +79,7 @@ class EmbeddingTable:
         default_value: float = 0.0,
         path: Optional[str] = None,
         layout_path: Optional[str] = None,
-    ) -> "EmbeddingTable":
+    ) -> EmbeddingTable:
         """A table over existing arrays and a ready index: nothing is copied or built.
 
         Args:
@@ -119,10 +119,12 @@ class EmbeddingTable:
 
     @property
     def num_rows(self) -> int:
+        """Rows of the table."""
         return int(self.vectors.shape[0])
 
     @property
     def vec_size(self) -> int:
+        """Embedding vector size."""
         return int(self.vectors.shape[1])
 
     def lookup(self, keys: np.ndarray, out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
@@ -167,8 +169,8 @@ class EmbeddingTable:
             except (OSError, ValueError):
                 pass  # old kernel: fall back to touching the pages below
         for a in arrays:
-            m = mapping_of(a)
-            if m is None or id(m) not in populated:
+            mapping = mapping_of(a)
+            if mapping is None or id(mapping) not in populated:
                 _touch_pages(a)
         return int(sum(a.nbytes for a in arrays))
 

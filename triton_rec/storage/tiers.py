@@ -66,7 +66,7 @@ class Tier:
     store: BackingStore
     on_unavailable: str = "fail"
     update_filters: Tuple[str, ...] = (".+",)
-    _filters: List["re.Pattern"] = field(default_factory=list, repr=False)
+    _filters: List[re.Pattern] = field(default_factory=list, repr=False)
 
     def __post_init__(self):
         if self.on_unavailable not in ("fail", "next_tier"):
@@ -134,6 +134,7 @@ class TieredStore(BackingStore):
     # -- reading --------------------------------------------------------------------
 
     def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Each key from the first tier that holds it (an unavailable tier skipped or fatal)."""
         keys = check_keys(keys)
         m = keys.shape[0]
         found = np.zeros(m, dtype=bool)
@@ -216,6 +217,7 @@ class TieredStore(BackingStore):
         return written
 
     def delete(self, keys: np.ndarray) -> int:
+        """Remove ``keys`` from every writable tier; returns the most any tier held."""
         if self.read_only:
             return super().delete(keys)
         held = 0
@@ -225,6 +227,7 @@ class TieredStore(BackingStore):
         return held
 
     def close(self) -> None:
+        """Close every tier."""
         for t in self.tiers:
             t.store.close()
 

@@ -39,6 +39,7 @@ class RequestCounters:
         self.counts = dict.fromkeys(self.REASONS, 0)
 
     def snapshot(self) -> dict:
+        """A copy of the counts, by reason."""
         return dict(self.counts)
 
 
@@ -106,7 +107,8 @@ def check_input_size(model_name: str, name: str, tensor, limits: InputLimits) ->
     raise too_large(model_name, name, n, limit)
 
 
-def too_large(model_name: str, name: str, n: int, limit) -> "RequestTooLarge":
+def too_large(model_name: str, name: str, n: int, limit) -> RequestTooLarge:
+    """The error for an input of ``n`` elements over ``limit`` (its bound, itemsize, reason)."""
     max_elements, itemsize, why = limit
     return RequestTooLarge(
             f"model '{model_name}': input {name} holds {n} elements ({n * itemsize} bytes), "
@@ -150,13 +152,14 @@ def run_requests(
                 t = pb_utils.get_input_tensor_by_name(request, name)
                 if t is None:
                     raise RequestError(
-                        f"model '{model_name}': missing input {name} (needs {', '.join(input_names)})"
+                        f"model '{model_name}': missing input {name} "
+                        f"(needs {', '.join(input_names)})"
                     )
                 if limits is not None and check_input_size(model_name, name, t, limits):
                     over = name
                 tensors.append(t.as_numpy())
             request_parsed = parse(*tensors)
-            if over is not None:  # consistent, but larger than the model allows
+            if over is not None and limits is not None:  # consistent, but larger than allowed
                 n = tensors[list(input_names).index(over)].size
                 raise too_large(model_name, over, n, limits[over])
             parsed.append(request_parsed)
@@ -282,6 +285,7 @@ class TritonLogHandler(logging.Handler):
         self.model_name = model_name
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Send ``record`` to Triton's log at the matching level."""
         try:
             msg = f"model '{self.model_name}': {record.name}: {self.format(record)}"
             log = self.pb_utils.Logger

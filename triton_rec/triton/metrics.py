@@ -89,6 +89,7 @@ class RequestMetrics:
         self._last = dict.fromkeys(counters.REASONS, 0)
 
     def update(self) -> None:
+        """Add what each reason's counter grew by since the last call."""
         now = self.counters.snapshot()
         for reason, metric in self._metrics.items():
             delta = now[reason] - self._last[reason]
@@ -180,7 +181,9 @@ class CacheMetrics:
             metric.set(value)
             entry["gauge_last"][key] = value
 
-    def update(self) -> None:
+    # Flat: one on-change test per metric family (table counters, cache gauges, tiers, update
+    # consumers), in the order they are exported.
+    def update(self) -> None:  # noqa: C901
         """Publish what changed since the last call (by MetricsPusher's thread, never
         from ``execute``): counter deltas, and the gauges whose value moved."""
         if self._requests is not None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Mapping, Optional
 
 from triton_rec.config.model_config import THREAD_ENV_VARS
 
@@ -93,7 +93,7 @@ def blas_coretype_fix(architecture: Optional[str], flags: Iterable[str]) -> Opti
     return None
 
 
-def server_blas_environment(environ: Optional[dict] = None) -> Dict[str, str]:
+def server_blas_environment(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """What a server launcher adds to the environment of tritonserver so that every
     instance process loads numpy's OpenBLAS with kernels for this CPU: ``{}`` unless
     OpenBLAS (as loaded by this process) chose pre-AVX2 kernels on an AVX2 CPU and
@@ -119,7 +119,7 @@ MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 128 << 20
 
 
-def tune_allocator(environ: Optional[dict] = None) -> str:
+def tune_allocator(environ: Optional[Mapping[str, str]] = None) -> str:
     """Keep the memory of large temporaries in this process between requests (glibc).
 
     A request's arrays of a few MB (a 1,024-sample DLRM: keys, vectors, activations)

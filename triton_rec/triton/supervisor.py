@@ -109,12 +109,14 @@ class Supervisor:
         return expected_instances(self._http("GET", f"/v2/models/{model}/config"))
 
     # -- the loop -------------------------------------------------------------------
-    def start(self) -> "Supervisor":
+    def start(self) -> Supervisor:
+        """Start the supervising thread; returns ``self``."""
         self._thread = threading.Thread(target=self._run, name="trec-supervisor", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop the thread and wait for it (at most ``RELOAD_TIMEOUT_S``)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(RELOAD_TIMEOUT_S)

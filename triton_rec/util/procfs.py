@@ -38,6 +38,7 @@ class ProcStat(NamedTuple):
 
     @property
     def cpu_seconds(self) -> float:
+        """User plus system CPU time, in seconds."""
         return (self.utime + self.stime) / CLOCK_TICKS
 
 
@@ -51,10 +52,10 @@ def proc_stat(pid: int) -> Optional[ProcStat]:
             data = f.read()
     except OSError:
         return None
-    f = data[data.rfind(b")") + 2:].split()
+    fields = data[data.rfind(b")") + 2:].split()
     try:
-        return ProcStat(f[0].decode(), int(f[1]), int(f[2]), int(f[7]), int(f[11]), int(f[12]),
-                        int(f[19]))
+        return ProcStat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[7]),
+                        int(fields[11]), int(fields[12]), int(fields[19]))
     except (IndexError, ValueError):
         return None
 

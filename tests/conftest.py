@@ -1,0 +1,26 @@
+"""Markers from what a test needs, so ``make unit`` runs without Redis or tritonserver.
+
+- ``redis``: the test uses the ``redis_cluster`` fixture (tests that call
+  ``start_redis_cluster``/``start_tls_redis_cluster`` or use a Redis-backed parameter
+  carry the marker themselves);
+- ``server``: every test under ``tests/e2e`` (they start a tritonserver).
+
+``make unit`` runs ``-m "not redis and not server"``; ``make test`` runs everything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+E2E = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Add the ``redis`` and ``server`` markers (see the module docstring)."""
+    for item in items:
+        if "redis_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.redis)
+        if E2E in Path(item.path).parents:
+            item.add_marker(pytest.mark.server)
