@@ -40,8 +40,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_overhead as bo  # noqa: E402
 from machine import machine_info  # noqa: E402
+
 from tests.fake_pb_utils import (  # noqa: E402
-    HPS_INPUTS, HUGECTR_INPUTS, Request, start_instance, triton_config)
+    HPS_INPUTS,
+    HUGECTR_INPUTS,
+    Request,
+    start_instance,
+    triton_config,
+)
 
 
 def timed(fn, repeat: int, idle_s: float = 0.0) -> float:
@@ -64,8 +70,14 @@ def load(repo: Path, name: str):
     """One instance of a model of the benchmark repository, as Triton would start it."""
     text = (repo / name / "config.pbtxt").read_text()
     backend = text.split('backend: "')[1].split('"')[0]
-    config = triton_config(name, backend, HPS_INPUTS if backend == "hps" else HUGECTR_INPUTS,
-                           instances=2, store_dir=repo.parent / "store", metrics_interval=1)
+    config = triton_config(
+        name,
+        backend,
+        HPS_INPUTS if backend == "hps" else HUGECTR_INPUTS,
+        instances=2,
+        store_dir=repo.parent / "store",
+        metrics_interval=1,
+    )
     return start_instance(repo, config)
 
 
@@ -74,8 +86,13 @@ def request_of(path: Path, types: dict) -> Request:
     return Request(**{k: np.asarray(v["content"], types[k])[None, :] for k, v in row.items()})
 
 
-TYPES = {"KEYS": np.int64, "NUMKEYS": np.int32, "DES": np.float32, "CATCOLUMN": np.int64,
-         "ROWINDEX": np.int32}
+TYPES = {
+    "KEYS": np.int64,
+    "NUMKEYS": np.int32,
+    "DES": np.float32,
+    "CATCOLUMN": np.int64,
+    "ROWINDEX": np.int32,
+}
 
 
 def stages(pb, model, req: Request, names, run, repeat: int) -> dict:
@@ -84,11 +101,14 @@ def stages(pb, model, req: Request, names, run, repeat: int) -> dict:
     parsed = session.parse_request(*tensors)
     answer = run([parsed])[0]
     respond = getattr(model, "_response", None) or (
-        lambda r, out: pb.InferenceResponse(output_tensors=[pb.Tensor(model.output_name, out)]))
+        lambda r, out: pb.InferenceResponse(output_tensors=[pb.Tensor(model.output_name, out)])
+    )
     return {
         "execute": timed(lambda: model.execute([req]), repeat),
         "execute after 1 ms idle": timed(lambda: model.execute([req]), max(50, repeat // 4), 0.001),
-        "read tensors": timed(lambda: [pb.get_input_tensor_by_name(req, n).as_numpy() for n in names], repeat),
+        "read tensors": timed(
+            lambda: [pb.get_input_tensor_by_name(req, n).as_numpy() for n in names], repeat
+        ),
         "parse_request": timed(lambda: session.parse_request(*tensors), repeat),
         "engine run": timed(lambda: run([parsed]), repeat),
         "response": timed(lambda: respond(parsed, answer), repeat),
@@ -105,14 +125,21 @@ def dlrm_parts(model, req: Request, repeat: int) -> dict:
     for t, table in enumerate(s.cached_tables):
         keys = parsed.keys[t]
         buf = np.empty((keys.shape[0], table.vec_size), np.float32)
-        out[f"lookup table {t} ({keys.shape[0]} keys)"] = timed(lambda table=table, keys=keys, buf=buf: table.lookup(keys, buf), repeat)
+        out[f"lookup table {t} ({keys.shape[0]} keys)"] = timed(
+            lambda table=table, keys=keys, buf=buf: table.lookup(keys, buf), repeat
+        )
         vectors.append(buf)
     combined = []
     for t, table in enumerate(s.cached_tables):
         rp = parsed.row_ptrs[t]
-        out[f"combine table {t}"] = timed(lambda t=t, rp=rp: combine_slots(vectors[t], rp, s.combiners[t]), repeat)
-        combined.append(combine_slots(vectors[t], rp, s.combiners[t]).reshape(
-            parsed.num_samples, s.slots[t], table.vec_size))
+        out[f"combine table {t}"] = timed(
+            lambda t=t, rp=rp: combine_slots(vectors[t], rp, s.combiners[t]), repeat
+        )
+        combined.append(
+            combine_slots(vectors[t], rp, s.combiners[t]).reshape(
+                parsed.num_samples, s.slots[t], table.vec_size
+            )
+        )
     out["dense network"] = timed(lambda: s.dense.predict(parsed.dense, combined), repeat)
     return out
 
@@ -123,7 +150,9 @@ def main(argv=None) -> int:
     fix = server_blas_environment()
     if fix:  # load OpenBLAS with the kernels a served instance gets (triton_rec.triton.runtime)
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **fix})
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--repeat", type=int, default=2000)
     p.add_argument("--batches", default="1,64,1024")
     args = p.parse_args(argv)
@@ -141,25 +170,55 @@ def main(argv=None) -> int:
                     req = request_of(files[("hps", bo.HPS_SAMPLES)], TYPES)
                     for _ in range(200):  # warm the cache as the served benchmark does
                         model.execute([req])
-                    rows.append((name, bo.HPS_SAMPLES, stages(pb, model, req, ("KEYS", "NUMKEYS"),
-                                                             model.session.lookup_many, args.repeat), {}))
+                    rows.append(
+                        (
+                            name,
+                            bo.HPS_SAMPLES,
+                            stages(
+                                pb,
+                                model,
+                                req,
+                                ("KEYS", "NUMKEYS"),
+                                model.session.lookup_many,
+                                args.repeat,
+                            ),
+                            {},
+                        )
+                    )
                 else:
                     for n in batches:
                         req = request_of(files[("dlrm", n)], TYPES)
                         rep = max(50, args.repeat // max(1, n // 16))
-                        rows.append((name, n, stages(pb, model, req, ("DES", "CATCOLUMN", "ROWINDEX"),
-                                                     model.session.predict_many, rep),
-                                     dlrm_parts(model, req, rep)))
+                        rows.append(
+                            (
+                                name,
+                                n,
+                                stages(
+                                    pb,
+                                    model,
+                                    req,
+                                    ("DES", "CATCOLUMN", "ROWINDEX"),
+                                    model.session.predict_many,
+                                    rep,
+                                ),
+                                dlrm_parts(model, req, rep),
+                            )
+                        )
             finally:
                 model.finalize()
-    lines = ["| model | samples/request | execute us | execute after 1 ms idle | read tensors "
-             "| parse_request | engine run | response | engine parts (us) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| model | samples/request | execute us | execute after 1 ms idle | read tensors "
+        "| parse_request | engine run | response | engine parts (us) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for name, n, st, parts in rows:
-        lines.append(f"| `{name}` | {n} | {st['execute']:.1f} | {st['execute after 1 ms idle']:.1f} | "
-                     f"{st['read tensors']:.1f} | "
-                     f"{st['parse_request']:.1f} | {st['engine run']:.1f} | {st['response']:.1f} | "
-                     + "; ".join(f"{k} {v:.1f}" for k, v in parts.items()) + " |")
+        lines.append(
+            f"| `{name}` | {n} | {st['execute']:.1f} | {st['execute after 1 ms idle']:.1f} | "
+            f"{st['read tensors']:.1f} | "
+            f"{st['parse_request']:.1f} | {st['engine run']:.1f} | {st['response']:.1f} | "
+            + "; ".join(f"{k} {v:.1f}" for k, v in parts.items())
+            + " |"
+        )
     print("\n".join(lines))
     return 0
 

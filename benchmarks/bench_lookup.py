@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from triton_rec import _native
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import machine_info  # noqa: E402
 
@@ -62,11 +63,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     machine = machine_info()
-    print(f"machine: {machine['cpu_model']} (cache {machine['cpu_cache_size']}), "
-          f"nproc={machine['nproc']}, numpy {machine['numpy']}, python {machine['python']}")
-    print(f"table: {args.rows} rows x {args.dim} float32 "
-          f"({args.rows * args.dim * 4 / 2**30:.2f} GiB), batch {args.batch} keys, "
-          f"{args.reps} reps (median)")
+    print(
+        f"machine: {machine['cpu_model']} (cache {machine['cpu_cache_size']}), "
+        f"nproc={machine['nproc']}, numpy {machine['numpy']}, python {machine['python']}"
+    )
+    print(
+        f"table: {args.rows} rows x {args.dim} float32 "
+        f"({args.rows * args.dim * 4 / 2**30:.2f} GiB), batch {args.batch} keys, "
+        f"{args.reps} reps (median)"
+    )
 
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
@@ -77,8 +82,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     index = _native.build_index(keys)
     t_build = time.perf_counter() - t0
-    print(f"build_index: {t_build * 1e3:.0f} ms, index {index.shape} "
-          f"({index.nbytes / 2**20:.0f} MiB)")
+    print(
+        f"build_index: {t_build * 1e3:.0f} ms, index {index.shape} ({index.nbytes / 2**20:.0f} MiB)"
+    )
 
     d = None
     if not args.no_dict:
@@ -100,8 +106,9 @@ def main(argv=None) -> int:
         np.take(vectors, rows, axis=0, out=out, mode="clip")
 
     def dict_take(batch_keys, _rows):
-        rows = np.fromiter((d[k] for k in batch_keys.tolist()), dtype=np.int64,
-                           count=len(batch_keys))
+        rows = np.fromiter(
+            (d[k] for k in batch_keys.tolist()), dtype=np.int64, count=len(batch_keys)
+        )
         np.take(vectors, rows, axis=0, out=out)
 
     methods = [
@@ -136,13 +143,15 @@ def main(argv=None) -> int:
     results = []
     for name, _ in methods:
         med = statistics.median(times[name])
-        results.append({
-            "method": name,
-            "median_s": med,
-            "min_s": min(times[name]),
-            "keys_per_s": args.batch / med,
-            "gb_per_s": out_bytes / med / 1e9,
-        })
+        results.append(
+            {
+                "method": name,
+                "median_s": med,
+                "min_s": min(times[name]),
+                "keys_per_s": args.batch / med,
+                "gb_per_s": out_bytes / med / 1e9,
+            }
+        )
     limit = next(r for r in results if r["method"].startswith("(c)"))
     for r in results:
         r["vs_gather_limit"] = limit["median_s"] / r["median_s"]
@@ -151,27 +160,40 @@ def main(argv=None) -> int:
     print("| method | median ms | min ms | Mkeys/s | GB/s | vs (c) |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['method']} | {r['median_s'] * 1e3:.2f} | {r['min_s'] * 1e3:.2f} | "
-              f"{r['keys_per_s'] / 1e6:.2f} | {r['gb_per_s']:.2f} | {r['vs_gather_limit']:.2f} |")
+        print(
+            f"| {r['method']} | {r['median_s'] * 1e3:.2f} | {r['min_s'] * 1e3:.2f} | "
+            f"{r['keys_per_s'] / 1e6:.2f} | {r['gb_per_s']:.2f} | {r['vs_gather_limit']:.2f} |"
+        )
     ratio = results[0]["vs_gather_limit"]
     clip = next(r for r in results if r["method"].startswith("(c')"))
     ratio_clip = clip["median_s"] / results[0]["median_s"]
-    print(f"\nratio (a)/(c) = {ratio:.2f}  "
-          f"(fused 1-thread throughput as a fraction of the raw gather limit; target >= 0.60)")
+    print(
+        f"\nratio (a)/(c) = {ratio:.2f}  "
+        f"(fused 1-thread throughput as a fraction of the raw gather limit; target >= 0.60)"
+    )
     print(f"ratio (a)/(c') = {ratio_clip:.2f}  (against the unbuffered np.take)")
 
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({
-                "machine": machine,
-                "config": {"rows": args.rows, "dim": args.dim, "batch": args.batch,
-                           "reps": args.reps, "seed": args.seed,
-                           "build_index_s": t_build},
-                "results": results,
-                "ratio_a_over_c": ratio,
-                "ratio_a_over_c_clip": ratio_clip,
-                "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-            }, f, indent=2)
+            json.dump(
+                {
+                    "machine": machine,
+                    "config": {
+                        "rows": args.rows,
+                        "dim": args.dim,
+                        "batch": args.batch,
+                        "reps": args.reps,
+                        "seed": args.seed,
+                        "build_index_s": t_build,
+                    },
+                    "results": results,
+                    "ratio_a_over_c": ratio,
+                    "ratio_a_over_c_clip": ratio_clip,
+                    "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+                },
+                f,
+                indent=2,
+            )
         print(f"wrote {args.json}")
     return 0
 

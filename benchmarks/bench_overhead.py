@@ -65,22 +65,26 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_perf_analyzer  # noqa: E402
 from machine import machine_info  # noqa: E402
+
 from triton_rec.triton import perf_analyzer  # noqa: E402
-from triton_rec.util.procfs import tree_cpu_seconds  # noqa: E402
 from triton_rec.triton.runtime import TritonServer  # noqa: E402
+from triton_rec.util.procfs import tree_cpu_seconds  # noqa: E402
 
 SEED = 2026
 HELD_OUT_SEED = 31337
 HPS_ROWS, HPS_VEC, HPS_KEYS_PER_SAMPLE, HPS_SAMPLES, ZIPF = 2_000_000, 16, 26, 64, 1.05
 
 
-
 def shipped_scheduling() -> str:
     """The scheduling every model here gets: the ``dynamic_batching`` and ``instance_group``
     lines of the shipped example ``model_repository/dlrm/config.pbtxt``."""
     text = (ROOT / "model_repository" / "dlrm" / "config.pbtxt").read_text()
-    lines = [ln for ln in text.splitlines() if ln.startswith(("dynamic_batching", "instance_group"))]
-    assert len(lines) == 2, "model_repository/dlrm/config.pbtxt: one-line dynamic_batching and instance_group"
+    lines = [
+        ln for ln in text.splitlines() if ln.startswith(("dynamic_batching", "instance_group"))
+    ]
+    assert len(lines) == 2, (
+        "model_repository/dlrm/config.pbtxt: one-line dynamic_batching and instance_group"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -202,10 +206,20 @@ def bench_dlrm_config():
 
     return DLRMConfig(
         dense_dim=13,
-        tables=(TableSpec("onehot", rows=200_000, slot_num=20, vec_size=32, combiner="sum"),
-                TableSpec("multihot", rows=50_000, slot_num=6, max_keys_per_slot=3, vec_size=32,
-                          combiner="mean")),
-        bottom_mlp=(64, 48, 32), top_mlp=(64, 32))
+        tables=(
+            TableSpec("onehot", rows=200_000, slot_num=20, vec_size=32, combiner="sum"),
+            TableSpec(
+                "multihot",
+                rows=50_000,
+                slot_num=6,
+                max_keys_per_slot=3,
+                vec_size=32,
+                combiner="mean",
+            ),
+        ),
+        bottom_mlp=(64, 48, 32),
+        top_mlp=(64, 32),
+    )
 
 
 def build_repository(repo: Path, groups) -> dict:
@@ -215,51 +229,91 @@ def build_repository(repo: Path, groups) -> dict:
     ps_models, meta = [], {}
     if "hps" in groups:
         t0 = time.monotonic()
-        entry = write_model(str(repo), "hps", [SyntheticTable("t0", HPS_ROWS, HPS_VEC, HPS_KEYS_PER_SAMPLE)],
-                            seed=SEED)
+        entry = write_model(
+            str(repo),
+            "hps",
+            [SyntheticTable("t0", HPS_ROWS, HPS_VEC, HPS_KEYS_PER_SAMPLE)],
+            seed=SEED,
+        )
         # Only what ps.json requires: every other setting is the default (cache on).
-        required = {k: entry[k] for k in ("model", "sparse_files", "embedding_table_names",
-                                          "embedding_vecsize_per_table",
-                                          "maxnum_catfeature_query_per_table_per_sample",
-                                          "default_value_for_each_table", "max_batch_size")}
+        required = {
+            k: entry[k]
+            for k in (
+                "model",
+                "sparse_files",
+                "embedding_table_names",
+                "embedding_vecsize_per_table",
+                "maxnum_catfeature_query_per_table_per_sample",
+                "default_value_for_each_table",
+                "max_batch_size",
+            )
+        }
         ps_models += [required, dict(required, model="hps_nocache", gpucache=False)]
         _write(repo / "hps" / "config.pbtxt", _config("hps", "hps", HPS_IO))
         _write(repo / "hps_nocache" / "config.pbtxt", _config("hps_nocache", "hps", HPS_IO))
         (repo / "hps_nocache" / "1").mkdir(parents=True, exist_ok=True)
-        _write(repo / "floor_hps" / "config.pbtxt",
-               _config("floor_hps", "python", HPS_IO, {"floor": "hps", "vec_sizes": HPS_VEC}))
+        _write(
+            repo / "floor_hps" / "config.pbtxt",
+            _config("floor_hps", "python", HPS_IO, {"floor": "hps", "vec_sizes": HPS_VEC}),
+        )
         _write(repo / "floor_hps" / "1" / "model.py", FLOOR_MODEL)
-        _write(repo / "naive_hps" / "config.pbtxt", _config(
-            "naive_hps", "python", HPS_IO,
-            {"sparse": entry["sparse_files"][0], "vec_size": HPS_VEC, "default": 0.0}))
+        _write(
+            repo / "naive_hps" / "config.pbtxt",
+            _config(
+                "naive_hps",
+                "python",
+                HPS_IO,
+                {"sparse": entry["sparse_files"][0], "vec_size": HPS_VEC, "default": 0.0},
+            ),
+        )
         _write(repo / "naive_hps" / "1" / "model.py", NAIVE_MODEL)
         meta["hps_keys"] = table_keys(SEED, 0, HPS_ROWS)
-        print(f"hps table written ({HPS_ROWS:,} x {HPS_VEC}) in {time.monotonic() - t0:.1f} s", flush=True)
+        print(
+            f"hps table written ({HPS_ROWS:,} x {HPS_VEC}) in {time.monotonic() - t0:.1f} s",
+            flush=True,
+        )
     if "dlrm" in groups or "ensemble" in groups:
         from ps_loader import torch_dlrm as td
 
         t0 = time.monotonic()
         config = bench_dlrm_config()
-        settings = td.TrainSettings(seed=SEED, epochs=1, train_rows=32768, eval_rows=4096, batch_size=512)
-        result, entry = td.train_and_export(str(repo / "dlrm" / "1"), config, settings, ps_root=str(repo))
-        print(f"bench DLRM trained (held-out AUC {result.metrics['auc']:.3f}) and exported in "
-              f"{time.monotonic() - t0:.1f} s", flush=True)
+        settings = td.TrainSettings(
+            seed=SEED, epochs=1, train_rows=32768, eval_rows=4096, batch_size=512
+        )
+        result, entry = td.train_and_export(
+            str(repo / "dlrm" / "1"), config, settings, ps_root=str(repo)
+        )
+        print(
+            f"bench DLRM trained (held-out AUC {result.metrics['auc']:.3f}) and exported in "
+            f"{time.monotonic() - t0:.1f} s",
+            flush=True,
+        )
         onnx = os.path.join(os.path.dirname(entry["dense_file"]), "dlrm_dense.onnx")
-        ps_models += [entry, dict(entry, model="dlrm_onnx", dense_file=onnx),
-                      dict(entry, model="dlrm_hps", dense_file=onnx)]
+        ps_models += [
+            entry,
+            dict(entry, model="dlrm_onnx", dense_file=onnx),
+            dict(entry, model="dlrm_hps", dense_file=onnx),
+        ]
         tables, slots = len(config.tables), config.total_slots
         floor_p = {"floor": "samples", "tables": tables, "slots": slots}
         _write(repo / "dlrm" / "config.pbtxt", _config("dlrm", "hugectr", DLRM_IO))
         _write(repo / "dlrm_onnx" / "config.pbtxt", _config("dlrm_onnx", "hugectr", DLRM_IO))
         (repo / "dlrm_onnx" / "1").mkdir(parents=True, exist_ok=True)
-        _write(repo / "floor_dlrm" / "config.pbtxt", _config("floor_dlrm", "python", DLRM_IO, floor_p))
+        _write(
+            repo / "floor_dlrm" / "config.pbtxt", _config("floor_dlrm", "python", DLRM_IO, floor_p)
+        )
         _write(repo / "floor_dlrm" / "1" / "model.py", FLOOR_MODEL)
         # The ensemble as model_repository/ ships it (its steps' configs are copied).
         for step in ("dlrm_hps", "dlrm_dense", "dlrm_ensemble"):
-            _write(repo / step / "config.pbtxt", (ROOT / "model_repository" / step / "config.pbtxt").read_text())
+            _write(
+                repo / step / "config.pbtxt",
+                (ROOT / "model_repository" / step / "config.pbtxt").read_text(),
+            )
             (repo / step / "1").mkdir(parents=True, exist_ok=True)
-        _write(repo / "floor_ensemble" / "config.pbtxt",
-               _config("floor_ensemble", "python", ENSEMBLE_IO, floor_p, scheduling=""))
+        _write(
+            repo / "floor_ensemble" / "config.pbtxt",
+            _config("floor_ensemble", "python", ENSEMBLE_IO, floor_p, scheduling=""),
+        )
         _write(repo / "floor_ensemble" / "1" / "model.py", FLOOR_MODEL)
         meta["dlrm"] = (config, SEED)
     _write(repo / "ps.json", json.dumps({"supportlonglong": True, "models": ps_models}, indent=1))
@@ -279,8 +333,14 @@ def write_inputs(meta: dict, groups, batches, requests: int, out: Path) -> dict:
     if "hps" in groups:
         from clients.hps_requests import perf_analyzer_data
 
-        data = perf_analyzer_data([meta["hps_keys"]], [HPS_KEYS_PER_SAMPLE], HPS_SAMPLES, requests,
-                                  seed=SEED, zipf_alpha=ZIPF)
+        data = perf_analyzer_data(
+            [meta["hps_keys"]],
+            [HPS_KEYS_PER_SAMPLE],
+            HPS_SAMPLES,
+            requests,
+            seed=SEED,
+            zipf_alpha=ZIPF,
+        )
         files[("hps", HPS_SAMPLES)] = out / "input_hps.json"
         files[("hps", HPS_SAMPLES)].write_text(json.dumps(data))
     if "dlrm" in meta:
@@ -297,10 +357,15 @@ def write_inputs(meta: dict, groups, batches, requests: int, out: Path) -> dict:
                 keys = []
                 for k, offsets in data.sparse:
                     s = (len(offsets) - 1) // len(data)
-                    keys.append(k[offsets[i * n * s]:offsets[(i + 1) * n * s]])
-                ens.append({"DES": _entry(req["DES"]), "KEYS": _entry(np.concatenate(keys).astype(np.int64)),
-                            "NUMKEYS": _entry(np.array([len(k) for k in keys], np.int32)),
-                            "ROWINDEX": _entry(req["ROWINDEX"])})
+                    keys.append(k[offsets[i * n * s] : offsets[(i + 1) * n * s]])
+                ens.append(
+                    {
+                        "DES": _entry(req["DES"]),
+                        "KEYS": _entry(np.concatenate(keys).astype(np.int64)),
+                        "NUMKEYS": _entry(np.array([len(k) for k in keys], np.int32)),
+                        "ROWINDEX": _entry(req["ROWINDEX"]),
+                    }
+                )
             for group, rows in (("dlrm", fused), ("ensemble", ens)):
                 if group in groups:
                     files[(group, n)] = out / f"input_{group}_{n}.json"
@@ -339,7 +404,11 @@ def add_variants(repo: Path, groups, variants) -> list:
                 NAIVE[vg] = f"{NAIVE[group]}__{vname}"
             for model in GROUP_MODELS[group]:
                 name = f"{model}__{vname}"
-                text = (repo / model / "config.pbtxt").read_text().replace(f'name: "{model}"', f'name: "{name}"')
+                text = (
+                    (repo / model / "config.pbtxt")
+                    .read_text()
+                    .replace(f'name: "{model}"', f'name: "{name}"')
+                )
                 text = text.replace(SCHEDULING.rstrip(), sched.rstrip())
                 _write(repo / name / "config.pbtxt", text)
                 (repo / name / "1").mkdir(parents=True, exist_ok=True)
@@ -356,15 +425,20 @@ def sanity_check(server: TritonServer, files: dict, groups) -> list:
     """One request of each file through each model; the models that should agree do."""
     import tritonclient.http as http
 
-    types = {"DES": ("FP32", np.float32), "CATCOLUMN": ("INT64", np.int64), "ROWINDEX": ("INT32", np.int32),
-             "KEYS": ("INT64", np.int64), "NUMKEYS": ("INT32", np.int32)}
+    types = {
+        "DES": ("FP32", np.float32),
+        "CATCOLUMN": ("INT64", np.int64),
+        "ROWINDEX": ("INT32", np.int32),
+        "KEYS": ("INT64", np.int64),
+        "NUMKEYS": ("INT32", np.int32),
+    }
     problems = []
     client = http.InferenceServerClient(server.http_url)
     try:
         for (group, n), path in files.items():
             if group not in groups:
                 continue
-            base, v = base_group(group), group[len(base_group(group)):]
+            base, v = base_group(group), group[len(base_group(group)) :]
             row = json.loads(path.read_text())["data"][0]
             answers = {}
             for model in GROUP_MODELS[group]:
@@ -380,10 +454,17 @@ def sanity_check(server: TritonServer, files: dict, groups) -> list:
                     answers[model] = client.infer(model, ins).as_numpy(out).reshape(-1)
                 except Exception as e:  # noqa: BLE001  (reported, not fatal)
                     problems.append(f"{model} n={n}: {e}")
-            if base == "hps" and not np.array_equal(answers.get("naive_hps" + v), answers.get("hps_nocache" + v)):
+            if base == "hps" and not np.array_equal(
+                answers.get("naive_hps" + v), answers.get("hps_nocache" + v)
+            ):
                 problems.append(f"hps_nocache{v} and naive_hps{v} disagree")
             a, b = answers.get("dlrm" + v), answers.get("dlrm_onnx" + v)
-            if base == "dlrm" and a is not None and b is not None and not np.allclose(a, b, atol=1e-5):
+            if (
+                base == "dlrm"
+                and a is not None
+                and b is not None
+                and not np.allclose(a, b, atol=1e-5)
+            ):
                 problems.append(f"n={n}: dlrm{v} and dlrm_onnx{v} disagree")
     finally:
         client.close()
@@ -394,7 +475,9 @@ def sanity_check(server: TritonServer, files: dict, groups) -> list:
 
 
 def inference_count(server: TritonServer, model: str) -> int:
-    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10) as r:
+    with urllib.request.urlopen(
+        f"http://{server.http_url}/v2/models/{model}/stats", timeout=10
+    ) as r:
         stats = json.loads(r.read())["model_stats"]
     return sum(int(s["inference_count"]) for s in stats)
 
@@ -402,27 +485,59 @@ def inference_count(server: TritonServer, model: str) -> int:
 def parse_csv(path: Path) -> dict:
     """What this benchmark reports of a perf_analyzer CSV (bench_perf_analyzer.parse_csv)."""
     r = bench_perf_analyzer.parse_csv(path)
-    return {"infer_per_s": r["infer_per_s"], "p50_us": r["p50_us"], "p99_us": r["p99_us"],
-            "server_queue_us": r["server_queue_us"],
-            "server_compute_us": r["server_input_us"] + r["server_infer_us"] + r["server_output_us"]}
+    return {
+        "infer_per_s": r["infer_per_s"],
+        "p50_us": r["p50_us"],
+        "p99_us": r["p99_us"],
+        "server_queue_us": r["server_queue_us"],
+        "server_compute_us": r["server_input_us"] + r["server_infer_us"] + r["server_output_us"],
+    }
 
 
 def run_perf(model, group, n, conc, protocol, server, files, out_dir, args, tag) -> dict:
     url = server.http_url if protocol == "http" else server.grpc_url
-    rec = {"model": model, "group": group, "batch": n, "concurrency": conc, "protocol": protocol,
-           "status": "ok"}
+    rec = {
+        "model": model,
+        "group": group,
+        "batch": n,
+        "concurrency": conc,
+        "protocol": protocol,
+        "status": "ok",
+    }
     for attempt, stability in enumerate((args.stability, 1000)):
         csv_path = out_dir / f"{tag}{'_retry' if attempt else ''}.csv"
-        cmd = perf_analyzer.command([
-            "-m", model, "-u", url, "-i", protocol, "--input-data", str(files[(group, n)]),
-            "--concurrency-range", str(conc), "--measurement-interval", str(args.interval_ms),
-            "--stability-percentage", str(stability), "--max-trials", str(args.max_trials),
-            "-f", str(csv_path)])
+        cmd = perf_analyzer.command(
+            [
+                "-m",
+                model,
+                "-u",
+                url,
+                "-i",
+                protocol,
+                "--input-data",
+                str(files[(group, n)]),
+                "--concurrency-range",
+                str(conc),
+                "--measurement-interval",
+                str(args.interval_ms),
+                "--stability-percentage",
+                str(stability),
+                "--max-trials",
+                str(args.max_trials),
+                "-f",
+                str(csv_path),
+            ]
+        )
         rec["command"] = " ".join(cmd[1:])
         cpu0, inf0 = tree_cpu_seconds(server.process.pid), inference_count(server, model)
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                                  env=perf_analyzer.environment())
+            done = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=args.timeout,
+                env=perf_analyzer.environment(),
+            )
         except subprocess.TimeoutExpired:
             rec.update(status="failed", reason=f"timeout after {args.timeout} s")
             return rec
@@ -439,8 +554,13 @@ def run_perf(model, group, n, conc, protocol, server, files, out_dir, args, tag)
                 rec["status"] = "unstable"
             return rec
         text = done.stdout + done.stderr
-        rec.update(status="failed", reason=next(
-            (ln.strip() for ln in text.splitlines() if "rror" in ln or "ailed" in ln), f"exit {done.returncode}")[:200])
+        rec.update(
+            status="failed",
+            reason=next(
+                (ln.strip() for ln in text.splitlines() if "rror" in ln or "ailed" in ln),
+                f"exit {done.returncode}",
+            )[:200],
+        )
         if "stable" not in text.lower():
             return rec
     return rec
@@ -468,9 +588,25 @@ def cache_hit_rate(server: TritonServer, model: str):
 
 
 def _spy(spy: Path, pid: int, seconds: float, out: Path, fmt: str) -> subprocess.Popen:
-    return subprocess.Popen([str(spy), "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-r", "500",
-                             "-o", str(out), "-f", fmt, "--nonblocking"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [
+            str(spy),
+            "record",
+            "-p",
+            str(pid),
+            "-d",
+            str(max(1, int(seconds))),
+            "-r",
+            "500",
+            "-o",
+            str(out),
+            "-f",
+            fmt,
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _samples(raw: Path) -> int:
@@ -486,7 +622,10 @@ def profile(server, files, models, seconds, out_dir) -> list:
     done = []
     spy = Path(sys.executable).parent / "py-spy"
     if not spy.exists():
-        print("py-spy is not installed (pip install py-spy, or the 'bench' extra): no profiles", flush=True)
+        print(
+            "py-spy is not installed (pip install py-spy, or the 'bench' extra): no profiles",
+            flush=True,
+        )
         return done
     for model in models:
         group = next(g for g, ms in GROUP_MODELS.items() if model in ms)
@@ -495,11 +634,31 @@ def profile(server, files, models, seconds, out_dir) -> list:
         if not pids:
             print(f"profile {model}: no instance process found", flush=True)
             continue
-        load = subprocess.Popen(perf_analyzer.command([
-            "-m", model, "-u", server.grpc_url, "-i", "grpc", "--input-data", str(files[(group, n)]),
-            "--concurrency-range", "1", "--measurement-interval", str(int(2 * seconds * 1000) + 10000),
-            "--max-trials", "1", "-s", "1000"]), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-            env=perf_analyzer.environment())
+        load = subprocess.Popen(
+            perf_analyzer.command(
+                [
+                    "-m",
+                    model,
+                    "-u",
+                    server.grpc_url,
+                    "-i",
+                    "grpc",
+                    "--input-data",
+                    str(files[(group, n)]),
+                    "--concurrency-range",
+                    "1",
+                    "--measurement-interval",
+                    str(int(2 * seconds * 1000) + 10000),
+                    "--max-trials",
+                    "1",
+                    "-s",
+                    "1000",
+                ]
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            env=perf_analyzer.environment(),
+        )
         try:
             time.sleep(2.0)
             probes = [(pid, out_dir / f"probe_{model}_{pid}.txt") for pid in pids]
@@ -552,13 +711,29 @@ def summarize(results: list) -> list:
     the group's floor (and to naive_hps) computed within each round."""
     by_key = {}
     for r in results:
-        by_key.setdefault((r["group"], r["batch"], r["protocol"], r["concurrency"], r["model"]), []).append(r)
+        by_key.setdefault(
+            (r["group"], r["batch"], r["protocol"], r["concurrency"], r["model"]), []
+        ).append(r)
     rows = []
     for (group, n, proto, conc, model), recs in by_key.items():
         ok = [r for r in recs if r["status"] != "failed"]
-        row = {"group": group, "batch": n, "protocol": proto, "concurrency": conc, "model": model,
-               "rounds": len(ok), "unstable": sum(r["status"] == "unstable" for r in ok)}
-        for k in ("infer_per_s", "p50_us", "p99_us", "server_compute_us", "cpu_us_per_infer", "requests_per_exec"):
+        row = {
+            "group": group,
+            "batch": n,
+            "protocol": proto,
+            "concurrency": conc,
+            "model": model,
+            "rounds": len(ok),
+            "unstable": sum(r["status"] == "unstable" for r in ok),
+        }
+        for k in (
+            "infer_per_s",
+            "p50_us",
+            "p99_us",
+            "server_compute_us",
+            "cpu_us_per_infer",
+            "requests_per_exec",
+        ):
             vals = [r[k] for r in ok if r.get(k) is not None and not np.isnan(r[k])]
             row[k] = statistics.median(vals) if vals else None
         for ref, key in ((FLOOR[group], "vs_floor"), (NAIVE.get(group), "vs_naive")):
@@ -566,16 +741,29 @@ def summarize(results: list) -> list:
                 continue
             ratios = []
             for r in ok:
-                base = next((b for b in by_key.get((group, n, proto, conc, ref), [])
-                             if b["round"] == r["round"] and b["status"] != "failed"), None)
+                base = next(
+                    (
+                        b
+                        for b in by_key.get((group, n, proto, conc, ref), [])
+                        if b["round"] == r["round"] and b["status"] != "failed"
+                    ),
+                    None,
+                )
                 if base and base.get("infer_per_s"):
                     ratios.append(r["infer_per_s"] / base["infer_per_s"])
             row[key] = statistics.median(ratios) if ratios else None
             row[key + "_range"] = (min(ratios), max(ratios)) if ratios else None
         rows.append(row)
     order = {m: i for i, m in enumerate(sum(GROUP_MODELS.values(), []))}
-    rows.sort(key=lambda r: (r["batch"], list(GROUP_MODELS).index(r["group"]), r["protocol"],
-                             r["concurrency"], order[r["model"]]))
+    rows.sort(
+        key=lambda r: (
+            r["batch"],
+            list(GROUP_MODELS).index(r["group"]),
+            r["protocol"],
+            r["concurrency"],
+            order[r["model"]],
+        )
+    )
     return rows
 
 
@@ -586,20 +774,37 @@ def tables_md(rows: list) -> str:
         if not grows:
             continue
         naive = group in NAIVE
-        lines += [f"### {group}", "",
-                  "| batch | proto | conc | model | infer/s | x floor" + (" | x naive" if naive else "")
-                  + " | p50 us | p99 us | server compute us | server CPU us/infer | req/exec |",
-                  "|---:|---|---:|---|---:|---:|" + ("---:|" if naive else "") + "---:|---:|---:|---:|---:|"]
+        lines += [
+            f"### {group}",
+            "",
+            "| batch | proto | conc | model | infer/s | x floor"
+            + (" | x naive" if naive else "")
+            + " | p50 us | p99 us | server compute us | server CPU us/infer | req/exec |",
+            "|---:|---|---:|---|---:|---:|"
+            + ("---:|" if naive else "")
+            + "---:|---:|---:|---:|---:|",
+        ]
         for r in grows:
             vs = fmt(r.get("vs_floor"), 2)
             if r.get("vs_floor_range") and r["rounds"] > 1:
                 vs += f" ({r['vs_floor_range'][0]:.2f}-{r['vs_floor_range'][1]:.2f})"
-            cells = [str(r["batch"]), r["protocol"], str(r["concurrency"]), f"`{r['model']}`",
-                     fmt(r.get("infer_per_s")), vs]
+            cells = [
+                str(r["batch"]),
+                r["protocol"],
+                str(r["concurrency"]),
+                f"`{r['model']}`",
+                fmt(r.get("infer_per_s")),
+                vs,
+            ]
             if naive:
                 cells.append(fmt(r.get("vs_naive"), 2))
-            cells += [fmt(r.get("p50_us")), fmt(r.get("p99_us")), fmt(r.get("server_compute_us")),
-                      fmt(r.get("cpu_us_per_infer")), fmt(r.get("requests_per_exec"), 2)]
+            cells += [
+                fmt(r.get("p50_us")),
+                fmt(r.get("p99_us")),
+                fmt(r.get("server_compute_us")),
+                fmt(r.get("cpu_us_per_infer")),
+                fmt(r.get("requests_per_exec"), 2),
+            ]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -616,36 +821,68 @@ def plot(rows: list, path: Path, before: list = ()) -> bool:
     except ImportError:
         print("matplotlib is not installed (the 'bench' extra): no plot", flush=True)
         return False
-    panels = sorted({(r["group"], r["batch"], r["protocol"]) for r in rows},
-                    key=lambda k: (list(GROUP_MODELS).index(k[0]), k[1], k[2]))
+    panels = sorted(
+        {(r["group"], r["batch"], r["protocol"]) for r in rows},
+        key=lambda k: (list(GROUP_MODELS).index(k[0]), k[1], k[2]),
+    )
     cols = 2
-    fig, axes = plt.subplots((len(panels) + cols - 1) // cols, cols,
-                             figsize=(11, 3.1 * ((len(panels) + cols - 1) // cols)), squeeze=False)
+    fig, axes = plt.subplots(
+        (len(panels) + cols - 1) // cols,
+        cols,
+        figsize=(11, 3.1 * ((len(panels) + cols - 1) // cols)),
+        squeeze=False,
+    )
     for ax, (group, n, proto) in zip(axes.flat, panels):
         prow = [r for r in rows if (r["group"], r["batch"], r["protocol"]) == (group, n, proto)]
         concs = sorted({r["concurrency"] for r in prow})
         models = [m for m in GROUP_MODELS[group] if m != FLOOR[group]]
         width = 0.8 / max(1, len(models))
         for i, m in enumerate(models):
-            ys = [next((r["vs_floor"] or 0 for r in prow if r["model"] == m and r["concurrency"] == c), 0)
-                  for c in concs]
+            ys = [
+                next(
+                    (r["vs_floor"] or 0 for r in prow if r["model"] == m and r["concurrency"] == c),
+                    0,
+                )
+                for c in concs
+            ]
             xs = np.arange(len(concs)) + i * width
             ax.bar(xs, ys, width, label=m)
-            old = [next((b.get("vs_floor") for b in before if (b["group"], b["batch"], b["protocol"],
-                                                                b["model"], b["concurrency"])
-                         == (group, n, proto, m, c)), None) for c in concs]
+            old = [
+                next(
+                    (
+                        b.get("vs_floor")
+                        for b in before
+                        if (b["group"], b["batch"], b["protocol"], b["model"], b["concurrency"])
+                        == (group, n, proto, m, c)
+                    ),
+                    None,
+                )
+                for c in concs
+            ]
             if any(v is not None for v in old):
-                ax.scatter([x for x, v in zip(xs, old) if v is not None], [v for v in old if v is not None],
-                           marker="_", s=220, color="k", label="before" if i == 0 else None, zorder=3)
+                ax.scatter(
+                    [x for x, v in zip(xs, old) if v is not None],
+                    [v for v in old if v is not None],
+                    marker="_",
+                    s=220,
+                    color="k",
+                    label="before" if i == 0 else None,
+                    zorder=3,
+                )
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xticks(np.arange(len(concs)) + width * (len(models) - 1) / 2, [f"c={c}" for c in concs])
+        ax.set_xticks(
+            np.arange(len(concs)) + width * (len(models) - 1) / 2, [f"c={c}" for c in concs]
+        )
         ax.set_title(f"{group}, {n} samples/request, {proto}", fontsize=9)
         ax.set_ylabel("infer/s / floor's", fontsize=8)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    fig.suptitle("Served throughput / a Python-backend floor with the same I/O, in one server"
-                 + (" (black ticks: before)" if before else ""), fontsize=10)
+    fig.suptitle(
+        "Served throughput / a Python-backend floor with the same I/O, in one server"
+        + (" (black ticks: before)" if before else ""),
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(path, dpi=90)
     return True
@@ -655,7 +892,9 @@ def plot(rows: list, path: Path, before: list = ()) -> bool:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="one round, gRPC, c=1, DLRM batch 1")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--groups", default="hps,dlrm,ensemble")
@@ -668,21 +907,40 @@ def main(argv=None) -> int:
     p.add_argument("--max-trials", type=int, default=6)
     p.add_argument("--timeout", type=int, default=180, help="seconds per perf_analyzer run")
     p.add_argument("--out-dir", default=None)
-    p.add_argument("--png", default=None, help="also write the plot here (e.g. benchmarks/bench_overhead.png)")
-    p.add_argument("--before", default=None, help="results.json of an earlier run: its ratios are "
-                   "marked on the plot")
-    p.add_argument("--replot", default=None, metavar="RESULTS_JSON",
-                   help="only redraw the plot (and tables) of an earlier run's results.json")
+    p.add_argument(
+        "--png", default=None, help="also write the plot here (e.g. benchmarks/bench_overhead.png)"
+    )
+    p.add_argument(
+        "--before",
+        default=None,
+        help="results.json of an earlier run: its ratios are marked on the plot",
+    )
+    p.add_argument(
+        "--replot",
+        default=None,
+        metavar="RESULTS_JSON",
+        help="only redraw the plot (and tables) of an earlier run's results.json",
+    )
     p.add_argument("--profile", default="", help="models to profile with py-spy (comma-separated)")
     p.add_argument("--profile-seconds", type=float, default=20.0)
-    p.add_argument("--server-env", default="", help="extra KEY=VALUE,... for the server (A/B experiments)")
-    p.add_argument("--variant", action="append", default=[], metavar="NAME=LINES",
-                   help="measure copies of the hps/dlrm groups' models with these config.pbtxt "
-                        "scheduling lines (\\n between lines) instead, side by side in the same "
-                        "server; repeat for several variants")
-    p.add_argument("--scheduling", default=None,
-                   help="config.pbtxt lines replacing the shipped dynamic_batching/instance_group "
-                        "of every model but the ensemble's (A/B experiments)")
+    p.add_argument(
+        "--server-env", default="", help="extra KEY=VALUE,... for the server (A/B experiments)"
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=LINES",
+        help="measure copies of the hps/dlrm groups' models with these config.pbtxt "
+        "scheduling lines (\\n between lines) instead, side by side in the same "
+        "server; repeat for several variants",
+    )
+    p.add_argument(
+        "--scheduling",
+        default=None,
+        help="config.pbtxt lines replacing the shipped dynamic_batching/instance_group "
+        "of every model but the ensemble's (A/B experiments)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temporary model repository")
     args = p.parse_args(argv)
     if args.quick:
@@ -713,12 +971,18 @@ def main(argv=None) -> int:
     if args.variant:
         variants = [v.split("=", 1) for v in args.variant]
         groups = add_variants(repo, groups, [(n, sc.replace("\\n", "\n")) for n, sc in variants])
-        files.update({(g, n): f for g in groups for (b, n), f in list(files.items()) if b == base_group(g)})
-    load = sorted({m for g in groups for m in GROUP_MODELS[g]}
-                  | ({"dlrm_hps", "dlrm_dense"} if "ensemble" in groups else set()))
+        files.update(
+            {(g, n): f for g in groups for (b, n), f in list(files.items()) if b == base_group(g)}
+        )
+    load = sorted(
+        {m for g in groups for m in GROUP_MODELS[g]}
+        | ({"dlrm_hps", "dlrm_dense"} if "ensemble" in groups else set())
+    )
     env = {"TRITON_REC_STORE": str(work / "store")}
     env.update(kv.split("=", 1) for kv in args.server_env.split(",") if kv)
-    server = TritonServer(repo, explicit=True, load_models=load, log_path=out_dir / "server.log", env=env)
+    server = TritonServer(
+        repo, explicit=True, load_models=load, log_path=out_dir / "server.log", env=env
+    )
     results, problems, profiles, hit_rates = [], [], [], {}
     try:
         t0 = time.monotonic()
@@ -728,30 +992,38 @@ def main(argv=None) -> int:
         print("sanity check:", "ok" if not problems else problems, flush=True)
         for rnd in range(args.rounds):
             for group in groups:
-                for n in ([HPS_SAMPLES] if base_group(group) == "hps" else batches):
+                for n in [HPS_SAMPLES] if base_group(group) == "hps" else batches:
                     for proto in protocols:
                         for conc in concs:
                             models = GROUP_MODELS[group]
                             k = rnd % len(models)
                             for model in models[k:] + models[:k]:
                                 tag = f"r{rnd}_{model}_n{n}_c{conc}_{proto}"
-                                rec = run_perf(model, group, n, conc, proto, server, files, out_dir, args, tag)
+                                rec = run_perf(
+                                    model, group, n, conc, proto, server, files, out_dir, args, tag
+                                )
                                 rec["round"] = rnd
                                 results.append(rec)
-                                tail = " " + rec.get("reason", "") if rec["status"] == "failed" else ""
-                                print(f"r{rnd} {model:15s} n={n:<5d} {proto:4s} c={conc} "
-                                      f"{rec['status']:8s} "
-                                      f"{fmt(rec.get('infer_per_s')):>7s} infer/s "
-                                      f"p50 {fmt(rec.get('p50_us')):>7s} us "
-                                      f"cpu/inf {fmt(rec.get('cpu_us_per_infer')):>6s} us"
-                                      f"{tail}",
-                                      flush=True)
+                                tail = (
+                                    " " + rec.get("reason", "") if rec["status"] == "failed" else ""
+                                )
+                                print(
+                                    f"r{rnd} {model:15s} n={n:<5d} {proto:4s} c={conc} "
+                                    f"{rec['status']:8s} "
+                                    f"{fmt(rec.get('infer_per_s')):>7s} infer/s "
+                                    f"p50 {fmt(rec.get('p50_us')):>7s} us "
+                                    f"cpu/inf {fmt(rec.get('cpu_us_per_infer')):>6s} us"
+                                    f"{tail}",
+                                    flush=True,
+                                )
         for group in groups:
             if base_group(group) == "hps":
-                model = "hps" + group[len("hps"):]
+                model = "hps" + group[len("hps") :]
                 hit_rates[model] = cache_hit_rate(server, model)
         if args.profile:
-            profiles = profile(server, files, args.profile.split(","), args.profile_seconds, out_dir)
+            profiles = profile(
+                server, files, args.profile.split(","), args.profile_seconds, out_dir
+            )
     finally:
         server.stop()
         if not args.keep:
@@ -759,8 +1031,13 @@ def main(argv=None) -> int:
     rows = summarize(results)
     md = tables_md(rows)
     if hit_rates:
-        md += "\ncache hit rate of `hps` over the run: " + ", ".join(
-            f"{m} {fmt(100 * v, 1) if v is not None else '-'}%" for m, v in hit_rates.items()) + "\n"
+        md += (
+            "\ncache hit rate of `hps` over the run: "
+            + ", ".join(
+                f"{m} {fmt(100 * v, 1) if v is not None else '-'}%" for m, v in hit_rates.items()
+            )
+            + "\n"
+        )
     for model, _svg, raw in profiles:
         if raw.exists():
             text = hottest(raw)
@@ -774,10 +1051,22 @@ def main(argv=None) -> int:
         shutil.copy2(out_dir / "bench_overhead.png", args.png)
     print(f"total wall time {total:.0f} s; raw output in {out_dir}")
     (out_dir / "tables.md").write_text(md)
-    (out_dir / "results.json").write_text(json.dumps(
-        {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv[1:],
-         "machine": info, "sanity_problems": problems, "wall_s": round(total, 1), "summary": rows,
-         "results": results, "hit_rates": hit_rates}, indent=1, default=str))
+    (out_dir / "results.json").write_text(
+        json.dumps(
+            {
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "argv": sys.argv[1:],
+                "machine": info,
+                "sanity_problems": problems,
+                "wall_s": round(total, 1),
+                "summary": rows,
+                "results": results,
+                "hit_rates": hit_rates,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     return 0 if not problems and all(r["status"] != "failed" for r in results) else 1
 
 

@@ -124,8 +124,15 @@ class TritonPythonModel:
 
 def ensure_trained() -> None:
     d = DEMO / "dlrm" / "1"
-    needed = ["dlrm_dense_0.model", "dlrm.json", "dlrm_dense.onnx", "dlrm_meta.json", "dlrm_torch.pt",
-              "dlrm0_sparse_0.model", "dlrm1_sparse_0.model"]
+    needed = [
+        "dlrm_dense_0.model",
+        "dlrm.json",
+        "dlrm_dense.onnx",
+        "dlrm_meta.json",
+        "dlrm_torch.pt",
+        "dlrm0_sparse_0.model",
+        "dlrm1_sparse_0.model",
+    ]
     if all((d / f).exists() for f in needed):
         return
     print("demo DLRM not trained yet: running model_repository/dlrm/train.py", flush=True)
@@ -152,7 +159,8 @@ def build_repository(repo: Path) -> dict:
     (repo / "ps.json").write_text(json.dumps(ps, indent=1))
     (repo / "identity" / "1").mkdir(parents=True)
     (repo / "identity" / "config.pbtxt").write_text(
-        IDENTITY_CONFIG % {"tables": len(meta["tables"]), "slots": meta["total_slots"]})
+        IDENTITY_CONFIG % {"tables": len(meta["tables"]), "slots": meta["total_slots"]}
+    )
     (repo / "identity" / "1" / "model.py").write_text(IDENTITY_MODEL)
     return meta
 
@@ -170,11 +178,15 @@ def ensemble_request(data, a: int, b: int) -> dict:
     keys, counts = [], []
     for k, offsets in data.sparse:
         s = (len(offsets) - 1) // len(data)
-        part = k[offsets[a * s]:offsets[b * s]]
+        part = k[offsets[a * s] : offsets[b * s]]
         keys.append(part)
         counts.append(len(part))
-    return {"DES": req["DES"], "KEYS": np.concatenate(keys).astype(np.int64),
-            "NUMKEYS": np.array(counts, np.int32), "ROWINDEX": req["ROWINDEX"]}
+    return {
+        "DES": req["DES"],
+        "KEYS": np.concatenate(keys).astype(np.int64),
+        "NUMKEYS": np.array(counts, np.int32),
+        "ROWINDEX": req["ROWINDEX"],
+    }
 
 
 def _entry(arr: np.ndarray) -> dict:
@@ -191,7 +203,9 @@ def write_inputs(meta: dict, samples: list, requests_per_file: dict, out: Path) 
         for i in range(r):
             req = data.hugectr_request(i * n, (i + 1) * n)
             fused.append({k: _entry(v) for k, v in req.items()})
-            ens.append({k: _entry(v) for k, v in ensemble_request(data, i * n, (i + 1) * n).items()})
+            ens.append(
+                {k: _entry(v) for k, v in ensemble_request(data, i * n, (i + 1) * n).items()}
+            )
         for kind, rows in (("fused", fused), ("ensemble", ens)):
             p = out / f"input_{kind}_{n}.json"
             p.write_text(json.dumps({"data": rows}))
@@ -205,7 +219,13 @@ def sanity_check(server: TritonServer, files: dict, models: list, samples: list)
 
     problems = []
     client = http.InferenceServerClient(server.http_url)
-    types = {"DES": "FP32", "CATCOLUMN": "INT64", "ROWINDEX": "INT32", "KEYS": "INT64", "NUMKEYS": "INT32"}
+    types = {
+        "DES": "FP32",
+        "CATCOLUMN": "INT64",
+        "ROWINDEX": "INT32",
+        "KEYS": "INT64",
+        "NUMKEYS": "INT32",
+    }
     try:
         for n in samples:
             results = {}
@@ -214,8 +234,12 @@ def sanity_check(server: TritonServer, files: dict, models: list, samples: list)
                 row = json.loads(files[(kind, n)].read_text())["data"][0]
                 inputs = []
                 for name, e in row.items():
-                    arr = np.array(e["content"], dtype={"FP32": np.float32, "INT64": np.int64,
-                                                         "INT32": np.int32}[types[name]])
+                    arr = np.array(
+                        e["content"],
+                        dtype={"FP32": np.float32, "INT64": np.int64, "INT32": np.int32}[
+                            types[name]
+                        ],
+                    )
                     if kind == "fused":
                         arr = arr[None, :]
                     i = http.InferInput(name, list(arr.shape), types[name])
@@ -231,10 +255,16 @@ def sanity_check(server: TritonServer, files: dict, models: list, samples: list)
                     problems.append(f"{model} n={n}: {out.size} outputs")
                 results[model] = (out, np.array(row["DES"]["content"], np.float32))
             for other in ("dlrm_onnx", "dlrm_ensemble"):
-                if "dlrm" in results and other in results and results[other][0].size == n \
-                        and not np.allclose(results["dlrm"][0], results[other][0], atol=1e-5):
+                if (
+                    "dlrm" in results
+                    and other in results
+                    and results[other][0].size == n
+                    and not np.allclose(results["dlrm"][0], results[other][0], atol=1e-5)
+                ):
                     problems.append(f"n={n}: dlrm and {other} disagree")
-            if "identity" in results and not np.array_equal(results["identity"][0], results["identity"][1][:n]):
+            if "identity" in results and not np.array_equal(
+                results["identity"][0], results["identity"][1][:n]
+            ):
                 problems.append(f"n={n}: identity does not echo DES[:n]")
     finally:
         client.close()
@@ -251,10 +281,30 @@ def window_requests(n: int, conc: int, scale: float = 1.0) -> int:
 
 
 def pa_command(model, url, protocol, data, conc, count, csv_path, max_trials, stability):
-    return perf_analyzer.command([
-        "-m", model, "-u", url, "-i", protocol, "--input-data", str(data), "--concurrency-range",
-        str(conc), "--measurement-mode", "count_windows", "--measurement-request-count", str(count),
-        "--max-trials", str(max_trials), "--stability-percentage", str(stability), "-f", str(csv_path)])
+    return perf_analyzer.command(
+        [
+            "-m",
+            model,
+            "-u",
+            url,
+            "-i",
+            protocol,
+            "--input-data",
+            str(data),
+            "--concurrency-range",
+            str(conc),
+            "--measurement-mode",
+            "count_windows",
+            "--measurement-request-count",
+            str(count),
+            "--max-trials",
+            str(max_trials),
+            "--stability-percentage",
+            str(stability),
+            "-f",
+            str(csv_path),
+        ]
+    )
 
 
 def parse_csv(path: Path) -> dict:
@@ -267,11 +317,16 @@ def parse_csv(path: Path) -> dict:
     g = lambda k: float(r[k]) if r.get(k) not in (None, "") else float("nan")  # noqa: E731
     return {
         "infer_per_s": g("Inferences/Second"),
-        "avg_us": g("Avg latency"), "p50_us": g("p50 latency"), "p90_us": g("p90 latency"),
+        "avg_us": g("Avg latency"),
+        "p50_us": g("p50 latency"),
+        "p90_us": g("p90 latency"),
         "p99_us": g("p99 latency"),
-        "client_send_us": g("Client Send"), "network_server_us": g("Network+Server Send/Recv"),
-        "server_queue_us": g("Server Queue"), "server_input_us": g("Server Compute Input"),
-        "server_infer_us": g("Server Compute Infer"), "server_output_us": g("Server Compute Output"),
+        "client_send_us": g("Client Send"),
+        "network_server_us": g("Network+Server Send/Recv"),
+        "server_queue_us": g("Server Queue"),
+        "server_input_us": g("Server Compute Input"),
+        "server_infer_us": g("Server Compute Infer"),
+        "server_output_us": g("Server Compute Output"),
         "client_recv_us": g("Client Recv"),
     }
 
@@ -290,10 +345,15 @@ def parse_stdout(text: str) -> dict:
     if "Composing models:" in text:  # ensembles: each step's server-side split
         comp = {}
         part = text.split("Composing models:", 1)[1]
-        for m in re.finditer(r"^\s*(\S+), version: \S+\n(.*?)Avg request latency: (\d+) usec \((.*?)\)",
-                             part, re.S | re.M):
+        for m in re.finditer(
+            r"^\s*(\S+), version: \S+\n(.*?)Avg request latency: (\d+) usec \((.*?)\)",
+            part,
+            re.S | re.M,
+        ):
             d = {"total_us": float(m.group(3))}
-            for k, v in re.findall(r"(queue|compute input|compute infer|compute output) (\d+) usec", m.group(4)):
+            for k, v in re.findall(
+                r"(queue|compute input|compute infer|compute output) (\d+) usec", m.group(4)
+            ):
                 d[k.replace(" ", "_") + "_us"] = float(v)
             comp[m.group(1)] = d
         out["composing"] = comp
@@ -305,15 +365,25 @@ def run_one(model, n, conc, protocol, server, files, out_dir, args, env) -> dict
     url = server.http_url if protocol == "http" else server.grpc_url
     tag = f"{model}_n{n}_c{conc}_{protocol}"
     count = window_requests(n, conc, args.window_scale)
-    rec = {"model": model, "samples": n, "concurrency": conc, "protocol": protocol,
-           "window_requests": count, "status": "ok"}
+    rec = {
+        "model": model,
+        "samples": n,
+        "concurrency": conc,
+        "protocol": protocol,
+        "window_requests": count,
+        "status": "ok",
+    }
     t0 = time.monotonic()
     for attempt, (trials, stab) in enumerate(((args.max_trials, args.stability), (3, 1000))):
         csv_path = out_dir / f"{tag}{'_retry' if attempt else ''}.csv"
-        cmd = pa_command(model, url, protocol, files[(kind, n)], conc, count, csv_path, trials, stab)
+        cmd = pa_command(
+            model, url, protocol, files[(kind, n)], conc, count, csv_path, trials, stab
+        )
         rec["command"] = " ".join(cmd)
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=args.timeout, env=env
+            )
         except subprocess.TimeoutExpired:
             rec.update(status="failed", reason=f"timeout after {args.timeout} s")
             break
@@ -331,8 +401,10 @@ def run_one(model, n, conc, protocol, server, files, out_dir, args, env) -> dict
             rec["samples_per_s"] = rec["infer_per_s"] * n
             break
         unstable = "stable" in text.lower() and "fail" in text.lower()
-        reason = next((ln.strip() for ln in text.splitlines() if "rror" in ln or "ailed" in ln),
-                      f"exit {done.returncode}")
+        reason = next(
+            (ln.strip() for ln in text.splitlines() if "rror" in ln or "ailed" in ln),
+            f"exit {done.returncode}",
+        )
         rec.update(status="failed", reason=reason[:200])
         if not unstable or attempt:
             break
@@ -345,41 +417,70 @@ def run_one(model, n, conc, protocol, server, files, out_dir, args, env) -> dict
 
 def run_locust(server: TritonServer, repo: Path, out_dir: Path, extra: str) -> str:
     """Run benchmarks/locustfile.py headless against ``server``; markdown of its stats."""
-    cmd = [str(VENV_BIN / "locust"), "-f", str(ROOT / "benchmarks" / "locustfile.py"), "--headless",
-           "--host", f"http://{server.http_url}", "--csv", str(out_dir / "locust"), "--only-summary",
-           *shlex.split(extra)]
-    env = dict(os.environ, TRITON_REC_PS_JSON=str(repo / "ps.json"),
-               TRITON_REC_DLRM_DIR=str(repo / "dlrm" / "1"),
-               LOCUST_SAMPLES_JSON=str(out_dir / "locust_samples.json"))
+    cmd = [
+        str(VENV_BIN / "locust"),
+        "-f",
+        str(ROOT / "benchmarks" / "locustfile.py"),
+        "--headless",
+        "--host",
+        f"http://{server.http_url}",
+        "--csv",
+        str(out_dir / "locust"),
+        "--only-summary",
+        *shlex.split(extra),
+    ]
+    env = dict(
+        os.environ,
+        TRITON_REC_PS_JSON=str(repo / "ps.json"),
+        TRITON_REC_DLRM_DIR=str(repo / "dlrm" / "1"),
+        LOCUST_SAMPLES_JSON=str(out_dir / "locust_samples.json"),
+    )
     print("locust:", " ".join(cmd), flush=True)
     t0 = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     (out_dir / "locust.log").write_text(done.stdout + done.stderr)
-    lines = ["", "### locust (benchmarks/locustfile.py)", "",
-             f"`locust {' '.join(shlex.quote(a) for a in cmd[1:])}` (exit {done.returncode}, "
-             f"{time.monotonic() - t0:.0f} s)", ""]
+    lines = [
+        "",
+        "### locust (benchmarks/locustfile.py)",
+        "",
+        f"`locust {' '.join(shlex.quote(a) for a in cmd[1:])}` (exit {done.returncode}, "
+        f"{time.monotonic() - t0:.0f} s)",
+        "",
+    ]
     stats = out_dir / "locust_stats.csv"
     if not stats.exists():
         return "\n".join(lines + ["locust wrote no statistics: see locust.log", ""])
-    lines += ["| name | requests | failures | req/s | avg ms | p50 ms | p95 ms | p99 ms | max ms |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| name | requests | failures | req/s | avg ms | p50 ms | p95 ms | p99 ms | max ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     with open(stats, newline="") as f:
         for r in csv.DictReader(f):
-            lines.append(f"| {r['Name']} | {r['Request Count']} | {r['Failure Count']} "
-                         f"| {float(r['Requests/s']):.1f} | {float(r['Average Response Time']):.1f} "
-                         f"| {r['50%']} | {r['95%']} | {r['99%']} | {float(r['Max Response Time']):.0f} |")
+            lines.append(
+                f"| {r['Name']} | {r['Request Count']} | {r['Failure Count']} "
+                f"| {float(r['Requests/s']):.1f} | {float(r['Average Response Time']):.1f} "
+                f"| {r['50%']} | {r['95%']} | {r['99%']} | {float(r['Max Response Time']):.0f} |"
+            )
     sj = out_dir / "locust_samples.json"
     if sj.exists():
         d = json.loads(sj.read_text())
-        lines += ["", "samples/s (successful requests): " + ", ".join(
-            f"{m} {v:,.0f}" for m, v in sorted(d["samples_per_s"].items()))
-            + f", total {sum(d['samples_per_s'].values()):,.0f}"]
+        lines += [
+            "",
+            "samples/s (successful requests): "
+            + ", ".join(f"{m} {v:,.0f}" for m, v in sorted(d["samples_per_s"].items()))
+            + f", total {sum(d['samples_per_s'].values()):,.0f}",
+        ]
     failures = out_dir / "locust_failures.csv"
     if failures.exists():
         with open(failures, newline="") as f:
             rows = list(csv.DictReader(f))
-        lines += ["", f"failures: {len(rows)} distinct" + "".join(
-            f"\n- {r.get('Name')}: {r.get('Error')} (x{r.get('Occurrences')})" for r in rows)]
+        lines += [
+            "",
+            f"failures: {len(rows)} distinct"
+            + "".join(
+                f"\n- {r.get('Name')}: {r.get('Error')} (x{r.get('Occurrences')})" for r in rows
+            ),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -396,18 +497,30 @@ def machine_info() -> dict:
     with open("/proc/meminfo") as f:
         mem_kb = int(f.readline().split()[1])
     try:
-        pa = subprocess.run(perf_analyzer.command(["--version"]), capture_output=True, text=True,
-                            env=perf_analyzer.environment(), timeout=30).stdout.strip()
+        pa = subprocess.run(
+            perf_analyzer.command(["--version"]),
+            capture_output=True,
+            text=True,
+            env=perf_analyzer.environment(),
+            timeout=30,
+        ).stdout.strip()
     except Exception:  # noqa: BLE001
         pa = "?"
     import importlib.metadata as md
 
-    return {"cpu": cpu, "nproc": os.cpu_count(), "ram_gib": round(mem_kb / 2**20, 1),
-            "kernel": platform.release(), "python": platform.python_version(),
-            "numpy": np.__version__, "nvidia-pytriton": md.version("nvidia-pytriton"),
-            "tritonclient": md.version("tritonclient"), "perf_analyzer": pa or "?",
-            "tritonserver": "2.51 (nvidia-pytriton wheel)",
-            "loadavg_start": os.getloadavg()}
+    return {
+        "cpu": cpu,
+        "nproc": os.cpu_count(),
+        "ram_gib": round(mem_kb / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "nvidia-pytriton": md.version("nvidia-pytriton"),
+        "tritonclient": md.version("tritonclient"),
+        "perf_analyzer": pa or "?",
+        "tritonserver": "2.51 (nvidia-pytriton wheel)",
+        "loadavg_start": os.getloadavg(),
+    }
 
 
 def fmt(x, digits=0):
@@ -420,58 +533,92 @@ def tables_md(results: list) -> str:
     lines = []
     models = list(dict.fromkeys(r["model"] for r in results))
     for model in models:
-        lines += [f"### {model}", "",
-                  "| samples/req | conc | proto | infer/s | samples/s | avg us | p50 us | p99 us "
-                  "| server queue us | server compute us | req/exec | status |",
-                  "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        lines += [
+            f"### {model}",
+            "",
+            "| samples/req | conc | proto | infer/s | samples/s | avg us | p50 us | p99 us "
+            "| server queue us | server compute us | req/exec | status |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
         for r in results:
             if r["model"] != model:
                 continue
             ok = r["status"] != "failed"
-            compute = (r.get("server_input_us", 0) + r.get("server_infer_us", 0) + r.get("server_output_us", 0)) \
-                if ok else None
+            compute = (
+                (
+                    r.get("server_input_us", 0)
+                    + r.get("server_infer_us", 0)
+                    + r.get("server_output_us", 0)
+                )
+                if ok
+                else None
+            )
             status = r["status"] if r["status"] != "failed" else f"failed: {r.get('reason', '')}"
             lines.append(
                 f"| {r['samples']} | {r['concurrency']} | {r['protocol']} "
                 f"| {fmt(r.get('infer_per_s'), 1)} | {fmt(r.get('samples_per_s'))} "
                 f"| {fmt(r.get('avg_us'))} | {fmt(r.get('p50_us'))} "
                 f"| {fmt(r.get('p99_us'))} | {fmt(r.get('server_queue_us'))} | {fmt(compute)} "
-                f"| {fmt(r.get('requests_per_execution'), 2)} | {status} |")
+                f"| {fmt(r.get('requests_per_execution'), 2)} | {status} |"
+            )
         lines.append("")
         steps = [r for r in results if r["model"] == model and r.get("composing")]
         if steps:
             names = sorted(steps[0]["composing"])
-            lines += [f"{model} per step (server side, us: queue / compute infer / whole step):", "",
-                      "| samples/req | conc | proto | " + " | ".join(names) + " |",
-                      "|---:|---:|---|" + "---:|" * len(names)]
+            lines += [
+                f"{model} per step (server side, us: queue / compute infer / whole step):",
+                "",
+                "| samples/req | conc | proto | " + " | ".join(names) + " |",
+                "|---:|---:|---|" + "---:|" * len(names),
+            ]
             for r in steps:
                 cells = []
                 for nm in names:
                     c = r["composing"].get(nm, {})
-                    cells.append(f"{fmt(c.get('queue_us'))} / {fmt(c.get('compute_infer_us'))} "
-                                 f"/ {fmt(c.get('total_us'))}")
-                lines.append(f"| {r['samples']} | {r['concurrency']} | {r['protocol']} | " + " | ".join(cells) + " |")
+                    cells.append(
+                        f"{fmt(c.get('queue_us'))} / {fmt(c.get('compute_infer_us'))} "
+                        f"/ {fmt(c.get('total_us'))}"
+                    )
+                lines.append(
+                    f"| {r['samples']} | {r['concurrency']} | {r['protocol']} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
             lines.append("")
     return "\n".join(lines)
 
 
 def reference_md(results: list) -> str:
-    rows = [r for r in results if r["model"] == "dlrm" and r["samples"] == 1 and r["concurrency"] == 1
-            and r["status"] != "failed"]
-    lines = ["### dlrm at batch 1, concurrency 1 vs the published HugeCTR/V100 figure", "",
-             "| setup | avg us | p99 us | infer/s |", "|---|---:|---:|---:|",
-             "| NVIDIA HugeCTR backend, full Criteo DLRM, 1x V100 (published) "
-             f"| {V100_REF['avg_us']:.0f} | {V100_REF['p99_us']:.0f} | {V100_REF['infer_per_s']:.1f} |"]
+    rows = [
+        r
+        for r in results
+        if r["model"] == "dlrm"
+        and r["samples"] == 1
+        and r["concurrency"] == 1
+        and r["status"] != "failed"
+    ]
+    lines = [
+        "### dlrm at batch 1, concurrency 1 vs the published HugeCTR/V100 figure",
+        "",
+        "| setup | avg us | p99 us | infer/s |",
+        "|---|---:|---:|---:|",
+        "| NVIDIA HugeCTR backend, full Criteo DLRM, 1x V100 (published) "
+        f"| {V100_REF['avg_us']:.0f} | {V100_REF['p99_us']:.0f} | {V100_REF['infer_per_s']:.1f} |",
+    ]
     for r in rows:
-        lines.append(f"| triton-rec `dlrm` (small demo DLRM, 2 CPU cores), {r['protocol']} "
-                     f"| {fmt(r['avg_us'])} | {fmt(r['p99_us'])} | {fmt(r['infer_per_s'], 1)} |")
+        lines.append(
+            f"| triton-rec `dlrm` (small demo DLRM, 2 CPU cores), {r['protocol']} "
+            f"| {fmt(r['avg_us'])} | {fmt(r['p99_us'])} | {fmt(r['infer_per_s'], 1)} |"
+        )
     for r in rows:
         lines.append("")
-        lines.append(f"{r['protocol']}: our average latency is "
-                     f"{r['avg_us'] / V100_REF['avg_us']:.2f}x the V100 figure, throughput "
-                     f"{r['infer_per_s'] / V100_REF['infer_per_s']:.2f}x. The models differ "
-                     "(theirs: full Criteo DLRM on a GPU; ours: a small demo DLRM on 2 CPU cores), so this "
-                     "compares serving overhead at batch 1, not model speed.")
+        lines.append(
+            f"{r['protocol']}: our average latency is "
+            f"{r['avg_us'] / V100_REF['avg_us']:.2f}x the V100 figure, throughput "
+            f"{r['infer_per_s'] / V100_REF['infer_per_s']:.2f}x. The models differ "
+            "(theirs: full Criteo DLRM on a GPU; ours: a small demo DLRM on 2 CPU cores), so this "
+            "compares serving overhead at batch 1, not model speed."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -479,24 +626,42 @@ def reference_md(results: list) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="dlrm, 64 samples/request, concurrency 2, http+grpc")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="dlrm, 64 samples/request, concurrency 2, http+grpc"
+    )
     p.add_argument("--models", default="dlrm,dlrm_onnx,dlrm_ensemble,identity")
     p.add_argument("--samples", default="1,64,1024")
     p.add_argument("--concurrency", default="1,2,4,8")
-    p.add_argument("--conc-1024", default=None, help="concurrency levels for >= 1024 samples (default: --concurrency)")
+    p.add_argument(
+        "--conc-1024",
+        default=None,
+        help="concurrency levels for >= 1024 samples (default: --concurrency)",
+    )
     p.add_argument("--protocols", default="http,grpc")
     p.add_argument("--requests-per-file", type=int, default=16)
     p.add_argument("--max-trials", type=int, default=6)
-    p.add_argument("--window-scale", type=float, default=2.0,
-                   help="multiplies the requests per count window (300/150/40 at 1/64/1024 samples)")
+    p.add_argument(
+        "--window-scale",
+        type=float,
+        default=2.0,
+        help="multiplies the requests per count window (300/150/40 at 1/64/1024 samples)",
+    )
     p.add_argument("--stability", type=int, default=50, help="perf_analyzer --stability-percentage")
     p.add_argument("--timeout", type=int, default=180, help="seconds per perf_analyzer run")
     p.add_argument("--out-dir", default=None)
     p.add_argument("--keep", action="store_true", help="keep the temporary model repository")
-    p.add_argument("--locust", default=None, metavar="ARGS",
-                   help='also run the locustfile against the server, e.g. --locust "-u 8 -r 4 -t 60s"')
-    p.add_argument("--skip-perf", action="store_true", help="no perf_analyzer sweep (with --locust)")
+    p.add_argument(
+        "--locust",
+        default=None,
+        metavar="ARGS",
+        help='also run the locustfile against the server, e.g. --locust "-u 8 -r 4 -t 60s"',
+    )
+    p.add_argument(
+        "--skip-perf", action="store_true", help="no perf_analyzer sweep (with --locust)"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.models, args.samples, args.concurrency, args.conc_1024 = "dlrm", "64", "2", None
@@ -515,33 +680,46 @@ def main(argv=None) -> int:
     ensure_trained()
     repo = work / "repo"
     meta = build_repository(repo)
-    per_file = {n: (max(4, args.requests_per_file // 2) if n >= 1024 else args.requests_per_file) for n in samples}
+    per_file = {
+        n: (max(4, args.requests_per_file // 2) if n >= 1024 else args.requests_per_file)
+        for n in samples
+    }
     files = write_inputs(meta, samples, per_file, out_dir)
     served = set(models) | ({"dlrm", "dlrm_ensemble"} if args.locust is not None else set())
     load = sorted(served | ({"dlrm_hps", "dlrm_dense"} if "dlrm_ensemble" in served else set()))
-    server = TritonServer(repo, explicit=True, load_models=load, log_path=out_dir / "server.log",
-                          env={"TRITON_REC_STORE": str(work / "store")})
+    server = TritonServer(
+        repo,
+        explicit=True,
+        load_models=load,
+        log_path=out_dir / "server.log",
+        env={"TRITON_REC_STORE": str(work / "store")},
+    )
     results, problems, locust_md = [], [], ""
     env = perf_analyzer.environment()
     try:
         t0 = time.monotonic()
         server.start(timeout=300)
-        print(f"server ready in {time.monotonic() - t0:.1f} s "
-              f"({server.http_url}, grpc {server.grpc_url})", flush=True)
+        print(
+            f"server ready in {time.monotonic() - t0:.1f} s "
+            f"({server.http_url}, grpc {server.grpc_url})",
+            flush=True,
+        )
         problems = sanity_check(server, files, models, samples)
         print("sanity check:", "ok" if not problems else problems, flush=True)
-        for model in ([] if args.skip_perf else models):
+        for model in [] if args.skip_perf else models:
             for n in samples:
-                for conc in (concs_big if n >= 1024 else concs):
+                for conc in concs_big if n >= 1024 else concs:
                     for protocol in protocols:
                         rec = run_one(model, n, conc, protocol, server, files, out_dir, args, env)
                         results.append(rec)
                         tail = " " + rec.get("reason", "") if rec["status"] == "failed" else ""
-                        print(f"{model:14s} n={n:<5d} c={conc} {protocol:4s} {rec['status']:8s} "
-                              f"{fmt(rec.get('infer_per_s'), 1):>9s} infer/s "
-                              f"{fmt(rec.get('avg_us')):>8s} us avg "
-                              f"{fmt(rec.get('p99_us')):>8s} us p99  ({rec['wall_s']} s){tail}",
-                              flush=True)
+                        print(
+                            f"{model:14s} n={n:<5d} c={conc} {protocol:4s} {rec['status']:8s} "
+                            f"{fmt(rec.get('infer_per_s'), 1):>9s} infer/s "
+                            f"{fmt(rec.get('avg_us')):>8s} us avg "
+                            f"{fmt(rec.get('p99_us')):>8s} us p99  ({rec['wall_s']} s){tail}",
+                            flush=True,
+                        )
         if args.locust is not None:
             locust_md = run_locust(server, repo, out_dir, args.locust)
     finally:
@@ -557,10 +735,20 @@ def main(argv=None) -> int:
     print("\n" + md)
     print(f"total wall time {total:.0f} s; raw output in {out_dir}")
     (out_dir / "tables.md").write_text(md)
-    (out_dir / "results.json").write_text(json.dumps(
-        {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv[1:],
-         "machine": info, "sanity_problems": problems, "wall_s": round(total, 1),
-         "requests_per_file": per_file, "results": results}, indent=1))
+    (out_dir / "results.json").write_text(
+        json.dumps(
+            {
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "argv": sys.argv[1:],
+                "machine": info,
+                "sanity_problems": problems,
+                "wall_s": round(total, 1),
+                "requests_per_file": per_file,
+                "results": results,
+            },
+            indent=1,
+        )
+    )
     return 0 if not problems and all(r["status"] != "failed" for r in results) else 1
 
 

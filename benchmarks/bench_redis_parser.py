@@ -80,10 +80,12 @@ def main(argv=None) -> int:
     print(machine_info())
     with start_redis_cluster() as cluster:
         stores = {
-            "hiredis": RedisClusterStore(cluster.address, "bench.parser", args.dim,
-                                         num_partitions=args.partitions),
-            "python": RedisClusterStore(cluster.address, "bench.parser", args.dim,
-                                        num_partitions=args.partitions),
+            "hiredis": RedisClusterStore(
+                cluster.address, "bench.parser", args.dim, num_partitions=args.partitions
+            ),
+            "python": RedisClusterStore(
+                cluster.address, "bench.parser", args.dim, num_partitions=args.partitions
+            ),
         }
         try:
             use_python_parser(stores["python"])
@@ -93,9 +95,11 @@ def main(argv=None) -> int:
                 print("hiredis is not installed: nothing to compare", file=sys.stderr)
                 return 1
             for lo in range(0, args.rows, 65536):
-                stores["hiredis"].upsert(keys[lo:lo + 65536], vectors[lo:lo + 65536])
-            print("| batch | hiredis keys/s | python keys/s | ratio | hiredis p50 ms | "
-                  "python p50 ms |")
+                stores["hiredis"].upsert(keys[lo : lo + 65536], vectors[lo : lo + 65536])
+            print(
+                "| batch | hiredis keys/s | python keys/s | ratio | hiredis p50 ms | "
+                "python p50 ms |"
+            )
             print("|---:|---:|---:|---:|---:|---:|")
             for batch, reps in BATCHES.items():
                 rows = {m: rng.integers(0, args.rows, (reps, batch)) for m in stores}
@@ -104,7 +108,7 @@ def main(argv=None) -> int:
                 names = list(stores)
                 bounds = [round(reps * r / ROUNDS) for r in range(ROUNDS + 1)]
                 for r in range(ROUNDS):
-                    for m in names[r % 2:] + names[:r % 2]:
+                    for m in names[r % 2 :] + names[: r % 2]:
                         for i in range(bounds[r], bounds[r + 1]):
                             t0 = time.perf_counter()
                             stores[m].fetch(keys[rows[m][i]], out[m])
@@ -113,9 +117,11 @@ def main(argv=None) -> int:
                                 np.testing.assert_array_equal(out[m], vectors[rows[m][i]])
                 kps = {m: batch * reps / sum(times[m]) for m in stores}
                 p50 = {m: 1000 * float(np.median(times[m])) for m in stores}
-                print(f"| {batch} | {kps['hiredis']:,.0f} | {kps['python']:,.0f} | "
-                      f"{kps['hiredis'] / kps['python']:.2f}x | {p50['hiredis']:.2f} | "
-                      f"{p50['python']:.2f} |")
+                print(
+                    f"| {batch} | {kps['hiredis']:,.0f} | {kps['python']:,.0f} | "
+                    f"{kps['hiredis'] / kps['python']:.2f}x | {p50['hiredis']:.2f} | "
+                    f"{p50['python']:.2f} |"
+                )
         finally:
             for s in stores.values():
                 s.close()

@@ -51,9 +51,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from triton_rec.storage import node_store  # noqa: E402
 from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE  # noqa: E402
+from triton_rec.storage import node_store  # noqa: E402
 from triton_rec.triton.runtime import TritonServer, prepare_backend_dir  # noqa: E402
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import evict_files, machine_info  # noqa: E402
 
@@ -92,7 +93,6 @@ def loadavg() -> str:
 
 
 # -- page cache ---------------------------------------------------------------------------
-
 
 
 def warm_file(path: str) -> float:
@@ -173,22 +173,32 @@ class Model:
         self.name, self.rows, self.dim = name, rows, dim
         self.repo = root / f"repo_{name}"
         self.table_dir = self.repo / name / "1" / f"{name}0_sparse_0.model"
-        self.write_seconds, self.probe_keys, self.probe_vecs = write_table(self.table_dir, rows, dim, seed)
+        self.write_seconds, self.probe_keys, self.probe_vecs = write_table(
+            self.table_dir, rows, dim, seed
+        )
         self.table_bytes = rows * 8 + rows * dim * 4
         entry = {
-            "model": name, "sparse_files": [os.path.relpath(self.table_dir, self.repo)],
-            "embedding_table_names": ["emb"], "embedding_vecsize_per_table": [dim],
-            "maxnum_catfeature_query_per_table_per_sample": [1], "max_batch_size": 1024,
-            "default_value_for_each_table": [-1.0], "gpucache": True, "gpucacheper": gpucacheper,
+            "model": name,
+            "sparse_files": [os.path.relpath(self.table_dir, self.repo)],
+            "embedding_table_names": ["emb"],
+            "embedding_vecsize_per_table": [dim],
+            "maxnum_catfeature_query_per_table_per_sample": [1],
+            "max_batch_size": 1024,
+            "default_value_for_each_table": [-1.0],
+            "gpucache": True,
+            "gpucacheper": gpucacheper,
             # > 1: misses are always fetched synchronously, so every answer is exact.
             "hit_rate_threshold": 1.1,
         }
-        (self.repo / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}, indent=1))
+        (self.repo / "ps.json").write_text(
+            json.dumps({"supportlonglong": True, "models": [entry]}, indent=1)
+        )
         self.set_config(1, True)
 
     def set_config(self, count: int, prefault: bool) -> None:
         (self.repo / self.name / "config.pbtxt").write_text(
-            hps_config(self.name, count, "" if prefault else PREFAULT_OFF))
+            hps_config(self.name, count, "" if prefault else PREFAULT_OFF)
+        )
 
     def source_files(self):
         return [self.table_dir / KEY_FILE, self.table_dir / VECTOR_FILE]
@@ -207,11 +217,18 @@ class TimedServer(TritonServer):
         env = self.environment()
         self.popen_wall = time.time()
         t0 = time.perf_counter()
-        self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         while time.perf_counter() - t0 < timeout:
             if self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
             if self.is_ready():
                 self.ready_seconds = time.perf_counter() - t0
                 return self
@@ -232,10 +249,17 @@ def log_events(log_path: Path, popen_wall: float, model: str) -> dict:
         if not m:
             continue
         mo, d, hh, mm, ss, us, msg = m.groups()
-        t = datetime(year, int(mo), int(d), int(hh), int(mm), int(ss), int(us)).timestamp() - popen_wall
+        t = (
+            datetime(year, int(mo), int(d), int(hh), int(mm), int(ss), int(us)).timestamp()
+            - popen_wall
+        )
         if ev["first_log"] is None:
             ev["first_log"] = t
-        if "TRITONBACKEND_ModelInstanceInitialize:" in msg and f"{model}_" in msg and "successful" not in msg:
+        if (
+            "TRITONBACKEND_ModelInstanceInitialize:" in msg
+            and f"{model}_" in msg
+            and "successful" not in msg
+        ):
             ev["instance_init"].append(t)
         if f"hps model '{model}' ready" in msg:
             ev["instance_ready"].append(t)
@@ -251,8 +275,10 @@ def lookup(server: TritonServer, model: str, keys: np.ndarray) -> tuple:
     try:
         k = keys.astype(np.int64)[None, :]
         n = np.array([[k.shape[1]]], np.int32)
-        ins = [httpclient.InferInput("KEYS", list(k.shape), "INT64"),
-               httpclient.InferInput("NUMKEYS", list(n.shape), "INT32")]
+        ins = [
+            httpclient.InferInput("KEYS", list(k.shape), "INT64"),
+            httpclient.InferInput("NUMKEYS", list(n.shape), "INT32"),
+        ]
         ins[0].set_data_from_numpy(k)
         ins[1].set_data_from_numpy(n)
         t0 = time.perf_counter()
@@ -289,16 +315,34 @@ class Bench:
         self.runs = []
         self.rng = np.random.default_rng(args.seed + 1)
 
-    def serve(self, model: Model, label: str, count: int = 1, prefault: bool = True,
-              cache: str = "warm", memory: bool = False, extra_args=()) -> dict:
+    def serve(
+        self,
+        model: Model,
+        label: str,
+        count: int = 1,
+        prefault: bool = True,
+        cache: str = "warm",
+        memory: bool = False,
+        extra_args=(),
+    ) -> dict:
         model.set_config(count, prefault)
         n = len(self.runs)
         log = self.logs / f"{n:02d}_{model.name}_{label.replace(' ', '_')}.log"
-        srv = TimedServer(model.repo, log_path=log, env={"TRITON_REC_STORE": str(self.store)},
-                          extra_args=list(extra_args))
+        srv = TimedServer(
+            model.repo,
+            log_path=log,
+            env={"TRITON_REC_STORE": str(self.store)},
+            extra_args=list(extra_args),
+        )
         srv.start(timeout=self.args.timeout, poll=self.args.poll)
-        run = {"model": model.name, "label": label, "count": count, "prefault": prefault, "cache": cache,
-               "ready_s": srv.ready_seconds}
+        run = {
+            "model": model.name,
+            "label": label,
+            "count": count,
+            "prefault": prefault,
+            "cache": cache,
+            "ready_s": srv.ready_seconds,
+        }
         try:
             pick = self.rng.choice(model.probe_keys.shape[0], 64, replace=False)
             out, run["first_lookup_s"] = lookup(srv, model.name, model.probe_keys[pick])
@@ -308,9 +352,19 @@ class Bench:
             run["instances"] = len(pids)
             if memory:
                 rolls = [smaps_rollup(p) for p in pids]
-                run["mem"] = {k: sum(r.get(k, 0) for r in rolls) for k in
-                              ("Rss", "Pss", "Pss_Anon", "Pss_File", "Pss_Shmem", "Shared_Clean",
-                               "Private_Clean", "Private_Dirty")}
+                run["mem"] = {
+                    k: sum(r.get(k, 0) for r in rolls)
+                    for k in (
+                        "Rss",
+                        "Pss",
+                        "Pss_Anon",
+                        "Pss_File",
+                        "Pss_Shmem",
+                        "Shared_Clean",
+                        "Private_Clean",
+                        "Private_Dirty",
+                    )
+                }
                 run["mem_per_instance"] = [{k: r.get(k, 0) for k in ("Rss", "Pss")} for r in rolls]
             run["shm"] = shm_segments(model.name)
         finally:
@@ -321,13 +375,19 @@ class Bench:
         self.runs.append(run)
         ev = run["events"]
         inst = ev["instance_ready"]
-        print(f"  {model.name:10s} {label:28s} n={count} prefault={'on ' if prefault else 'off'} "
-              f"ready {run['ready_s']:7.2f} s  (first log {_f(ev['first_log'])}, instances ready "
-              f"{_f(min(inst) if inst else None)}..{_f(max(inst) if inst else None)}, "
-              f"loaded {_f(ev['loaded'])}) "
-              f"lookup {run['first_lookup_s']*1e3:.1f} ms correct={run['correct']}"
-              + (f"  PSS {run['mem']['Pss']/2**30:.2f} GiB RSS {run['mem']['Rss']/2**30:.2f} GiB" if memory else ""),
-              flush=True)
+        print(
+            f"  {model.name:10s} {label:28s} n={count} prefault={'on ' if prefault else 'off'} "
+            f"ready {run['ready_s']:7.2f} s  (first log {_f(ev['first_log'])}, instances ready "
+            f"{_f(min(inst) if inst else None)}..{_f(max(inst) if inst else None)}, "
+            f"loaded {_f(ev['loaded'])}) "
+            f"lookup {run['first_lookup_s'] * 1e3:.1f} ms correct={run['correct']}"
+            + (
+                f"  PSS {run['mem']['Pss'] / 2**30:.2f} GiB RSS {run['mem']['Rss'] / 2**30:.2f} GiB"
+                if memory
+                else ""
+            ),
+            flush=True,
+        )
         if not run["correct"]:
             raise SystemExit(f"WRONG ANSWER from {model.name} ({label}); log: {log}")
         if run["shm_left"]:
@@ -354,8 +414,13 @@ class Bench:
             "print(json.dumps({'import_s': t1 - t0, 'map_s': t2 - t1, 'prefault_s': t3 - t2}))\n"
         )
         try:
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                 cwd=str(Path(__file__).resolve().parents[1]))
+            out = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=str(Path(__file__).resolve().parents[1]),
+            )
             return json.loads(out.stdout.strip().splitlines()[-1])
         except (subprocess.CalledProcessError, ValueError) as e:
             return {"error": str(getattr(e, "stderr", e))[-500:]}
@@ -366,7 +431,12 @@ def _f(x):
 
 
 def stats(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 # -- report -------------------------------------------------------------------------------
@@ -381,48 +451,79 @@ def report(bench: Bench, models: dict, info: dict, extra: dict) -> str:
     L.append("Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     L.append(f"Load average at start / end: {extra['load_start']} / {extra['load_end']}")
     L.append("")
-    L.append("| table | rows x dim | table bytes (keys+vectors) | layout file | write s "
-             "| cache segment (/dev/shm) |")
+    L.append(
+        "| table | rows x dim | table bytes (keys+vectors) | layout file | write s "
+        "| cache segment (/dev/shm) |"
+    )
     L.append("|---|---|---:|---:|---:|---:|")
     for m in models.values():
         lay = extra["layout"][m.name]
         seg = next((r["shm"] for r in bench.runs if r["model"] == m.name and r.get("shm")), [])
-        segtxt = ", ".join(f"{s['size']/2**20:.1f} MiB ({s['allocated']/2**20:.1f} MiB allocated)"
-                           for s in seg) or "-"
-        L.append(f"| {m.name} | {m.rows:,} x {m.dim} "
-                 f"| {gib(m.table_bytes):.2f} GiB ({m.table_bytes/1e9:.2f} GB) "
-                 f"| {gib(lay['bytes']):.2f} GiB | {m.write_seconds:.1f} | {segtxt} |")
+        segtxt = (
+            ", ".join(
+                f"{s['size'] / 2**20:.1f} MiB ({s['allocated'] / 2**20:.1f} MiB allocated)"
+                for s in seg
+            )
+            or "-"
+        )
+        L.append(
+            f"| {m.name} | {m.rows:,} x {m.dim} "
+            f"| {gib(m.table_bytes):.2f} GiB ({m.table_bytes / 1e9:.2f} GB) "
+            f"| {gib(lay['bytes']):.2f} GiB | {m.write_seconds:.1f} | {segtxt} |"
+        )
     L.append("")
-    L.append("Start-to-ready (Popen of tritonserver -> /v2/health/ready 200). "
-             "Log columns (medians): seconds after Popen of the server log's first line, "
-             "of the first \"TRITONBACKEND_ModelInstanceInitialize\" (the model-level part, "
-             "incl. the Python backend's auto-complete stub, is over), of the instances' "
-             "\"hps model ... ready\" lines (first..last), of \"successfully loaded\".")
+    L.append(
+        "Start-to-ready (Popen of tritonserver -> /v2/health/ready 200). "
+        "Log columns (medians): seconds after Popen of the server log's first line, "
+        'of the first "TRITONBACKEND_ModelInstanceInitialize" (the model-level part, '
+        "incl. the Python backend's auto-complete stub, is over), of the instances' "
+        '"hps model ... ready" lines (first..last), of "successfully loaded".'
+    )
     L.append("")
-    L.append("| table | run | instances | prefault | page cache | start-to-ready s (median, min-max, n) "
-             "| first log | instance init starts | instance(s) ready | loaded | 1st lookup ms |")
+    L.append(
+        "| table | run | instances | prefault | page cache | start-to-ready s (median, min-max, n) "
+        "| first log | instance init starts | instance(s) ready | loaded | 1st lookup ms |"
+    )
     L.append("|---|---|---:|---|---|---|---:|---:|---|---:|---:|")
     groups = {}
     for r in bench.runs:
-        groups.setdefault((r["model"], r["label"], r["count"], r["prefault"], r["cache"]), []).append(r)
+        groups.setdefault(
+            (r["model"], r["label"], r["count"], r["prefault"], r["cache"]), []
+        ).append(r)
     for (model, label, count, prefault, cache), rs in groups.items():
         s = stats([r["ready_s"] for r in rs])
-        t = f"{s['median']:.2f}" + (f" ({s['min']:.2f}-{s['max']:.2f}, n={s['n']})" if s["n"] > 1 else "")
+        t = f"{s['median']:.2f}" + (
+            f" ({s['min']:.2f}-{s['max']:.2f}, n={s['n']})" if s["n"] > 1 else ""
+        )
         ev = [r["events"] for r in rs]
-        fl = statistics.median([e["first_log"] for e in ev if e["first_log"] is not None] or [float("nan")])
+        fl = statistics.median(
+            [e["first_log"] for e in ev if e["first_log"] is not None] or [float("nan")]
+        )
         ir = [e["instance_ready"] for e in ev if e["instance_ready"]]
-        irt = (f"{statistics.median(min(x) for x in ir):.2f}.."
-               f"{statistics.median(max(x) for x in ir):.2f}" if ir else "-")
-        ii = statistics.median([min(e["instance_init"]) for e in ev if e["instance_init"]] or [float("nan")])
-        ld = statistics.median([e["loaded"] for e in ev if e["loaded"] is not None] or [float("nan")])
+        irt = (
+            f"{statistics.median(min(x) for x in ir):.2f}.."
+            f"{statistics.median(max(x) for x in ir):.2f}"
+            if ir
+            else "-"
+        )
+        ii = statistics.median(
+            [min(e["instance_init"]) for e in ev if e["instance_init"]] or [float("nan")]
+        )
+        ld = statistics.median(
+            [e["loaded"] for e in ev if e["loaded"] is not None] or [float("nan")]
+        )
         lk = statistics.median([r["first_lookup_s"] * 1e3 for r in rs])
-        L.append(f"| {model} | {label} | {count} | {'on' if prefault else 'off'} | {cache} "
-                 f"| {t} | {fl:.2f} | {ii:.2f} | {irt} | {ld:.2f} | {lk:.1f} |")
+        L.append(
+            f"| {model} | {label} | {count} | {'on' if prefault else 'off'} | {cache} "
+            f"| {t} | {fl:.2f} | {ii:.2f} | {irt} | {ld:.2f} | {lk:.1f} |"
+        )
     L.append("")
     if extra.get("breakdown"):
-        L.append("In-process breakdown of an instance's load (fresh Python process, "
-                 "layout in the page cache, no Triton): import of triton_rec, "
-                 "store fast path + map (`load_table`), `prefault()`.")
+        L.append(
+            "In-process breakdown of an instance's load (fresh Python process, "
+            "layout in the page cache, no Triton): import of triton_rec, "
+            "store fast path + map (`load_table`), `prefault()`."
+        )
         L.append("")
         L.append("| table | import s | map s | prefault s |")
         L.append("|---|---:|---:|---:|")
@@ -430,52 +531,77 @@ def report(bench: Bench, models: dict, info: dict, extra: dict) -> str:
             if "error" in b:
                 L.append(f"| {name} | error: {b['error']!r} | | |")
             else:
-                L.append(f"| {name} | {b['import_s']:.3f} | {b['map_s']:.3f} | {b['prefault_s']:.3f} |")
+                L.append(
+                    f"| {name} | {b['import_s']:.3f} | {b['map_s']:.3f} | {b['prefault_s']:.3f} |"
+                )
         L.append("")
     mem = [r for r in bench.runs if "mem" in r]
     if mem:
         big = models[mem[0]["model"]]
         lay = extra["layout"][big.name]["bytes"]
-        L.append(f"Memory of the instance processes after one lookup ({big.name}: table "
-                 f"{gib(big.table_bytes):.2f} GiB, layout file incl. hash index {gib(lay):.2f} GiB). "
-                 "Naive = N private copies of the layout (interpreter overhead not included).")
+        L.append(
+            f"Memory of the instance processes after one lookup ({big.name}: table "
+            f"{gib(big.table_bytes):.2f} GiB, layout file incl. hash index {gib(lay):.2f} GiB). "
+            "Naive = N private copies of the layout (interpreter overhead not included)."
+        )
         L.append("")
-        L.append("| instances | total PSS GiB | PSS file / anon / shmem GiB | total RSS GiB "
-                 "| naive N x layout GiB | PSS / layout | PSS - 1 layout, per instance MiB "
-                 "| start-to-ready s |")
+        L.append(
+            "| instances | total PSS GiB | PSS file / anon / shmem GiB | total RSS GiB "
+            "| naive N x layout GiB | PSS / layout | PSS - 1 layout, per instance MiB "
+            "| start-to-ready s |"
+        )
         L.append("|---:|---:|---|---:|---:|---:|---:|---:|")
         for r in mem:
             m = r["mem"]
-            L.append(f"| {r['count']} | {gib(m['Pss']):.2f} "
-                     f"| {gib(m['Pss_File']):.2f} / {gib(m['Pss_Anon']):.2f} / "
-                     f"{gib(m['Pss_Shmem']):.2f} | {gib(m['Rss']):.2f} | {gib(r['count'] * lay):.2f} "
-                     f"| {m['Pss'] / lay:.2f} | {(m['Pss'] - lay) / r['count'] / 2**20:.0f} "
-                     f"| {r['ready_s']:.2f} |")
+            L.append(
+                f"| {r['count']} | {gib(m['Pss']):.2f} "
+                f"| {gib(m['Pss_File']):.2f} / {gib(m['Pss_Anon']):.2f} / "
+                f"{gib(m['Pss_Shmem']):.2f} | {gib(m['Rss']):.2f} | {gib(r['count'] * lay):.2f} "
+                f"| {m['Pss'] / lay:.2f} | {(m['Pss'] - lay) / r['count'] / 2**20:.0f} "
+                f"| {r['ready_s']:.2f} |"
+            )
         L.append("")
     left = sorted({s for r in bench.runs for s in r["shm_left"]}) or "nothing"
-    L.append(f"Every server answered a lookup of 64 random known keys with the exact vectors written: "
-             f"{all(r['correct'] for r in bench.runs)} ({len(bench.runs)} servers). "
-             f"Left in /dev/shm after stop: {left}.")
+    L.append(
+        f"Every server answered a lookup of 64 random known keys with the exact vectors written: "
+        f"{all(r['correct'] for r in bench.runs)} ({len(bench.runs)} servers). "
+        f"Left in /dev/shm after stop: {left}."
+    )
     return "\n".join(L)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rows", type=int, default=4_100_000, help="rows of the big table (default 4.1M)")
+    p.add_argument(
+        "--rows", type=int, default=4_100_000, help="rows of the big table (default 4.1M)"
+    )
     p.add_argument("--dim", type=int, default=256, help="floats per vector (default 256: 4.2 GB)")
-    p.add_argument("--small-rows", type=int, default=245_000, help="rows of the small table (0: skip)")
+    p.add_argument(
+        "--small-rows", type=int, default=245_000, help="rows of the small table (0: skip)"
+    )
     p.add_argument("--instances", default="1,2,4", help="instance counts for the memory runs")
     p.add_argument("--reps", type=int, default=3, help="repetitions of each warm second load")
     p.add_argument("--gpucacheper", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--dir", default=tempfile.gettempdir(), help="where the work directory is created")
-    p.add_argument("--log-dir", help="keep the server logs here (default: inside the work directory)")
+    p.add_argument(
+        "--dir", default=tempfile.gettempdir(), help="where the work directory is created"
+    )
+    p.add_argument(
+        "--log-dir", help="keep the server logs here (default: inside the work directory)"
+    )
     p.add_argument("--no-cold", action="store_true", help="skip the cold page cache runs")
-    p.add_argument("--first-load-warm", action="store_true",
-                   help="do not evict the source from the page cache before the first load")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for a server to be ready")
+    p.add_argument(
+        "--first-load-warm",
+        action="store_true",
+        help="do not evict the source from the page cache before the first load",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds to wait for a server to be ready"
+    )
     p.add_argument("--poll", type=float, default=0.02, help="seconds between readiness polls")
-    p.add_argument("--keep", action="store_true", help="keep the work directory (tables, store, logs)")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the work directory (tables, store, logs)"
+    )
     p.add_argument("--json", help="write every measurement here")
     a = p.parse_args(argv)
     counts = [int(c) for c in a.instances.split(",") if c]
@@ -495,14 +621,17 @@ def main(argv=None) -> int:
         for name, rows in specs:
             print(f"writing {name}: {rows:,} x {a.dim} ...", flush=True)
             m = models[name] = Model(work, name, rows, a.dim, a.seed + len(models), a.gpucacheper)
-            print(f"  {m.write_seconds:.1f} s, {m.table_bytes/1e9:.2f} GB", flush=True)
+            print(f"  {m.write_seconds:.1f} s, {m.table_bytes / 1e9:.2f} GB", flush=True)
         for name, m in models.items():
             # (a) first load: the store is empty, the backend converts the table.
             if not a.first_load_warm:
                 evict_files(*m.source_files())
             cache = "source cached" if a.first_load_warm else "source evicted"
             frac = cached_fraction(str(m.table_dir / VECTOR_FILE))
-            print(f"{name}: source vectors {frac:.0%} in the page cache before the first load", flush=True)
+            print(
+                f"{name}: source vectors {frac:.0%} in the page cache before the first load",
+                flush=True,
+            )
             bench.serve(m, "first load (convert)", 1, True, cache)
             lay = bench.layout_of(m)
             extra["layout"][name] = {"path": lay, "bytes": os.path.getsize(lay)}
@@ -514,7 +643,14 @@ def main(argv=None) -> int:
             # The Python backend starts (and stops) one extra stub process per model to ask
             # it for an auto-completed config; the hps backend completes nothing.
             for _ in range(a.reps):
-                bench.serve(m, "second load, " + NO_AUTOCOMPLETE, 1, True, "warm", extra_args=[NO_AUTOCOMPLETE])
+                bench.serve(
+                    m,
+                    "second load, " + NO_AUTOCOMPLETE,
+                    1,
+                    True,
+                    "warm",
+                    extra_args=[NO_AUTOCOMPLETE],
+                )
             extra["breakdown"][name] = bench.in_process_breakdown(m)
             print(f"  in-process breakdown: {extra['breakdown'][name]}", flush=True)
             if name != "hps_big" or a.no_cold:
@@ -525,11 +661,17 @@ def main(argv=None) -> int:
             if cold_ok:
                 for prefault in (True, False):
                     s = drop_caches()
-                    print(f"  drop_caches took {s:.1f} s; layout {cached_fraction(lay):.0%} cached", flush=True)
+                    print(
+                        f"  drop_caches took {s:.1f} s; layout {cached_fraction(lay):.0%} cached",
+                        flush=True,
+                    )
                     bench.serve(m, "second load", 1, prefault, "drop_caches")
             # memory: with the layout back in the page cache (the last run did not read it all).
-            print(f"  re-reading the layout: {warm_file(lay):.1f} s; "
-                  f"{cached_fraction(lay):.0%} cached", flush=True)
+            print(
+                f"  re-reading the layout: {warm_file(lay):.1f} s; "
+                f"{cached_fraction(lay):.0%} cached",
+                flush=True,
+            )
             for c in counts:
                 bench.serve(m, "second load, memory", c, True, "warm", memory=True)
         if "hps_big" in models and a.no_cold:
@@ -548,8 +690,13 @@ def main(argv=None) -> int:
     print(text)
     print(f"\ntotal {extra['total_s']:.0f} s")
     if a.json:
-        Path(a.json).write_text(json.dumps({"machine": info, "args": vars(a), "extra": extra,
-                                            "runs": bench.runs}, indent=1, default=str))
+        Path(a.json).write_text(
+            json.dumps(
+                {"machine": info, "args": vars(a), "extra": extra, "runs": bench.runs},
+                indent=1,
+                default=str,
+            )
+        )
     return 0
 
 

@@ -41,11 +41,12 @@ import time
 
 import numpy as np
 
-from triton_rec.storage import node_store
-from triton_rec.formats.tables import read_table
-from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE
 from triton_rec.config.ps_json import TableParams
+from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE
+from triton_rec.formats.tables import read_table
+from triton_rec.storage import node_store
 from triton_rec.storage.table import EmbeddingTable
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import evict_files, machine_info  # noqa: E402
 
@@ -78,7 +79,6 @@ def fsync(*paths: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
 
 
 def copy_file(src: str, dst: str) -> None:

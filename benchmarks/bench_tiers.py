@@ -85,14 +85,14 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from machine import machine_info  # noqa: E402
 
-from triton_rec.storage import node_store  # noqa: E402
-from triton_rec.formats.tables import write_table
 from tests.storage_fixtures import start_redis_cluster  # noqa: E402
-from triton_rec.storage.backing_store import LocalTableStore, decode_values, encode_keys  # noqa: E402
 from triton_rec.cache.cached_table import CachedTable  # noqa: E402
+from triton_rec.cache.shm_cache import SharedEmbeddingCache, layout_for, segment_path  # noqa: E402
+from triton_rec.formats.tables import write_table
+from triton_rec.storage import node_store  # noqa: E402
+from triton_rec.storage.backing_store import LocalTableStore, decode_values, encode_keys  # noqa: E402
 from triton_rec.storage.redis_store import RedisClusterStore  # noqa: E402
 from triton_rec.storage.rocksdb_store import NodeRocksDBTable, RocksDBStore  # noqa: E402
-from triton_rec.cache.shm_cache import SharedEmbeddingCache, layout_for, segment_path  # noqa: E402
 from triton_rec.updates import UpdateConsumer, UpdateProducer, topic_name  # noqa: E402
 
 LOOKUP_BATCHES = (64, 1024, 16384)
@@ -150,16 +150,25 @@ def make_table(keys, vectors, tmp):
 
 # -- 1. ingest -------------------------------------------------------------------------
 
+
 def ingest(stores, keys, vectors, args, rng):
     n, row_mb = keys.shape[0], vectors.shape[1] * 4 / 1e6
     res = []
     for name, s in stores.items():
         t0 = time.perf_counter()
         for a in range(0, n, IMPORT_BATCH):
-            s.upsert(keys[a:a + IMPORT_BATCH], vectors[a:a + IMPORT_BATCH])
+            s.upsert(keys[a : a + IMPORT_BATCH], vectors[a : a + IMPORT_BATCH])
         t = time.perf_counter() - t0
-        res.append({"tier": name, "what": f"bulk load, {IMPORT_BATCH:,} rows/call",
-                    "rows": n, "seconds": t, "rows_per_s": n / t, "mb_per_s": n * row_mb / t})
+        res.append(
+            {
+                "tier": name,
+                "what": f"bulk load, {IMPORT_BATCH:,} rows/call",
+                "rows": n,
+                "seconds": t,
+                "rows_per_s": n / t,
+                "mb_per_s": n * row_mb / t,
+            }
+        )
         compact = getattr(s, "compact", None)
         if compact is None and isinstance(s, RocksDBStore):
             compact = lambda s=s: s._cf.compact_range(None, None)  # noqa: E731 (no public API)
@@ -167,21 +176,35 @@ def ingest(stores, keys, vectors, args, rng):
             tc = time.perf_counter()
             compact()
             tc = time.perf_counter() - tc
-            res.append({"tier": name, "what": "bulk load + compaction (import_table)",
-                        "rows": n, "seconds": t + tc, "rows_per_s": n / (t + tc),
-                        "mb_per_s": n * row_mb / (t + tc)})
+            res.append(
+                {
+                    "tier": name,
+                    "what": "bulk load + compaction (import_table)",
+                    "rows": n,
+                    "seconds": t + tc,
+                    "rows_per_s": n / (t + tc),
+                    "mb_per_s": n * row_mb / (t + tc),
+                }
+            )
     m = min(n, args.upsert_rows)
     for batch in UPSERT_BATCHES:
         rows = rng.choice(n, size=max(min(batch, m), (m // batch) * batch), replace=False)
         for name, s in stores.items():
             t0 = time.perf_counter()
             for a in range(0, rows.shape[0], batch):
-                r = rows[a:a + batch]
+                r = rows[a : a + batch]
                 s.upsert(keys[r], vectors[r])
             t = time.perf_counter() - t0
-            res.append({"tier": name, "what": f"upsert, {batch:,} keys/call", "rows": rows.shape[0],
-                        "seconds": t, "rows_per_s": rows.shape[0] / t,
-                        "mb_per_s": rows.shape[0] * row_mb / t})
+            res.append(
+                {
+                    "tier": name,
+                    "what": f"upsert, {batch:,} keys/call",
+                    "rows": rows.shape[0],
+                    "seconds": t,
+                    "rows_per_s": rows.shape[0] / t,
+                    "mb_per_s": rows.shape[0] * row_mb / t,
+                }
+            )
     return res
 
 
@@ -196,15 +219,14 @@ def stream_ingest(address, stores, keys, vectors, count):
             s.upsert(k, v)
         applied[0] += k.shape[0]
 
-    consumer = UpdateConsumer(address, "bench", "c0", {topic: vectors.shape[1]}, apply,
-                              block_ms=50)
+    consumer = UpdateConsumer(address, "bench", "c0", {topic: vectors.shape[1]}, apply, block_ms=50)
     try:
         consumer.poll_once(10)  # creates the group before anything is published
         idx = np.arange(count) % keys.shape[0]
         t0 = time.perf_counter()
         with UpdateProducer(address, max_batch_size=8192) as p:
             for a in range(0, count, 65536):
-                p.publish(model, table, keys[idx[a:a + 65536]], vectors[idx[a:a + 65536]])
+                p.publish(model, table, keys[idx[a : a + 65536]], vectors[idx[a : a + 65536]])
         t_pub = time.perf_counter() - t0
         deadline = time.monotonic() + 120
         while applied[0] < count and time.monotonic() < deadline:
@@ -213,15 +235,29 @@ def stream_ingest(address, stores, keys, vectors, count):
     finally:
         consumer.close()
     row_mb = vectors.shape[1] * 4 / 1e6
-    return [{"tier": "stream", "what": "publish only (UpdateProducer)", "rows": count,
-             "seconds": t_pub, "rows_per_s": count / t_pub, "mb_per_s": count * row_mb / t_pub},
-            {"tier": "stream -> " + " + ".join(s.tier if s.tier != "rocksdb" else "rocksdb-node"
-                                               for s in stores),
-             "what": "publish + consume + apply + ack", "rows": applied[0], "seconds": t,
-             "rows_per_s": applied[0] / t, "mb_per_s": applied[0] * row_mb / t}]
+    return [
+        {
+            "tier": "stream",
+            "what": "publish only (UpdateProducer)",
+            "rows": count,
+            "seconds": t_pub,
+            "rows_per_s": count / t_pub,
+            "mb_per_s": count * row_mb / t_pub,
+        },
+        {
+            "tier": "stream -> "
+            + " + ".join(s.tier if s.tier != "rocksdb" else "rocksdb-node" for s in stores),
+            "what": "publish + consume + apply + ack",
+            "rows": applied[0],
+            "seconds": t,
+            "rows_per_s": applied[0] / t,
+            "mb_per_s": applied[0] * row_mb / t,
+        },
+    ]
 
 
 # -- 2. lookups --------------------------------------------------------------------------
+
 
 def run_blocks(methods, batches, rounds):
     """Time ``methods[m](batches[m][i])`` for every i. The batches are split in ``rounds``
@@ -233,9 +269,9 @@ def run_blocks(methods, batches, rounds):
     n = len(batches[names[0]])
     bounds = [round(n * r / rounds) for r in range(rounds + 1)]
     for r in range(rounds):
-        for m in names[r % len(names):] + names[:r % len(names)]:
+        for m in names[r % len(names) :] + names[: r % len(names)]:
             fn = methods[m]
-            for b in batches[m][bounds[r]:bounds[r + 1]]:
+            for b in batches[m][bounds[r] : bounds[r + 1]]:
                 t0 = time.perf_counter()
                 fn(b)
                 times[m].append(time.perf_counter() - t0)
@@ -255,27 +291,38 @@ def lookups(stores, keys, vectors, zipf, args, rng):
             decode_values(b[2], b[1], out, found, 0.0, "bench")
             return raw
 
-        methods = {"gather": lambda b, out=out: np.take(vectors, b[0], axis=0, out=out,
-                                                        mode="clip"),
-                   "codec": codec}
+        methods = {
+            "gather": lambda b, out=out: np.take(vectors, b[0], axis=0, out=out, mode="clip"),
+            "codec": codec,
+        }
         for name, s in stores.items():
             methods[name] = lambda b, s=s, out=out: s.fetch(b[1], out)
         batches = {}
         for m in methods:  # every method gets batches of its own (same law, other rows)
             rows = [zipf.rows(rng, batch) for _ in range(reps)]
-            batches[m] = [(r, keys[r], [v.tobytes() for v in vectors[r]] if m == "codec" else None)
-                          for r in rows]
+            batches[m] = [
+                (r, keys[r], [v.tobytes() for v in vectors[r]] if m == "codec" else None)
+                for r in rows
+            ]
         times = run_blocks(methods, batches, min(ROUNDS, reps))
         for m in methods:
             ts = times[m]
-            res.append({"batch": batch, "tier": m, "reps": reps,
-                        "keys_per_s": batch * len(ts) / sum(ts),
-                        "us_per_key": 1e6 * sum(ts) / (batch * len(ts)),
-                        "p50_ms": pct(ts, 50), "p99_ms": pct(ts, 99)})
+            res.append(
+                {
+                    "batch": batch,
+                    "tier": m,
+                    "reps": reps,
+                    "keys_per_s": batch * len(ts) / sum(ts),
+                    "us_per_key": 1e6 * sum(ts) / (batch * len(ts)),
+                    "p50_ms": pct(ts, 50),
+                    "p99_ms": pct(ts, 99),
+                }
+            )
     return res
 
 
 # -- 3. cache in front -------------------------------------------------------------------
+
 
 def cache_layout(rows: int):
     """(ways, requested capacity) with the least power-of-two rounding for ``rows``."""
@@ -296,13 +343,15 @@ def cache_point(stores, rows_wanted, keys, vectors, zipf, args, rng, prefix, war
     caches, tables, res = {}, {}, []
     try:
         for name in stores:
-            caches[name] = SharedEmbeddingCache.open(f"{prefix}{uuid.uuid4().hex[:8]}", cap,
-                                                     dim, policy="lru", ways=ways)
+            caches[name] = SharedEmbeddingCache.open(
+                f"{prefix}{uuid.uuid4().hex[:8]}", cap, dim, policy="lru", ways=ways
+            )
             tables[name] = CachedTable(name, stores[name], caches[name], hit_rate_threshold=2.0)
             for e in range(rows_wanted, 0, -IMPORT_BATCH):
                 s = max(0, e - IMPORT_BATCH)
-                caches[name].insert(np.ascontiguousarray(keys[s:e][::-1]),
-                                    np.ascontiguousarray(vectors[s:e][::-1]))
+                caches[name].insert(
+                    np.ascontiguousarray(keys[s:e][::-1]), np.ascontiguousarray(vectors[s:e][::-1])
+                )
         out = np.empty((batch, dim), np.float32)
         names = list(stores)
         # every tier's cache sees the same key sequence, so the same hits
@@ -315,14 +364,21 @@ def cache_point(stores, rows_wanted, keys, vectors, zipf, args, rng, prefix, war
             a, b = tables[m].stats.snapshot(), before[m]
             d = {k: a[k] - b[k] for k in ("lookups", "hits", "misses", "store_ns", "cache_ns")}
             ts = times[m]
-            res.append({"tier": m, "cache_rows": caches[m].capacity, "ways": ways,
-                        "filled_rows": rows_wanted, "hit_rate": d["hits"] / d["lookups"],
-                        "keys_per_s": d["lookups"] / sum(ts),
-                        "p50_ms": pct(ts, 50), "p99_ms": pct(ts, 99),
-                        "store_share": d["store_ns"] / 1e9 / sum(ts),
-                        "cache_share": d["cache_ns"] / 1e9 / sum(ts),
-                        "us_per_miss": (d["store_ns"] / 1e3 / d["misses"]
-                                        if d["misses"] else None)})
+            res.append(
+                {
+                    "tier": m,
+                    "cache_rows": caches[m].capacity,
+                    "ways": ways,
+                    "filled_rows": rows_wanted,
+                    "hit_rate": d["hits"] / d["lookups"],
+                    "keys_per_s": d["lookups"] / sum(ts),
+                    "p50_ms": pct(ts, 50),
+                    "p99_ms": pct(ts, 99),
+                    "store_share": d["store_ns"] / 1e9 / sum(ts),
+                    "cache_share": d["cache_ns"] / 1e9 / sum(ts),
+                    "us_per_miss": (d["store_ns"] / 1e3 / d["misses"] if d["misses"] else None),
+                }
+            )
     finally:
         for c in caches.values():
             c.close()
@@ -336,60 +392,96 @@ def with_cache(stores, keys, vectors, zipf, args, rng, prefix):
     n = keys.shape[0]
     for target in args.hit_rates:
         rows0 = max(1, zipf.lru_rows_for_hit_rate(target))
-        h0 = cache_point({"local": stores["local"]}, rows0, keys, vectors, zipf, args, rng,
-                         prefix, args.cache_warmup, max(10, args.cache_reps // 4))[0]["hit_rate"]
+        h0 = cache_point(
+            {"local": stores["local"]},
+            rows0,
+            keys,
+            vectors,
+            zipf,
+            args,
+            rng,
+            prefix,
+            args.cache_warmup,
+            max(10, args.cache_reps // 4),
+        )[0]["hit_rate"]
         aim = min(0.9999, max(0.01, target + (target - h0)))
         rows = max(1, min(n, zipf.lru_rows_for_hit_rate(aim)))
-        for r in cache_point(stores, rows, keys, vectors, zipf, args, rng, prefix,
-                             args.cache_warmup, args.cache_reps):
-            res.append({"target": target, "calibration_rows": rows0,
-                        "calibration_hit_rate": h0, **r})
+        for r in cache_point(
+            stores, rows, keys, vectors, zipf, args, rng, prefix, args.cache_warmup, args.cache_reps
+        ):
+            res.append(
+                {"target": target, "calibration_rows": rows0, "calibration_hit_rate": h0, **r}
+            )
     return res
 
 
 # -- output ------------------------------------------------------------------------------
 
+
 def markdown(result) -> str:
     m, a = result["machine"], result["args"]
-    lines = [f"machine: {m['cpu_model']}, nproc {m['nproc']}, {m.get('ram_gib', '?')} GiB RAM, "
-             f"Linux {m['kernel']}, Python {m['python']}, numpy {m['numpy']}, "
-             f"loadavg {m['loadavg']} (start) / {result['loadavg_end']} (end); "
-             f"wall time {result['wall_s']:.0f} s",
-             f"table: {a['rows']:,} rows x {a['dim']} float32 "
-             f"({a['rows'] * a['dim'] * 4 / 2**20:.0f} MiB), "
-             f"Zipf alpha {a['alpha']}, Redis {a['partitions']} partitions on 3 masters; "
-             f"node-local layout conversion {result['layout_convert_s']:.1f} s", ""]
-    lines += [SECTIONS[0], "", "| tier | what | rows | s | rows/s | MB/s |",
-              "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        f"machine: {m['cpu_model']}, nproc {m['nproc']}, {m.get('ram_gib', '?')} GiB RAM, "
+        f"Linux {m['kernel']}, Python {m['python']}, numpy {m['numpy']}, "
+        f"loadavg {m['loadavg']} (start) / {result['loadavg_end']} (end); "
+        f"wall time {result['wall_s']:.0f} s",
+        f"table: {a['rows']:,} rows x {a['dim']} float32 "
+        f"({a['rows'] * a['dim'] * 4 / 2**20:.0f} MiB), "
+        f"Zipf alpha {a['alpha']}, Redis {a['partitions']} partitions on 3 masters; "
+        f"node-local layout conversion {result['layout_convert_s']:.1f} s",
+        "",
+    ]
+    lines += [
+        SECTIONS[0],
+        "",
+        "| tier | what | rows | s | rows/s | MB/s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for r in result["ingest"]:
-        lines.append(f"| {r['tier']} | {r['what']} | {r['rows']:,} | {r['seconds']:.2f} | "
-                     f"{r['rows_per_s']:,.0f} | {r['mb_per_s']:.1f} |")
-    lines += ["", SECTIONS[1], "",
-              "| batch | tier | keys/s | us/key | p50 ms | p99 ms | vs gather |",
-              "|---:|---|---:|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {r['tier']} | {r['what']} | {r['rows']:,} | {r['seconds']:.2f} | "
+            f"{r['rows_per_s']:,.0f} | {r['mb_per_s']:.1f} |"
+        )
+    lines += [
+        "",
+        SECTIONS[1],
+        "",
+        "| batch | tier | keys/s | us/key | p50 ms | p99 ms | vs gather |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
     gather = {r["batch"]: r["keys_per_s"] for r in result["lookup"] if r["tier"] == "gather"}
     for r in result["lookup"]:
-        lines.append(f"| {r['batch']:,} | {r['tier']} | {r['keys_per_s']:,.0f} | "
-                     f"{r['us_per_key']:.3f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
-                     f"{r['keys_per_s'] / gather[r['batch']]:.4f} |")
-    lines += ["", SECTIONS[2], "",
-              f"CachedTable, LRU, hit_rate_threshold 2.0, batches of {a['cache_batch']:,} keys, "
-              f"{a['cache_reps']} timed after {a['cache_warmup']} warm-up; "
-              "no cache = the same tier's row at this batch size above.", "",
-              "| target | filled rows | cache rows (ways) | tier | measured hit rate | keys/s | "
-              "p50 ms | p99 ms | store % | us per miss | vs no cache |",
-              "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    nocache = {r["tier"]: r["keys_per_s"] for r in result["lookup"]
-               if r["batch"] == a["cache_batch"]}
+        lines.append(
+            f"| {r['batch']:,} | {r['tier']} | {r['keys_per_s']:,.0f} | "
+            f"{r['us_per_key']:.3f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
+            f"{r['keys_per_s'] / gather[r['batch']]:.4f} |"
+        )
+    lines += [
+        "",
+        SECTIONS[2],
+        "",
+        f"CachedTable, LRU, hit_rate_threshold 2.0, batches of {a['cache_batch']:,} keys, "
+        f"{a['cache_reps']} timed after {a['cache_warmup']} warm-up; "
+        "no cache = the same tier's row at this batch size above.",
+        "",
+        "| target | filled rows | cache rows (ways) | tier | measured hit rate | keys/s | "
+        "p50 ms | p99 ms | store % | us per miss | vs no cache |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    nocache = {
+        r["tier"]: r["keys_per_s"] for r in result["lookup"] if r["batch"] == a["cache_batch"]
+    }
     for r in result["cache"]:
         base = nocache.get(r["tier"])
         vs = f"{r['keys_per_s'] / base:.2f}x" if base else "-"
         upm = "-" if r["us_per_miss"] is None else f"{r['us_per_miss']:.2f}"
-        lines.append(f"| {r['target']} | {r['filled_rows']:,} | "
-                     f"{r['cache_rows']:,} ({r['ways']}) | "
-                     f"{r['tier']} | {r['hit_rate']:.4f} | {r['keys_per_s']:,.0f} | "
-                     f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {100 * r['store_share']:.0f} | "
-                     f"{upm} | {vs} |")
+        lines.append(
+            f"| {r['target']} | {r['filled_rows']:,} | "
+            f"{r['cache_rows']:,} ({r['ways']}) | "
+            f"{r['tier']} | {r['hit_rate']:.4f} | {r['keys_per_s']:,.0f} | "
+            f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {100 * r['store_share']:.0f} | "
+            f"{upm} | {vs} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -402,24 +494,31 @@ def plot(result, path):
     a = result["args"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = {"local": "C0", "redis": "C1", "rocksdb": "C2"}
-    nocache = {r["tier"]: r["keys_per_s"] for r in result["lookup"]
-               if r["batch"] == a["cache_batch"]}
+    nocache = {
+        r["tier"]: r["keys_per_s"] for r in result["lookup"] if r["batch"] == a["cache_batch"]
+    }
     for tier in CACHE_TIERS:
         pts = sorted((r["hit_rate"], r["keys_per_s"]) for r in result["cache"] if r["tier"] == tier)
         if not pts:
             continue
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colors[tier],
-                label=f"{tier} + cache")
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            marker="o",
+            color=colors[tier],
+            label=f"{tier} + cache",
+        )
         if tier in nocache:
-            ax.axhline(nocache[tier], color=colors[tier], ls=":", lw=1,
-                       label=f"{tier}, no cache")
+            ax.axhline(nocache[tier], color=colors[tier], ls=":", lw=1, label=f"{tier}, no cache")
     if "gather" in nocache:
         ax.axhline(nocache["gather"], color="k", ls="--", lw=1, label="np.take gather (limit)")
     ax.set_yscale("log")
     ax.set_xlabel("measured cache hit rate (CachedTable.stats)")
     ax.set_ylabel(f"keys/s ({a['cache_batch']}-key batches, one thread)")
-    ax.set_title(f"Cache in front of each tier: {a['rows']:,} x {a['dim']} float32, "
-                 f"Zipf {a['alpha']}", fontsize=10)
+    ax.set_title(
+        f"Cache in front of each tier: {a['rows']:,} x {a['dim']} float32, Zipf {a['alpha']}",
+        fontsize=10,
+    )
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -439,25 +538,49 @@ def main(argv=None):
     ap.add_argument("--dim", type=int, default=64, help="float32 per row (default 64)")
     ap.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent (default 1.05)")
     ap.add_argument("--partitions", type=int, default=8, help="Redis hashes per table (default 8)")
-    ap.add_argument("--reps-scale", type=float, default=1.0,
-                    help=f"x lookup batches per size {LOOKUP_REPS} (default 1)")
-    ap.add_argument("--upsert-rows", type=int, default=100_000,
-                    help="keys overwritten per upsert batch size (default 100k)")
-    ap.add_argument("--updates", type=int, default=100_000,
-                    help="vectors sent through Redis Streams (default 100k; 0: skip)")
-    ap.add_argument("--hit-rates", type=lambda s: [float(x) for x in s.split(",")],
-                    default=[0.5, 0.8, 0.95, 0.99],
-                    help="target hit rates (default 0.5,0.8,0.95,0.99)")
+    ap.add_argument(
+        "--reps-scale",
+        type=float,
+        default=1.0,
+        help=f"x lookup batches per size {LOOKUP_REPS} (default 1)",
+    )
+    ap.add_argument(
+        "--upsert-rows",
+        type=int,
+        default=100_000,
+        help="keys overwritten per upsert batch size (default 100k)",
+    )
+    ap.add_argument(
+        "--updates",
+        type=int,
+        default=100_000,
+        help="vectors sent through Redis Streams (default 100k; 0: skip)",
+    )
+    ap.add_argument(
+        "--hit-rates",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=[0.5, 0.8, 0.95, 0.99],
+        help="target hit rates (default 0.5,0.8,0.95,0.99)",
+    )
     ap.add_argument("--cache-batch", type=int, default=1024, help="keys per cached lookup")
     ap.add_argument("--cache-warmup", type=int, default=30, help="untimed batches per hit rate")
     ap.add_argument("--cache-reps", type=int, default=150, help="timed batches per hit rate")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "out", "bench_tiers.json"),
-                    help="results as JSON ('' for none)")
-    ap.add_argument("--md", default=os.path.join(ROOT, "benchmarks", "out", "bench_tiers.md"),
-                    help="the printed tables as a markdown file ('' for none)")
-    ap.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "bench_tiers.png"),
-                    help="PNG of keys/s vs hit rate (needs matplotlib; '' for none)")
+    ap.add_argument(
+        "--json",
+        default=os.path.join(ROOT, "benchmarks", "out", "bench_tiers.json"),
+        help="results as JSON ('' for none)",
+    )
+    ap.add_argument(
+        "--md",
+        default=os.path.join(ROOT, "benchmarks", "out", "bench_tiers.md"),
+        help="the printed tables as a markdown file ('' for none)",
+    )
+    ap.add_argument(
+        "--plot",
+        default=os.path.join(ROOT, "benchmarks", "bench_tiers.png"),
+        help="PNG of keys/s vs hit rate (needs matplotlib; '' for none)",
+    )
     args = ap.parse_args(argv)
     if args.cache_batch not in LOOKUP_BATCHES:
         ap.error(f"--cache-batch must be one of {LOOKUP_BATCHES}")
@@ -476,31 +599,37 @@ def main(argv=None):
         with start_redis_cluster(3) as cluster:
             table, result["layout_convert_s"] = make_table(keys, vectors, tmp)
             local = LocalTableStore(table)
-            redis_store = RedisClusterStore(cluster.address, "bench.t", args.dim,
-                                            num_partitions=args.partitions)
+            redis_store = RedisClusterStore(
+                cluster.address, "bench.t", args.dim, num_partitions=args.partitions
+            )
             opened.append(redis_store)
             rocks = RocksDBStore(os.path.join(tmp, "rocks"), "bench.t", args.dim, num_threads=2)
             opened.append(rocks)
-            node = NodeRocksDBTable(os.path.join(tmp, "rocks-node"), "bench.t", args.dim,
-                                    num_threads=2)
+            node = NodeRocksDBTable(
+                os.path.join(tmp, "rocks-node"), "bench.t", args.dim, num_threads=2
+            )
             opened.append(node)
             writable = {"redis": redis_store, "rocksdb": rocks, "rocksdb-node": node}
             result["ingest"] = ingest(writable, keys, vectors, args, rng)
             if args.updates > 0:
-                s_redis = RedisClusterStore(cluster.address, "bench.u", args.dim,
-                                            num_partitions=args.partitions)
-                s_node = NodeRocksDBTable(os.path.join(tmp, "rocks-stream"), "bench.u",
-                                          args.dim, num_threads=2)
+                s_redis = RedisClusterStore(
+                    cluster.address, "bench.u", args.dim, num_partitions=args.partitions
+                )
+                s_node = NodeRocksDBTable(
+                    os.path.join(tmp, "rocks-stream"), "bench.u", args.dim, num_threads=2
+                )
                 try:
-                    result["ingest"] += stream_ingest(cluster.address, [s_redis, s_node],
-                                                      keys, vectors, args.updates)
+                    result["ingest"] += stream_ingest(
+                        cluster.address, [s_redis, s_node], keys, vectors, args.updates
+                    )
                 finally:
                     s_redis.close()
                     s_node.close()
             tiers = {"local": local, **writable}
             result["lookup"] = lookups(tiers, keys, vectors, zipf, args, rng)
-            result["cache"] = with_cache({t: tiers[t] for t in CACHE_TIERS}, keys, vectors,
-                                         zipf, args, rng, prefix)
+            result["cache"] = with_cache(
+                {t: tiers[t] for t in CACHE_TIERS}, keys, vectors, zipf, args, rng, prefix
+            )
     finally:
         for s in opened:
             s.close()

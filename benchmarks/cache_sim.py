@@ -67,6 +67,7 @@ from collections import OrderedDict
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import machine_info  # noqa: E402
 
@@ -81,6 +82,7 @@ CHUNK = 1 << 16  # accesses converted to Python lists at a time (bounds memory)
 
 
 # --------------------------------------------------------------------------- hashing
+
 
 def mix64(z: int) -> int:
     """splitmix64 finalizer of a (signed or unsigned) 64-bit int, as a Python int."""
@@ -107,6 +109,7 @@ def _pow2_at_least(x: int) -> int:
 
 
 # --------------------------------------------------------------------------- sketch
+
 
 class CountMinSketch:
     """4-row count-min sketch of saturating counters (``max_count``: 15 = 4 bits) with
@@ -135,8 +138,10 @@ class CountMinSketch:
     def indices_np(self, keys: np.ndarray) -> np.ndarray:
         """``[len(keys), 4]`` int64 flat counter indices (same as :meth:`indices`)."""
         k = np.asarray(keys).astype(np.uint64)
-        cols = [(mix64_np(k ^ np.uint64(s)) & np.uint64(self.mask)).astype(np.int64) + r * self.width
-                for r, s in enumerate(_ROW_SEEDS)]
+        cols = [
+            (mix64_np(k ^ np.uint64(s)) & np.uint64(self.mask)).astype(np.int64) + r * self.width
+            for r, s in enumerate(_ROW_SEEDS)
+        ]
         return np.stack(cols, axis=1)
 
     def record_idx(self, i0: int, i1: int, i2: int, i3: int) -> None:
@@ -171,6 +176,7 @@ class CountMinSketch:
 
 
 # --------------------------------------------------------------------------- policies
+
 
 class Policy:
     """A demand-filled cache of ``capacity`` rows. Subclasses implement :meth:`access`.
@@ -240,7 +246,7 @@ class SetAssocLRU(Policy):
         trace = np.asarray(trace)
         sets, ways, hits = self.sets, self.ways, 0
         for c0 in range(0, len(trace), CHUNK):
-            keys = trace[c0:c0 + CHUNK]
+            keys = trace[c0 : c0 + CHUNK]
             sids = self.sets_np(keys).tolist()
             for j, (k, s) in enumerate(zip(keys.tolist(), sids)):
                 d = sets[s]
@@ -263,8 +269,13 @@ class SetAssocTinyLFU(SetAssocLRU):
 
     name = "tinylfu"
 
-    def __init__(self, capacity: int, ways: int = 8, num_sets: Optional[int] = None,
-                 sketch_max: int = SKETCH_MAX):
+    def __init__(
+        self,
+        capacity: int,
+        ways: int = 8,
+        num_sets: Optional[int] = None,
+        sketch_max: int = SKETCH_MAX,
+    ):
         super().__init__(capacity, ways, num_sets)
         self.sketch = CountMinSketch(self.capacity, sketch_max)
         self.rejected = 0
@@ -294,7 +305,7 @@ class SetAssocTinyLFU(SetAssocLRU):
         idx_of: Dict[int, Tuple[int, int, int, int]] = {}
         rejected = 0
         for c0 in range(0, len(trace), CHUNK):
-            keys = trace[c0:c0 + CHUNK]
+            keys = trace[c0 : c0 + CHUNK]
             sids = self.sets_np(keys).tolist()
             ix = sk.indices_np(keys).tolist()
             for j, (k, s, ii) in enumerate(zip(keys.tolist(), sids, ix)):
@@ -401,7 +412,7 @@ class FullTinyLFU(FullLRU):
         idx_of: Dict[int, Tuple[int, int, int, int]] = {}
         rejected = 0
         for c0 in range(0, len(trace), CHUNK):
-            keys = trace[c0:c0 + CHUNK]
+            keys = trace[c0 : c0 + CHUNK]
             ix = sk.indices_np(keys).tolist()
             for j, (k, ii) in enumerate(zip(keys.tolist(), ix)):
                 i0, i1, i2, i3 = ii
@@ -507,8 +518,9 @@ class Belady(Policy):
         heapq.heapify(self.heap)
 
     def run(self, trace: Optional[np.ndarray] = None, count_from: int = 0) -> int:
-        if trace is not None and (len(trace) != len(self.trace) or
-                                  not np.array_equal(np.asarray(trace), self.trace)):
+        if trace is not None and (
+            len(trace) != len(self.trace) or not np.array_equal(np.asarray(trace), self.trace)
+        ):
             raise ValueError("Belady.run: trace differs from the one it was built with")
         if self.pos != 0:
             raise ValueError("Belady.run: must start from the beginning of the trace")
@@ -571,8 +583,13 @@ POLICIES: Dict[str, PolicyFactory] = {
 DEFAULT_POLICIES = ("lru", "tinylfu", "lru_full", "tinylfu_full", "belady")
 
 
-def make_policy(name: str, capacity: int, ways: int = 8, num_sets: Optional[int] = None,
-                trace: Optional[np.ndarray] = None) -> Policy:
+def make_policy(
+    name: str,
+    capacity: int,
+    ways: int = 8,
+    num_sets: Optional[int] = None,
+    trace: Optional[np.ndarray] = None,
+) -> Policy:
     """Build a registered policy. ``capacity`` must equal ``ways x num_sets`` when given
     both; ``trace`` is required by the clairvoyant policies."""
     if name not in POLICIES:
@@ -585,6 +602,7 @@ def make_policy(name: str, capacity: int, ways: int = 8, num_sets: Optional[int]
 
 
 # --------------------------------------------------------------------------- traces
+
 
 def zipf_probabilities(n: int, alpha: float) -> np.ndarray:
     """P(rank r) for r = 1..n, proportional to r^-alpha."""
@@ -602,8 +620,7 @@ def random_key_ids(n: int, rng: np.random.Generator) -> np.ndarray:
     return ids
 
 
-def zipf_trace(n: int, length: int, alpha: float, seed: int,
-               return_ranks: bool = False):
+def zipf_trace(n: int, length: int, alpha: float, seed: int, return_ranks: bool = False):
     """A seeded Zipf(alpha) trace over ``n`` keys: ranks (0 = most popular) mapped to
     unique random key ids. Returns keys (int64), or (keys, ranks, key_of_rank)."""
     rng = np.random.default_rng([int(seed), int(round(alpha * 1_000_000)), int(n)])
@@ -618,8 +635,9 @@ def zipf_trace(n: int, length: int, alpha: float, seed: int,
     return keys
 
 
-def scan_polluted_trace(hot: int, length: int, scan_len: int, scan_every: int,
-                        alpha: float = 0.8, seed: int = 0) -> np.ndarray:
+def scan_polluted_trace(
+    hot: int, length: int, scan_len: int, scan_every: int, alpha: float = 0.8, seed: int = 0
+) -> np.ndarray:
     """Zipf(alpha) accesses over ``hot`` keys; every ``scan_every`` of them a scan of
     ``scan_len`` never-repeated keys is inserted."""
     rng = np.random.default_rng(seed)
@@ -638,6 +656,7 @@ def scan_polluted_trace(hot: int, length: int, scan_len: int, scan_every: int,
 
 
 # --------------------------------------------------------------------------- experiment
+
 
 def infinite_cache_hit_rate(trace: np.ndarray, count_from: int = 0) -> float:
     """Hit rate of an unbounded cache over accesses ``count_from``.. (1 - compulsory
@@ -668,28 +687,43 @@ def _trace(n: int, length: int, alpha: float, seed: int) -> np.ndarray:
     return _TRACES[key]
 
 
-def simulate(policy: str, trace: np.ndarray, capacity: int, ways: int, num_sets: int,
-             count_from: int) -> Dict:
+def simulate(
+    policy: str, trace: np.ndarray, capacity: int, ways: int, num_sets: int, count_from: int
+) -> Dict:
     t0 = time.perf_counter()
     p = make_policy(policy, capacity, ways, num_sets, trace)
     hits = p.run(trace, count_from)
     counted = len(trace) - count_from
-    return {"policy": policy, "hits": hits, "accesses": counted,
-            "hit_rate": hits / counted if counted else float("nan"),
-            "seconds": round(time.perf_counter() - t0, 3)}
+    return {
+        "policy": policy,
+        "hits": hits,
+        "accesses": counted,
+        "hit_rate": hits / counted if counted else float("nan"),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 def _job(args):
     n, length, seed, alpha, fraction, capacity, num_sets, ways, policy = args
     trace = _trace(n, length, alpha, seed)
     r = simulate(policy, trace, capacity, ways, num_sets, length // 2)
-    r.update(alpha=alpha, size_fraction=fraction, capacity=capacity, num_sets=num_sets,
-             ways=ways, capacity_fraction=capacity / n)
+    r.update(
+        alpha=alpha,
+        size_fraction=fraction,
+        capacity=capacity,
+        num_sets=num_sets,
+        ways=ways,
+        capacity_fraction=capacity / n,
+    )
     return r
 
 
-def markdown_table(results: List[Dict], policies: Sequence[str], n: int,
-                   ceilings: Optional[Dict[float, float]] = None) -> str:
+def markdown_table(
+    results: List[Dict],
+    policies: Sequence[str],
+    n: int,
+    ceilings: Optional[Dict[float, float]] = None,
+) -> str:
     """Hit rates in %, best non-clairvoyant policy of each row in bold; ``ceilings``
     (alpha -> unbounded-cache hit rate) adds a last column."""
     rows: Dict[Tuple[float, float], Dict[str, Dict]] = {}
@@ -699,13 +733,18 @@ def markdown_table(results: List[Dict], policies: Sequence[str], n: int,
     if ceilings:
         head.append("unbounded")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (alpha, frac) in sorted(rows):
+    for alpha, frac in sorted(rows):
         cells = rows[(alpha, frac)]
         any_r = next(iter(cells.values()))
-        best = max((c["hit_rate"] for name, c in cells.items() if not name.startswith("belady")),
-                   default=None)
-        line = [f"{alpha:g}", f"{100 * frac:g} %",
-                f"{any_r['capacity']} ({100 * any_r['capacity'] / n:.2f} %)"]
+        best = max(
+            (c["hit_rate"] for name, c in cells.items() if not name.startswith("belady")),
+            default=None,
+        )
+        line = [
+            f"{alpha:g}",
+            f"{100 * frac:g} %",
+            f"{any_r['capacity']} ({100 * any_r['capacity'] / n:.2f} %)",
+        ]
         for p in policies:
             c = cells.get(p)
             if c is None:
@@ -722,31 +761,53 @@ def markdown_table(results: List[Dict], policies: Sequence[str], n: int,
     return "\n".join(lines) + "\n"
 
 
-def plot_png(results: List[Dict], policies: Sequence[str], alphas: Sequence[float],
-             path: str, title: str, ceilings: Optional[Dict[float, float]] = None) -> None:
+def plot_png(
+    results: List[Dict],
+    policies: Sequence[str],
+    alphas: Sequence[float],
+    path: str,
+    title: str,
+    ceilings: Optional[Dict[float, float]] = None,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    styles = {"lru": ("tab:blue", "o", "-"), "tinylfu": ("tab:orange", "s", "-"),
-              "tinylfu_255": ("tab:red", "d", "-"),
-              "lru_full": ("tab:blue", "o", ":"), "tinylfu_full": ("tab:orange", "s", ":"),
-              "belady": ("black", "^", "--"), "belady_demand": ("gray", "v", "--")}
-    fig, axes = plt.subplots(1, len(alphas), figsize=(5 * len(alphas), 4.2), squeeze=False,
-                             sharey=False)
+    styles = {
+        "lru": ("tab:blue", "o", "-"),
+        "tinylfu": ("tab:orange", "s", "-"),
+        "tinylfu_255": ("tab:red", "d", "-"),
+        "lru_full": ("tab:blue", "o", ":"),
+        "tinylfu_full": ("tab:orange", "s", ":"),
+        "belady": ("black", "^", "--"),
+        "belady_demand": ("gray", "v", "--"),
+    }
+    fig, axes = plt.subplots(
+        1, len(alphas), figsize=(5 * len(alphas), 4.2), squeeze=False, sharey=False
+    )
     for ax, alpha in zip(axes[0], alphas):
         for p in policies:
-            pts = sorted((r["capacity_fraction"], r["hit_rate"]) for r in results
-                         if r["alpha"] == alpha and r["policy"] == p)
+            pts = sorted(
+                (r["capacity_fraction"], r["hit_rate"])
+                for r in results
+                if r["alpha"] == alpha and r["policy"] == p
+            )
             if not pts:
                 continue
             color, marker, ls = styles.get(p, (None, "x", "-"))
-            ax.plot([100 * x for x, _ in pts], [100 * y for _, y in pts], ls, color=color,
-                    marker=marker, label=p)
+            ax.plot(
+                [100 * x for x, _ in pts],
+                [100 * y for _, y in pts],
+                ls,
+                color=color,
+                marker=marker,
+                label=p,
+            )
         if ceilings and alpha in ceilings:
-            ax.axhline(100 * ceilings[alpha], color="gray", lw=0.8, ls="-.",
-                       label="unbounded cache")
+            ax.axhline(
+                100 * ceilings[alpha], color="gray", lw=0.8, ls="-.", label="unbounded cache"
+            )
         ax.set_title(f"Zipf alpha = {alpha:g}")
         ax.set_xlabel("cache size (% of keys)")
         ax.set_ylabel("hit rate (%), 2nd half of trace")
@@ -768,10 +829,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--length", type=int, default=1_000_000, help="trace length (accesses)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--alphas", type=_floats, default=[0.9, 1.05, 1.2])
-    ap.add_argument("--sizes", type=_floats, default=[0.01, 0.05, 0.1, 0.2],
-                    help="cache sizes as fractions of N (rounded to ways x 2^k rows)")
-    ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
-                    help=f"comma-separated, from {sorted(POLICIES)}")
+    ap.add_argument(
+        "--sizes",
+        type=_floats,
+        default=[0.01, 0.05, 0.1, 0.2],
+        help="cache sizes as fractions of N (rounded to ways x 2^k rows)",
+    )
+    ap.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help=f"comma-separated, from {sorted(POLICIES)}",
+    )
     ap.add_argument("--ways", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=0, help="worker processes (0 = nproc)")
     ap.add_argument("--out-md", help="write the markdown table here")
@@ -799,8 +867,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.perf_counter()
     for alpha in a.alphas:  # generated before forking: workers inherit them
         _trace(a.n, a.length, alpha, a.seed)
-    ceilings = {alpha: infinite_cache_hit_rate(_trace(a.n, a.length, alpha, a.seed),
-                                               a.length // 2) for alpha in a.alphas}
+    ceilings = {
+        alpha: infinite_cache_hit_rate(_trace(a.n, a.length, alpha, a.seed), a.length // 2)
+        for alpha in a.alphas
+    }
     nworkers = a.jobs or machine_info()["nproc"] or 1
     if nworkers > 1:
         import multiprocessing as mp
@@ -815,28 +885,47 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     table = markdown_table(results, policies, a.n, ceilings)
     print(table)
-    print(f"N = {a.n} keys, {a.length} accesses (hits counted over the last "
-          f"{a.length - a.length // 2}; 'unbounded' = an infinite cache: 1 - compulsory "
-          f"misses), ways = {a.ways}, seed = {a.seed}; "
-          f"wall {wall:.1f} s with {nworkers} worker(s)")
+    print(
+        f"N = {a.n} keys, {a.length} accesses (hits counted over the last "
+        f"{a.length - a.length // 2}; 'unbounded' = an infinite cache: 1 - compulsory "
+        f"misses), ways = {a.ways}, seed = {a.seed}; "
+        f"wall {wall:.1f} s with {nworkers} worker(s)"
+    )
     if a.out_md:
         with open(a.out_md, "w") as f:
             f.write(table)
     if a.json:
-        doc = {"config": {"n": a.n, "length": a.length, "seed": a.seed, "alphas": a.alphas,
-                          "sizes": a.sizes, "policies": policies, "ways": a.ways,
-                          "warmup": "hits counted over accesses length//2 .. length-1",
-                          "command": " ".join([os.path.basename(sys.argv[0])] +
-                                              list(argv if argv is not None else sys.argv[1:]))},
-               "machine": machine_info(), "wall_seconds": round(wall, 2),
-               "unbounded_hit_rate": {str(k): v for k, v in ceilings.items()},
-               "results": results}
+        doc = {
+            "config": {
+                "n": a.n,
+                "length": a.length,
+                "seed": a.seed,
+                "alphas": a.alphas,
+                "sizes": a.sizes,
+                "policies": policies,
+                "ways": a.ways,
+                "warmup": "hits counted over accesses length//2 .. length-1",
+                "command": " ".join(
+                    [os.path.basename(sys.argv[0])]
+                    + list(argv if argv is not None else sys.argv[1:])
+                ),
+            },
+            "machine": machine_info(),
+            "wall_seconds": round(wall, 2),
+            "unbounded_hit_rate": {str(k): v for k, v in ceilings.items()},
+            "results": results,
+        }
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
     if a.png:
-        plot_png(results, policies, a.alphas, a.png,
-                 f"N = {a.n} keys, {a.length:,} accesses (hit rate over 2nd half), "
-                 f"{a.ways}-way sets", ceilings)
+        plot_png(
+            results,
+            policies,
+            a.alphas,
+            a.png,
+            f"N = {a.n} keys, {a.length:,} accesses (hit rate over 2nd half), {a.ways}-way sets",
+            ceilings,
+        )
     return 0
 
 

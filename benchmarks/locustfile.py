@@ -47,12 +47,14 @@ sys.path.insert(0, str(ROOT))
 
 import tritonclient.http as tc  # noqa: E402
 
-from triton_rec.formats.tables import read_table  # noqa: E402
 from ps_loader.torch_dlrm import ClickData  # noqa: E402
 from triton_rec.config.ps_json import load_ps_config  # noqa: E402
+from triton_rec.formats.tables import read_table  # noqa: E402
 
 PS_JSON = os.environ.get("TRITON_REC_PS_JSON", str(ROOT / "model_repository" / "ps.json"))
-DLRM_DIR = Path(os.environ.get("TRITON_REC_DLRM_DIR", str(ROOT / "model_repository" / "dlrm" / "1")))
+DLRM_DIR = Path(
+    os.environ.get("TRITON_REC_DLRM_DIR", str(ROOT / "model_repository" / "dlrm" / "1"))
+)
 SEED = int(os.environ.get("LOCUST_SEED", "7"))
 ZIPF = float(os.environ.get("LOCUST_ZIPF", "1.05"))
 POOL = int(os.environ.get("LOCUST_POOL", "32"))
@@ -75,14 +77,18 @@ MODEL_WEIGHTS = _pairs(os.environ.get("LOCUST_MODEL_WEIGHTS", "dlrm:1,dlrm_ensem
 class ZipfKeys:
     """Keys of the trained tables with Zipf(alpha) popularity over a fixed random rank order."""
 
-    def __init__(self, ps_json: str, model: str, meta: dict, alpha: float, rng: np.random.Generator):
+    def __init__(
+        self, ps_json: str, model: str, meta: dict, alpha: float, rng: np.random.Generator
+    ):
         params = load_ps_config(ps_json).model(model)
         self.tables = []
         for tp, spec in zip(params.tables, meta["tables"]):
             keys = np.asarray(read_table(tp.sparse_file, tp.vec_size)[0], np.int64)
             ranked = keys[rng.permutation(len(keys))]  # rank 1 = ranked[0]
             p = np.arange(1, len(keys) + 1, dtype=np.float64) ** -alpha
-            self.tables.append((ranked, p / p.sum(), spec["slot_num"], spec.get("max_keys_per_slot", 1)))
+            self.tables.append(
+                (ranked, p / p.sum(), spec["slot_num"], spec.get("max_keys_per_slot", 1))
+            )
 
     def sample(self, n: int, rng: np.random.Generator) -> ClickData:
         sparse = []
@@ -97,16 +103,22 @@ class ZipfKeys:
 
 def fused_inputs(data: ClickData) -> list:
     req = data.hugectr_request()
-    return [("DES", req["DES"][None, :], "FP32"), ("CATCOLUMN", req["CATCOLUMN"][None, :], "INT64"),
-            ("ROWINDEX", req["ROWINDEX"][None, :], "INT32")]
+    return [
+        ("DES", req["DES"][None, :], "FP32"),
+        ("CATCOLUMN", req["CATCOLUMN"][None, :], "INT64"),
+        ("ROWINDEX", req["ROWINDEX"][None, :], "INT32"),
+    ]
 
 
 def ensemble_inputs(data: ClickData) -> list:
     req = data.hugectr_request()
     keys = [k for k, _ in data.sparse]  # each table's keys in sample order = table-major KEYS
-    return [("DES", req["DES"], "FP32"), ("KEYS", np.concatenate(keys).astype(np.int64), "INT64"),
-            ("NUMKEYS", np.array([len(k) for k in keys], np.int32), "INT32"),
-            ("ROWINDEX", req["ROWINDEX"], "INT32")]
+    return [
+        ("DES", req["DES"], "FP32"),
+        ("KEYS", np.concatenate(keys).astype(np.int64), "INT64"),
+        ("NUMKEYS", np.array([len(k) for k in keys], np.int32), "INT32"),
+        ("ROWINDEX", req["ROWINDEX"], "INT32"),
+    ]
 
 
 MODELS = {  # model -> (inputs builder, output name)
@@ -124,7 +136,9 @@ def build_body(model: str, data: ClickData):
         inputs.append(i)
     outputs = [tc.InferRequestedOutput(out_name, binary_data=BINARY)]
     body, json_size = tc.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
-    headers = {"Content-Type": "application/octet-stream" if json_size is not None else "application/json"}
+    headers = {
+        "Content-Type": "application/octet-stream" if json_size is not None else "application/json"
+    }
     if json_size is not None:
         headers["Inference-Header-Content-Length"] = str(json_size)
     return body, headers
@@ -174,8 +188,15 @@ def _summary(environment, **kw):
     print("\n".join(lines), flush=True)
     out = os.environ.get("LOCUST_SAMPLES_JSON")
     if out:
-        Path(out).write_text(json.dumps({"wall_s": wall, "samples": dict(_samples_ok),
-                                         "samples_per_s": {m: s / wall for m, s in _samples_ok.items()}}))
+        Path(out).write_text(
+            json.dumps(
+                {
+                    "wall_s": wall,
+                    "samples": dict(_samples_ok),
+                    "samples_per_s": {m: s / wall for m, s in _samples_ok.items()},
+                }
+            )
+        )
 
 
 class RecommenderUser(FastHttpUser):
@@ -201,16 +222,22 @@ class RecommenderUser(FastHttpUser):
         pool = REQUESTS[(model, n)]
         body, headers = pool[self.rng.integers(len(pool))]
         out_name = MODELS[model][1]
-        with self.client.post(f"/v2/models/{model}/infer", data=body, headers=headers,
-                              name=f"{model} n={n}", catch_response=True,
-                              context={"model": model, "samples": n}) as resp:
+        with self.client.post(
+            f"/v2/models/{model}/infer",
+            data=body,
+            headers=headers,
+            name=f"{model} n={n}",
+            catch_response=True,
+            context={"model": model, "samples": n},
+        ) as resp:
             if resp.status_code != 200:
                 resp.failure(f"HTTP {resp.status_code}: {(resp.text or '')[:200]}")
                 return
             try:
                 hl = resp.headers.get("Inference-Header-Content-Length")
                 result = tc.InferenceServerClient.parse_response_body(
-                    resp.content, header_length=int(hl) if hl else None)
+                    resp.content, header_length=int(hl) if hl else None
+                )
                 out = result.as_numpy(out_name).reshape(-1)
             except Exception as e:  # noqa: BLE001  (any parse problem is a failed request)
                 resp.failure(f"unparsable response: {e}")

@@ -19,9 +19,16 @@ def machine_info(path: Optional[str] = None) -> dict:
     (= mem_gib), kernel, platform, python, numpy, loadavg; with ``path``:
     disk_total_gb, disk_free_gb, filesystem, device, rotational, shm_gb, nvidia_pytriton.
     """
-    info = {"cpu_model": "unknown", "cpu_cache_size": None, "kernel": platform.release(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "numpy": np.__version__, "cpu_count": os.cpu_count(), "loadavg": "?"}
+    info = {
+        "cpu_model": "unknown",
+        "cpu_cache_size": None,
+        "kernel": platform.release(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "cpu_count": os.cpu_count(),
+        "loadavg": "?",
+    }
     try:
         info["nproc"] = len(os.sched_getaffinity(0))
     except AttributeError:

@@ -50,12 +50,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from machine import machine_info  # noqa: E402  (benchmarks/ is on sys.path as the script dir)
+
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model  # noqa: E402
 from triton_rec.triton.runtime import TritonServer  # noqa: E402
 
 SEED = 71
-HPS_TABLE = SyntheticTable("t0", rows=200_000, vec_size=16, max_keys_per_sample=26, default_value=-2.0)
-TIER_TABLE = SyntheticTable("t0", rows=50_000, vec_size=8, max_keys_per_sample=8, default_value=-3.0)
+HPS_TABLE = SyntheticTable(
+    "t0", rows=200_000, vec_size=16, max_keys_per_sample=26, default_value=-2.0
+)
+TIER_TABLE = SyntheticTable(
+    "t0", rows=50_000, vec_size=8, max_keys_per_sample=8, default_value=-3.0
+)
 HPS_SAMPLES = 64
 POOL = 48  # distinct requests per model, cycled
 UNKNOWN = 4  # keys per hps request that no table holds
@@ -96,6 +101,7 @@ def build(repo: Path, cluster, rocks: Path):
     """Write the three models; returns {model: [(inputs, truth, tolerance)]}."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_overhead import bench_dlrm_config
+
     from ps_loader import torch_dlrm as td
 
     rng = np.random.default_rng(SEED)
@@ -103,26 +109,53 @@ def build(repo: Path, cluster, rocks: Path):
     # (With HPS's default 0.9 a batch whose hit rate reaches 0.9 answers its misses with
     # the default value, e.g. after a killed writer's cache set was emptied on repair.)
     hps = dict(write_model(str(repo), "soak_hps", [HPS_TABLE], seed=SEED), hit_rate_threshold=1.0)
-    tiers = dict(write_model(str(repo), "soak_tiers", [TIER_TABLE], seed=SEED + 1), hit_rate_threshold=1.0)
+    tiers = dict(
+        write_model(str(repo), "soak_tiers", [TIER_TABLE], seed=SEED + 1), hit_rate_threshold=1.0
+    )
     config = bench_dlrm_config()
-    settings = td.TrainSettings(seed=SEED, epochs=1, train_rows=16384, eval_rows=2048, batch_size=512)
-    result, dlrm = td.train_and_export(str(repo / "soak_dlrm" / "1"), config, settings,
-                                       ps_root=str(repo), onnx=False, name="soak_dlrm")
+    settings = td.TrainSettings(
+        seed=SEED, epochs=1, train_rows=16384, eval_rows=2048, batch_size=512
+    )
+    result, dlrm = td.train_and_export(
+        str(repo / "soak_dlrm" / "1"),
+        config,
+        settings,
+        ps_root=str(repo),
+        onnx=False,
+        name="soak_dlrm",
+    )
     # soak_tiers has its own ps.json (tiers are per file); the others keep the node-local store.
-    (repo / "ps_tiers.json").write_text(json.dumps({
-        "supportlonglong": True,
-        "volatile_db": {"type": "redis_cluster", "address": cluster.address,
-                        "num_partitions": 6, "socket_timeout": 0.5, "connect_timeout": 0.5,
-                        "on_unavailable": "next_tier"},
-        "persistent_db": {"type": "rocks_db", "path": str(rocks)},
-        "models": [tiers]}, indent=1))
-    (repo / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [hps, dlrm]}, indent=1))
-    for name, backend, io in (("soak_hps", "hps", HPS_IO), ("soak_tiers", "hps", HPS_IO),
-                              ("soak_dlrm", "hugectr", DLRM_IO)):
+    (repo / "ps_tiers.json").write_text(
+        json.dumps(
+            {
+                "supportlonglong": True,
+                "volatile_db": {
+                    "type": "redis_cluster",
+                    "address": cluster.address,
+                    "num_partitions": 6,
+                    "socket_timeout": 0.5,
+                    "connect_timeout": 0.5,
+                    "on_unavailable": "next_tier",
+                },
+                "persistent_db": {"type": "rocks_db", "path": str(rocks)},
+                "models": [tiers],
+            },
+            indent=1,
+        )
+    )
+    (repo / "ps.json").write_text(
+        json.dumps({"supportlonglong": True, "models": [hps, dlrm]}, indent=1)
+    )
+    for name, backend, io in (
+        ("soak_hps", "hps", HPS_IO),
+        ("soak_tiers", "hps", HPS_IO),
+        ("soak_dlrm", "hugectr", DLRM_IO),
+    ):
         (repo / name).mkdir(parents=True, exist_ok=True)
         extra = 'parameters { key: "ps" value: { string_value: "../ps_tiers.json" } }\n'
         (repo / name / "config.pbtxt").write_text(
-            _config(name, backend, io) + (extra if name == "soak_tiers" else ""))
+            _config(name, backend, io) + (extra if name == "soak_tiers" else "")
+        )
 
     pools = {"soak_hps": [], "soak_tiers": [], "soak_dlrm": []}
     for model, table, seed in (("soak_hps", HPS_TABLE, SEED), ("soak_tiers", TIER_TABLE, SEED + 1)):
@@ -135,17 +168,23 @@ def build(repo: Path, cluster, rocks: Path):
             keys[rng.choice(n, UNKNOWN, replace=False)] = rng.integers(2**62, 2**63 - 1, UNKNOWN)
             truth = expected_vectors(seed, 0, keys, table.vec_size)
             truth[keys >= 2**62] = table.default_value
-            inputs = [("KEYS", keys[None, :].astype(np.int64), "INT64"),
-                      ("NUMKEYS", np.array([[n]], np.int32), "INT32")]
+            inputs = [
+                ("KEYS", keys[None, :].astype(np.int64), "INT64"),
+                ("NUMKEYS", np.array([[n]], np.int32), "INT32"),
+            ]
             pools[model].append((inputs, truth.reshape(-1), 0.0))
     data = result.truth.sample(POOL * 16, np.random.default_rng(SEED + 2))
     preds = result.model.predict(data.dense, data.sparse, defaults=[0.0] * len(data.sparse))
     for i in range(POOL):
         a, b = i * 16, i * 16 + 1 + i % 16
         req = data.hugectr_request(a, b)
-        inputs = [(k, req[k][None, :], dt) for k, dt in
-                  (("DES", "FP32"), ("CATCOLUMN", "INT64"), ("ROWINDEX", "INT32"))]
-        pools["soak_dlrm"].append((inputs, np.asarray(preds[a:b], np.float32).reshape(-1), DLRM_TOL))
+        inputs = [
+            (k, req[k][None, :], dt)
+            for k, dt in (("DES", "FP32"), ("CATCOLUMN", "INT64"), ("ROWINDEX", "INT32"))
+        ]
+        pools["soak_dlrm"].append(
+            (inputs, np.asarray(preds[a:b], np.float32).reshape(-1), DLRM_TOL)
+        )
     return pools
 
 
@@ -198,11 +237,15 @@ class Load:
                     ins.append(i)
                 t0 = time.monotonic()
                 try:
-                    got = client.infer(model, ins, outputs=out, client_timeout=30).as_numpy("OUTPUT0")
+                    got = client.infer(model, ins, outputs=out, client_timeout=30).as_numpy(
+                        "OUTPUT0"
+                    )
                     got = np.asarray(got).reshape(-1)
                     good = got.shape == truth.shape and (
-                        np.array_equal(got, truth) if tol == 0 else
-                        bool(np.max(np.abs(got - truth)) <= tol))
+                        np.array_equal(got, truth)
+                        if tol == 0
+                        else bool(np.max(np.abs(got - truth)) <= tol)
+                    )
                     outcome = "ok" if good else "wrong"
                 except InferenceServerException as e:
                     outcome = "error"
@@ -277,15 +320,23 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="trec-soak-work-"))
     repo, rocks, store = work / "repo", work / "rocks", work / "store"
-    result = {"command": " ".join(["benchmarks/soak.py", *(argv if argv is not None else sys.argv[1:])]),
-              "machine": machine_info(), "samples": [], "events": []}
+    result = {
+        "command": " ".join(["benchmarks/soak.py", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": machine_info(),
+        "samples": [],
+        "events": [],
+    }
     with start_redis_cluster(3) as cluster:
         t0 = time.monotonic()
         pools = build(repo, cluster, rocks)
         print(f"models written in {time.monotonic() - t0:.1f} s", flush=True)
-        server = TritonServer(repo, log_path=out_dir / "tritonserver.log", supervise=True,
-                              supervisor_log=lambda line: print(f"supervisor: {line}", flush=True),
-                              env={"TRITON_REC_STORE": str(store)})
+        server = TritonServer(
+            repo,
+            log_path=out_dir / "tritonserver.log",
+            supervise=True,
+            supervisor_log=lambda line: print(f"supervisor: {line}", flush=True),
+            env={"TRITON_REC_STORE": str(store)},
+        )
         server.start(timeout=300)
         try:
             load = Load(server, pools, args.workers)
@@ -294,18 +345,29 @@ def main(argv=None) -> int:
             counts, errors, _ = load.snapshot()
             peak = sum(n for (m, o), n in counts.items() if o == "ok") / args.peak_seconds
             bad = {f"{m} {o}": n for (m, o), n in counts.items() if o != "ok"}
-            result["peak"] = {"requests_per_s": round(peak, 1), "not_ok": bad, "errors": dict(errors)}
+            result["peak"] = {
+                "requests_per_s": round(peak, 1),
+                "not_ok": bad,
+                "errors": dict(errors),
+            }
             rate = args.load * peak
-            print(f"peak {peak:.0f} req/s (closed loop, {args.workers} workers); running at "
-                  f"{rate:.0f} req/s for {args.minutes} min; not ok during peak: {bad}", flush=True)
+            print(
+                f"peak {peak:.0f} req/s (closed loop, {args.workers} workers); running at "
+                f"{rate:.0f} req/s for {args.minutes} min; not ok during peak: {bad}",
+                flush=True,
+            )
 
             load = Load(server, pools, args.workers)
             duration = args.minutes * 60
             start = time.monotonic()
             threads = load.run(duration, rate)
-            plan = sorted([(args.kill_instance_at * duration, "kill_instance"),
-                           (args.kill_redis_at * duration, "kill_redis"),
-                           (args.restart_redis_at * duration, "restart_redis")])
+            plan = sorted(
+                [
+                    (args.kill_instance_at * duration, "kill_instance"),
+                    (args.kill_redis_at * duration, "kill_redis"),
+                    (args.restart_redis_at * duration, "restart_redis"),
+                ]
+            )
             next_sample, prev = start, Counter()
             while any(t.is_alive() for t in threads):
                 now = time.monotonic()
@@ -328,35 +390,70 @@ def main(argv=None) -> int:
                     counts, _, _ = load.snapshot()
                     window = counts - prev
                     prev = counts
-                    s = {"t_s": round(now - start, 1), "memory": sample_memory(server),
-                         "window": {f"{m} {o}": n for (m, o), n in sorted(window.items())}}
+                    s = {
+                        "t_s": round(now - start, 1),
+                        "memory": sample_memory(server),
+                        "window": {f"{m} {o}": n for (m, o), n in sorted(window.items())},
+                    }
                     result["samples"].append(s)
                     mem = s["memory"]
                     inst = sum(r for v in mem["instances"].values() for r, _ in v)
-                    print(f"[{s['t_s']:7.1f} s] server RSS {mem['server'][0]:.0f} MiB, instances RSS "
-                          f"{inst:.0f} MiB, window {s['window']}", flush=True)
+                    print(
+                        f"[{s['t_s']:7.1f} s] server RSS {mem['server'][0]:.0f} MiB, instances RSS "
+                        f"{inst:.0f} MiB, window {s['window']}",
+                        flush=True,
+                    )
                     next_sample += args.sample_seconds
                 time.sleep(0.2)
             counts, errors, lat = load.snapshot()
         finally:
             server.stop()
     totals = {f"{m} {o}": n for (m, o), n in sorted(counts.items())}
-    result.update(totals=totals, errors=dict(errors.most_common(20)), target_rate=round(rate, 1),
-                  latency_ms={q: round(1000 * float(np.percentile(lat, q)), 2) for q in (50, 99, 99.9)}
-                  if lat else {})
-    first, last = result["samples"][1] if len(result["samples"]) > 1 else None, result["samples"][-1]
+    result.update(
+        totals=totals,
+        errors=dict(errors.most_common(20)),
+        target_rate=round(rate, 1),
+        latency_ms={q: round(1000 * float(np.percentile(lat, q)), 2) for q in (50, 99, 99.9)}
+        if lat
+        else {},
+    )
+    first, last = (
+        result["samples"][1] if len(result["samples"]) > 1 else None,
+        result["samples"][-1],
+    )
     if first:
+
         def tot(s, which):
             m = s["memory"]
             return (m["server"][which] if m["server"] else 0) + sum(
-                v[which] for vs in m["instances"].values() for v in vs)
-        result["growth"] = {"rss_mib": round(tot(last, 0) - tot(first, 0), 1),
-                            "pss_mib": round(tot(last, 1) - tot(first, 1), 1),
-                            "from_sample_s": first["t_s"], "to_sample_s": last["t_s"]}
+                v[which] for vs in m["instances"].values() for v in vs
+            )
+
+        result["growth"] = {
+            "rss_mib": round(tot(last, 0) - tot(first, 0), 1),
+            "pss_mib": round(tot(last, 1) - tot(first, 1), 1),
+            "from_sample_s": first["t_s"],
+            "to_sample_s": last["t_s"],
+        }
     (out_dir / "soak.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("peak", "target_rate", "totals", "errors",
-                                             "latency_ms", "growth", "events") if k in result},
-                     indent=1))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "peak",
+                    "target_rate",
+                    "totals",
+                    "errors",
+                    "latency_ms",
+                    "growth",
+                    "events",
+                )
+                if k in result
+            },
+            indent=1,
+        )
+    )
     print(f"raw output in {out_dir}")
     return 0
 

@@ -22,8 +22,12 @@ from clients.hps_requests import hps_inputs, split_output
 
 
 def lookup(
-    url: str, model: str, keys_per_table: Sequence[Sequence[int]], protocol: str = "http",
-    output: str = "OUTPUT0", timeout: float = 60.0,
+    url: str,
+    model: str,
+    keys_per_table: Sequence[Sequence[int]],
+    protocol: str = "http",
+    output: str = "OUTPUT0",
+    timeout: float = 60.0,
 ) -> np.ndarray:
     """Send one lookup and return the flat float32 answer (raises the client's exception)."""
     keys, numkeys = hps_inputs(keys_per_table)
@@ -36,8 +40,10 @@ def lookup(
     kwargs = {"network_timeout": timeout} if protocol == "http" else {}
     client = tc.InferenceServerClient(url, **kwargs)
     try:
-        inputs = [tc.InferInput("KEYS", list(keys.shape), "INT64"),
-                  tc.InferInput("NUMKEYS", list(numkeys.shape), "INT32")]
+        inputs = [
+            tc.InferInput("KEYS", list(keys.shape), "INT64"),
+            tc.InferInput("NUMKEYS", list(numkeys.shape), "INT32"),
+        ]
         inputs[0].set_data_from_numpy(keys)
         inputs[1].set_data_from_numpy(numkeys)
         outputs = [tc.InferRequestedOutput(output)]
@@ -48,8 +54,8 @@ def lookup(
 
 
 def _keys_from_tables(ps_json: str, model: str, samples: int, seed: int):
-    from triton_rec.formats.tables import read_table
     from triton_rec.config.ps_json import load_ps_config
+    from triton_rec.formats.tables import read_table
 
     params = load_ps_config(ps_json).model(model)
     rng = np.random.default_rng(seed)
@@ -62,14 +68,24 @@ def _keys_from_tables(ps_json: str, model: str, samples: int, seed: int):
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Command line entry point (``triton-rec-client``); returns the exit status."""
-    p = argparse.ArgumentParser(prog="triton-rec-client", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", help="server address (default localhost:8000 http, localhost:8001 grpc)")
+    p = argparse.ArgumentParser(
+        prog="triton-rec-client",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--url", help="server address (default localhost:8000 http, localhost:8001 grpc)"
+    )
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
     p.add_argument("--model", required=True)
     p.add_argument("--output", default="OUTPUT0", help="output tensor name")
-    p.add_argument("--table", action="append", default=[], metavar="K1,K2,...",
-                   help="keys of the next table (repeat once per table; may be empty: '')")
+    p.add_argument(
+        "--table",
+        action="append",
+        default=[],
+        metavar="K1,K2,...",
+        help="keys of the next table (repeat once per table; may be empty: '')",
+    )
     p.add_argument("--vec-sizes", help="comma-separated vector size per table (to print per key)")
     p.add_argument("--ps-json", help="draw keys from the model's tables named in this ps.json")
     p.add_argument("--samples", type=int, default=1, help="samples to draw with --ps-json")
@@ -92,7 +108,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     counts = [len(k) for k in keys]
     if args.json:
-        result = {"counts": counts, "keys": [np.asarray(k).tolist() for k in keys], "output": out.tolist()}
+        result = {
+            "counts": counts,
+            "keys": [np.asarray(k).tolist() for k in keys],
+            "output": out.tolist(),
+        }
         print(json.dumps(result))
         return 0
     print(f"{args.model}: {sum(counts)} keys -> {out.shape[0]} floats")

@@ -19,7 +19,9 @@ def hps_inputs(keys_per_table: Sequence[Sequence[int]]) -> Tuple[np.ndarray, np.
     return keys[None, :], numkeys
 
 
-def split_output(output: np.ndarray, counts: Sequence[int], vec_sizes: Sequence[int]) -> List[np.ndarray]:
+def split_output(
+    output: np.ndarray, counts: Sequence[int], vec_sizes: Sequence[int]
+) -> List[np.ndarray]:
     """Cut a flat HPS answer into one ``[count, vec_size]`` array per table."""
     parts, pos = [], 0
     flat = np.asarray(output).reshape(-1)
@@ -57,7 +59,7 @@ def perf_analyzer_data(
             n = samples * k
             if zipf_alpha > 0:
                 ranks = np.arange(1, len(pool) + 1, dtype=np.float64)
-                p = ranks ** -zipf_alpha
+                p = ranks**-zipf_alpha
                 idx = rng.choice(len(pool), n, p=p / p.sum())
             else:
                 idx = rng.integers(0, len(pool), n)
@@ -66,7 +68,10 @@ def perf_analyzer_data(
         data.append(
             {
                 "KEYS": {"content": keys.reshape(-1).tolist(), "shape": list(keys.shape[1:])},
-                "NUMKEYS": {"content": numkeys.reshape(-1).tolist(), "shape": list(numkeys.shape[1:])},
+                "NUMKEYS": {
+                    "content": numkeys.reshape(-1).tolist(),
+                    "shape": list(numkeys.shape[1:]),
+                },
             }
         )
     return {"data": data}

@@ -20,10 +20,12 @@ from clients.hps_requests import perf_analyzer_data
 
 
 def main(argv=None) -> int:
-    from triton_rec.formats.tables import read_table
     from triton_rec.config.ps_json import load_ps_config
+    from triton_rec.formats.tables import read_table
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--ps-json", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--samples", type=int, default=1, help="samples per request")
@@ -42,11 +44,21 @@ def main(argv=None) -> int:
         n_unknown = int(round(len(keys) * args.unknown_fraction))
         if n_unknown:
             known = set(keys.tolist())
-            extra = [k for k in rng.integers(-(2**63), 2**63 - 1, 2 * n_unknown + 8) if int(k) not in known]
+            extra = [
+                k
+                for k in rng.integers(-(2**63), 2**63 - 1, 2 * n_unknown + 8)
+                if int(k) not in known
+            ]
             keys = np.concatenate([keys, np.asarray(extra[:n_unknown], np.int64)])
         pools.append(keys)
-    data = perf_analyzer_data(pools, [t.max_keys_per_sample for t in params.tables],
-                              args.samples, args.requests, args.seed, args.zipf)
+    data = perf_analyzer_data(
+        pools,
+        [t.max_keys_per_sample for t in params.tables],
+        args.samples,
+        args.requests,
+        args.seed,
+        args.zipf,
+    )
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(data, f)
     print(f"wrote {args.out}: {args.requests} requests x {args.samples} samples for {args.model}")

@@ -58,8 +58,12 @@ def _convert(args: argparse.Namespace) -> int:
         for t in m.tables:
             label = f"{m.model}.{t.name}"
             res = ensure_layout(
-                t.sparse_file, t.vec_size, store, ProgressLogger(label, sys.stderr),
-                fsync=args.fsync, force=args.force,
+                t.sparse_file,
+                t.vec_size,
+                store,
+                ProgressLogger(label, sys.stderr),
+                fsync=args.fsync,
+                force=args.force,
             )
             mb = res.data_bytes / 1e6
             rate = mb / max(res.seconds, 1e-9)

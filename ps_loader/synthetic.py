@@ -62,7 +62,9 @@ def write_model(
     for i, t in enumerate(tables):
         rel = os.path.join(model, str(version), f"{model}{i}_sparse_0.model")
         keys = table_keys(seed, i, t.rows)
-        write_sparse_dir(os.path.join(repo_dir, rel), keys, expected_vectors(seed, i, keys, t.vec_size))
+        write_sparse_dir(
+            os.path.join(repo_dir, rel), keys, expected_vectors(seed, i, keys, t.vec_size)
+        )
         files.append(rel)
     return {
         "model": model,

@@ -200,8 +200,9 @@ TINY_SETTINGS = TrainSettings(epochs=3, train_rows=8192, eval_rows=4096, batch_s
 # --------------------------------------------------------------------------- layers
 
 
-def interaction(mlp: torch.Tensor, emb: torch.Tensor,
-                pair_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+def interaction(
+    mlp: torch.Tensor, emb: torch.Tensor, pair_index: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """HugeCTR ``Interaction``: ``[B, d]``, ``[B, S, d]`` -> ``[B, d + n(n-1)/2 + 1]``, n = S+1.
 
     ``pair_index`` (from :func:`pair_index_list`) may be passed to avoid rebuilding it.
@@ -243,8 +244,9 @@ class DenseArch(nn.Module):
         layers.append(nn.Linear(width, 1))
         self.top = nn.Sequential(*layers)
         n = config.total_slots + 1
-        self.register_buffer("pair_index", torch.tensor(pair_index_list(n), dtype=torch.int64),
-                             persistent=False)
+        self.register_buffer(
+            "pair_index", torch.tensor(pair_index_list(n), dtype=torch.int64), persistent=False
+        )
 
     def logits(self, dense: torch.Tensor, *embs: torch.Tensor) -> torch.Tensor:
         """``[B, 1]`` logits from dense features and pooled embeddings (``[B, slots, D]``)."""
@@ -341,8 +343,12 @@ class DLRM(nn.Module):
             out = out / counts.clamp(min=1).unsqueeze(1).to(out.dtype)
         return out.reshape(-1, spec.slot_num, spec.vec_size)
 
-    def logits(self, dense: torch.Tensor, sparse: Sequence[Tuple[torch.Tensor, torch.Tensor]],
-               defaults: Optional[Sequence[float]] = None) -> torch.Tensor:
+    def logits(
+        self,
+        dense: torch.Tensor,
+        sparse: Sequence[Tuple[torch.Tensor, torch.Tensor]],
+        defaults: Optional[Sequence[float]] = None,
+    ) -> torch.Tensor:
         """``[B, 1]`` logits from dense features and per-table ``(rows, offsets)``."""
         defaults = defaults or [0.0] * len(sparse)
         embs = [self.pooled(t, r, o, defaults[t]) for t, (r, o) in enumerate(sparse)]
@@ -353,8 +359,13 @@ class DLRM(nn.Module):
         return torch.sigmoid(self.logits(dense, sparse, defaults))
 
     @torch.no_grad()
-    def predict(self, dense: np.ndarray, sparse: Sequence[Tuple[np.ndarray, np.ndarray]],
-                defaults: Optional[Sequence[float]] = None, batch_size: int = 8192) -> np.ndarray:
+    def predict(
+        self,
+        dense: np.ndarray,
+        sparse: Sequence[Tuple[np.ndarray, np.ndarray]],
+        defaults: Optional[Sequence[float]] = None,
+        batch_size: int = 8192,
+    ) -> np.ndarray:
         """Click probabilities ``[B]`` (float32) for keys (not rows): ``sparse[t] =
         (keys int64, offsets)`` with ``B * slot_num_t + 1`` CSR offsets, as in HugeCTR's
         ``CATCOLUMN``/``ROWINDEX`` regrouped by table. Unknown keys get ``defaults[t]``."""
@@ -363,16 +374,18 @@ class DLRM(nn.Module):
         out = []
         for a in range(0, dense.shape[0], batch_size):
             b = min(a + batch_size, dense.shape[0])
-            batch = [_csr_slice(r, o, a * s, b * s) for (r, o), s in
-                     zip(rows, (t.slot_num for t in self.config.tables))]
+            batch = [
+                _csr_slice(r, o, a * s, b * s)
+                for (r, o), s in zip(rows, (t.slot_num for t in self.config.tables))
+            ]
             out.append(self.forward(torch.from_numpy(dense[a:b]), batch, defaults)[:, 0].numpy())
         return np.concatenate(out) if out else np.empty(0, np.float32)
 
 
 def _csr_slice(rows: np.ndarray, offsets: np.ndarray, a: int, b: int):
     """Bags ``a..b`` of a CSR layout as torch tensors (offsets rebased to 0)."""
-    o = offsets[a:b + 1]
-    return torch.from_numpy(rows[o[0]:o[-1]]), torch.from_numpy(o - o[0])
+    o = offsets[a : b + 1]
+    return torch.from_numpy(rows[o[0] : o[-1]]), torch.from_numpy(o - o[0])
 
 
 def build_model(meta: Union[Dict, DLRMConfig]) -> DLRM:
@@ -389,8 +402,9 @@ def load_trained(model_dir: str, name: str = "dlrm") -> DLRM:
     with open(os.path.join(model_dir, f"{name}_meta.json"), encoding="utf-8") as f:
         meta = json.load(f)
     model = build_model(meta)
-    state = torch.load(os.path.join(model_dir, f"{name}_torch.pt"), map_location="cpu",
-                       weights_only=True)
+    state = torch.load(
+        os.path.join(model_dir, f"{name}_torch.pt"), map_location="cpu", weights_only=True
+    )
     model.load_state_dict(state)
     return model.eval()
 
@@ -427,10 +441,10 @@ class ClickData:
         per_sample = []
         for keys, offsets in self.sparse:
             s = (len(offsets) - 1) // len(self)
-            o = offsets[a * s:b * s + 1]
+            o = offsets[a * s : b * s + 1]
             rowindex.append((o - o[0]).astype(np.int32))
             sample_ptr = o[::s]  # n + 1 pointers of whole samples
-            per_sample.append([keys[sample_ptr[i]:sample_ptr[i + 1]] for i in range(n)])
+            per_sample.append([keys[sample_ptr[i] : sample_ptr[i + 1]] for i in range(n)])
         for i in range(n):
             for table in per_sample:
                 cat.append(table[i])
@@ -512,8 +526,13 @@ class HiddenModel:
             div = flat_counts if spec.combiner == "mean" else np.ones_like(flat_counts)
             bias = np.bincount(bag_of_key, self.bias[t][rows], minlength=n * spec.slot_num) / div
             logit += bias.reshape(n, spec.slot_num).sum(1)
-            z = np.stack([np.bincount(bag_of_key, self.latent[t][rows, k], minlength=len(div)) / div
-                          for k in range(self.LATENT)], axis=1)
+            z = np.stack(
+                [
+                    np.bincount(bag_of_key, self.latent[t][rows, k], minlength=len(div)) / div
+                    for k in range(self.LATENT)
+                ],
+                axis=1,
+            )
             pooled_z.append(z.reshape(n, spec.slot_num, self.LATENT))
             sparse.append((self.keys[t][rows], offsets))
         z_all = np.concatenate(pooled_z, axis=1)
@@ -557,8 +576,9 @@ class TrainResult:
     metrics: Dict[str, float] = field(default_factory=dict)
 
 
-def train(config: DLRMConfig = DEFAULT_CONFIG, settings: TrainSettings = TrainSettings(),
-          log=None) -> TrainResult:
+def train(
+    config: DLRMConfig = DEFAULT_CONFIG, settings: TrainSettings = TrainSettings(), log=None
+) -> TrainResult:
     """Generate clicks from a :class:`HiddenModel`, train a :class:`DLRM`, evaluate it.
 
     Deterministic for a given ``settings.seed``: torch runs single-threaded (the thread
@@ -636,7 +656,7 @@ class _Adam:
     def step(self) -> None:
         self.t += 1
         b1, b2 = self.betas
-        c1, c2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        c1, c2 = 1 - b1**self.t, 1 - b2**self.t
         for p, m, v in zip(self.params, self.m, self.v):
             if p.grad is None:
                 continue
@@ -657,25 +677,33 @@ def hugectr_layers(model: DLRM) -> List[Tuple[Dict, List[np.ndarray]]]:
         "label": {"top": "label", "label_dim": 1},
         "dense": {"top": "dense", "dense_dim": cfg.dense_dim},
         "sparse": [
-            {"top": f"data{t}", "type": "DistributedSlot",
-             "max_feature_num_per_sample": spec.max_feature_num_per_sample,
-             "slot_num": spec.slot_num}
+            {
+                "top": f"data{t}",
+                "type": "DistributedSlot",
+                "max_feature_num_per_sample": spec.max_feature_num_per_sample,
+                "slot_num": spec.slot_num,
+            }
             for t, spec in enumerate(cfg.tables)
         ],
     }
     out: List[Tuple[Dict, List[np.ndarray]]] = [(data, [])]
     for t, spec in enumerate(cfg.tables):
-        out.append(({
-            "name": f"sparse_embedding{t}",
-            "type": "DistributedSlotSparseEmbeddingHash",
-            "bottom": f"data{t}",
-            "top": f"sparse_embedding{t}",
-            "sparse_embedding_hparam": {
-                "max_vocabulary_size_per_gpu": spec.rows,
-                "embedding_vec_size": spec.vec_size,
-                "combiner": spec.combiner,
-            },
-        }, []))
+        out.append(
+            (
+                {
+                    "name": f"sparse_embedding{t}",
+                    "type": "DistributedSlotSparseEmbeddingHash",
+                    "bottom": f"data{t}",
+                    "top": f"sparse_embedding{t}",
+                    "sparse_embedding_hparam": {
+                        "max_vocabulary_size_per_gpu": spec.rows,
+                        "embedding_vec_size": spec.vec_size,
+                        "combiner": spec.combiner,
+                    },
+                },
+                [],
+            )
+        )
     fc = 0
 
     def mlp(seq: nn.Sequential, bottom: str) -> str:
@@ -686,9 +714,18 @@ def hugectr_layers(model: DLRM) -> List[Tuple[Dict, List[np.ndarray]]]:
                 top = f"fc{fc}"
                 w = m.weight.detach().cpu().numpy().astype(np.float32)
                 b = m.bias.detach().cpu().numpy().astype(np.float32)
-                out.append(({"name": top, "type": "InnerProduct", "bottom": bottom, "top": top,
-                             "fc_param": {"num_output": int(m.out_features)}},
-                            [np.ascontiguousarray(w.T), b]))  # HugeCTR: W [in, out], then b
+                out.append(
+                    (
+                        {
+                            "name": top,
+                            "type": "InnerProduct",
+                            "bottom": bottom,
+                            "top": top,
+                            "fc_param": {"num_output": int(m.out_features)},
+                        },
+                        [np.ascontiguousarray(w.T), b],
+                    )
+                )  # HugeCTR: W [in, out], then b
             elif isinstance(m, nn.ReLU):
                 top = f"relu{fc}"
                 out.append(({"name": top, "type": "ReLU", "bottom": bottom, "top": top}, []))
@@ -701,14 +738,41 @@ def hugectr_layers(model: DLRM) -> List[Tuple[Dict, List[np.ndarray]]]:
     emb = "sparse_embedding0"
     if len(cfg.tables) > 1:
         emb = "concat_embedding"
-        out.append(({"name": emb, "type": "Concat", "axis": 1,
-                     "bottom": [f"sparse_embedding{t}" for t in range(len(cfg.tables))],
-                     "top": emb}, []))
-    out.append(({"name": "interaction1", "type": "Interaction", "bottom": [mlp_top, emb],
-                 "top": "interaction1"}, []))
+        out.append(
+            (
+                {
+                    "name": emb,
+                    "type": "Concat",
+                    "axis": 1,
+                    "bottom": [f"sparse_embedding{t}" for t in range(len(cfg.tables))],
+                    "top": emb,
+                },
+                [],
+            )
+        )
+    out.append(
+        (
+            {
+                "name": "interaction1",
+                "type": "Interaction",
+                "bottom": [mlp_top, emb],
+                "top": "interaction1",
+            },
+            [],
+        )
+    )
     last = mlp(model.dense_arch.top, "interaction1")
-    out.append(({"name": "loss", "type": "BinaryCrossEntropyLoss", "bottom": [last, "label"],
-                 "top": "loss"}, []))
+    out.append(
+        (
+            {
+                "name": "loss",
+                "type": "BinaryCrossEntropyLoss",
+                "bottom": [last, "label"],
+                "top": "loss",
+            },
+            [],
+        )
+    )
     return out
 
 
@@ -734,9 +798,14 @@ def export_onnx(model: DLRM, path: str, opset: int = 17) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         torch.onnx.export(
-            arch, example, path, input_names=names, output_names=["prob"],
+            arch,
+            example,
+            path,
+            input_names=names,
+            output_names=["prob"],
             dynamic_axes={n: {0: "batch"} for n in names + ["prob"]},
-            opset_version=opset, dynamo=False,
+            opset_version=opset,
+            dynamo=False,
         )
 
 
@@ -755,7 +824,8 @@ def ps_entry(model: DLRM, name: str, rel_dir: str, max_batch_size: int = 1024) -
         "embedding_table_names": [t.name for t in cfg.tables],
         "embedding_vecsize_per_table": [t.vec_size for t in cfg.tables],
         "maxnum_catfeature_query_per_table_per_sample": [
-            t.max_feature_num_per_sample for t in cfg.tables],
+            t.max_feature_num_per_sample for t in cfg.tables
+        ],
         "default_value_for_each_table": [0.0] * len(cfg.tables),
         "label_dim": 1,
         "slot_num": cfg.total_slots,
@@ -767,8 +837,14 @@ def ps_entry(model: DLRM, name: str, rel_dir: str, max_batch_size: int = 1024) -
     }
 
 
-def export(model: DLRM, out_dir: str, name: str = "dlrm", ps_root: Optional[str] = None,
-           meta_extra: Optional[Dict] = None, onnx: bool = True) -> Dict:
+def export(
+    model: DLRM,
+    out_dir: str,
+    name: str = "dlrm",
+    ps_root: Optional[str] = None,
+    meta_extra: Optional[Dict] = None,
+    onnx: bool = True,
+) -> Dict:
     """Write every file of the model (see the module docstring) into ``out_dir``.
 
     Args:
@@ -783,16 +859,24 @@ def export(model: DLRM, out_dir: str, name: str = "dlrm", ps_root: Optional[str]
     os.makedirs(out_dir, exist_ok=True)
     model = model.eval()
     for t, bag in enumerate(model.embedding_bags.values()):
-        write_sparse_dir(os.path.join(out_dir, f"{name}{t}_sparse_0.model"),
-                         model.table_keys(t), bag.weight.detach().cpu().numpy())
+        write_sparse_dir(
+            os.path.join(out_dir, f"{name}{t}_sparse_0.model"),
+            model.table_keys(t),
+            bag.weight.detach().cpu().numpy(),
+        )
     dense_params(model).tofile(os.path.join(out_dir, f"{name}_dense_0.model"))
     _write_json(os.path.join(out_dir, f"{name}.json"), network_json(model))
     if onnx:
         export_onnx(model, os.path.join(out_dir, f"{name}_dense.onnx"))
-    torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
-               os.path.join(out_dir, f"{name}_torch.pt"))
-    root = ps_root if ps_root is not None else os.path.dirname(os.path.dirname(
-        os.path.abspath(out_dir)))
+    torch.save(
+        {k: v.detach().clone() for k, v in model.state_dict().items()},
+        os.path.join(out_dir, f"{name}_torch.pt"),
+    )
+    root = (
+        ps_root
+        if ps_root is not None
+        else os.path.dirname(os.path.dirname(os.path.abspath(out_dir)))
+    )
     entry = ps_entry(model, name, os.path.relpath(os.path.abspath(out_dir), os.path.abspath(root)))
     n = len(model.config.tables)
     files = {
@@ -803,33 +887,53 @@ def export(model: DLRM, out_dir: str, name: str = "dlrm", ps_root: Optional[str]
         "torch": f"{name}_torch.pt",
         "ps_entry": f"{name}_ps_entry.json",
     }
-    meta = {"format": META_FORMAT, "name": name, **model.config.to_meta(),
-            "total_slots": model.config.total_slots,
-            "interaction_dim": model.config.interaction_dim,
-            "dense_param_count": int(dense_params(model).size),
-            "onnx_io": {"inputs": ["dense"] + [f"emb_{t}" for t in range(n)], "output": "prob"},
-            "files": files, **(meta_extra or {})}
+    meta = {
+        "format": META_FORMAT,
+        "name": name,
+        **model.config.to_meta(),
+        "total_slots": model.config.total_slots,
+        "interaction_dim": model.config.interaction_dim,
+        "dense_param_count": int(dense_params(model).size),
+        "onnx_io": {"inputs": ["dense"] + [f"emb_{t}" for t in range(n)], "output": "prob"},
+        "files": files,
+        **(meta_extra or {}),
+    }
     model.meta = meta
     _write_json(os.path.join(out_dir, f"{name}_meta.json"), meta)
     _write_json(os.path.join(out_dir, f"{name}_ps_entry.json"), entry)
     return entry
 
 
-def train_and_export(out_dir: str, config: DLRMConfig = DEFAULT_CONFIG,
-                     settings: TrainSettings = TrainSettings(), name: str = "dlrm",
-                     ps_root: Optional[str] = None, onnx: bool = True,
-                     log=None) -> Tuple[TrainResult, Dict]:
+def train_and_export(
+    out_dir: str,
+    config: DLRMConfig = DEFAULT_CONFIG,
+    settings: TrainSettings = TrainSettings(),
+    name: str = "dlrm",
+    ps_root: Optional[str] = None,
+    onnx: bool = True,
+    log=None,
+) -> Tuple[TrainResult, Dict]:
     """What ``train.py`` does: :func:`train`, then :func:`export` with the metrics in the
     meta JSON. Returns the training result and the ps.json entry."""
     t0 = time.perf_counter()
     result = train(config, settings, log=log)
     t1 = time.perf_counter()
-    entry = export(result.model, out_dir, name=name, ps_root=ps_root, onnx=onnx, meta_extra={
-        "seed": settings.seed,
-        "train_settings": asdict(settings),
-        "hidden_model": {"latent_dim": HiddenModel.LATENT, "interacting_slots": result.truth.pairs},
-        "eval": result.metrics,
-    })
+    entry = export(
+        result.model,
+        out_dir,
+        name=name,
+        ps_root=ps_root,
+        onnx=onnx,
+        meta_extra={
+            "seed": settings.seed,
+            "train_settings": asdict(settings),
+            "hidden_model": {
+                "latent_dim": HiddenModel.LATENT,
+                "interacting_slots": result.truth.pairs,
+            },
+            "eval": result.metrics,
+        },
+    )
     result.metrics["export_seconds"] = round(time.perf_counter() - t1, 3)
     result.metrics["total_seconds"] = round(time.perf_counter() - t0, 3)
     return result, entry

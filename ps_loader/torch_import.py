@@ -38,8 +38,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from triton_rec.formats.tables import write_table
 from triton_rec.errors import ModelFileError, TritonRecError
+from triton_rec.formats.tables import write_table
 
 FORMATS = ("hugectr", "npz")
 _TORCHREC_RE = re.compile(r"(?:^|\.)(?:embedding_bags|embeddings)\.([^.]+)\.weight$")
@@ -180,13 +180,12 @@ def _candidates(state: Mapping[str, Any], default_name: str) -> Dict[str, str]:
                 found.append((module, k))
     names = [n for n, _ in found]
     # A table name seen twice (two collections) is qualified by its full module path.
-    return {
-        _safe_name(n if names.count(n) == 1 else k[: -len(".weight")]): k for n, k in found
-    }
+    return {_safe_name(n if names.count(n) == 1 else k[: -len(".weight")]): k for n, k in found}
 
 
-def find_tables(state: Mapping[str, Any], names: Optional[Sequence[str]] = None,
-                source: str = "<state dict>") -> List[TorchTable]:
+def find_tables(
+    state: Mapping[str, Any], names: Optional[Sequence[str]] = None, source: str = "<state dict>"
+) -> List[TorchTable]:
     """Embedding tables of a flattened state dict (see the module docstring).
 
     Args:
@@ -224,8 +223,10 @@ def find_tables(state: Mapping[str, Any], names: Optional[Sequence[str]] = None,
                 chosen.append((_safe_name(n), f"{n}.weight"))
             else:
                 raise ModelFileError(
-                    source, f"no table or tensor named '{n}'. Tables found: "
-                    f"{sorted(auto) or 'none'}; tensors found: {_describe(state)}")
+                    source,
+                    f"no table or tensor named '{n}'. Tables found: "
+                    f"{sorted(auto) or 'none'}; tensors found: {_describe(state)}",
+                )
     seen = [n for n, _ in chosen]
     if len(set(seen)) != len(seen):
         raise ModelFileError(source, f"table names repeat: {seen}")
@@ -237,7 +238,8 @@ def _as_matrix(t: Any, key: str, source: str) -> np.ndarray:
 
     if t.ndim != 2 or not torch.is_floating_point(t):
         raise ModelFileError(
-            source, f"'{key}' is {t.dtype} {list(t.shape)}, not a 2-D floating-point weight")
+            source, f"'{key}' is {t.dtype} {list(t.shape)}, not a 2-D floating-point weight"
+        )
     return t.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
 
 
@@ -245,7 +247,8 @@ def _check_keys(table: TorchTable, keys: Any) -> np.ndarray:
     keys = np.asarray(keys)
     if keys.ndim != 1 or keys.shape[0] != table.rows:
         raise ValueError(
-            f"table {table.name}: {table.rows} keys needed (one per row), got shape {keys.shape}")
+            f"table {table.name}: {table.rows} keys needed (one per row), got shape {keys.shape}"
+        )
     if keys.size and not np.issubdtype(keys.dtype, np.integer):
         raise ValueError(f"table {table.name}: keys must be integers, got {keys.dtype}")
     keys = keys.astype(np.int64)
@@ -254,8 +257,9 @@ def _check_keys(table: TorchTable, keys: Any) -> np.ndarray:
     return keys
 
 
-def table_path(out_dir: str, index: int, fmt: str = "hugectr", prefix: str = "",
-               iteration: int = 0) -> str:
+def table_path(
+    out_dir: str, index: int, fmt: str = "hugectr", prefix: str = "", iteration: int = 0
+) -> str:
     """HugeCTR ``<prefix><i>_sparse_<iteration>.model`` (directory) or ``<prefix><i>.npz``."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
@@ -264,9 +268,14 @@ def table_path(out_dir: str, index: int, fmt: str = "hugectr", prefix: str = "",
     return os.path.join(out_dir, f"{prefix}{index}_sparse_{iteration}.model")
 
 
-def write_tables(tables: Sequence[TorchTable], out_dir: str,
-                 keys: Optional[Mapping[str, Any]] = None, fmt: str = "hugectr",
-                 prefix: str = "", iteration: int = 0) -> List[ImportedTable]:
+def write_tables(
+    tables: Sequence[TorchTable],
+    out_dir: str,
+    keys: Optional[Mapping[str, Any]] = None,
+    fmt: str = "hugectr",
+    prefix: str = "",
+    iteration: int = 0,
+) -> List[ImportedTable]:
     """Write table i to :func:`table_path` (``out_dir`` is created).
 
     Args:
@@ -275,10 +284,15 @@ def write_tables(tables: Sequence[TorchTable], out_dir: str,
     keys = dict(keys or {})
     unknown = set(keys) - {t.name for t in tables}
     if unknown:
-        raise ValueError(f"keys given for unknown tables {sorted(unknown)}; "
-                         f"tables: {[t.name for t in tables]}")
-    checked = {t.name: (_check_keys(t, keys[t.name]) if t.name in keys
-                        else np.arange(t.rows, dtype=np.int64)) for t in tables}
+        raise ValueError(
+            f"keys given for unknown tables {sorted(unknown)}; tables: {[t.name for t in tables]}"
+        )
+    checked = {
+        t.name: (
+            _check_keys(t, keys[t.name]) if t.name in keys else np.arange(t.rows, dtype=np.int64)
+        )
+        for t in tables
+    }
     os.makedirs(out_dir, exist_ok=True)
     out = []
     for i, t in enumerate(tables):
@@ -288,9 +302,15 @@ def write_tables(tables: Sequence[TorchTable], out_dir: str,
     return out
 
 
-def import_tables(path: str, out_dir: str, names: Optional[Sequence[str]] = None,
-                  keys: Optional[Mapping[str, Any]] = None, fmt: str = "hugectr",
-                  prefix: str = "", iteration: int = 0) -> List[ImportedTable]:
+def import_tables(
+    path: str,
+    out_dir: str,
+    names: Optional[Sequence[str]] = None,
+    keys: Optional[Mapping[str, Any]] = None,
+    fmt: str = "hugectr",
+    prefix: str = "",
+    iteration: int = 0,
+) -> List[ImportedTable]:
     """:func:`load_state_dict` + :func:`find_tables` + :func:`write_tables`."""
     tables = find_tables(load_state_dict(path), names, source=path)
     return write_tables(tables, out_dir, keys, fmt, prefix, iteration)
@@ -314,17 +334,29 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m ps_loader.torch_import",
         description="Embedding tables from a PyTorch state dict (torch.load weights_only=True) "
-        "-> HugeCTR sparse directories or .npz tables.")
+        "-> HugeCTR sparse directories or .npz tables.",
+    )
     p.add_argument("state", help="a .pt/.pth file saved with torch.save(model.state_dict())")
     p.add_argument("--out", help="output directory (required unless --list)")
-    p.add_argument("--table", action="append", dest="tables", metavar="NAME",
-                   help="table to take (repeatable; order = table index): table name, "
-                   "state-dict key or module prefix; default: every table found")
-    p.add_argument("--keys", action="append", default=[], metavar="NAME=FILE.npy",
-                   help="int64 key of every row of table NAME (default: row ids)")
+    p.add_argument(
+        "--table",
+        action="append",
+        dest="tables",
+        metavar="NAME",
+        help="table to take (repeatable; order = table index): table name, "
+        "state-dict key or module prefix; default: every table found",
+    )
+    p.add_argument(
+        "--keys",
+        action="append",
+        default=[],
+        metavar="NAME=FILE.npy",
+        help="int64 key of every row of table NAME (default: row ids)",
+    )
     p.add_argument("--format", choices=FORMATS, default="hugectr")
-    p.add_argument("--prefix", default="",
-                   help="file name prefix (HugeCTR: <prefix><i>_sparse_0.model)")
+    p.add_argument(
+        "--prefix", default="", help="file name prefix (HugeCTR: <prefix><i>_sparse_0.model)"
+    )
     p.add_argument("--iteration", type=int, default=0, help="HugeCTR file name iteration number")
     p.add_argument("--list", action="store_true", help="list the tables found, write nothing")
     args = p.parse_args(argv)
@@ -337,8 +369,9 @@ def main(argv=None) -> int:
             print(f"  {i}: {t.name}: {t.rows} rows x {t.vec_size} ({t.key})")
         if args.list:
             return 0
-        written = write_tables(tables, args.out, _parse_keys(args.keys), args.format,
-                               args.prefix, args.iteration)
+        written = write_tables(
+            tables, args.out, _parse_keys(args.keys), args.format, args.prefix, args.iteration
+        )
     except (TritonRecError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -352,11 +385,13 @@ def json_fields(written: Sequence[ImportedTable]) -> str:
     """The ps.json ``models[]`` fields these tables fill, as JSON text."""
     import json
 
-    return json.dumps({
-        "sparse_files": [w.path for w in written],
-        "embedding_table_names": [w.name for w in written],
-        "embedding_vecsize_per_table": [w.vec_size for w in written],
-    })
+    return json.dumps(
+        {
+            "sparse_files": [w.path for w in written],
+            "embedding_table_names": [w.name for w in written],
+            "embedding_vecsize_per_table": [w.vec_size for w in written],
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -83,7 +83,9 @@ def make_module():
 
         def _record(self, kind, value):
             with lock:
-                m.metric_calls.append((threading.get_ident(), kind, self.family.name, self.labels, value))
+                m.metric_calls.append(
+                    (threading.get_ident(), kind, self.family.name, self.labels, value)
+                )
 
         def increment(self, value):
             self._record("increment", value)
@@ -126,7 +128,9 @@ def load_backend(name: str, module):
     """Import ``backend/<name>/model.py`` against the fake ``module``."""
     sys.modules["triton_python_backend_utils"] = module
     try:
-        spec = importlib.util.spec_from_file_location(f"_backend_{name}", BACKENDS / name / "model.py")
+        spec = importlib.util.spec_from_file_location(
+            f"_backend_{name}", BACKENDS / name / "model.py"
+        )
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     finally:
@@ -141,11 +145,15 @@ HUGECTR_INPUTS = (("DES", "TYPE_FP32"), ("CATCOLUMN", "TYPE_INT64"), ("ROWINDEX"
 def triton_config(name: str, backend: str, inputs, instances: int = 1, **parameters) -> dict:
     """A model's config.pbtxt as the JSON Triton hands to ``initialize`` (what the
     backends read): ragged 1-D inputs, one FP32 output ``OUTPUT0``, string parameters."""
-    return {"name": name, "backend": backend, "max_batch_size": 1024,
-            "input": [{"name": n, "data_type": t, "dims": [-1]} for n, t in inputs],
-            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-            "instance_group": [{"count": instances, "kind": "KIND_CPU"}],
-            "parameters": {k: {"string_value": str(v)} for k, v in parameters.items()}}
+    return {
+        "name": name,
+        "backend": backend,
+        "max_batch_size": 1024,
+        "input": [{"name": n, "data_type": t, "dims": [-1]} for n, t in inputs],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "instance_group": [{"count": instances, "kind": "KIND_CPU"}],
+        "parameters": {k: {"string_value": str(v)} for k, v in parameters.items()},
+    }
 
 
 def start_instance(repo, config: dict):
@@ -156,8 +164,15 @@ def start_instance(repo, config: dict):
     pb = make_module()
     model = load_backend(config["backend"], pb).TritonPythonModel()
     name = config["name"]
-    model.initialize({"model_config": json.dumps(config), "model_name": name,
-                      "model_repository": str(Path(repo) / name), "model_version": "1",
-                      "model_instance_name": f"{name}_0", "model_instance_kind": "CPU",
-                      "model_instance_device_id": "0"})
+    model.initialize(
+        {
+            "model_config": json.dumps(config),
+            "model_name": name,
+            "model_repository": str(Path(repo) / name),
+            "model_version": "1",
+            "model_instance_name": f"{name}_0",
+            "model_instance_kind": "CPU",
+            "model_instance_device_id": "0",
+        }
+    )
     return pb, model

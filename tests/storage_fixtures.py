@@ -81,8 +81,9 @@ def _resp(*args) -> bytes:
     return b"".join(out)
 
 
-def redis_command(port: int, *args, timeout: float = 1.0,
-                  ssl_context: Optional[ssl.SSLContext] = None) -> str:
+def redis_command(
+    port: int, *args, timeout: float = 1.0, ssl_context: Optional[ssl.SSLContext] = None
+) -> str:
     """Send one command (str or bytes arguments) to 127.0.0.1:port.
 
     Returns the reply (simple, integer or bulk string) as text.
@@ -128,7 +129,8 @@ def _wait(what: str, cond, timeout: float, proc_logs: Optional[List[Path]] = Non
         with contextlib.suppress(OSError):
             logs += f"\n--- {p.name} ---\n" + p.read_text()[-1500:]
     raise RuntimeError(
-        f"timed out after {timeout:.0f} s waiting for {what} (last error: {last}){logs}")
+        f"timed out after {timeout:.0f} s waiting for {what} (last error: {last}){logs}"
+    )
 
 
 @dataclass
@@ -166,8 +168,9 @@ class RedisClusterProcesses:
             raise RuntimeError(f"master {i} (:{self.ports[i]}) is still running")
         log = open(self.workdir / f"redis-{self.ports[i]}.log", "ab")
         try:
-            self.procs[i] = subprocess.Popen(self.argv[i], stdin=subprocess.DEVNULL,
-                                             stdout=log, stderr=subprocess.STDOUT)
+            self.procs[i] = subprocess.Popen(
+                self.argv[i], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
         finally:
             log.close()
         _wait_ok(self, [self.workdir / f"redis-{p}.log" for p in self.ports], timeout)
@@ -188,13 +191,31 @@ class RedisClusterProcesses:
 def _launch(c: RedisClusterProcesses, extra_args) -> None:
     for port, extra in zip(c.ports, extra_args):
         log = open(c.workdir / f"redis-{port}.log", "wb")
-        argv = [REDIS_SERVER, *extra, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                "--cluster-config-file", str(c.workdir / f"nodes-{port}.conf"),
-                "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", str(c.workdir)]
+        argv = [
+            REDIS_SERVER,
+            *extra,
+            "--bind",
+            "127.0.0.1",
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            str(c.workdir / f"nodes-{port}.conf"),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            str(c.workdir),
+        ]
         c.argv.append(argv)
         try:
-            c.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT))
+            c.procs.append(
+                subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                )
+            )
         finally:
             log.close()
 
@@ -204,8 +225,9 @@ def _wait_ok(c: RedisClusterProcesses, logs: List[Path], timeout: float = START_
         for i, p in enumerate(c.procs):
             if p.poll() is not None:
                 raise RuntimeError(f"redis-server :{c.ports[i]} exited with {p.returncode}")
-        return all("cluster_state:ok" in c.command(i, "CLUSTER", "INFO")
-                   for i in range(len(c.ports)))
+        return all(
+            "cluster_state:ok" in c.command(i, "CLUSTER", "INFO") for i in range(len(c.ports))
+        )
 
     _wait("cluster_state:ok on every node", all_ok, timeout, logs)
 
@@ -214,21 +236,38 @@ def _wait_ok(c: RedisClusterProcesses, logs: List[Path], timeout: float = START_
 def start_redis_cluster(masters: int = 3) -> Iterator[RedisClusterProcesses]:
     """A ``masters``-master Redis Cluster (no replicas) on free loopback ports."""
     require_redis()
-    c = RedisClusterProcesses(free_cluster_ports(masters),
-                              Path(tempfile.mkdtemp(prefix="trec-redis-")))
+    c = RedisClusterProcesses(
+        free_cluster_ports(masters), Path(tempfile.mkdtemp(prefix="trec-redis-"))
+    )
     try:
         _launch(c, [["--port", str(p)] for p in c.ports])
         logs = [c.workdir / f"redis-{p}.log" for p in c.ports]
-        _wait("redis-server PING",
-              lambda: all(c.command(i, "PING") == "PONG" for i in range(masters)),
-              START_TIMEOUT, logs)
+        _wait(
+            "redis-server PING",
+            lambda: all(c.command(i, "PING") == "PONG" for i in range(masters)),
+            START_TIMEOUT,
+            logs,
+        )
         r = subprocess.run(
-            [REDIS_CLI, "--cluster", "create", *[f"127.0.0.1:{p}" for p in c.ports],
-             "--cluster-replicas", "0", "--cluster-yes"],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=START_TIMEOUT)
+            [
+                REDIS_CLI,
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{p}" for p in c.ports],
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+        )
         if r.returncode != 0:
-            raise RuntimeError(f"redis-cli --cluster create failed ({r.returncode}): "
-                               f"{r.stdout[-2000:]}{r.stderr[-2000:]}")
+            raise RuntimeError(
+                f"redis-cli --cluster create failed ({r.returncode}): "
+                f"{r.stdout[-2000:]}{r.stderr[-2000:]}"
+            )
         _wait_ok(c, logs)
         yield c
     finally:
@@ -250,33 +289,91 @@ def start_tls_redis_cluster() -> Iterator[RedisClusterProcesses]:
     require_redis()
     if not shutil.which("openssl"):
         pytest.fail("openssl not found: apt-get install openssl (make does)")
-    c = RedisClusterProcesses(free_cluster_ports(1),
-                              Path(tempfile.mkdtemp(prefix="trec-redis-tls-")))
+    c = RedisClusterProcesses(
+        free_cluster_ports(1), Path(tempfile.mkdtemp(prefix="trec-redis-tls-"))
+    )
     try:
         d = c.workdir
         ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-        _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-                 "-subj", "/CN=trec-test-ca", cwd=d)
+        _openssl(
+            "req",
+            "-x509",
+            *ec,
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=trec-test-ca",
+            cwd=d,
+        )
         (d / "san.ext").write_text("subjectAltName=DNS:redis.test\n")
         for name in ("server", "client"):
-            _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                     "-subj", f"/CN={'redis.test' if name == 'server' else 'trec-client'}", cwd=d)
-            _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                     "-CAcreateserial", "-out", f"{name}.crt", "-days", "2",
-                     *(["-extfile", "san.ext"] if name == "server" else []), cwd=d)
-        c.tls = {"ca": str(d / "ca.crt"), "client_cert": str(d / "client.crt"),
-                 "client_key": str(d / "client.key")}
+            _openssl(
+                "req",
+                *ec,
+                "-keyout",
+                f"{name}.key",
+                "-out",
+                f"{name}.csr",
+                "-subj",
+                f"/CN={'redis.test' if name == 'server' else 'trec-client'}",
+                cwd=d,
+            )
+            _openssl(
+                "x509",
+                "-req",
+                "-in",
+                f"{name}.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                f"{name}.crt",
+                "-days",
+                "2",
+                *(["-extfile", "san.ext"] if name == "server" else []),
+                cwd=d,
+            )
+        c.tls = {
+            "ca": str(d / "ca.crt"),
+            "client_cert": str(d / "client.crt"),
+            "client_key": str(d / "client.key"),
+        }
         ctx = ssl.create_default_context(cafile=c.tls["ca"])
         ctx.load_cert_chain(c.tls["client_cert"], c.tls["client_key"])
         c.ssl_context = ctx
         port = c.ports[0]
-        _launch(c, [["--port", "0", "--tls-port", str(port), "--tls-cluster", "yes",
-                     "--tls-cert-file", str(d / "server.crt"),
-                     "--tls-key-file", str(d / "server.key"),
-                     "--tls-ca-cert-file", str(d / "ca.crt")]])
+        _launch(
+            c,
+            [
+                [
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    str(port),
+                    "--tls-cluster",
+                    "yes",
+                    "--tls-cert-file",
+                    str(d / "server.crt"),
+                    "--tls-key-file",
+                    str(d / "server.key"),
+                    "--tls-ca-cert-file",
+                    str(d / "ca.crt"),
+                ]
+            ],
+        )
         logs = [d / f"redis-{port}.log"]
-        _wait("redis-server PING over TLS", lambda: c.command(0, "PING") == "PONG",
-              START_TIMEOUT, logs)
+        _wait(
+            "redis-server PING over TLS",
+            lambda: c.command(0, "PING") == "PONG",
+            START_TIMEOUT,
+            logs,
+        )
         c.command(0, "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
         _wait_ok(c, logs)
         yield c

@@ -14,10 +14,10 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from triton_rec.config.ps_json import find_ps_config, load_ps_config
-from triton_rec.serving.deployment import load_dense_model
-from triton_rec.errors import ConfigError, TritonRecError
 from triton_rec.config.model_config import check_max_batch_size, model_parameter
+from triton_rec.config.ps_json import find_ps_config, load_ps_config
+from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.serving.deployment import load_dense_model
 from triton_rec.serving.ranking import DenseSession
 from triton_rec.triton.glue import MetricsPusher, RequestCounters, prepare_process, run_requests
 from triton_rec.triton.metrics import RequestMetrics
@@ -35,30 +35,47 @@ class TritonPythonModel:
             check_max_batch_size(config)
             outputs = config.get("output") or []
             if len(outputs) != 1 or outputs[0].get("data_type") != "TYPE_FP32":
-                raise ConfigError(f"model '{self.model_name}' config.pbtxt: expected one TYPE_FP32 output")
+                raise ConfigError(
+                    f"model '{self.model_name}' config.pbtxt: expected one TYPE_FP32 output"
+                )
             self.output_name = outputs[0]["name"]
             ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
-            params = load_ps_config(ps_path).model(model_parameter(config, "ps_model") or self.model_name)
-            dense = load_dense_model(params, args["model_repository"], model_parameter(config, "config"),
-                                     settings.intra_op_threads)
+            params = load_ps_config(ps_path).model(
+                model_parameter(config, "ps_model") or self.model_name
+            )
+            dense = load_dense_model(
+                params,
+                args["model_repository"],
+                model_parameter(config, "config"),
+                settings.intra_op_threads,
+            )
             self.session = DenseSession(self.model_name, dense, params.max_batch_size, params)
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         self.limits = self.session.input_limits()
         self.counters = RequestCounters()
-        self.metrics = MetricsPusher(pb_utils, self.model_name,
-                                     RequestMetrics(pb_utils, self.model_name, self.counters),
-                                     settings.metrics_interval)
+        self.metrics = MetricsPusher(
+            pb_utils,
+            self.model_name,
+            RequestMetrics(pb_utils, self.model_name, self.counters),
+            settings.metrics_interval,
+        )
         pb_utils.Logger.log_info(f"dense model '{self.model_name}' ready: {dense!r}")
 
     def execute(self, requests):
         """Answer a batch of requests: one forward pass over all valid requests."""
         return run_requests(
-            pb_utils, self.model_name, requests, ("DES", "EMBEDDINGS", "ROWINDEX"),
-            self.session.parse_request, self.session.predict_many,
+            pb_utils,
+            self.model_name,
+            requests,
+            ("DES", "EMBEDDINGS", "ROWINDEX"),
+            self.session.parse_request,
+            self.session.predict_many,
             lambda req, out: pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(self.output_name, out)]),
-            limits=self.limits, counters=self.counters,
+                output_tensors=[pb_utils.Tensor(self.output_name, out)]
+            ),
+            limits=self.limits,
+            counters=self.counters,
         )
 
     def finalize(self):

@@ -20,20 +20,20 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from triton_rec.config.ps_json import (
-    config_warnings,
-    find_ps_config,
-    load_ps_config,
-    model_relative_path,
-)
-from triton_rec.serving.deployment import InstanceSpec, open_session
-from triton_rec.errors import TritonRecError
 from triton_rec.config.model_config import (
     check_hps_model_config,
     model_flag,
     model_parameter,
     with_model_parameters,
 )
+from triton_rec.config.ps_json import (
+    config_warnings,
+    find_ps_config,
+    load_ps_config,
+    model_relative_path,
+)
+from triton_rec.errors import TritonRecError
+from triton_rec.serving.deployment import InstanceSpec, open_session
 from triton_rec.triton.glue import MetricsPusher, RequestCounters, prepare_process, run_requests
 from triton_rec.triton.metrics import CacheMetrics
 
@@ -64,8 +64,9 @@ class TritonPythonModel:
             spec = InstanceSpec(
                 kind=args.get("model_instance_kind", "CPU"),
                 device_id=self.device_id,
-                store_dir=model_relative_path(args["model_repository"],
-                                              model_parameter(config, "store_dir")),
+                store_dir=model_relative_path(
+                    args["model_repository"], model_parameter(config, "store_dir")
+                ),
                 prefault=model_flag(config, "prefault", True),
                 intra_op_threads=settings.intra_op_threads,
             )
@@ -76,10 +77,17 @@ class TritonPythonModel:
         self.limits = self.session.input_limits()
         self.counters = RequestCounters()
         self.metrics = MetricsPusher(
-            pb_utils, self.model_name,
-            CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session,
-                         requests=self.counters),
-            settings.metrics_interval)
+            pb_utils,
+            self.model_name,
+            CacheMetrics(
+                pb_utils,
+                self.model_name,
+                args["model_instance_name"],
+                self.session,
+                requests=self.counters,
+            ),
+            settings.metrics_interval,
+        )
         for line in config_warnings(ps_path, params):
             pb_utils.Logger.log_warn(line)
         pb_utils.Logger.log_info(f"hps model '{self.model_name}' ready: {self.session.describe()}")
@@ -88,9 +96,15 @@ class TritonPythonModel:
         """Answer a batch of requests: one lookup per table for all valid requests."""
         # Every valid request of this call is looked up together, one pass per table.
         responses = run_requests(
-            pb_utils, self.model_name, requests, ("KEYS", "NUMKEYS"),
-            self.session.parse_request, self.session.lookup_many, self._response,
-            limits=self.limits, counters=self.counters,
+            pb_utils,
+            self.model_name,
+            requests,
+            ("KEYS", "NUMKEYS"),
+            self.session.parse_request,
+            self.session.lookup_many,
+            self._response,
+            limits=self.limits,
+            counters=self.counters,
         )
         return responses
 

@@ -16,20 +16,20 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from triton_rec.config.ps_json import (
-    config_warnings,
-    find_ps_config,
-    load_ps_config,
-    model_relative_path,
-)
-from triton_rec.serving.deployment import InstanceSpec, open_ranking_session
-from triton_rec.errors import TritonRecError
 from triton_rec.config.model_config import (
     check_hugectr_model_config,
     model_flag,
     model_parameter,
     with_model_parameters,
 )
+from triton_rec.config.ps_json import (
+    config_warnings,
+    find_ps_config,
+    load_ps_config,
+    model_relative_path,
+)
+from triton_rec.errors import TritonRecError
+from triton_rec.serving.deployment import InstanceSpec, open_ranking_session
 from triton_rec.triton.glue import MetricsPusher, RequestCounters, prepare_process, run_requests
 from triton_rec.triton.metrics import CacheMetrics
 
@@ -49,8 +49,9 @@ class TritonPythonModel:
             spec = InstanceSpec(
                 kind=args.get("model_instance_kind", "CPU"),
                 device_id=int(args.get("model_instance_device_id") or 0),
-                store_dir=model_relative_path(args["model_repository"],
-                                              model_parameter(config, "store_dir")),
+                store_dir=model_relative_path(
+                    args["model_repository"], model_parameter(config, "store_dir")
+                ),
                 prefault=model_flag(config, "prefault", True),
                 intra_op_threads=settings.intra_op_threads,
             )
@@ -63,10 +64,17 @@ class TritonPythonModel:
         self.limits = self.session.input_limits(4 if cat.get("data_type") == "TYPE_UINT32" else 8)
         self.counters = RequestCounters()
         self.metrics = MetricsPusher(
-            pb_utils, self.model_name,
-            CacheMetrics(pb_utils, self.model_name, args["model_instance_name"], self.session,
-                         requests=self.counters),
-            settings.metrics_interval)
+            pb_utils,
+            self.model_name,
+            CacheMetrics(
+                pb_utils,
+                self.model_name,
+                args["model_instance_name"],
+                self.session,
+                requests=self.counters,
+            ),
+            settings.metrics_interval,
+        )
         for line in config_warnings(ps_path, params):
             pb_utils.Logger.log_warn(line)
         pb_utils.Logger.log_info(f"hugectr model '{self.model_name}' ready: {self.session.dense!r}")
@@ -75,11 +83,17 @@ class TritonPythonModel:
         """Answer a batch of requests: one lookup per table, one dense forward pass."""
         # All valid requests of the call: one lookup per table, one dense forward pass.
         responses = run_requests(
-            pb_utils, self.model_name, requests, ("DES", "CATCOLUMN", "ROWINDEX"),
-            self.session.parse_request, self.session.predict_many,
+            pb_utils,
+            self.model_name,
+            requests,
+            ("DES", "CATCOLUMN", "ROWINDEX"),
+            self.session.parse_request,
+            self.session.predict_many,
             lambda req, out: pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(self.output_name, out)]),
-            limits=self.limits, counters=self.counters,
+                output_tensors=[pb_utils.Tensor(self.output_name, out)]
+            ),
+            limits=self.limits,
+            counters=self.counters,
         )
         return responses
 

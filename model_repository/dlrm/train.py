@@ -42,8 +42,11 @@ def main(argv=None) -> int:
     p.add_argument("--eval-rows", type=int, help="held-out samples")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
-    p.add_argument("--ps-root", help="directory the ps.json entry's paths are relative to "
-                   "(default: the model repository, two levels above --out)")
+    p.add_argument(
+        "--ps-root",
+        help="directory the ps.json entry's paths are relative to "
+        "(default: the model repository, two levels above --out)",
+    )
     p.add_argument("--no-onnx", action="store_true", help="skip the ONNX export")
     args = p.parse_args(argv)
 
@@ -51,25 +54,40 @@ def main(argv=None) -> int:
     td = _import_torch_dlrm()
     config = td.TINY_CONFIG if args.tiny else td.DEFAULT_CONFIG
     settings = td.TINY_SETTINGS if args.tiny else td.TrainSettings()
-    overrides = {"seed": args.seed, "epochs": args.epochs, "train_rows": args.rows,
-                 "eval_rows": args.eval_rows, "batch_size": args.batch_size, "lr": args.lr}
+    overrides = {
+        "seed": args.seed,
+        "epochs": args.epochs,
+        "train_rows": args.rows,
+        "eval_rows": args.eval_rows,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+    }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     settings = dataclasses.replace(settings, **overrides)
     print(f"config: {json.dumps(config.to_meta())}")
     print(f"settings: {json.dumps(dataclasses.asdict(settings))}")
 
     result, entry = td.train_and_export(
-        args.out, config, settings, name=args.name, ps_root=args.ps_root,
-        onnx=not args.no_onnx, log=print,
+        args.out,
+        config,
+        settings,
+        name=args.name,
+        ps_root=args.ps_root,
+        onnx=not args.no_onnx,
+        log=print,
     )
     m = result.metrics
-    print(f"held-out ({m['eval_rows']} samples): AUC {m['auc']:.4f}, accuracy {m['accuracy']:.4f} "
-          f"(hidden model's own AUC {m['oracle_auc']:.4f}, click rate {m['click_rate']:.3f})")
+    print(
+        f"held-out ({m['eval_rows']} samples): AUC {m['auc']:.4f}, accuracy {m['accuracy']:.4f} "
+        f"(hidden model's own AUC {m['oracle_auc']:.4f}, click rate {m['click_rate']:.3f})"
+    )
     print(f"ps.json entry ({os.path.join(args.out, args.name + '_ps_entry.json')}):")
     print(json.dumps(entry, indent=2))
-    print(f"wrote {os.path.abspath(args.out)}: data {m['data_seconds']:.1f} s, "
-          f"training {m['train_seconds']:.1f} s, export {m['export_seconds']:.1f} s, "
-          f"total {time.perf_counter() - t0:.1f} s (torch import included)")
+    print(
+        f"wrote {os.path.abspath(args.out)}: data {m['data_seconds']:.1f} s, "
+        f"training {m['train_seconds']:.1f} s, export {m['export_seconds']:.1f} s, "
+        f"total {time.perf_counter() - t0:.1f} s (torch import included)"
+    )
     return 0
 
 

@@ -17,8 +17,12 @@ SEED = 5
 HERE = Path(__file__).parent
 DEMO_REPO = HERE.parents[1] / "model_repository"
 WDL_TABLES = [
-    SyntheticTable("embedding_table1", rows=3000, vec_size=1, max_keys_per_sample=2, default_value=0.0),
-    SyntheticTable("embedding_table2", rows=20000, vec_size=16, max_keys_per_sample=26, default_value=0.0),
+    SyntheticTable(
+        "embedding_table1", rows=3000, vec_size=1, max_keys_per_sample=2, default_value=0.0
+    ),
+    SyntheticTable(
+        "embedding_table2", rows=20000, vec_size=16, max_keys_per_sample=26, default_value=0.0
+    ),
 ]
 TWO_TABLES = [
     SyntheticTable("item", rows=5000, vec_size=32, max_keys_per_sample=3, default_value=-1.5),
@@ -32,8 +36,12 @@ input [
 """
 
 
-def hps_config(name: str, count: int, outputs: str = '{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }',
-               extra: str = "") -> str:
+def hps_config(
+    name: str,
+    count: int,
+    outputs: str = '{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }',
+    extra: str = "",
+) -> str:
     return (
         f'name: "{name}"\nbackend: "hps"\nmax_batch_size: 1024\n{HPS_IO}'
         f"output [ {outputs} ]\n"
@@ -59,36 +67,63 @@ def model_repo(tmp_path_factory) -> Path:
     upstream = (HERE.parent / "data" / "hps_wdl_upstream_config.pbtxt").read_text()
     cpu = upstream.replace("kind : KIND_GPU\n    gpus:[0]", "kind : KIND_CPU")
     assert cpu != upstream
-    cpu = cpu.replace("dims: [ -1 ]\n  },\n  {\n    name: \"NUMKEYS\"",
-                      "dims: [ -1 ]\n    allow_ragged_batch: true\n  },\n  {\n    name: \"NUMKEYS\"")
+    cpu = cpu.replace(
+        'dims: [ -1 ]\n  },\n  {\n    name: "NUMKEYS"',
+        'dims: [ -1 ]\n    allow_ragged_batch: true\n  },\n  {\n    name: "NUMKEYS"',
+    )
     _write(repo / "hps_wdl" / "config.pbtxt", cpu)
     # hps_two: instance count 2, ps.json found through the `ps` parameter, info outputs.
-    outs = ('{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },'
-            '{ name: "NumSample" data_type: TYPE_INT32 dims: [ 1 ] },'
-            '{ name: "DeviceID" data_type: TYPE_INT32 dims: [ 1 ] }')
-    _write(repo / "hps_two" / "config.pbtxt",
-           hps_config("hps_two", 2, outs, 'parameters { key: "ps" value: { string_value: "conf/two.json" } }'))
-    _write(repo / "hps_two" / "conf" / "two.json",
-           json.dumps({"supportlonglong": True, "models": [
-               {**two, "sparse_files": [os.path.join("..", "..", f) for f in two["sparse_files"]]}]}))
+    outs = (
+        '{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },'
+        '{ name: "NumSample" data_type: TYPE_INT32 dims: [ 1 ] },'
+        '{ name: "DeviceID" data_type: TYPE_INT32 dims: [ 1 ] }'
+    )
+    _write(
+        repo / "hps_two" / "config.pbtxt",
+        hps_config(
+            "hps_two", 2, outs, 'parameters { key: "ps" value: { string_value: "conf/two.json" } }'
+        ),
+    )
+    _write(
+        repo / "hps_two" / "conf" / "two.json",
+        json.dumps(
+            {
+                "supportlonglong": True,
+                "models": [
+                    {
+                        **two,
+                        "sparse_files": [os.path.join("..", "..", f) for f in two["sparse_files"]],
+                    }
+                ],
+            }
+        ),
+    )
 
     # Broken models, loaded on demand by the tests.
-    missing = dict(wdl, model="bad_missing", sparse_files=[wdl["sparse_files"][0], "nowhere/t1_sparse_0.model"])
+    missing = dict(
+        wdl, model="bad_missing", sparse_files=[wdl["sparse_files"][0], "nowhere/t1_sparse_0.model"]
+    )
     trunc = write_model(str(repo), "bad_truncated", WDL_TABLES, seed=SEED)
     vec_file = repo / trunc["sparse_files"][1] / "emb_vector"
     vec_file.write_bytes(vec_file.read_bytes()[:-6])
     # hps_flat: the same WDL files, max_batch_size 0 (the layout used inside ensembles),
     # so KEYS/NUMKEYS are sent 1-D ([280] and [2]).
     flat = dict(wdl, model="hps_flat")
-    _write(repo / "hps_flat" / "config.pbtxt", hps_config("hps_flat", 1).replace(
-        "max_batch_size: 1024", "max_batch_size: 0").replace(
-        "dynamic_batching { max_queue_delay_microseconds: 500 }\n", "").replace(
-        " allow_ragged_batch: true", ""))
+    _write(
+        repo / "hps_flat" / "config.pbtxt",
+        hps_config("hps_flat", 1)
+        .replace("max_batch_size: 1024", "max_batch_size: 0")
+        .replace("dynamic_batching { max_queue_delay_microseconds: 500 }\n", "")
+        .replace(" allow_ragged_batch: true", ""),
+    )
     (repo / "hps_flat" / "1").mkdir(parents=True, exist_ok=True)
     for name in ("bad_missing", "bad_truncated"):
         _write(repo / name / "config.pbtxt", hps_config(name, 1))
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
-    _write(repo / "ps.json", json.dumps({"supportlonglong": True, "models": [wdl, flat, missing, trunc]}, indent=1))
+    _write(
+        repo / "ps.json",
+        json.dumps({"supportlonglong": True, "models": [wdl, flat, missing, trunc]}, indent=1),
+    )
     return repo
 
 
@@ -101,8 +136,13 @@ def store_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def server(model_repo, tmp_path_factory, nothing_left_in_dev_shm, store_dir):
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
-    srv = TritonServer(model_repo, explicit=True, load_models=["hps_wdl", "hps_two", "hps_flat"],
-                       log_path=log, env={"TRITON_REC_STORE": str(store_dir)})
+    srv = TritonServer(
+        model_repo,
+        explicit=True,
+        load_models=["hps_wdl", "hps_two", "hps_flat"],
+        log_path=log,
+        env={"TRITON_REC_STORE": str(store_dir)},
+    )
     srv.start()
     yield srv
     srv.stop()

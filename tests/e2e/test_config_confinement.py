@@ -28,15 +28,23 @@ def confined(tmp_path_factory, nothing_left_in_dev_shm):
     linked = dict(away, model="linked", sparse_files=["linked/t_link.model"])
     (repo / "linked").mkdir(parents=True)
     os.symlink(away["sparse_files"][0], repo / "linked" / "t_link.model")
-    (repo / "ps.json").write_text(json.dumps({"supportlonglong": True,
-                                              "models": [inside, away, linked]}))
+    (repo / "ps.json").write_text(
+        json.dumps({"supportlonglong": True, "models": [inside, away, linked]})
+    )
     for name in ("inside", "away", "linked"):
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         (repo / name / "config.pbtxt").write_text(
-            hps_config(name, 1, extra='parameters { key: "metrics_interval" value: { string_value: "0" } }'))
-    srv = TritonServer(repo, explicit=True, load_models=["inside"],
-                       log_path=base / "tritonserver.log",
-                       env={"TRITON_REC_STORE": str(store), ALLOWED_ROOTS_ENV: str(repo)})
+            hps_config(
+                name, 1, extra='parameters { key: "metrics_interval" value: { string_value: "0" } }'
+            )
+        )
+    srv = TritonServer(
+        repo,
+        explicit=True,
+        load_models=["inside"],
+        log_path=base / "tritonserver.log",
+        env={"TRITON_REC_STORE": str(store), ALLOWED_ROOTS_ENV: str(repo)},
+    )
     srv.start()
     yield srv, repo, outside
     srv.stop()
@@ -44,8 +52,8 @@ def confined(tmp_path_factory, nothing_left_in_dev_shm):
 
 @pytest.mark.parametrize("model", ["away", "linked"])
 def test_a_model_outside_the_roots_fails_to_load_and_the_other_serves(confined, model):
-    from tritonclient.utils import InferenceServerException
     import tritonclient.http as tc
+    from tritonclient.utils import InferenceServerException
 
     srv, repo, outside = confined
     with make_client(srv, "http") as client:
@@ -59,8 +67,10 @@ def test_a_model_outside_the_roots_fails_to_load_and_the_other_serves(confined, 
 
         keys = table_keys(SEED, 0, 200)[[3, 17, 150]]
         ask = np.concatenate([keys, [-77]]).astype(np.int64)[None]
-        ins = [tc.InferInput("KEYS", list(ask.shape), "INT64"),
-               tc.InferInput("NUMKEYS", [1, 1], "INT32")]
+        ins = [
+            tc.InferInput("KEYS", list(ask.shape), "INT64"),
+            tc.InferInput("NUMKEYS", [1, 1], "INT32"),
+        ]
         ins[0].set_data_from_numpy(ask)
         ins[1].set_data_from_numpy(np.array([[4]], np.int32))
         out = client.infer("inside", ins).as_numpy("OUTPUT0").reshape(4, 8)

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from ps_loader.synthetic import DEMO_MODELS, DEMO_SEED, expected_vectors, table_keys
-
 from tests.e2e.conftest import DEMO_REPO
 
 VENV_BIN = Path(sys.executable).parent
@@ -31,20 +30,43 @@ def _expected(model, keys_per_table):
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_the_cli_client_gets_correct_vectors_from_the_demo_model(demo_server, protocol):
     url = demo_server.http_url if protocol == "http" else demo_server.grpc_url
-    cmd = [str(VENV_BIN / "triton-rec-client"), "--url", url, "--protocol", protocol, "--model",
-           "hps_demo", "--ps-json", str(DEMO_REPO / "ps.json"), "--samples", "3", "--json"]
+    cmd = [
+        str(VENV_BIN / "triton-rec-client"),
+        "--url",
+        url,
+        "--protocol",
+        protocol,
+        "--model",
+        "hps_demo",
+        "--ps-json",
+        str(DEMO_REPO / "ps.json"),
+        "--samples",
+        "3",
+        "--json",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["counts"] == [12, 3]
-    np.testing.assert_array_equal(np.array(result["output"], np.float32),
-                                  _expected("hps_demo", result["keys"]))
+    np.testing.assert_array_equal(
+        np.array(result["output"], np.float32), _expected("hps_demo", result["keys"])
+    )
 
 
 def test_the_cli_client_sends_keys_given_by_hand_and_unknown_keys_get_defaults(demo_server):
     known = table_keys(DEMO_SEED, 0, DEMO_MODELS["hps_demo"][0].rows)[:2].tolist()
-    cmd = [str(VENV_BIN / "triton-rec-client"), "--url", demo_server.http_url, "--model", "hps_demo",
-           "--table", ",".join(str(k) for k in known + [123]), "--table", "", "--json"]
+    cmd = [
+        str(VENV_BIN / "triton-rec-client"),
+        "--url",
+        demo_server.http_url,
+        "--model",
+        "hps_demo",
+        "--table",
+        ",".join(str(k) for k in known + [123]),
+        "--table",
+        "",
+        "--json",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     out = np.array(json.loads(done.stdout)["output"], np.float32)
@@ -52,8 +74,15 @@ def test_the_cli_client_sends_keys_given_by_hand_and_unknown_keys_get_defaults(d
 
 
 def test_the_cli_client_reports_server_errors(demo_server):
-    cmd = [str(VENV_BIN / "triton-rec-client"), "--url", demo_server.http_url, "--model", "hps_demo",
-           "--table", "1,2"]  # one table only: the model has two
+    cmd = [
+        str(VENV_BIN / "triton-rec-client"),
+        "--url",
+        demo_server.http_url,
+        "--model",
+        "hps_demo",
+        "--table",
+        "1,2",
+    ]  # one table only: the model has two
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "NUMKEYS has 1 counts but the model has 2 tables" in done.stderr
@@ -71,19 +100,56 @@ def _perf_analyzer_env():
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_analyzer_drives_the_demo_model_with_generated_inputs(demo_server, protocol, tmp_path):
     data = tmp_path / "input.json"
-    gen = subprocess.run([sys.executable, "-m", "clients.perf_inputs", "--ps-json", str(DEMO_REPO / "ps.json"),
-                          "--model", "hps_demo", "--samples", "4", "--requests", "8",
-                          "--unknown-fraction", "0.01", "--out", str(data)],
-                         capture_output=True, text=True, timeout=120)
+    gen = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clients.perf_inputs",
+            "--ps-json",
+            str(DEMO_REPO / "ps.json"),
+            "--model",
+            "hps_demo",
+            "--samples",
+            "4",
+            "--requests",
+            "8",
+            "--unknown-fraction",
+            "0.01",
+            "--out",
+            str(data),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert gen.returncode == 0, gen.stderr
     content = json.loads(data.read_text())["data"]
     assert len(content) == 8 and len(content[0]["KEYS"]["content"]) == 4 * 4 + 4 * 1
     url = demo_server.http_url if protocol == "http" else demo_server.grpc_url
-    cmd = [str(VENV_BIN / "perf_analyzer"), "-m", "hps_demo", "-u", url, "-i", protocol,
-           "--input-data", str(data), "--concurrency-range", "2",
-           "--measurement-mode", "count_windows", "--measurement-request-count", "100",
-           "--max-trials", "3", "--stability-percentage", "1000"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=_perf_analyzer_env())
+    cmd = [
+        str(VENV_BIN / "perf_analyzer"),
+        "-m",
+        "hps_demo",
+        "-u",
+        url,
+        "-i",
+        protocol,
+        "--input-data",
+        str(data),
+        "--concurrency-range",
+        "2",
+        "--measurement-mode",
+        "count_windows",
+        "--measurement-request-count",
+        "100",
+        "--max-trials",
+        "3",
+        "--stability-percentage",
+        "1000",
+    ]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=180, env=_perf_analyzer_env()
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Throughput" in done.stdout
     assert "error" not in done.stdout.lower(), done.stdout

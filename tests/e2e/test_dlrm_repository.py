@@ -34,8 +34,11 @@ def reference(demo_server):
 
 def _fused(server, protocol, model, data, a, b):
     req = data.hugectr_request(a, b)
-    inputs = [("DES", req["DES"][None, :], "FP32"), ("CATCOLUMN", req["CATCOLUMN"][None, :], "INT64"),
-              ("ROWINDEX", req["ROWINDEX"][None, :], "INT32")]
+    inputs = [
+        ("DES", req["DES"][None, :], "FP32"),
+        ("CATCOLUMN", req["CATCOLUMN"][None, :], "INT64"),
+        ("ROWINDEX", req["ROWINDEX"][None, :], "INT32"),
+    ]
     return infer_raw(server, protocol, model, inputs).as_numpy("OUTPUT0")
 
 
@@ -44,12 +47,18 @@ def _ensemble(server, protocol, data, a, b):
     keys, counts = [], []
     for k, offsets in data.sparse:
         s = (len(offsets) - 1) // len(data)
-        part = k[offsets[a * s]:offsets[b * s]]
+        part = k[offsets[a * s] : offsets[b * s]]
         keys.append(part)
         counts.append(len(part))
-    inputs = [("DES", req["DES"], "FP32"), ("KEYS", np.concatenate(keys).astype(np.int64), "INT64"),
-              ("NUMKEYS", np.array(counts, np.int32), "INT32"), ("ROWINDEX", req["ROWINDEX"], "INT32")]
-    return infer_raw(server, protocol, "dlrm_ensemble", inputs, outputs=("PREDICTION",)).as_numpy("PREDICTION")
+    inputs = [
+        ("DES", req["DES"], "FP32"),
+        ("KEYS", np.concatenate(keys).astype(np.int64), "INT64"),
+        ("NUMKEYS", np.array(counts, np.int32), "INT32"),
+        ("ROWINDEX", req["ROWINDEX"], "INT32"),
+    ]
+    return infer_raw(server, protocol, "dlrm_ensemble", inputs, outputs=("PREDICTION",)).as_numpy(
+        "PREDICTION"
+    )
 
 
 CHUNKS = [(0, 1), (1, 65), (65, 600)]

@@ -27,8 +27,11 @@ def _reference(base_dir, entry, defaults):
         for (index, vecs, _), keys, default in zip(tables, keys_per_table, defaults):
             for k in keys:
                 row = index.get(int(k))
-                parts.append(vecs[row] if row is not None else np.full(vecs.shape[1], default, np.float32))
+                parts.append(
+                    vecs[row] if row is not None else np.full(vecs.shape[1], default, np.float32)
+                )
         return np.concatenate(parts) if parts else np.empty(0, np.float32)
+
     return tables, answer
 
 
@@ -61,8 +64,9 @@ def _hps(server, protocol, model, keys_per_table, outputs=("OUTPUT0",), flat=Fal
     numkeys = np.array([len(k) for k in keys_per_table], np.int32)
     if not flat:
         keys, numkeys = keys[None, :], numkeys[None, :]
-    return infer_raw(server, protocol, model,
-                     [("KEYS", keys, "INT64"), ("NUMKEYS", numkeys, "INT32")], outputs)
+    return infer_raw(
+        server, protocol, model, [("KEYS", keys, "INT64"), ("NUMKEYS", numkeys, "INT32")], outputs
+    )
 
 
 # -- correct answers --------------------------------------------------------------------
@@ -97,8 +101,9 @@ def test_two_models_and_two_instances_serve_concurrent_clients_correctly(server,
     jobs = []
     rng = np.random.default_rng(4)
     for i in range(48):
-        model, (tables, answer), specs = (("hps_two", two_ref, TWO_TABLES) if i % 2 else
-                                          ("hps_wdl", wdl_ref, WDL_TABLES))
+        model, (tables, answer), specs = (
+            ("hps_two", two_ref, TWO_TABLES) if i % 2 else ("hps_wdl", wdl_ref, WDL_TABLES)
+        )
         keys = _draw(tables, specs, samples=int(rng.integers(1, 40)), rng=rng, unknown=i % 3)
         jobs.append((model, keys, answer(keys), "grpc" if i % 4 < 2 else "http"))
 
@@ -121,32 +126,70 @@ def test_two_models_and_two_instances_serve_concurrent_clients_correctly(server,
 
 
 BAD_REQUESTS = {
-    "wrong KEYS dtype": ([("KEYS", np.arange(28, dtype=np.int32)[None], "INT32"),
-                          ("NUMKEYS", np.array([[2, 26]], np.int32), "INT32")], "KEYS"),
-    "wrong NUMKEYS dtype": ([("KEYS", np.arange(28, dtype=np.int64)[None], "INT64"),
-                             ("NUMKEYS", np.array([[2, 26]], np.int64), "INT64")], "NUMKEYS"),
-    "NUMKEYS do not sum to len(KEYS)": ([("KEYS", np.arange(28, dtype=np.int64)[None], "INT64"),
-                                         ("NUMKEYS", np.array([[2, 20]], np.int32), "INT32")],
-                                        "NUMKEYS sums to 22 but KEYS has 28 keys"),
-    "negative count": ([("KEYS", np.arange(28, dtype=np.int64)[None], "INT64"),
-                        ("NUMKEYS", np.array([[30, -2]], np.int32), "INT32")], "is negative: -2"),
+    "wrong KEYS dtype": (
+        [
+            ("KEYS", np.arange(28, dtype=np.int32)[None], "INT32"),
+            ("NUMKEYS", np.array([[2, 26]], np.int32), "INT32"),
+        ],
+        "KEYS",
+    ),
+    "wrong NUMKEYS dtype": (
+        [
+            ("KEYS", np.arange(28, dtype=np.int64)[None], "INT64"),
+            ("NUMKEYS", np.array([[2, 26]], np.int64), "INT64"),
+        ],
+        "NUMKEYS",
+    ),
+    "NUMKEYS do not sum to len(KEYS)": (
+        [
+            ("KEYS", np.arange(28, dtype=np.int64)[None], "INT64"),
+            ("NUMKEYS", np.array([[2, 20]], np.int32), "INT32"),
+        ],
+        "NUMKEYS sums to 22 but KEYS has 28 keys",
+    ),
+    "negative count": (
+        [
+            ("KEYS", np.arange(28, dtype=np.int64)[None], "INT64"),
+            ("NUMKEYS", np.array([[30, -2]], np.int32), "INT32"),
+        ],
+        "is negative: -2",
+    ),
     "missing NUMKEYS": ([("KEYS", np.arange(28, dtype=np.int64)[None], "INT64")], "NUMKEYS"),
-    "missing counts (one table short)": ([("KEYS", np.arange(28, dtype=np.int64)[None], "INT64"),
-                                          ("NUMKEYS", np.array([[28]], np.int32), "INT32")],
-                                         "NUMKEYS has 1 counts but the model has 2 tables"),
-    "wrong number of tables": ([("KEYS", np.arange(28, dtype=np.int64)[None], "INT64"),
-                                ("NUMKEYS", np.array([[2, 26, 0]], np.int32), "INT32")],
-                               "NUMKEYS has 3 counts but the model has 2 tables"),
-    "more samples than max_batch_size": ([("KEYS", np.arange(65 * 4, dtype=np.int64)[None], "INT64"),
-                                          ("NUMKEYS", np.array([[65 * 3, 65]], np.int32), "INT32")],
-                                         "more than max_batch_size 64"),
-    "empty request": ([("KEYS", np.zeros((1, 0), np.int64), "INT64"),
-                       ("NUMKEYS", np.array([[0, 0]], np.int32), "INT32")], "empty request"),
+    "missing counts (one table short)": (
+        [
+            ("KEYS", np.arange(28, dtype=np.int64)[None], "INT64"),
+            ("NUMKEYS", np.array([[28]], np.int32), "INT32"),
+        ],
+        "NUMKEYS has 1 counts but the model has 2 tables",
+    ),
+    "wrong number of tables": (
+        [
+            ("KEYS", np.arange(28, dtype=np.int64)[None], "INT64"),
+            ("NUMKEYS", np.array([[2, 26, 0]], np.int32), "INT32"),
+        ],
+        "NUMKEYS has 3 counts but the model has 2 tables",
+    ),
+    "more samples than max_batch_size": (
+        [
+            ("KEYS", np.arange(65 * 4, dtype=np.int64)[None], "INT64"),
+            ("NUMKEYS", np.array([[65 * 3, 65]], np.int32), "INT32"),
+        ],
+        "more than max_batch_size 64",
+    ),
+    "empty request": (
+        [
+            ("KEYS", np.zeros((1, 0), np.int64), "INT64"),
+            ("NUMKEYS", np.array([[0, 0]], np.int32), "INT32"),
+        ],
+        "empty request",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
-def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, protocol, case, two_ref):
+def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(
+    server, protocol, case, two_ref
+):
     from tritonclient.utils import InferenceServerException
 
     inputs, needle = BAD_REQUESTS[case]
@@ -158,7 +201,9 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(server, pro
         assert client.is_server_ready() and client.is_model_ready(model)
     tables, answer = two_ref
     keys = _draw(tables, TWO_TABLES, samples=2, rng=np.random.default_rng(5))
-    np.testing.assert_array_equal(_hps(server, protocol, model, keys).as_numpy("OUTPUT0"), answer(keys))
+    np.testing.assert_array_equal(
+        _hps(server, protocol, model, keys).as_numpy("OUTPUT0"), answer(keys)
+    )
 
 
 def test_a_bad_request_batched_with_good_ones_fails_alone(server, two_ref):
@@ -169,8 +214,12 @@ def test_a_bad_request_batched_with_good_ones_fails_alone(server, two_ref):
     rng = np.random.default_rng(6)
 
     def good(_):
-        keys = _draw(tables, TWO_TABLES, samples=3, rng=np.random.default_rng(int(rng.integers(1 << 30))))
-        return np.array_equal(_hps(server, "grpc", "hps_two", keys).as_numpy("OUTPUT0"), answer(keys))
+        keys = _draw(
+            tables, TWO_TABLES, samples=3, rng=np.random.default_rng(int(rng.integers(1 << 30)))
+        )
+        return np.array_equal(
+            _hps(server, "grpc", "hps_two", keys).as_numpy("OUTPUT0"), answer(keys)
+        )
 
     def bad(_):
         inputs, needle = BAD_REQUESTS["NUMKEYS do not sum to len(KEYS)"]
@@ -190,7 +239,10 @@ def test_a_bad_request_batched_with_good_ones_fails_alone(server, two_ref):
 
 @pytest.mark.parametrize(
     "model, names",
-    [("bad_missing", "nowhere/t1_sparse_0.model"), ("bad_truncated", "bad_truncated1_sparse_0.model/emb_vector")],
+    [
+        ("bad_missing", "nowhere/t1_sparse_0.model"),
+        ("bad_truncated", "bad_truncated1_sparse_0.model/emb_vector"),
+    ],
 )
 def test_a_broken_sparse_file_fails_the_load_naming_the_file(server, model, names, wdl_ref):
     from tritonclient.utils import InferenceServerException
@@ -205,5 +257,6 @@ def test_a_broken_sparse_file_fails_the_load_naming_the_file(server, model, name
         assert client.is_server_live() and client.is_model_ready("hps_wdl")
     tables, answer = wdl_ref
     keys = _draw(tables, WDL_TABLES, samples=1, rng=np.random.default_rng(7))
-    np.testing.assert_array_equal(_hps(server, "http", "hps_wdl", keys).as_numpy("OUTPUT0"), answer(keys))
-
+    np.testing.assert_array_equal(
+        _hps(server, "http", "hps_wdl", keys).as_numpy("OUTPUT0"), answer(keys)
+    )

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from triton_rec.formats.tables import write_table
 from tests.e2e.conftest import infer_raw, make_client
 from triton_rec.dense import combine_slots
 from triton_rec.dense.hugectr_network import HugeCTRNetwork
+from triton_rec.formats.tables import write_table
 from triton_rec.triton.runtime import TritonServer
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -41,7 +41,9 @@ def samples(tmp_path_factory, nothing_left_in_dev_shm, store_dir):
         model_dir = repo / name
         (model_dir / "1").mkdir(parents=True)
         shutil.copy(DATA / f"{name}.json", model_dir / "1" / f"{name}.json")
-        (model_dir / "config.pbtxt").write_text(_cpu((DATA / f"{name}_config.pbtxt").read_text(), name, model_dir))
+        (model_dir / "config.pbtxt").write_text(
+            _cpu((DATA / f"{name}_config.pbtxt").read_text(), name, model_dir)
+        )
         # Keys fit UINT32 (the samples' CATCOLUMN type).
         keys = rng.permutation(np.arange(ROWS, dtype=np.int64) * 97 + 5)
         vectors = rng.standard_normal((ROWS, vec)).astype(np.float32) * 0.1
@@ -49,14 +51,27 @@ def samples(tmp_path_factory, nothing_left_in_dev_shm, store_dir):
         plan = HugeCTRNetwork.parse(json.loads((DATA / f"{name}.json").read_text()))
         weights = (rng.standard_normal(plan.num_params) * 0.05).astype(np.float32)
         weights.tofile(model_dir / "1" / f"{name}_dense_0.model")
-        entries.append({
-            "model": name, "sparse_files": [f"{name}/1/{name}0_sparse_0.model"],
-            "dense_file": f"{name}/1/{name}_dense_0.model",
-            "embedding_vecsize_per_table": [vec], "maxnum_catfeature_query_per_table_per_sample": [26],
-            "max_batch_size": 64, "gpucache": True, "gpucacheper": 0.5, "hit_rate_threshold": 1.1,
-        })
-        refs[name] = (keys, vectors, HugeCTRNetwork.load(str(model_dir / "1" / f"{name}.json"),
-                                                        str(model_dir / "1" / f"{name}_dense_0.model")))
+        entries.append(
+            {
+                "model": name,
+                "sparse_files": [f"{name}/1/{name}0_sparse_0.model"],
+                "dense_file": f"{name}/1/{name}_dense_0.model",
+                "embedding_vecsize_per_table": [vec],
+                "maxnum_catfeature_query_per_table_per_sample": [26],
+                "max_batch_size": 64,
+                "gpucache": True,
+                "gpucacheper": 0.5,
+                "hit_rate_threshold": 1.1,
+            }
+        )
+        refs[name] = (
+            keys,
+            vectors,
+            HugeCTRNetwork.load(
+                str(model_dir / "1" / f"{name}.json"),
+                str(model_dir / "1" / f"{name}_dense_0.model"),
+            ),
+        )
     (repo / "ps.json").write_text(json.dumps({"supportlonglong": False, "models": entries}))
     log = tmp_path_factory.mktemp("hugectr-logs") / "tritonserver.log"
     with TritonServer(repo, log_path=log, env={"TRITON_REC_STORE": str(store_dir)}) as srv:
@@ -81,8 +96,12 @@ def _batch1(inputs):
 def _expected(ref, des, cat, rowindex):
     keys, vectors, net = ref
     index = {int(k): i for i, k in enumerate(keys)}
-    looked = np.stack([vectors[index[int(k)]] if int(k) in index else np.zeros(vectors.shape[1], np.float32)
-                       for k in cat])
+    looked = np.stack(
+        [
+            vectors[index[int(k)]] if int(k) in index else np.zeros(vectors.shape[1], np.float32)
+            for k in cat
+        ]
+    )
     n = (len(rowindex) - 1) // 26
     emb = combine_slots(looked, rowindex, net.tables[0].combiner, slot_num=26)
     return np.asarray(net.predict(des.reshape(n, 13), [emb]), np.float32).reshape(-1)
@@ -95,10 +114,22 @@ def test_the_upstream_sample_models_serve_predictions(samples, name, protocol):
     rng = np.random.default_rng(1)
     for n, multi in ((1, False), (10, True), (64, True)):
         des, cat, rowindex = _request(rng, refs[name][0], n, multi)
-        out = infer_raw(srv, protocol, name, _batch1([("DES", des, "FP32"), ("CATCOLUMN", cat, "UINT32"),
-                                                      ("ROWINDEX", rowindex, "INT32")])).as_numpy("OUTPUT0")
+        out = infer_raw(
+            srv,
+            protocol,
+            name,
+            _batch1(
+                [
+                    ("DES", des, "FP32"),
+                    ("CATCOLUMN", cat, "UINT32"),
+                    ("ROWINDEX", rowindex, "INT32"),
+                ]
+            ),
+        ).as_numpy("OUTPUT0")
         assert out.shape == (n,)
-        np.testing.assert_allclose(out, _expected(refs[name], des, cat, rowindex), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            out, _expected(refs[name], des, cat, rowindex), rtol=1e-5, atol=1e-6
+        )
         assert np.all((out > 0) & (out < 1))
 
 
@@ -107,27 +138,71 @@ def _bad(rng, keys):
     decreasing = rowindex.copy()
     decreasing[5] = decreasing[4] - 1
     return {
-        "ROWINDEX not non-decreasing": ([("DES", des, "FP32"), ("CATCOLUMN", cat, "UINT32"),
-                                         ("ROWINDEX", decreasing, "INT32")], "decreases at position"),
-        "ROWINDEX past the end of CATCOLUMN": ([("DES", des, "FP32"), ("CATCOLUMN", cat[:-2], "UINT32"),
-                                                ("ROWINDEX", rowindex, "INT32")], "points past the end"),
-        "DES length not a multiple of dense_dim": ([("DES", des[:-1], "FP32"), ("CATCOLUMN", cat, "UINT32"),
-                                                    ("ROWINDEX", rowindex, "INT32")], "not a multiple of dense_dim 13"),
-        "sample counts disagree": ([("DES", des[:26], "FP32"), ("CATCOLUMN", cat, "UINT32"),
-                                    ("ROWINDEX", rowindex, "INT32")], "DES holds 2 samples but ROWINDEX holds 4"),
-        "wrong key dtype": ([("DES", des, "FP32"), ("CATCOLUMN", cat.astype(np.int32), "INT32"),
-                             ("ROWINDEX", rowindex, "INT32")], "CATCOLUMN"),
-        "NaN in DES": ([("DES", np.where(np.arange(52) == 20, np.nan, des).astype(np.float32), "FP32"),
-                        ("CATCOLUMN", cat, "UINT32"), ("ROWINDEX", rowindex, "INT32")],
-                       "non-finite value (nan) at sample 1, feature 7"),
-        "inf in DES": ([("DES", np.where(np.arange(52) == 0, -np.inf, des).astype(np.float32), "FP32"),
-                        ("CATCOLUMN", cat, "UINT32"), ("ROWINDEX", rowindex, "INT32")], "non-finite value (-inf)"),
+        "ROWINDEX not non-decreasing": (
+            [("DES", des, "FP32"), ("CATCOLUMN", cat, "UINT32"), ("ROWINDEX", decreasing, "INT32")],
+            "decreases at position",
+        ),
+        "ROWINDEX past the end of CATCOLUMN": (
+            [
+                ("DES", des, "FP32"),
+                ("CATCOLUMN", cat[:-2], "UINT32"),
+                ("ROWINDEX", rowindex, "INT32"),
+            ],
+            "points past the end",
+        ),
+        "DES length not a multiple of dense_dim": (
+            [
+                ("DES", des[:-1], "FP32"),
+                ("CATCOLUMN", cat, "UINT32"),
+                ("ROWINDEX", rowindex, "INT32"),
+            ],
+            "not a multiple of dense_dim 13",
+        ),
+        "sample counts disagree": (
+            [
+                ("DES", des[:26], "FP32"),
+                ("CATCOLUMN", cat, "UINT32"),
+                ("ROWINDEX", rowindex, "INT32"),
+            ],
+            "DES holds 2 samples but ROWINDEX holds 4",
+        ),
+        "wrong key dtype": (
+            [
+                ("DES", des, "FP32"),
+                ("CATCOLUMN", cat.astype(np.int32), "INT32"),
+                ("ROWINDEX", rowindex, "INT32"),
+            ],
+            "CATCOLUMN",
+        ),
+        "NaN in DES": (
+            [
+                ("DES", np.where(np.arange(52) == 20, np.nan, des).astype(np.float32), "FP32"),
+                ("CATCOLUMN", cat, "UINT32"),
+                ("ROWINDEX", rowindex, "INT32"),
+            ],
+            "non-finite value (nan) at sample 1, feature 7",
+        ),
+        "inf in DES": (
+            [
+                ("DES", np.where(np.arange(52) == 0, -np.inf, des).astype(np.float32), "FP32"),
+                ("CATCOLUMN", cat, "UINT32"),
+                ("ROWINDEX", rowindex, "INT32"),
+            ],
+            "non-finite value (-inf)",
+        ),
     }
 
 
-BAD_CASES = ["ROWINDEX not non-decreasing", "ROWINDEX past the end of CATCOLUMN",
-             "DES length not a multiple of dense_dim", "sample counts disagree", "wrong key dtype",
-             "NaN in DES", "inf in DES", "more samples than max_batch_size"]
+BAD_CASES = [
+    "ROWINDEX not non-decreasing",
+    "ROWINDEX past the end of CATCOLUMN",
+    "DES length not a multiple of dense_dim",
+    "sample counts disagree",
+    "wrong key dtype",
+    "NaN in DES",
+    "inf in DES",
+    "more samples than max_batch_size",
+]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
@@ -138,8 +213,10 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(samples, ca
     rng = np.random.default_rng(2)
     if case == "more samples than max_batch_size":
         des, cat, rowindex = _request(rng, refs["dcn"][0], 65)
-        inputs, needle = ([("DES", des, "FP32"), ("CATCOLUMN", cat, "UINT32"), ("ROWINDEX", rowindex, "INT32")],
-                          "holds 65 samples, more than max_batch_size 64")
+        inputs, needle = (
+            [("DES", des, "FP32"), ("CATCOLUMN", cat, "UINT32"), ("ROWINDEX", rowindex, "INT32")],
+            "holds 65 samples, more than max_batch_size 64",
+        )
     else:
         inputs, needle = _bad(rng, refs["dcn"][0])[case]
     with pytest.raises(InferenceServerException) as e:
@@ -148,6 +225,14 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(samples, ca
     with make_client(srv, "http") as client:
         assert client.is_server_ready() and client.is_model_ready("dcn")
     des, cat, rowindex = _request(rng, refs["dcn"][0], 3)
-    out = infer_raw(srv, "http", "dcn", _batch1([("DES", des, "FP32"), ("CATCOLUMN", cat, "UINT32"),
-                                                 ("ROWINDEX", rowindex, "INT32")])).as_numpy("OUTPUT0")
-    np.testing.assert_allclose(out, _expected(refs["dcn"], des, cat, rowindex), rtol=1e-5, atol=1e-6)
+    out = infer_raw(
+        srv,
+        "http",
+        "dcn",
+        _batch1(
+            [("DES", des, "FP32"), ("CATCOLUMN", cat, "UINT32"), ("ROWINDEX", rowindex, "INT32")]
+        ),
+    ).as_numpy("OUTPUT0")
+    np.testing.assert_allclose(
+        out, _expected(refs["dcn"], des, cat, rowindex), rtol=1e-5, atol=1e-6
+    )

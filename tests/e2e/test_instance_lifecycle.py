@@ -29,9 +29,9 @@ import numpy as np
 
 from ps_loader.synthetic import SyntheticTable, table_keys, write_model
 from tests.e2e.conftest import hps_config, make_client
-from triton_rec.util.procfs import group_members, is_gone
-from triton_rec.triton.runtime import TritonServer
 from triton_rec.triton.glue import ORPHAN_GRACE_S
+from triton_rec.triton.runtime import TritonServer
+from triton_rec.util.procfs import group_members, is_gone
 
 SEED = 31
 TABLES = [SyntheticTable("t", rows=5000, vec_size=8, max_keys_per_sample=4)]
@@ -80,10 +80,14 @@ def life_repo(tmp_path, count=2, interval="0.001", broken=False):
     repo = tmp_path / "repo"
     entry = write_model(str(repo), "hps_life", TABLES, seed=SEED)
     models = [entry]
-    (repo / "hps_life" / "config.pbtxt").write_text(hps_config(
-        "hps_life", count,
-        extra=f'parameters {{ key: "metrics_interval" '
-              f'value: {{ string_value: "{interval}" }} }}'))
+    (repo / "hps_life" / "config.pbtxt").write_text(
+        hps_config(
+            "hps_life",
+            count,
+            extra=f'parameters {{ key: "metrics_interval" '
+            f'value: {{ string_value: "{interval}" }} }}',
+        )
+    )
     if broken:
         bad = write_model(str(repo), "hps_broken", TABLES, seed=SEED)
         bad["sparse_files"] = ["nowhere/t_sparse_0.model"]
@@ -99,7 +103,10 @@ def _infer_some(srv, n=50):
     keys = table_keys(SEED, 0, TABLES[0].rows)[:8][None, :]
     with make_client(srv, "http") as client:
         for _ in range(n):
-            ins = [tc.InferInput("KEYS", list(keys.shape), "INT64"), tc.InferInput("NUMKEYS", [1, 1], "INT32")]
+            ins = [
+                tc.InferInput("KEYS", list(keys.shape), "INT64"),
+                tc.InferInput("NUMKEYS", [1, 1], "INT32"),
+            ]
             ins[0].set_data_from_numpy(keys)
             ins[1].set_data_from_numpy(np.array([[keys.shape[1]]], np.int32))
             client.infer("hps_life", ins)
@@ -120,8 +127,10 @@ class GrpcLoad:
         keys = table_keys(SEED, 0, TABLES[0].rows)[:8][None, :]
         with make_client(self.srv, "grpc") as client:
             while not self.stop.is_set():
-                ins = [tc.InferInput("KEYS", list(keys.shape), "INT64"),
-                       tc.InferInput("NUMKEYS", [1, 1], "INT32")]
+                ins = [
+                    tc.InferInput("KEYS", list(keys.shape), "INT64"),
+                    tc.InferInput("NUMKEYS", [1, 1], "INT32"),
+                ]
                 ins[0].set_data_from_numpy(keys)
                 ins[1].set_data_from_numpy(np.array([[keys.shape[1]]], np.int32))
                 try:
@@ -149,8 +158,11 @@ def _interrupt_and_wait(srv, timeout=60.0) -> float:
 def test_no_orphans_after_sigint_with_an_idle_keep_alive_client(tmp_path, store_dir):
     import socket
 
-    srv = TritonServer(life_repo(tmp_path), log_path=tmp_path / "server.log",
-                       env={"TRITON_REC_STORE": str(store_dir)})
+    srv = TritonServer(
+        life_repo(tmp_path),
+        log_path=tmp_path / "server.log",
+        env={"TRITON_REC_STORE": str(store_dir)},
+    )
     shm_before = set(os.listdir("/dev/shm"))
     srv.start()
     try:
@@ -173,8 +185,11 @@ def test_no_orphans_after_sigint_with_an_idle_keep_alive_client(tmp_path, store_
 
 
 def test_no_orphans_after_a_sibling_instance_died(tmp_path, store_dir):
-    srv = TritonServer(life_repo(tmp_path), log_path=tmp_path / "server.log",
-                       env={"TRITON_REC_STORE": str(store_dir)})
+    srv = TritonServer(
+        life_repo(tmp_path),
+        log_path=tmp_path / "server.log",
+        env={"TRITON_REC_STORE": str(store_dir)},
+    )
     shm_before = set(os.listdir("/dev/shm"))
     srv.start()
     try:
@@ -193,8 +208,11 @@ def test_no_orphans_after_a_sibling_instance_died(tmp_path, store_dir):
 
 
 def test_no_orphans_after_a_failed_start_up(tmp_path, store_dir):
-    srv = TritonServer(life_repo(tmp_path, broken=True), log_path=tmp_path / "server.log",
-                       env={"TRITON_REC_STORE": str(store_dir)})
+    srv = TritonServer(
+        life_repo(tmp_path, broken=True),
+        log_path=tmp_path / "server.log",
+        env={"TRITON_REC_STORE": str(store_dir)},
+    )
     shm_before = set(os.listdir("/dev/shm"))
     try:
         try:
@@ -213,9 +231,16 @@ def test_instances_exit_when_the_server_is_killed_mid_publication(tmp_path, stor
     repo = tmp_path / "repo"
     entry = write_model(str(repo), "hps_life", TABLES, seed=SEED)
     (repo / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
-    (repo / "hps_life" / "config.pbtxt").write_text(hps_config(
-        "hps_life", 2, extra='parameters { key: "metrics_interval" value: { string_value: "0.001" } }'))
-    srv = TritonServer(repo, log_path=tmp_path / "server.log", env={"TRITON_REC_STORE": str(store_dir)})
+    (repo / "hps_life" / "config.pbtxt").write_text(
+        hps_config(
+            "hps_life",
+            2,
+            extra='parameters { key: "metrics_interval" value: { string_value: "0.001" } }',
+        )
+    )
+    srv = TritonServer(
+        repo, log_path=tmp_path / "server.log", env={"TRITON_REC_STORE": str(store_dir)}
+    )
     shm_before = set(os.listdir("/dev/shm"))
     srv.start()
     stop = threading.Event()
@@ -226,8 +251,10 @@ def test_instances_exit_when_the_server_is_killed_mid_publication(tmp_path, stor
 
         with make_client(srv, "grpc") as client:
             while not stop.is_set():
-                ins = [tc.InferInput("KEYS", list(keys.shape), "INT64"),
-                       tc.InferInput("NUMKEYS", [1, 1], "INT32")]
+                ins = [
+                    tc.InferInput("KEYS", list(keys.shape), "INT64"),
+                    tc.InferInput("NUMKEYS", [1, 1], "INT32"),
+                ]
                 ins[0].set_data_from_numpy(keys)
                 ins[1].set_data_from_numpy(np.array([[keys.shape[1]]], np.int32))
                 try:
@@ -247,7 +274,9 @@ def test_instances_exit_when_the_server_is_killed_mid_publication(tmp_path, stor
         while not all(is_gone(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         alive = [p for p in pids if not is_gone(p)]
-        assert not alive, f"instance processes {alive} outlived the server by {deadline - killed:.0f} s"
+        assert not alive, (
+            f"instance processes {alive} outlived the server by {deadline - killed:.0f} s"
+        )
     finally:
         stop.set()
         srv.stop()  # kills what is left of the process group

@@ -66,14 +66,21 @@ def _metric(server, name: str, **labels) -> float:
 @pytest.fixture(scope="module")
 def limits_server(model_repo, tmp_path_factory, nothing_left_in_dev_shm, store_dir):
     log = tmp_path_factory.mktemp("limits-logs") / "tritonserver.log"
-    srv = TritonServer(model_repo, explicit=True, load_models=["hps_wdl"], log_path=log,
-                       env={"TRITON_REC_STORE": str(store_dir)})
+    srv = TritonServer(
+        model_repo,
+        explicit=True,
+        load_models=["hps_wdl"],
+        log_path=log,
+        env={"TRITON_REC_STORE": str(store_dir)},
+    )
     srv.start()
     yield srv
     srv.stop()
 
 
-def test_requests_above_the_model_limit_are_refused_naming_input_size_and_limit(limits_server, protocol):
+def test_requests_above_the_model_limit_are_refused_naming_input_size_and_limit(
+    limits_server, protocol
+):
     tc_error = __import__(f"tritonclient.{protocol}", fromlist=["x"]).InferenceServerException
     # Over 1 MiB: refused from the shape alone, naming the input, its size and the limit.
     n = 2 * MiB // 8
@@ -116,8 +123,10 @@ def test_memory_returns_to_baseline_after_oversized_requests(limits_server):
     after = {pid: _rss(pid) for pid in before}
     grown = {pid: (after[pid] - before[pid]) / MiB for pid in before}
     shm = {pid: round(_rss(pid, "RssShmem") / MiB) for pid in before}
-    print(f"\nRssShmem MiB after {shm}; RSS MiB before {[round(v / MiB) for v in before.values()]} "
-          f"after {[round(v / MiB) for v in after.values()]} grown {grown}")
+    print(
+        f"\nRssShmem MiB after {shm}; RSS MiB before {[round(v / MiB) for v in before.values()]} "
+        f"after {[round(v / MiB) for v in after.values()]} grown {grown}"
+    )
     assert all(g < 48 for g in grown.values()), grown
 
 
@@ -125,10 +134,14 @@ def test_rejected_requests_are_counted_as_failures_on_the_metrics_port(limits_se
     from tritonclient.utils import InferenceServerException
 
     srv = limits_server
-    before = {r: _metric(srv, "trec_requests_rejected_total", model="hps_wdl", reason=r)
-              for r in ("invalid", "too_large")}
-    bad = [("KEYS", np.arange(5, dtype=np.int64).reshape(1, -1), "INT64"),
-           ("NUMKEYS", np.array([[2, 2]], np.int32), "INT32")]  # counts sum to 4, not 5
+    before = {
+        r: _metric(srv, "trec_requests_rejected_total", model="hps_wdl", reason=r)
+        for r in ("invalid", "too_large")
+    }
+    bad = [
+        ("KEYS", np.arange(5, dtype=np.int64).reshape(1, -1), "INT64"),
+        ("NUMKEYS", np.array([[2, 2]], np.int32), "INT32"),
+    ]  # counts sum to 4, not 5
     for protocol in ("http", "grpc", "http"):
         with pytest.raises(InferenceServerException):
             infer_raw(srv, protocol, "hps_wdl", bad)
@@ -138,8 +151,10 @@ def test_rejected_requests_are_counted_as_failures_on_the_metrics_port(limits_se
     infer_raw(srv, "http", "hps_wdl", _valid_request())
     deadline = time.monotonic() + 10  # published by each instance's metrics thread (1 s)
     while time.monotonic() < deadline:
-        now = {r: _metric(srv, "trec_requests_rejected_total", model="hps_wdl", reason=r)
-               for r in before}
+        now = {
+            r: _metric(srv, "trec_requests_rejected_total", model="hps_wdl", reason=r)
+            for r in before
+        }
         if now["invalid"] - before["invalid"] >= 3 and now["too_large"] - before["too_large"] >= 2:
             break
         time.sleep(0.3)

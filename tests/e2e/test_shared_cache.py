@@ -13,9 +13,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from triton_rec.formats.tables import write_table
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.e2e.conftest import hps_config, infer_raw
+from triton_rec.formats.tables import write_table
 from triton_rec.triton.runtime import TritonServer
 
 SEED = 21
@@ -27,7 +27,9 @@ TABLES = [
 
 def _segments(model):
     """Segment files of ``model``: in /dev/shm or in a store's namespace directory."""
-    return sorted(glob.glob(f"/dev/shm/trec_{model}.*") + glob.glob(f"/dev/shm/trec-ns-*/trec_{model}.*"))
+    return sorted(
+        glob.glob(f"/dev/shm/trec_{model}.*") + glob.glob(f"/dev/shm/trec-ns-*/trec_{model}.*")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +49,18 @@ def shared_server(tmp_path_factory, nothing_left_in_dev_shm, store_dir):
 def _lookup(server, keys_per_table, protocol="grpc"):
     keys = np.concatenate(keys_per_table).astype(np.int64)[None, :]
     numkeys = np.array([[len(k) for k in keys_per_table]], np.int32)
-    return infer_raw(server, protocol, "hps_shared",
-                     [("KEYS", keys, "INT64"), ("NUMKEYS", numkeys, "INT32")]).as_numpy("OUTPUT0")
+    return infer_raw(
+        server, protocol, "hps_shared", [("KEYS", keys, "INT64"), ("NUMKEYS", numkeys, "INT32")]
+    ).as_numpy("OUTPUT0")
 
 
 def _truth(keys_per_table):
-    return np.concatenate([expected_vectors(SEED, t, k, TABLES[t].vec_size).reshape(-1)
-                           for t, k in enumerate(keys_per_table)])
+    return np.concatenate(
+        [
+            expected_vectors(SEED, t, k, TABLES[t].vec_size).reshape(-1)
+            for t, k in enumerate(keys_per_table)
+        ]
+    )
 
 
 def _metrics(server):
@@ -63,15 +70,18 @@ def _metrics(server):
 
 def test_four_instances_share_one_cache_per_table(shared_server):
     rng = np.random.default_rng(1)
-    keys = [rng.choice(table_keys(SEED, t, s.rows), 3 * s.max_keys_per_sample, replace=False)
-            for t, s in enumerate(TABLES)]
+    keys = [
+        rng.choice(table_keys(SEED, t, s.rows), 3 * s.max_keys_per_sample, replace=False)
+        for t, s in enumerate(TABLES)
+    ]
     # One cache segment per table, not one per instance.
     assert len(shared_server.backend_pids("hps_shared")) == 4
     assert len(_segments("hps_shared")) == len(TABLES), _segments("hps_shared")
 
     first = _lookup(shared_server, keys)
-    defaults = np.concatenate([np.full(len(k) * s.vec_size, s.default_value, np.float32)
-                               for k, s in zip(keys, TABLES)])
+    defaults = np.concatenate(
+        [np.full(len(k) * s.vec_size, s.default_value, np.float32) for k, s in zip(keys, TABLES)]
+    )
     np.testing.assert_array_equal(first, defaults)  # cold cache: defaults, inserted behind
     time.sleep(1.0)  # let the background inserter of the instance that served it finish
 
@@ -85,9 +95,12 @@ def test_four_instances_share_one_cache_per_table(shared_server):
 
     def instances_that_served():
         text = _metrics(shared_server)
-        pattern = r'trec_instance_lookups_total\{([^}]*)\} (\S+)'
-        return {re.search(r'instance="([^"]+)"', labels).group(1) for labels, n in re.findall(pattern, text)
-                if 'table="ads"' in labels and 'model="hps_shared"' in labels and float(n) > 0}
+        pattern = r"trec_instance_lookups_total\{([^}]*)\} (\S+)"
+        return {
+            re.search(r'instance="([^"]+)"', labels).group(1)
+            for labels, n in re.findall(pattern, text)
+            if 'table="ads"' in labels and 'model="hps_shared"' in labels and float(n) > 0
+        }
 
     deadline = time.monotonic() + 5.0  # every instance publishes within its interval (1 s)
     while len(instances_that_served()) < 2 and time.monotonic() < deadline:
@@ -95,12 +108,17 @@ def test_four_instances_share_one_cache_per_table(shared_server):
     assert len(instances_that_served()) >= 2, instances_that_served()
 
 
-def test_a_server_with_another_store_never_shares_the_cache_segments(shared_server, tmp_path_factory):
+def test_a_server_with_another_store_never_shares_the_cache_segments(
+    shared_server, tmp_path_factory
+):
     rng = np.random.default_rng(7)
-    keys = [rng.choice(table_keys(SEED, t, s.rows), 2 * s.max_keys_per_sample, replace=False)
-            for t, s in enumerate(TABLES)]
-    defaults = np.concatenate([np.full(len(k) * s.vec_size, s.default_value, np.float32)
-                               for k, s in zip(keys, TABLES)])
+    keys = [
+        rng.choice(table_keys(SEED, t, s.rows), 2 * s.max_keys_per_sample, replace=False)
+        for t, s in enumerate(TABLES)
+    ]
+    defaults = np.concatenate(
+        [np.full(len(k) * s.vec_size, s.default_value, np.float32) for k, s in zip(keys, TABLES)]
+    )
     _lookup(shared_server, keys)
     deadline = time.monotonic() + 10.0  # until the first server's cache holds the keys
     while not np.array_equal(_lookup(shared_server, keys), _truth(keys)):
@@ -109,7 +127,9 @@ def test_a_server_with_another_store_never_shares_the_cache_segments(shared_serv
     # Same model, same table content, another node store: another server's own cache.
     repo = tmp_path_factory.mktemp("other-store-repo")
     entry = write_model(str(repo), "hps_shared", TABLES, seed=SEED)
-    entry.update(gpucache=True, gpucacheper=0.5, hit_rate_threshold=0.0, cache_policy="lru", cache_ways=4)
+    entry.update(
+        gpucache=True, gpucacheper=0.5, hit_rate_threshold=0.0, cache_policy="lru", cache_ways=4
+    )
     (repo / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
     (repo / "hps_shared" / "config.pbtxt").write_text(hps_config("hps_shared", 1))
     log = tmp_path_factory.mktemp("other-store-logs") / "tritonserver.log"
@@ -127,14 +147,18 @@ def test_a_server_with_another_store_never_shares_the_cache_segments(shared_serv
 
 
 def _sum(text, name, model="hps_shared"):
-    return sum(float(v) for v in re.findall(rf'^{name}\{{[^}}]*model="{model}"[^}}]*\}} (\S+)', text, re.M))
+    return sum(
+        float(v) for v in re.findall(rf'^{name}\{{[^}}]*model="{model}"[^}}]*\}} (\S+)', text, re.M)
+    )
 
 
 def test_cache_metrics_reach_the_metrics_port_within_the_interval(shared_server):
     # execute publishes nothing; each instance's thread publishes every metrics_interval
     # (default 1 s), so what a request counted is on the metrics port within about 1 s.
     rng = np.random.default_rng(2)
-    keys = [rng.choice(table_keys(SEED, t, s.rows), s.max_keys_per_sample) for t, s in enumerate(TABLES)]
+    keys = [
+        rng.choice(table_keys(SEED, t, s.rows), s.max_keys_per_sample) for t, s in enumerate(TABLES)
+    ]
     before = _sum(_metrics(shared_server), "trec_cache_lookups_total")
     _lookup(shared_server, keys, "http")
     answered = time.monotonic()
@@ -143,16 +167,29 @@ def test_cache_metrics_reach_the_metrics_port_within_the_interval(shared_server)
         text = _metrics(shared_server)
         if _sum(text, "trec_cache_lookups_total") >= want:
             break
-        assert time.monotonic() - answered < 3.0, "the lookups were not published within the interval"
+        assert time.monotonic() - answered < 3.0, (
+            "the lookups were not published within the interval"
+        )
         time.sleep(0.05)
     time.sleep(0.2)  # one publication increments several counters: let it finish
     text = _metrics(shared_server)
-    for name in ("trec_cache_lookups_total", "trec_cache_hits_total", "trec_cache_misses_total",
-                 "trec_cache_hit_rate", "trec_cache_size", "trec_cache_capacity", "trec_cache_inserts",
-                 "trec_cache_evictions", "trec_lookup_duration_us_total"):
+    for name in (
+        "trec_cache_lookups_total",
+        "trec_cache_hits_total",
+        "trec_cache_misses_total",
+        "trec_cache_hit_rate",
+        "trec_cache_size",
+        "trec_cache_capacity",
+        "trec_cache_inserts",
+        "trec_cache_evictions",
+        "trec_lookup_duration_us_total",
+    ):
         assert re.search(rf'^{name}\{{[^}}]*model="hps_shared"', text, re.M), name
     lookups = _sum(text, "trec_cache_lookups_total")
-    assert lookups > 0 and _sum(text, "trec_cache_hits_total") + _sum(text, "trec_cache_misses_total") == lookups
+    assert (
+        lookups > 0
+        and _sum(text, "trec_cache_hits_total") + _sum(text, "trec_cache_misses_total") == lookups
+    )
     capacity = re.search(r'^trec_cache_capacity\{[^}]*table="ads"[^}]*\} (\S+)', text, re.M)
     assert capacity and float(capacity.group(1)) >= 0.5 * TABLES[0].rows
 
@@ -170,28 +207,46 @@ def _pss_kb(pid):
     raise AssertionError(f"no Pss in /proc/{pid}/smaps_rollup")
 
 
-def test_four_instances_hold_one_copy_of_a_large_table(tmp_path_factory, nothing_left_in_dev_shm, store_dir):
+def test_four_instances_hold_one_copy_of_a_large_table(
+    tmp_path_factory, nothing_left_in_dev_shm, store_dir
+):
     repo = tmp_path_factory.mktemp("big-repo")
     rng = np.random.default_rng(3)
     keys = rng.permutation(np.arange(BIG_ROWS, dtype=np.int64) * 7 + 3)
     vectors = np.empty((BIG_ROWS, BIG_VEC), np.float32)
     for i in range(0, BIG_ROWS, 250_000):
-        vectors[i:i + 250_000] = rng.random((min(250_000, BIG_ROWS - i), BIG_VEC), dtype=np.float32)
+        vectors[i : i + 250_000] = rng.random(
+            (min(250_000, BIG_ROWS - i), BIG_VEC), dtype=np.float32
+        )
     table_dir = repo / "hps_big" / "1" / "big0_sparse_0.model"
     write_table(str(table_dir), keys, vectors)
     table_bytes = keys.nbytes + vectors.nbytes
     probe_rows = rng.choice(BIG_ROWS, 64, replace=False)
     probe_keys, probe_vecs = keys[probe_rows].copy(), vectors[probe_rows].copy()
     del vectors
-    entry = {"model": "hps_big", "sparse_files": [os.path.relpath(table_dir, repo)],
-             "embedding_vecsize_per_table": [BIG_VEC], "maxnum_catfeature_query_per_table_per_sample": [1],
-             "max_batch_size": 1024, "gpucache": True, "gpucacheper": 0.01, "hit_rate_threshold": 1.1}
+    entry = {
+        "model": "hps_big",
+        "sparse_files": [os.path.relpath(table_dir, repo)],
+        "embedding_vecsize_per_table": [BIG_VEC],
+        "maxnum_catfeature_query_per_table_per_sample": [1],
+        "max_batch_size": 1024,
+        "gpucache": True,
+        "gpucacheper": 0.01,
+        "hit_rate_threshold": 1.1,
+    }
     (repo / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
     (repo / "hps_big" / "config.pbtxt").write_text(hps_config("hps_big", 4))
     log = tmp_path_factory.mktemp("big-logs") / "tritonserver.log"
     with TritonServer(repo, log_path=log, env={"TRITON_REC_STORE": str(store_dir)}) as srv:
-        out = infer_raw(srv, "grpc", "hps_big", [("KEYS", probe_keys[None, :], "INT64"),
-                                                 ("NUMKEYS", np.array([[64]], np.int32), "INT32")])
+        out = infer_raw(
+            srv,
+            "grpc",
+            "hps_big",
+            [
+                ("KEYS", probe_keys[None, :], "INT64"),
+                ("NUMKEYS", np.array([[64]], np.int32), "INT32"),
+            ],
+        )
         np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), probe_vecs.reshape(-1))
         pids = srv.backend_pids("hps_big")
         assert len(pids) == 4

@@ -21,8 +21,8 @@ import numpy as np
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.e2e.conftest import hps_config, make_client
 from tests.e2e.test_instance_lifecycle import NO_ORPHAN_S, remove_server_shm
-from triton_rec.util.procfs import children, cmdline, group_members
 from triton_rec.triton.runtime import TritonServer, free_port
+from triton_rec.util.procfs import children, cmdline, group_members
 
 SEED = 47
 TABLES = [SyntheticTable("t", rows=4000, vec_size=8, max_keys_per_sample=4)]
@@ -64,8 +64,10 @@ class Load(threading.Thread):
         with make_client(self.srv, "grpc") as client:
             while not self.stop.is_set():
                 keys = self.keys[self.rng.integers(0, len(self.keys), size=(1, 8))]
-                ins = [tc.InferInput("KEYS", list(keys.shape), "INT64"),
-                       tc.InferInput("NUMKEYS", [1, 1], "INT32")]
+                ins = [
+                    tc.InferInput("KEYS", list(keys.shape), "INT64"),
+                    tc.InferInput("NUMKEYS", [1, 1], "INT32"),
+                ]
                 ins[0].set_data_from_numpy(keys)
                 ins[1].set_data_from_numpy(np.array([[keys.shape[1]]], np.int32))
                 sent = time.monotonic()
@@ -81,14 +83,22 @@ class Load(threading.Thread):
                 if not np.array_equal(out.reshape(-1), want.reshape(-1)):
                     self.wrong += 1
                     bad = np.flatnonzero((out.reshape(want.shape) != want).any(axis=1))
-                    self.wrong_at.append((sent, keys.reshape(-1)[bad].tolist(),
-                                          out.reshape(want.shape)[bad].tolist(), want[bad].tolist()))
+                    self.wrong_at.append(
+                        (
+                            sent,
+                            keys.reshape(-1)[bad].tolist(),
+                            out.reshape(want.shape)[bad].tolist(),
+                            want[bad].tolist(),
+                        )
+                    )
                 self.results.append((sent, True))
 
 
 def _model_ready(srv, model) -> bool:
     try:
-        with urllib.request.urlopen(f"http://{srv.http_url}/v2/models/{model}/ready", timeout=2) as r:
+        with urllib.request.urlopen(
+            f"http://{srv.http_url}/v2/models/{model}/ready", timeout=2
+        ) as r:
             return r.status == 200
     except OSError:
         return False
@@ -96,8 +106,13 @@ def _model_ready(srv, model) -> bool:
 
 def test_a_killed_instance_is_replaced_under_load(tmp_path, store_dir):
     lines = []
-    srv = TritonServer(_repo(tmp_path), log_path=tmp_path / "server.log", supervise=True,
-                       supervisor_log=lines.append, env={"TRITON_REC_STORE": str(store_dir)})
+    srv = TritonServer(
+        _repo(tmp_path),
+        log_path=tmp_path / "server.log",
+        supervise=True,
+        supervisor_log=lines.append,
+        env={"TRITON_REC_STORE": str(store_dir)},
+    )
     shm_before = set(os.listdir("/dev/shm"))
     srv.start()
     loads = [Load(srv, "hps_heal", 1), Load(srv, "hps_heal", 2), Load(srv, "hps_other", 3)]
@@ -122,13 +137,23 @@ def test_a_killed_instance_is_replaced_under_load(tmp_path, store_dir):
     try:
         heal = [r for t in loads[:2] for r in t.results]
         failed = [ts - killed for ts, ok in heal if not ok]
-        print(f"supervision: {len(failed)} of {len(heal)} hps_heal requests failed, the last sent "
-              f"{max(failed, default=0):.1f} s after the kill; supervisor: {lines}")
-        late_failures = [round(ts - killed, 2) for ts, ok in heal if not ok and ts > killed + HEAL_S]
-        assert not late_failures, (f"{len(late_failures)} requests sent {late_failures[:3]}.. s after the kill "
-                                   f"failed: {[t.errors for t in loads]}; supervisor: {lines}")
-        assert sum(ok for ts, ok in heal if ts > killed + HEAL_S) > 20, "no answers after the replacement"
-        assert all(t.wrong == 0 for t in loads), [[(round(w[0] - killed, 2),) + w[1:] for w in t.wrong_at] for t in loads]
+        print(
+            f"supervision: {len(failed)} of {len(heal)} hps_heal requests failed, the last sent "
+            f"{max(failed, default=0):.1f} s after the kill; supervisor: {lines}"
+        )
+        late_failures = [
+            round(ts - killed, 2) for ts, ok in heal if not ok and ts > killed + HEAL_S
+        ]
+        assert not late_failures, (
+            f"{len(late_failures)} requests sent {late_failures[:3]}.. s after the kill "
+            f"failed: {[t.errors for t in loads]}; supervisor: {lines}"
+        )
+        assert sum(ok for ts, ok in heal if ts > killed + HEAL_S) > 20, (
+            "no answers after the replacement"
+        )
+        assert all(t.wrong == 0 for t in loads), [
+            [(round(w[0] - killed, 2),) + w[1:] for w in t.wrong_at] for t in loads
+        ]
         other = loads[2].results
         assert other and all(ok for _, ok in other), "the other model failed"
         assert srv.backend_pids("hps_other") == others, "the other model was touched"
@@ -146,14 +171,31 @@ def _launcher(tmp_path, store_dir):
     ports = [free_port() for _ in range(3)]
     log = open(tmp_path / "launcher.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "triton_rec.runtime", "serve", "--model-repository", str(_repo(tmp_path)),
-         "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TRITON_REC_STORE": str(store_dir)},
-        start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "triton_rec.runtime",
+            "serve",
+            "--model-repository",
+            str(_repo(tmp_path)),
+            "--http-port",
+            str(ports[0]),
+            "--grpc-port",
+            str(ports[1]),
+            "--metrics-port",
+            str(ports[2]),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "TRITON_REC_STORE": str(store_dir)},
+        start_new_session=True,
+    )
     srv = TritonServer(tmp_path, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2])
     deadline = time.monotonic() + 120
     while not srv.is_ready():
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.log").read_text()
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            tmp_path / "launcher.log"
+        ).read_text()
         time.sleep(0.2)
     server_pid = [p for p in children(proc.pid) if (cmdline(p) or [""])[0].endswith("tritonserver")]
     assert len(server_pid) == 1

@@ -35,23 +35,44 @@ REFRESH = 0.5  # refresh_interval of the tiered models (seconds)
 
 def ps_entry(repo: Path, model: str, seed: int, version: int = 1, **over):
     entry = write_model(str(repo), model, TABLES, seed=seed, version=version)
-    entry.update(gpucache=True, gpucacheper=0.25, hit_rate_threshold=2.0,
-                 refresh_interval=REFRESH, cache_refresh_percentage_per_iteration=1.0, **over)
+    entry.update(
+        gpucache=True,
+        gpucacheper=0.25,
+        hit_rate_threshold=2.0,
+        refresh_interval=REFRESH,
+        cache_refresh_percentage_per_iteration=1.0,
+        **over,
+    )
     return entry
 
 
 def write_ps(repo: Path, cluster, rocks: Path, models) -> None:
-    (repo / "ps.json").write_text(json.dumps({
-        "supportlonglong": True,
-        "volatile_db": {"type": "redis_cluster", "address": cluster.address,
-                        "num_partitions": 6, "socket_timeout": 0.5, "connect_timeout": 0.5,
-                        "update_filters": [".+"]},
-        "persistent_db": {"type": "rocks_db", "path": str(rocks), "update_filters": [".+"]},
-        "update_source": {"type": "redis_stream", "address": cluster.address,
-                          "group": "node-a", "poll_timeout_ms": 100,
-                          "socket_timeout": 0.5, "connect_timeout": 0.5},
-        "models": models,
-    }, indent=1))
+    (repo / "ps.json").write_text(
+        json.dumps(
+            {
+                "supportlonglong": True,
+                "volatile_db": {
+                    "type": "redis_cluster",
+                    "address": cluster.address,
+                    "num_partitions": 6,
+                    "socket_timeout": 0.5,
+                    "connect_timeout": 0.5,
+                    "update_filters": [".+"],
+                },
+                "persistent_db": {"type": "rocks_db", "path": str(rocks), "update_filters": [".+"]},
+                "update_source": {
+                    "type": "redis_stream",
+                    "address": cluster.address,
+                    "group": "node-a",
+                    "poll_timeout_ms": 100,
+                    "socket_timeout": 0.5,
+                    "connect_timeout": 0.5,
+                },
+                "models": models,
+            },
+            indent=1,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +87,13 @@ def env(tmp_path_factory, nothing_left_in_dev_shm, store_dir):
         (repo / "tier_a" / "config.pbtxt").write_text(hps_config("tier_a", 2))
         (repo / "tier_b" / "config.pbtxt").write_text(hps_config("tier_b", 1))
         log = tmp_path_factory.mktemp("tier-logs") / "tritonserver.log"
-        srv = TritonServer(repo, explicit=True, load_models=["tier_a", "tier_b"], log_path=log,
-                           env={"TRITON_REC_STORE": str(store_dir)})
+        srv = TritonServer(
+            repo,
+            explicit=True,
+            load_models=["tier_a", "tier_b"],
+            log_path=log,
+            env={"TRITON_REC_STORE": str(store_dir)},
+        )
         srv.start()
         try:
             yield dict(server=srv, cluster=cluster, repo=repo, rocks=rocks, models=models)
@@ -118,6 +144,7 @@ def truth(seed, keys_per_table):
 def tc_module(protocol):
     import tritonclient.grpc as g
     import tritonclient.http as h
+
     return h if protocol == "http" else g
 
 
@@ -129,12 +156,14 @@ def test_served_lookups_match_the_source_files(env, protocol):
             for _ in range(3):
                 keys = sample_keys(seed, rng)
                 np.testing.assert_array_equal(
-                    lookup(client, tc_module(protocol), model, keys), truth(seed, keys))
+                    lookup(client, tc_module(protocol), model, keys), truth(seed, keys)
+                )
     # the rows are in both tiers, named <model>.<table>
     c = env["cluster"]
     for t, s in enumerate(TABLES):
-        store = RedisClusterStore(c.address, tier_table_name("tier_a", s.name), s.vec_size,
-                                  num_partitions=6)
+        store = RedisClusterStore(
+            c.address, tier_table_name("tier_a", s.name), s.vec_size, num_partitions=6
+        )
         try:
             assert store.num_rows() == s.rows
         finally:
@@ -142,8 +171,9 @@ def test_served_lookups_match_the_source_files(env, protocol):
         # RocksDB in HPS's layout: one database, column family hps_et.<model>.<table>
         got, found = rocks_rows(env["rocks"], "tier_a", s, table_keys(SEED, t, s.rows))
         assert found.all()
-        np.testing.assert_array_equal(got, expected_vectors(SEED, t, table_keys(SEED, t, s.rows),
-                                                            s.vec_size))
+        np.testing.assert_array_equal(
+            got, expected_vectors(SEED, t, table_keys(SEED, t, s.rows), s.vec_size)
+        )
     # the engine's log lines reach Triton's log: one import per tier and table, the
     # other instance found it done
     text = env["server"].log_path.read_text(errors="replace")
@@ -157,19 +187,22 @@ def test_updates_published_during_lookups_are_seen_within_the_refresh_interval_u
 
     srv, c = env["server"], env["cluster"]
     rng = np.random.default_rng(2)
-    keys = [rng.choice(table_keys(SEED, t, s.rows), 30, replace=False) for t, s in enumerate(TABLES)]
+    keys = [
+        rng.choice(table_keys(SEED, t, s.rows), 30, replace=False) for t, s in enumerate(TABLES)
+    ]
     versions = 12
     stop = threading.Event()
     seen, bad = [], []
 
     def reader():
         import tritonclient.grpc as tc
+
         with make_client(srv, "grpc") as client:
             while not stop.is_set():
                 out = lookup(client, tc, "tier_a", keys)
                 pos = 0
                 for t, s in enumerate(TABLES):
-                    block = out[pos: pos + len(keys[t]) * s.vec_size].reshape(-1, s.vec_size)
+                    block = out[pos : pos + len(keys[t]) * s.vec_size].reshape(-1, s.vec_size)
                     pos += block.size
                     # every published row is constant (v, v, ..., v); a file row is not
                     published = np.all(block == block[:, :1], axis=1)
@@ -182,21 +215,31 @@ def test_updates_published_during_lookups_are_seen_within_the_refresh_interval_u
         try:
             for v in range(1, versions + 1):
                 for t, s in enumerate(TABLES):
-                    producer.publish("tier_a", s.name, keys[t],
-                                     np.full((len(keys[t]), s.vec_size), float(v), np.float32))
+                    producer.publish(
+                        "tier_a",
+                        s.name,
+                        keys[t],
+                        np.full((len(keys[t]), s.vec_size), float(v), np.float32),
+                    )
                 time.sleep(0.05)
             published_at = time.monotonic()
             # the last version is served everywhere within a few refresh intervals
             import tritonclient.grpc as tc
-            want = np.concatenate([np.full(len(keys[t]) * s.vec_size, float(versions), np.float32)
-                                   for t, s in enumerate(TABLES)])
+
+            want = np.concatenate(
+                [
+                    np.full(len(keys[t]) * s.vec_size, float(versions), np.float32)
+                    for t, s in enumerate(TABLES)
+                ]
+            )
             with make_client(srv, "grpc") as client:
                 while True:
                     got = lookup(client, tc, "tier_a", keys)
                     if np.array_equal(got, want):
                         break
                     assert time.monotonic() - published_at < 4 * REFRESH + 5, (
-                        "the last update was not served in time")
+                        "the last update was not served in time"
+                    )
                     time.sleep(0.05)
             waited = time.monotonic() - published_at
         finally:
@@ -227,8 +270,9 @@ def test_updates_published_during_lookups_are_seen_within_the_refresh_interval_u
         return total
 
     with UpdateProducer(c.address) as producer:
-        producer.publish("tier_a", "user", keys[1], np.full((len(keys[1]), 4), float(versions),
-                                                            np.float32))
+        producer.publish(
+            "tier_a", "user", keys[1], np.full((len(keys[1]), 4), float(versions), np.float32)
+        )
     want_vectors = versions * sum(len(k) for k in keys) + len(keys[1])
     deadline = time.monotonic() + 30
     while True:
@@ -275,8 +319,9 @@ def test_a_new_version_reloads_under_load_without_failing_the_other_model(env):
                 client.load_model("tier_a")
                 assert client.is_model_ready("tier_a", "2")
                 keys = sample_keys(SEED + 7, rng)
-                np.testing.assert_array_equal(lookup(client, tc, "tier_a", keys),
-                                              truth(SEED + 7, keys))
+                np.testing.assert_array_equal(
+                    lookup(client, tc, "tier_a", keys), truth(SEED + 7, keys)
+                )
                 # unload frees the caches, not the databases
                 client.unload_model("tier_a")
                 deadline = time.monotonic() + 30
@@ -291,8 +336,9 @@ def test_a_new_version_reloads_under_load_without_failing_the_other_model(env):
     assert counts["failed"] == 0, f"{counts}, {errors[:3]}"
     assert counts["ok"] > 20
     s = TABLES[0]
-    store = RedisClusterStore(env["cluster"].address, tier_table_name("tier_a", s.name),
-                              s.vec_size, num_partitions=6)
+    store = RedisClusterStore(
+        env["cluster"].address, tier_table_name("tier_a", s.name), s.vec_size, num_partitions=6
+    )
     try:
         assert store.num_rows() >= s.rows
     finally:
@@ -303,19 +349,21 @@ def test_a_new_version_reloads_under_load_without_failing_the_other_model(env):
 
 
 def test_a_second_node_shares_the_redis_cluster_skips_the_import_and_gets_updates(
-        env, tmp_path_factory, store_dir):
+    env, tmp_path_factory, store_dir
+):
     """Node B: its own model repository, node-local store, RocksDB and consumer group;
     the same Redis Cluster and the same files as node A (the running server)."""
-    from triton_rec.updates import UpdateProducer, stream_info
-
     import tritonclient.grpc as tc
+
+    from triton_rec.updates import UpdateProducer, stream_info
 
     c, repo = env["cluster"], env["repo"]
     s = TABLES[0]
     key = table_keys(SEED + 1, 0, s.rows)[:1]
     sentinel = np.full((1, s.vec_size), 123.0, np.float32)
-    direct = RedisClusterStore(c.address, tier_table_name("tier_b", s.name), s.vec_size,
-                               num_partitions=6)
+    direct = RedisClusterStore(
+        c.address, tier_table_name("tier_b", s.name), s.vec_size, num_partitions=6
+    )
     try:
         direct.upsert(key, sentinel)  # changed in Redis only, after node A's import
         repo_b = tmp_path_factory.mktemp("node-b-repo")
@@ -328,8 +376,11 @@ def test_a_second_node_shares_the_redis_cluster_skips_the_import_and_gets_update
         (repo_b / "tier_b" / "1").mkdir(parents=True)
         (repo_b / "tier_b" / "config.pbtxt").write_text(hps_config("tier_b", 1))
         log = tmp_path_factory.mktemp("node-b-logs") / "tritonserver.log"
-        node_b = TritonServer(repo_b, log_path=log,
-                              env={"TRITON_REC_STORE": str(tmp_path_factory.mktemp("node-b-store"))})
+        node_b = TritonServer(
+            repo_b,
+            log_path=log,
+            env={"TRITON_REC_STORE": str(tmp_path_factory.mktemp("node-b-store"))},
+        )
         with node_b:
             with make_client(node_b, "grpc") as client:
                 # Redis was not re-imported by node B: the changed row is still there,
@@ -346,19 +397,21 @@ def test_a_second_node_shares_the_redis_cluster_skips_the_import_and_gets_update
                     info = stream_info(c.address, "tier_b", s.name)
                     groups = {g["name"]: g for g in info["groups"]}
                     topic_len = info["length"]
-                    done = (set(groups) >= {"node-a", "node-b"} and all(
+                    done = set(groups) >= {"node-a", "node-b"} and all(
                         g["pending"] == 0 and g["last-delivered-id"] != "0-0"
-                        for g in groups.values()))
+                        for g in groups.values()
+                    )
                     if done and np.array_equal(
-                            lookup(client, tc, "tier_b", [key, np.empty(0, np.int64)]),
-                            new.reshape(-1)):
+                        lookup(client, tc, "tier_b", [key, np.empty(0, np.int64)]), new.reshape(-1)
+                    ):
                         break
                     assert time.monotonic() < deadline, f"update not consumed by both: {info}"
                     time.sleep(0.05)
                 assert topic_len >= 1
             with make_client(env["server"], "grpc") as client:
                 np.testing.assert_array_equal(
-                    lookup(client, tc, "tier_b", [key, np.empty(0, np.int64)]), new.reshape(-1))
+                    lookup(client, tc, "tier_b", [key, np.empty(0, np.int64)]), new.reshape(-1)
+                )
     finally:
         direct.close()
 

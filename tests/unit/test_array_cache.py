@@ -17,12 +17,12 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from triton_rec.cache import gpu_share
 from triton_rec.cache.array_cache import (
     ArrayEmbeddingCache,
     CupyUnavailableError,
     resolve_xp,
 )
-from triton_rec.cache import gpu_share
 
 D = 8
 
@@ -88,8 +88,9 @@ class RefLRU:
         for s, ks in new_by_set.items():
             slots = self.sets[s]
             free = [i for i, sl in enumerate(slots) if sl is None]
-            used = sorted((sl[1], i) for i, sl in enumerate(slots)
-                          if sl is not None and (s, i) not in pinned)
+            used = sorted(
+                (sl[1], i) for i, sl in enumerate(slots) if sl is not None and (s, i) not in pinned
+            )
             cands = free + [i for _, i in used]
             for j, k in enumerate(ks):
                 if j >= len(cands):
@@ -472,8 +473,9 @@ def test_two_processes_attach_to_the_same_shared_arrays_by_name_and_see_each_oth
         assert shared.cache.insert(parent_keys, true_vec(parent_keys))["inserted"] == 40
         ctx = multiprocessing.get_context("spawn")
         results = ctx.Queue()
-        p = ctx.Process(target=_child_sees_and_inserts,
-                        args=(shm_name, parent_keys, child_keys, results))
+        p = ctx.Process(
+            target=_child_sees_and_inserts, args=(shm_name, parent_keys, child_keys, results)
+        )
         p.start()
         child_owner, child_saw_parent, child_inserted = results.get(timeout=60)
         p.join(timeout=60)
@@ -594,8 +596,9 @@ print("ok")
 
 
 def test_the_modules_import_and_run_without_cupy_and_never_try_to_import_it():
-    r = subprocess.run([sys.executable, "-c", NO_CUPY_SCRIPT], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", NO_CUPY_SCRIPT], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
@@ -629,15 +632,19 @@ def test_an_unknown_array_module_or_policy_is_a_config_error():
 
 
 def test_a_cached_table_serves_correct_vectors_through_the_shared_cache(shm_name):
-    from triton_rec.storage.backing_store import LocalTableStore
     from triton_rec.cache.cached_table import CachedTable
+    from triton_rec.storage.backing_store import LocalTableStore
     from triton_rec.storage.table import EmbeddingTable
 
     keys = np.arange(-500, 500, 3, dtype=np.int64)
     shared = gpu_share.open_shared_cache(shm_name, 64, D, ways=4)  # what deployment opens
     assert (shared.capacity, shared.vec_size) == (64, D)
-    table = CachedTable("t", LocalTableStore(EmbeddingTable("t", keys, true_vec(keys), -1.0)),
-                        cache=shared, hit_rate_threshold=2.0)
+    table = CachedTable(
+        "t",
+        LocalTableStore(EmbeddingTable("t", keys, true_vec(keys), -1.0)),
+        cache=shared,
+        hit_rate_threshold=2.0,
+    )
     rng = np.random.default_rng(3)
     for _ in range(20):
         q = rng.choice(np.concatenate([keys[:80], [0, 2]]), 50)  # 0 and 2 are in no table

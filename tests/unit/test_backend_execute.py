@@ -39,18 +39,27 @@ def hps_instance(tmp_path):
     entry = write_model(str(tmp_path), "m", TABLES, seed=SEED)
     entry["hit_rate_threshold"] = 1.5  # every miss answered synchronously: exact answers
     (tmp_path / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
-    pb, model = start_instance(tmp_path, triton_config(
-        "m", "hps", HPS_INPUTS, instances=2, store_dir=tmp_path / "store", metrics_interval=0.05))
+    pb, model = start_instance(
+        tmp_path,
+        triton_config(
+            "m", "hps", HPS_INPUTS, instances=2, store_dir=tmp_path / "store", metrics_interval=0.05
+        ),
+    )
     yield pb, model
     model.finalize()
 
 
 def hps_request(rng, n_item, n_user):
-    keys = [table_keys(SEED, 0, TABLES[0].rows)[rng.integers(0, TABLES[0].rows, n_item)],
-            table_keys(SEED, 1, TABLES[1].rows)[rng.integers(0, TABLES[1].rows, n_user)]]
-    req = Request(KEYS=np.concatenate(keys)[None, :], NUMKEYS=np.array([[n_item, n_user]], np.int32))
-    expected = np.concatenate([expected_vectors(SEED, t, k, TABLES[t].vec_size).reshape(-1)
-                               for t, k in enumerate(keys)])
+    keys = [
+        table_keys(SEED, 0, TABLES[0].rows)[rng.integers(0, TABLES[0].rows, n_item)],
+        table_keys(SEED, 1, TABLES[1].rows)[rng.integers(0, TABLES[1].rows, n_user)],
+    ]
+    req = Request(
+        KEYS=np.concatenate(keys)[None, :], NUMKEYS=np.array([[n_item, n_user]], np.int32)
+    )
+    expected = np.concatenate(
+        [expected_vectors(SEED, t, k, TABLES[t].vec_size).reshape(-1) for t, k in enumerate(keys)]
+    )
     return req, expected
 
 
@@ -65,10 +74,18 @@ def test_hps_execute_calls_no_metric_and_the_thread_publishes_within_the_interva
             assert not resp.has_error()
             np.testing.assert_array_equal(resp.output("OUTPUT0"), expected)
     assert not [c for c in pb.metric_calls if c[0] == me], "execute called Metric.set/increment"
+
     # The instance's thread publishes the lookups it counted (20 x 3 x 9 keys).
     def published():
-        return sum(c[4] for c in pb.metric_calls
-                   if c[1] == "increment" and c[2] == "trec_cache_lookups_total") == 20 * 3 * 9
+        return (
+            sum(
+                c[4]
+                for c in pb.metric_calls
+                if c[1] == "increment" and c[2] == "trec_cache_lookups_total"
+            )
+            == 20 * 3 * 9
+        )
+
     assert wait_for(published, 5.0), pb.metric_calls[-10:]
     assert all(c[0] != me for c in pb.metric_calls)
 
@@ -95,8 +112,9 @@ def dlrm_repo(tmp_path_factory):
     from ps_loader import torch_dlrm as td
 
     repo = tmp_path_factory.mktemp("dlrm_repo")
-    _, entry = td.train_and_export(str(repo / "dlrm" / "1"), td.TINY_CONFIG, td.TINY_SETTINGS,
-                                   ps_root=str(repo), onnx=False)
+    _, entry = td.train_and_export(
+        str(repo / "dlrm" / "1"), td.TINY_CONFIG, td.TINY_SETTINGS, ps_root=str(repo), onnx=False
+    )
     entry["hit_rate_threshold"] = 1.5  # exact answers: no miss answered with the default
     (repo / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
     return repo
@@ -105,8 +123,12 @@ def dlrm_repo(tmp_path_factory):
 def test_hugectr_execute_calls_no_metric_and_predicts(dlrm_repo, tmp_path):
     from ps_loader import torch_dlrm as td
 
-    pb, model = start_instance(dlrm_repo, triton_config(
-        "dlrm", "hugectr", HUGECTR_INPUTS, store_dir=tmp_path / "store", metrics_interval=0.05))
+    pb, model = start_instance(
+        dlrm_repo,
+        triton_config(
+            "dlrm", "hugectr", HUGECTR_INPUTS, store_dir=tmp_path / "store", metrics_interval=0.05
+        ),
+    )
     try:
         data = td.HiddenModel(td.TINY_CONFIG, 5).sample(8, np.random.default_rng(2))
         want = td.load_trained(str(dlrm_repo / "dlrm" / "1")).predict(data.dense, data.sparse)
@@ -119,6 +141,8 @@ def test_hugectr_execute_calls_no_metric_and_predicts(dlrm_repo, tmp_path):
             got.append(resp.output("OUTPUT0"))
         np.testing.assert_allclose(np.concatenate(got), np.asarray(want).reshape(-1), atol=1e-5)
         assert not [c for c in pb.metric_calls if c[0] == me], "execute called Metric.set/increment"
-        assert wait_for(lambda: any(c[2] == "trec_cache_lookups_total" for c in pb.metric_calls), 5.0)
+        assert wait_for(
+            lambda: any(c[2] == "trec_cache_lookups_total" for c in pb.metric_calls), 5.0
+        )
     finally:
         model.finalize()

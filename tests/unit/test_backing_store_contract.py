@@ -11,7 +11,6 @@ RocksDB reopening and corrupt values) follows at the end.
 from __future__ import annotations
 
 import importlib
-
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from tests.storage_fixtures import (  # noqa: F401  (fixtures)
     start_redis_cluster,
     start_tls_redis_cluster,
 )
+from triton_rec.errors import ConfigError, TritonRecError
 from triton_rec.storage.backing_store import (
     DictStore,
     LocalTableStore,
@@ -35,7 +35,6 @@ from triton_rec.storage.backing_store import (
     StoreUnavailableError,
     tier_table_name,
 )
-from triton_rec.errors import ConfigError, TritonRecError
 from triton_rec.storage.table import EmbeddingTable
 
 I64_MIN, I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
@@ -43,8 +42,15 @@ SMALL_BATCH = 7  # max_batch_size of the remote stores: every test batch is chun
 # the stores on a Redis Cluster start one (the redis marker: `make unit` leaves them out)
 REDIS = pytest.param("redis", marks=pytest.mark.redis)
 TIERED = pytest.param("tiered", marks=pytest.mark.redis)
-KINDS = ["dict", "local", "rocksdb", "rocksdb-read-only", "rocksdb-node", REDIS,
-         TIERED]  # every store reads
+KINDS = [
+    "dict",
+    "local",
+    "rocksdb",
+    "rocksdb-read-only",
+    "rocksdb-node",
+    REDIS,
+    TIERED,
+]  # every store reads
 WRITABLE = ["dict", "rocksdb", "rocksdb-node", REDIS, TIERED]
 READ_ONLY = ["local", "rocksdb-read-only"]
 
@@ -52,9 +58,14 @@ READ_ONLY = ["local", "rocksdb-read-only"]
 def rows(n: int, vec: int, seed: int = 0):
     """``n`` distinct keys (negatives, 0, INT64 min/max included) and their vectors."""
     rng = np.random.default_rng(seed)
-    keys = np.unique(np.concatenate([
-        rng.integers(I64_MIN, I64_MAX, n, dtype=np.int64, endpoint=True),
-        np.array([I64_MIN, I64_MAX, -1, 0, 1], dtype=np.int64)]))[:n]
+    keys = np.unique(
+        np.concatenate(
+            [
+                rng.integers(I64_MIN, I64_MAX, n, dtype=np.int64, endpoint=True),
+                np.array([I64_MIN, I64_MAX, -1, 0, 1], dtype=np.int64),
+            ]
+        )
+    )[:n]
     rng.shuffle(keys)
     return keys, rng.standard_normal((keys.shape[0], vec)).astype(np.float32)
 
@@ -73,12 +84,19 @@ class Stores:
         if kind == "redis":
             importlib.import_module("redis")
         # set up before (so torn down after) the stores that use it
-        backend = ("rocksdb_dir" if kind.startswith("rocksdb")
-                   else "redis_cluster" if kind == "redis" else None)
+        backend = (
+            "rocksdb_dir"
+            if kind.startswith("rocksdb")
+            else "redis_cluster"
+            if kind == "redis"
+            else None
+        )
         self.backend = request.getfixturevalue(backend) if backend else None
         if kind == "tiered":
-            self.backend = (request.getfixturevalue("redis_cluster"),
-                            request.getfixturevalue("rocksdb_dir"))
+            self.backend = (
+                request.getfixturevalue("redis_cluster"),
+                request.getfixturevalue("rocksdb_dir"),
+            )
 
     def make(self, keys, vectors, default=0.0, vec=None):
         vec = vectors.shape[1] if vec is None else vec
@@ -89,37 +107,46 @@ class Stores:
             s = LocalTableStore(EmbeddingTable("t", keys.copy(), vectors.copy(), default))
         elif self.kind.startswith("rocksdb"):
             from triton_rec.storage.rocksdb_store import RocksDBStore
+
             if self.kind == "rocksdb-node":
                 from triton_rec.storage.rocksdb_store import NodeRocksDBTable
-                s = NodeRocksDBTable(self.backend / "node", name, vec, default,
-                                     max_batch_size=SMALL_BATCH)
+
+                s = NodeRocksDBTable(
+                    self.backend / "node", name, vec, default, max_batch_size=SMALL_BATCH
+                )
             else:
                 s = RocksDBStore(self.backend, name, vec, default, max_batch_size=SMALL_BATCH)
             if self.kind == "rocksdb-read-only":
                 s.upsert(keys, vectors)
                 s.close()
-                s = RocksDBStore(self.backend, name, vec, default, read_only=True,
-                                 max_batch_size=SMALL_BATCH)
+                s = RocksDBStore(
+                    self.backend, name, vec, default, read_only=True, max_batch_size=SMALL_BATCH
+                )
         elif self.kind == "tiered":
             # Redis in front of a node RocksDB, copying what it misses (an empty Redis
             # with every row in RocksDB: each answer has to come through the chain).
             from triton_rec.storage.redis_store import RedisClusterStore
             from triton_rec.storage.rocksdb_store import NodeRocksDBTable
             from triton_rec.storage.tiers import Tier, TieredStore
+
             redis_cluster_, rdir = self.backend
-            vol = RedisClusterStore(redis_cluster_.address, name, vec, default,
-                                    max_batch_size=SMALL_BATCH)
+            vol = RedisClusterStore(
+                redis_cluster_.address, name, vec, default, max_batch_size=SMALL_BATCH
+            )
             per = NodeRocksDBTable(rdir / "node", name, vec, default, max_batch_size=SMALL_BATCH)
             if keys.shape[0]:
                 per.upsert(keys, vectors)
-            s = TieredStore(name, [Tier("volatile", vol), Tier("persistent", per)],
-                            cache_missed_embeddings=True)
+            s = TieredStore(
+                name, [Tier("volatile", vol), Tier("persistent", per)], cache_missed_embeddings=True
+            )
             self.opened.append(s)
             return s
         else:
             from triton_rec.storage.redis_store import RedisClusterStore
-            s = RedisClusterStore(self.backend.address, name, vec, default,
-                                  max_batch_size=SMALL_BATCH)
+
+            s = RedisClusterStore(
+                self.backend.address, name, vec, default, max_batch_size=SMALL_BATCH
+            )
         self.opened.append(s)
         if not s.read_only and keys.shape[0]:
             assert s.upsert(keys, vectors) == keys.shape[0]
@@ -188,8 +215,11 @@ def test_extreme_keys_are_ordinary_keys(stores):
     keys = np.array([I64_MIN, I64_MAX, -1, 0, I64_MIN + 1, I64_MAX - 1, -(2**40)], dtype=np.int64)
     vectors = np.arange(keys.shape[0] * 3, dtype=np.float32).reshape(-1, 3)
     store = stores.make(keys, vectors, default=-9.0)
-    assert_same_answers(store, reference(keys, vectors, -9.0),
-                        np.concatenate([keys[::-1], np.array([1, -2, 2**62], dtype=np.int64)]))
+    assert_same_answers(
+        store,
+        reference(keys, vectors, -9.0),
+        np.concatenate([keys[::-1], np.array([1, -2, 2**62], dtype=np.int64)]),
+    )
 
 
 def test_an_empty_batch_returns_an_empty_mask_and_writes_nothing(stores):
@@ -324,9 +354,11 @@ def test_tier_table_names_join_model_and_table_and_refuse_separators():
 
 # -- RocksDB -------------------------------------------------------------------------------
 
+
 def test_rocksdb_reopened_read_only_sees_the_data_and_other_tables_are_separate(rocksdb_dir):
     importlib.import_module("rocksdict")
     from triton_rec.storage.rocksdb_store import RocksDBStore
+
     k1, v1 = rows(30, 4, seed=1)
     k2, v2 = rows(20, 2, seed=2)
     a = RocksDBStore(rocksdb_dir, "m.a", 4)
@@ -348,6 +380,7 @@ def test_rocksdb_reopened_read_only_sees_the_data_and_other_tables_are_separate(
 def test_rocksdb_value_of_wrong_length_is_reported_with_table_and_key(rocksdb_dir):
     rocksdict = importlib.import_module("rocksdict")
     from triton_rec.storage.rocksdb_store import RocksDBStore
+
     keys, vectors = rows(20, 4)
     s = RocksDBStore(rocksdb_dir, "m.t", 4)
     s.upsert(keys, vectors)
@@ -370,6 +403,7 @@ def test_rocksdb_value_of_wrong_length_is_reported_with_table_and_key(rocksdb_di
 def test_rocksdb_unopenable_databases_raise_store_unavailable_naming_the_path(rocksdb_dir):
     importlib.import_module("rocksdict")
     from triton_rec.storage.rocksdb_store import RocksDBStore
+
     with pytest.raises(StoreUnavailableError, match="no database there"):
         RocksDBStore(rocksdb_dir, "m.t", 4, read_only=True)
     w = RocksDBStore(rocksdb_dir, "m.t", 4)
@@ -377,10 +411,12 @@ def test_rocksdb_unopenable_databases_raise_store_unavailable_naming_the_path(ro
         with pytest.raises(StoreUnavailableError, match=r"no such column family.*has: m\.t"):
             RocksDBStore(rocksdb_dir, "m.other", 4, read_only=True)
         # another process cannot open it read-write while this one holds it
-        code = ("import sys; from triton_rec.storage.rocksdb_store import RocksDBStore\n"
-                "from triton_rec.storage.backing_store import StoreUnavailableError\n"
-                f"try: RocksDBStore({str(rocksdb_dir)!r}, 'm.t', 4)\n"
-                "except StoreUnavailableError as e: print(e); sys.exit(3)\n")
+        code = (
+            "import sys; from triton_rec.storage.rocksdb_store import RocksDBStore\n"
+            "from triton_rec.storage.backing_store import StoreUnavailableError\n"
+            f"try: RocksDBStore({str(rocksdb_dir)!r}, 'm.t', 4)\n"
+            "except StoreUnavailableError as e: print(e); sys.exit(3)\n"
+        )
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert r.returncode == 3, r.stderr
         assert str(rocksdb_dir) in r.stdout and "lock" in r.stdout.lower()
@@ -407,6 +443,7 @@ def _owner(cluster, hash_key: bytes) -> int:
 def test_redis_partitions_spread_a_table_over_all_masters(redis_cluster):
     importlib.import_module("redis")
     from triton_rec.storage.redis_store import RedisClusterStore, partition_of
+
     store = RedisClusterStore(redis_cluster.address, "spread.t", 4, num_partitions=8)
     try:
         keys, vectors = rows(400, 4)
@@ -417,9 +454,10 @@ def test_redis_partitions_spread_a_table_over_all_masters(redis_cluster):
             owner = _owner(redis_cluster, hk)
             lengths[hk] = (owner, int(redis_cluster.command(owner, "HLEN", hk)))
             # the {...} hash tag names the slot: one slot per partition
-            tag = hk[hk.index(b"{") + 1:hk.index(b"}")]
-            assert redis_cluster.command(owner, "CLUSTER", "KEYSLOT", hk) == \
-                redis_cluster.command(owner, "CLUSTER", "KEYSLOT", tag)
+            tag = hk[hk.index(b"{") + 1 : hk.index(b"}")]
+            assert redis_cluster.command(owner, "CLUSTER", "KEYSLOT", hk) == redis_cluster.command(
+                owner, "CLUSTER", "KEYSLOT", tag
+            )
         assert {o for o, _ in lengths.values()} == {0, 1, 2}
         assert sum(n for _, n in lengths.values()) == 400 == store.num_rows()
         assert all(int(redis_cluster.command(i, "DBSIZE")) > 0 for i in range(3))
@@ -436,14 +474,18 @@ def test_redis_partitions_spread_a_table_over_all_masters(redis_cluster):
 
 def test_redis_partition_function_is_fixed():
     importlib.import_module("redis")
-    from triton_rec.storage.redis_store import mix64, partition_of
     # It decides where a key lives: changing it would make stored rows unreachable, and
     # it must be HPS's (rrxmrrxmsx_0, HugeCTR database_backend_detail.hpp) for a Redis
     # HPS filled to be readable. Reference: the mixer written out with Python ints.
     from tests.hps_layout import rrxmrrxmsx_0
+    from triton_rec.storage.redis_store import mix64, partition_of
 
-    keys = np.concatenate([np.array([0, 1, -1, I64_MIN, I64_MAX, 123456789], dtype=np.int64),
-                           np.random.default_rng(0).integers(I64_MIN, I64_MAX, 200)])
+    keys = np.concatenate(
+        [
+            np.array([0, 1, -1, I64_MIN, I64_MAX, 123456789], dtype=np.int64),
+            np.random.default_rng(0).integers(I64_MIN, I64_MAX, 200),
+        ]
+    )
     want = [rrxmrrxmsx_0(int(k)) for k in keys]
     assert [int(v) for v in mix64(keys)] == want
     for n in (1, 7, 8):
@@ -453,6 +495,7 @@ def test_redis_partition_function_is_fixed():
 def test_redis_value_of_wrong_length_is_reported_with_table_and_key(redis_cluster):
     importlib.import_module("redis")
     from triton_rec.storage.redis_store import RedisClusterStore
+
     store = RedisClusterStore(redis_cluster.address, "corrupt.t", 4)
     try:
         keys, vectors = rows(30, 4)
@@ -472,6 +515,7 @@ def test_redis_bad_or_unreachable_addresses_fail_fast_with_the_address():
     importlib.import_module("redis")
     from tests.storage_fixtures import free_cluster_ports
     from triton_rec.storage.redis_store import RedisClusterStore, parse_address
+
     assert parse_address("a:1, [::1]:2") == [("a", 1), ("::1", 2)]
     for bad in ("", "host", "host:x", "host:70000"):
         with pytest.raises(ConfigError):
@@ -487,11 +531,17 @@ def test_redis_bad_or_unreachable_addresses_fail_fast_with_the_address():
 def test_redis_over_tls_with_client_certificate_and_server_name():
     importlib.import_module("redis")
     from triton_rec.storage.redis_store import RedisClusterStore
+
     with start_tls_redis_cluster() as c:
-        tls = dict(enable_tls=True, tls_ca_certificate=c.tls["ca"],
-                   tls_client_certificate=c.tls["client_cert"], tls_client_key=c.tls["client_key"])
-        store = RedisClusterStore(c.address, "tls.t", 4,
-                                  tls_server_name_identification="redis.test", **tls)
+        tls = dict(
+            enable_tls=True,
+            tls_ca_certificate=c.tls["ca"],
+            tls_client_certificate=c.tls["client_cert"],
+            tls_client_key=c.tls["client_key"],
+        )
+        store = RedisClusterStore(
+            c.address, "tls.t", 4, tls_server_name_identification="redis.test", **tls
+        )
         try:
             keys, vectors = rows(50, 4)
             store.upsert(keys, vectors)
@@ -503,9 +553,14 @@ def test_redis_over_tls_with_client_certificate_and_server_name():
             RedisClusterStore(c.address, "tls.t", 4, **tls)
         # no client certificate: the server refuses the handshake
         with pytest.raises(StoreUnavailableError):
-            RedisClusterStore(c.address, "tls.t", 4, enable_tls=True,
-                              tls_ca_certificate=c.tls["ca"],
-                              tls_server_name_identification="redis.test")
+            RedisClusterStore(
+                c.address,
+                "tls.t",
+                4,
+                enable_tls=True,
+                tls_ca_certificate=c.tls["ca"],
+                tls_server_name_identification="redis.test",
+            )
 
 
 @pytest.mark.redis
@@ -514,9 +569,11 @@ def test_redis_stalled_or_killed_master_raises_store_unavailable_quickly():
     recovers when resumed; a killed one is reported at once. Never a hang."""
     importlib.import_module("redis")
     from triton_rec.storage.redis_store import RedisClusterStore
+
     with start_redis_cluster(3) as c:
-        store = RedisClusterStore(c.address, "fail.t", 4, socket_timeout=0.5, connect_timeout=0.5,
-                                  retries=1)
+        store = RedisClusterStore(
+            c.address, "fail.t", 4, socket_timeout=0.5, connect_timeout=0.5, retries=1
+        )
         try:
             keys, vectors = rows(300, 4)
             store.upsert(keys, vectors)

@@ -22,9 +22,30 @@ def test_bench_cache_runs_on_tiny_sizes_and_prints_every_table(capsys, tmp_path)
     bc = _load()
     out_json = tmp_path / "bench_cache.json"
     t0 = time.perf_counter()
-    rc = bc.main(["--rows", "3000", "--dim", "8", "--batch", "256", "--cache-rows", "512",
-                  "--reps", "2", "--e2e-reps", "2", "--insert-reps", "2", "--mp-iters", "2",
-                  "--mp-reps", "1", "--json", str(out_json)])
+    rc = bc.main(
+        [
+            "--rows",
+            "3000",
+            "--dim",
+            "8",
+            "--batch",
+            "256",
+            "--cache-rows",
+            "512",
+            "--reps",
+            "2",
+            "--e2e-reps",
+            "2",
+            "--insert-reps",
+            "2",
+            "--mp-iters",
+            "2",
+            "--mp-reps",
+            "1",
+            "--json",
+            str(out_json),
+        ]
+    )
     elapsed = time.perf_counter() - t0
     text = capsys.readouterr().out
     assert rc == 0
@@ -33,20 +54,27 @@ def test_bench_cache_runs_on_tiny_sizes_and_prints_every_table(capsys, tmp_path)
     positions = [text.index(title) for title in bc.SECTIONS]
     assert positions == sorted(positions)
     for title in bc.SECTIONS:
-        assert "|---" in text[text.index(title):], title
+        assert "|---" in text[text.index(title) :], title
     assert text.startswith("machine: ")
-    for header in ("| hit rate | hits | shm lru | shm tinylfu |",
-                   "| hit rate | sync ms |",
-                   "| hit rate | misses | query | glue | fetch |",
-                   "| policy | cache | median ms |",
-                   "| hit rate | array ms |",
-                   "| workload | 1 process Mkeys/s |"):
+    for header in (
+        "| hit rate | hits | shm lru | shm tinylfu |",
+        "| hit rate | sync ms |",
+        "| hit rate | misses | query | glue | fetch |",
+        "| policy | cache | median ms |",
+        "| hit rate | array ms |",
+        "| workload | 1 process Mkeys/s |",
+    ):
         assert header in text, header
     for rate in ("100%", "90%", "50%", "10%", "0%"):
         assert f"| {rate} |" in text
-    for row in ("| lru | empty |", "| lru | full |", "| tinylfu | full, cold keys |",
-                "| tinylfu | full, keys queried once |", "| shm lru query, 100% hits |",
-                "| fused table lookup (no cache) |"):
+    for row in (
+        "| lru | empty |",
+        "| lru | full |",
+        "| tinylfu | full, cold keys |",
+        "| tinylfu | full, keys queried once |",
+        "| shm lru query, 100% hits |",
+        "| fused table lookup (no cache) |",
+    ):
         assert row in text, row
     data = json.loads(out_json.read_text())
     assert set(data["query"]) == {"1.0", "0.9", "0.5", "0.1", "0.0"}

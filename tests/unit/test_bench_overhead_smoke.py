@@ -16,23 +16,42 @@ _DIR = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
 @pytest.fixture(scope="module")
 def bo():
     sys.path.insert(0, os.path.abspath(_DIR))
-    spec = importlib.util.spec_from_file_location("bench_overhead", os.path.join(_DIR, "bench_overhead.py"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_overhead", os.path.join(_DIR, "bench_overhead.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 def _rec(model, rnd, infer, group="hps"):
-    return {"model": model, "group": group, "batch": 64, "concurrency": 1, "protocol": "grpc",
-            "status": "ok", "round": rnd, "infer_per_s": infer, "p50_us": 1e6 / infer,
-            "p99_us": 2e6 / infer, "server_compute_us": 100.0, "cpu_us_per_infer": 500.0,
-            "requests_per_exec": 1.0}
+    return {
+        "model": model,
+        "group": group,
+        "batch": 64,
+        "concurrency": 1,
+        "protocol": "grpc",
+        "status": "ok",
+        "round": rnd,
+        "infer_per_s": infer,
+        "p50_us": 1e6 / infer,
+        "p99_us": 2e6 / infer,
+        "server_compute_us": 100.0,
+        "cpu_us_per_infer": 500.0,
+        "requests_per_exec": 1.0,
+    }
 
 
 def test_ratios_are_taken_within_a_round_then_the_median(bo):
     results = []
-    for rnd, (floor, naive, hps) in enumerate([(1000, 400, 900), (500, 200, 500), (2000, 800, 1400)]):
-        results += [_rec("floor_hps", rnd, floor), _rec("naive_hps", rnd, naive), _rec("hps", rnd, hps)]
+    for rnd, (floor, naive, hps) in enumerate(
+        [(1000, 400, 900), (500, 200, 500), (2000, 800, 1400)]
+    ):
+        results += [
+            _rec("floor_hps", rnd, floor),
+            _rec("naive_hps", rnd, naive),
+            _rec("hps", rnd, hps),
+        ]
     rows = {r["model"]: r for r in bo.summarize(results)}
     assert rows["hps"]["vs_floor"] == pytest.approx(0.9)  # median of 0.9, 1.0, 0.7
     assert rows["hps"]["vs_floor_range"] == pytest.approx((0.7, 1.0))
@@ -46,7 +65,9 @@ def test_variants_copy_the_models_with_other_scheduling(bo, tmp_path, monkeypatc
     monkeypatch.setattr(bo, "HPS_ROWS", 1000)
     repo = tmp_path / "repo"
     bo.build_repository(repo, ["hps"])
-    groups = bo.add_variants(repo, ["hps"], [("d7", "dynamic_batching { max_queue_delay_microseconds: 7 }")])
+    groups = bo.add_variants(
+        repo, ["hps"], [("d7", "dynamic_batching { max_queue_delay_microseconds: 7 }")]
+    )
     assert groups == ["hps__d7"]
     assert bo.FLOOR["hps__d7"] == "floor_hps__d7" and bo.NAIVE["hps__d7"] == "naive_hps__d7"
     text = (repo / "hps__d7" / "config.pbtxt").read_text()

@@ -24,14 +24,35 @@ def test_bench_tiers_runs_on_tiny_sizes_with_sane_figures(capsys, tmp_path):
     paths = {k: tmp_path / f"bench_tiers.{k}" for k in ("json", "md", "png")}
     try:  # the plot needs matplotlib, which only the `bench` extra installs
         import matplotlib  # noqa: F401
+
         plot = True
     except ImportError:
         plot = False
     t0 = time.perf_counter()
-    result = bt.main(["--rows", "4000", "--dim", "8", "--reps-scale", "0.05",
-                      "--upsert-rows", "2000", "--updates", "3000", "--cache-warmup", "3",
-                      "--cache-reps", "8", "--json", str(paths["json"]),
-                      "--md", str(paths["md"]), "--plot", str(paths["png"]) if plot else ""])
+    result = bt.main(
+        [
+            "--rows",
+            "4000",
+            "--dim",
+            "8",
+            "--reps-scale",
+            "0.05",
+            "--upsert-rows",
+            "2000",
+            "--updates",
+            "3000",
+            "--cache-warmup",
+            "3",
+            "--cache-reps",
+            "8",
+            "--json",
+            str(paths["json"]),
+            "--md",
+            str(paths["md"]),
+            "--plot",
+            str(paths["png"]) if plot else "",
+        ]
+    )
     elapsed = time.perf_counter() - t0
     text = capsys.readouterr().out
     assert elapsed < 20, f"smoke run took {elapsed:.1f} s"
@@ -41,7 +62,7 @@ def test_bench_tiers_runs_on_tiny_sizes_with_sane_figures(capsys, tmp_path):
     positions = [text.index(title) for title in bt.SECTIONS]
     assert positions == sorted(positions)
     for title in bt.SECTIONS:
-        assert "|---" in text[text.index(title):], title
+        assert "|---" in text[text.index(title) :], title
     assert paths["md"].read_text() in text
     assert paths["png"].stat().st_size > 1000 if plot else not paths["png"].exists()
     data = json.loads(paths["json"].read_text())
@@ -50,8 +71,11 @@ def test_bench_tiers_runs_on_tiny_sizes_with_sane_figures(capsys, tmp_path):
     # ingest: bulk load, 1k / 10k upserts per writable tier, the stream path
     ingest = {(r["tier"], r["what"]) for r in result["ingest"]}
     for tier in ("redis", "rocksdb", "rocksdb-node"):
-        for what in ("bulk load, 65,536 rows/call", "upsert, 1,000 keys/call",
-                     "upsert, 10,000 keys/call"):
+        for what in (
+            "bulk load, 65,536 rows/call",
+            "upsert, 1,000 keys/call",
+            "upsert, 10,000 keys/call",
+        ):
             assert (tier, what) in ingest, (tier, what)
     assert any(t.startswith("stream ->") for t, _ in ingest)
     for r in result["ingest"]:
@@ -59,8 +83,11 @@ def test_bench_tiers_runs_on_tiny_sizes_with_sane_figures(capsys, tmp_path):
 
     # lookups: every tier and reference at every batch size
     got = {(r["batch"], r["tier"]) for r in result["lookup"]}
-    assert got == {(b, t) for b in (64, 1024, 16384)
-                   for t in ("gather", "codec", "local", "redis", "rocksdb", "rocksdb-node")}
+    assert got == {
+        (b, t)
+        for b in (64, 1024, 16384)
+        for t in ("gather", "codec", "local", "redis", "rocksdb", "rocksdb-node")
+    }
     for r in result["lookup"]:
         assert r["keys_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"], r
 

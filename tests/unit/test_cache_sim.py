@@ -92,8 +92,9 @@ def test_fully_associative_lru_matches_a_list_based_reference():
     assert [p.access(k) for k in trace] == _reference_set_assoc_lru(trace, 50, 1)
 
 
-@pytest.mark.parametrize("name", ["lru", "tinylfu", "tinylfu_255", "lru_full", "tinylfu_full",
-                                  "belady", "belady_demand"])
+@pytest.mark.parametrize(
+    "name", ["lru", "tinylfu", "tinylfu_255", "lru_full", "tinylfu_full", "belady", "belady_demand"]
+)
 def test_the_fast_run_loop_gives_the_same_hits_as_calling_access_per_key(name):
     trace = _small_trace(1.0, n=3000, length=30000, seed=5)
     cap = 128
@@ -104,8 +105,9 @@ def test_the_fast_run_loop_gives_the_same_hits_as_calling_access_per_key(name):
 
 
 def test_tinylfu_beats_lru_on_a_scan_polluted_zipf_trace():
-    trace = cs.scan_polluted_trace(hot=400, length=60000, scan_len=600, scan_every=1000,
-                                   alpha=0.8, seed=2)
+    trace = cs.scan_polluted_trace(
+        hot=400, length=60000, scan_len=600, scan_every=1000, alpha=0.8, seed=2
+    )
     half = len(trace) // 2
     for lru, tiny, cap in (("lru", "tinylfu", 256), ("lru_full", "tinylfu_full", 256)):
         h_lru = _hits(lru, trace, cap, count_from=half)
@@ -179,9 +181,29 @@ def test_effective_capacity_rounds_to_ways_times_a_power_of_two_sets():
 
 def test_the_command_line_writes_the_table_and_the_json(tmp_path):
     md, js = tmp_path / "t.md", tmp_path / "r.json"
-    assert cs.main(["--n", "2000", "--length", "6000", "--alphas", "1.0", "--sizes", "0.05,0.2",
-                    "--policies", "lru,tinylfu,belady", "--jobs", "1",
-                    "--out-md", str(md), "--json", str(js)]) == 0
+    assert (
+        cs.main(
+            [
+                "--n",
+                "2000",
+                "--length",
+                "6000",
+                "--alphas",
+                "1.0",
+                "--sizes",
+                "0.05,0.2",
+                "--policies",
+                "lru,tinylfu,belady",
+                "--jobs",
+                "1",
+                "--out-md",
+                str(md),
+                "--json",
+                str(js),
+            ]
+        )
+        == 0
+    )
     text = md.read_text()
     assert "| alpha |" in text and "unbounded" in text and text.count("\n") == 4
     import json

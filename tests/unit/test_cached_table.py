@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from triton_rec.cache.array_cache import ArrayEmbeddingCache
-from triton_rec.storage.backing_store import LocalTableStore
 from triton_rec.cache.cached_table import BackgroundInserter, CachedTable, Refresher
 from triton_rec.cache.shm_cache import SharedEmbeddingCache
+from triton_rec.storage.backing_store import LocalTableStore
 from triton_rec.storage.table import EmbeddingTable
 
 VEC = 8
@@ -85,7 +85,9 @@ def test_at_or_above_the_threshold_misses_get_defaults_and_are_inserted_behind(t
     cache = make_cache(ROWS)
     inserter = BackgroundInserter()
     try:
-        ct = CachedTable("t", LocalTableStore(table), cache, hit_rate_threshold=0.5, inserter=inserter)
+        ct = CachedTable(
+            "t", LocalTableStore(table), cache, hit_rate_threshold=0.5, inserter=inserter
+        )
         warm = table.keys[:30].copy()
         ct.lookup(warm, np.empty((30, VEC), np.float32))  # 0% hit rate < 0.5: synchronous
         assert inserter.drain()
@@ -109,7 +111,9 @@ def test_the_threshold_is_inclusive(table, make_cache):
     cache = make_cache(ROWS)
     inserter = BackgroundInserter()
     try:
-        ct = CachedTable("t", LocalTableStore(table), cache, hit_rate_threshold=0.5, inserter=inserter)
+        ct = CachedTable(
+            "t", LocalTableStore(table), cache, hit_rate_threshold=0.5, inserter=inserter
+        )
         ct.lookup(table.keys[:2].copy(), np.empty((2, VEC), np.float32))
         keys = table.keys[:4].copy()  # exactly 50% hits
         out = np.empty((4, VEC), np.float32)
@@ -193,5 +197,3 @@ def test_no_cache_means_the_store_answers_everything(table):
     out = np.empty((10, VEC), np.float32)
     assert ct.lookup(keys, out) == 0
     np.testing.assert_array_equal(out, _truth(keys))
-
-

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from triton_rec.storage import node_store
 from ps_loader.synthetic import SyntheticTable, write_model
 from tests.fake_pb_utils import HPS_INPUTS, start_instance, triton_config
 from triton_rec.config import model_files
@@ -28,14 +27,20 @@ from triton_rec.config.ps_json import (
 )
 from triton_rec.dense.hugectr_network import HugeCTRNetwork
 from triton_rec.errors import ConfigError, ModelFileError
+from triton_rec.storage import node_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _model(**over):
-    m = {"model": "m", "sparse_files": ["a.model", "b.model"], "embedding_table_names": ["ta", "tb"],
-         "embedding_vecsize_per_table": [4, 8],
-         "maxnum_catfeature_query_per_table_per_sample": [2, 3], "max_batch_size": 64}
+    m = {
+        "model": "m",
+        "sparse_files": ["a.model", "b.model"],
+        "embedding_table_names": ["ta", "tb"],
+        "embedding_vecsize_per_table": [4, 8],
+        "maxnum_catfeature_query_per_table_per_sample": [2, 3],
+        "max_batch_size": 64,
+    }
     m.update(over)
     return m
 
@@ -48,21 +53,41 @@ def _in_child(code: str, timeout: float = 30.0):
     """Run ``code`` in a Python child limited to 2 GB of address space and ``timeout``
     seconds: what hangs or reads without bound today cannot take the machine with it.
     Returns (exit code or "timeout", output)."""
-    prog = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
-            + textwrap.dedent(code))
+    prog = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+        + textwrap.dedent(code)
+    )
     try:
-        r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
-                           timeout=timeout, cwd=REPO_ROOT)
+        r = subprocess.run(
+            [sys.executable, "-c", prog],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO_ROOT,
+        )
     except subprocess.TimeoutExpired:
         return "timeout", ""
     return r.returncode, r.stdout + r.stderr
 
 
-_NET = {"layers": [
-    {"name": "data", "type": "Data", "dense": {"top": "dense", "dense_dim": 2},
-     "label": {"top": "label", "label_dim": 1}, "sparse": []},
-    {"name": "fc", "type": "InnerProduct", "bottom": "dense", "top": "fc",
-     "fc_param": {"num_output": 1}}]}
+_NET = {
+    "layers": [
+        {
+            "name": "data",
+            "type": "Data",
+            "dense": {"top": "dense", "dense_dim": 2},
+            "label": {"top": "label", "label_dim": 1},
+            "sparse": [],
+        },
+        {
+            "name": "fc",
+            "type": "InnerProduct",
+            "bottom": "dense",
+            "top": "fc",
+            "fc_param": {"num_output": 1},
+        },
+    ]
+}
 
 
 # ---- one reader: regular files, size and depth limits ------------------------------------
@@ -71,14 +96,17 @@ _NET = {"layers": [
 def test_a_fifo_as_ps_json_is_refused_at_once_naming_the_file(tmp_path):
     fifo = tmp_path / "ps.json"
     os.mkfifo(fifo)
-    rc, out = _in_child(f"""
+    rc, out = _in_child(
+        f"""
         from triton_rec.config.ps_json import load_ps_config
         from triton_rec.errors import ConfigError
         try:
             load_ps_config({str(fifo)!r})
         except ConfigError as e:
             print("ERR", e)
-    """, timeout=20)
+    """,
+        timeout=20,
+    )
     assert rc == 0, out  # today: blocks in open() until the timeout
     assert f"ERR {fifo}: the ps.json must be a regular file, this is a FIFO" in out
 
@@ -103,13 +131,18 @@ def test_a_fifo_as_dense_or_sparse_file_is_refused_naming_the_file(tmp_path):
     net.write_text(json.dumps(_NET))
     dense = tmp_path / "dense.model"
     os.mkfifo(dense)
-    with pytest.raises(ModelFileError, match=f"^{dense}: the dense file must be a regular file, this is a FIFO"):
+    with pytest.raises(
+        ModelFileError, match=f"^{dense}: the dense file must be a regular file, this is a FIFO"
+    ):
         HugeCTRNetwork.load(str(net), str(dense))
     table = tmp_path / "t.model"
     table.mkdir()
     (table / "key").write_bytes(np.arange(3, dtype="<i8").tobytes())
     os.mkfifo(table / "emb_vector")
-    with pytest.raises(ModelFileError, match="emb_vector: the sparse vector file must be a regular file, this is a FIFO"):
+    with pytest.raises(
+        ModelFileError,
+        match="emb_vector: the sparse vector file must be a regular file, this is a FIFO",
+    ):
         node_store.read_table(str(table), 2)
 
 
@@ -117,8 +150,11 @@ def test_a_ps_json_over_the_size_limit_is_refused_without_reading_it(tmp_path):
     big = tmp_path / "ps.json"
     with open(big, "wb") as f:
         f.truncate(model_files.MAX_JSON_BYTES + 1)  # sparse: nothing is written
-    with pytest.raises(ConfigError, match=rf"^{big}: the ps.json has {model_files.MAX_JSON_BYTES + 1} "
-                                          rf"bytes, more than the limit of {model_files.MAX_JSON_BYTES}"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{big}: the ps.json has {model_files.MAX_JSON_BYTES + 1} "
+        rf"bytes, more than the limit of {model_files.MAX_JSON_BYTES}",
+    ):
         load_ps_config(str(big))
 
 
@@ -126,8 +162,11 @@ def test_a_ps_json_over_the_size_limit_is_refused_without_reading_it(tmp_path):
 def test_deep_json_is_a_clear_error_naming_the_file_not_a_recursion_error(tmp_path, opener):
     deep = tmp_path / "ps.json"
     deep.write_text(opener * 100_000)
-    with pytest.raises(ConfigError, match=rf"^{deep}: the ps.json nests arrays/objects deeper than "
-                                          rf"the limit of {model_files.MAX_JSON_DEPTH} levels"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{deep}: the ps.json nests arrays/objects deeper than "
+        rf"the limit of {model_files.MAX_JSON_DEPTH} levels",
+    ):
         load_ps_config(str(deep))
     net = tmp_path / "net.json"
     net.write_text("[" * 100_000 + "]" * 100_000)
@@ -157,70 +196,107 @@ def test_non_utf8_and_non_standard_constants_name_the_file(tmp_path):
 
 
 def test_cache_ways_out_of_range_names_file_model_and_limit():
-    with pytest.raises(ConfigError, match=rf"^ps\.json: model 'm'\.cache_ways: must be within "
-                                          rf"\[1, {MAX_CACHE_WAYS}\], got 1000$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^ps\.json: model 'm'\.cache_ways: must be within "
+        rf"\[1, {MAX_CACHE_WAYS}\], got 1000$",
+    ):
         parse_ps_config(_doc(_model(cache_ways=1000)), source="ps.json")
     assert MAX_CACHE_WAYS == 64
     assert parse_ps_config(_doc(_model(cache_ways=64))).models[0].cache_ways == 64
 
 
 def test_a_vector_size_over_the_native_limit_names_the_table_and_key():
-    with pytest.raises(ConfigError, match=rf"^ps\.json: model 'm': table 'tb': "
-                                          rf"embedding_vecsize_per_table\[1\]: must be within "
-                                          rf"\[1, {MAX_VEC_SIZE}\], got 65537$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^ps\.json: model 'm': table 'tb': "
+        rf"embedding_vecsize_per_table\[1\]: must be within "
+        rf"\[1, {MAX_VEC_SIZE}\], got 65537$",
+    ):
         parse_ps_config(_doc(_model(embedding_vecsize_per_table=[4, 65537])), source="ps.json")
     assert MAX_VEC_SIZE == 65536
 
 
-@pytest.mark.parametrize("doc", ['[4.0, NaN]', '[4.0, Infinity]', '[4.0, -1e999]'])
+@pytest.mark.parametrize("doc", ["[4.0, NaN]", "[4.0, Infinity]", "[4.0, -1e999]"])
 def test_non_finite_default_values_are_refused(tmp_path, doc):
     p = tmp_path / "ps.json"
-    text = json.dumps(_doc()).replace('"max_batch_size": 64',
-                                      f'"max_batch_size": 64, "default_value_for_each_table": {doc}')
+    text = json.dumps(_doc()).replace(
+        '"max_batch_size": 64', f'"max_batch_size": 64, "default_value_for_each_table": {doc}'
+    )
     p.write_text(text)
     with pytest.raises(ConfigError, match=f"^{p}: "):
         load_ps_config(str(p))
     # and decoded values (a caller handing a dict) are refused naming the table
-    with pytest.raises(ConfigError, match=r"table 'tb': default_value_for_each_table\[1\]: "
-                                          r"expected a finite number, got nan"):
+    with pytest.raises(
+        ConfigError,
+        match=r"table 'tb': default_value_for_each_table\[1\]: "
+        r"expected a finite number, got nan",
+    ):
         parse_ps_config(_doc(_model(default_value_for_each_table=[0.0, float("nan")])))
 
 
-@pytest.mark.parametrize("value, why", [(1e12, "must be within"), (1.5, "expected an integer"),
-                                        (float("inf"), "expected an integer"), (0, "must be within")])
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        (1e12, "must be within"),
+        (1.5, "expected an integer"),
+        (float("inf"), "expected an integer"),
+        (0, "must be within"),
+    ],
+)
 def test_absurd_max_batch_sizes_are_refused_with_the_range(value, why):
     with pytest.raises(ConfigError, match=rf"model 'm'\.max_batch_size: {why}"):
         parse_ps_config(_doc(_model(max_batch_size=value)))
     with pytest.raises(ConfigError, match=rf"volatile_db\.max_batch_size: {why}"):
-        parse_ps_config(_doc(volatile_db={"type": "redis_cluster", "max_batch_size": value},
-                             persistent_db={"type": "rocks_db"}))
+        parse_ps_config(
+            _doc(
+                volatile_db={"type": "redis_cluster", "max_batch_size": value},
+                persistent_db={"type": "rocks_db"},
+            )
+        )
     with pytest.raises(ConfigError, match=rf"persistent_db\.max_batch_size: {why}"):
         parse_ps_config(_doc(persistent_db={"type": "rocks_db", "max_batch_size": value}))
-    assert str(MAX_BATCH_SIZE) in str(pytest.raises(ConfigError, parse_ps_config,
-                                                    _doc(_model(max_batch_size=1e12))).value)
-    assert str(MAX_TIER_BATCH_SIZE) in str(pytest.raises(
-        ConfigError, parse_ps_config, _doc(persistent_db={"type": "rocks_db",
-                                                          "max_batch_size": 1e12})).value)
+    assert str(MAX_BATCH_SIZE) in str(
+        pytest.raises(ConfigError, parse_ps_config, _doc(_model(max_batch_size=1e12))).value
+    )
+    assert str(MAX_TIER_BATCH_SIZE) in str(
+        pytest.raises(
+            ConfigError,
+            parse_ps_config,
+            _doc(persistent_db={"type": "rocks_db", "max_batch_size": 1e12}),
+        ).value
+    )
 
 
 def test_keys_per_request_must_fit_int32():
-    with pytest.raises(ConfigError, match=r"max_batch_size: 1000000000 samples x 5 keys per sample"):
+    with pytest.raises(
+        ConfigError, match=r"max_batch_size: 1000000000 samples x 5 keys per sample"
+    ):
         parse_ps_config(_doc(_model(max_batch_size=1_000_000_000)))
 
 
-@pytest.mark.parametrize("key, value", [("hit_rate_threshold", float("inf")), ("refresh_interval", 1e999),
-                                        ("refresh_delay", float("nan"))])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("hit_rate_threshold", float("inf")),
+        ("refresh_interval", 1e999),
+        ("refresh_delay", float("nan")),
+    ],
+)
 def test_other_model_numbers_are_checked(key, value):
     with pytest.raises(ConfigError, match=rf"model 'm'.*{key}"):
         parse_ps_config(_doc(_model(**{key: value})))
 
 
-@pytest.mark.parametrize("section, key, value", [
-    ("volatile_db", "num_partitions", 10 ** 9),
-    ("volatile_db", "connect_timeout", float("nan")),
-    ("persistent_db", "num_threads", 10 ** 6),
-    ("update_source", "poll_timeout_ms", 1e12),
-])
+@pytest.mark.parametrize(
+    "section, key, value",
+    [
+        ("volatile_db", "num_partitions", 10**9),
+        ("volatile_db", "connect_timeout", float("nan")),
+        ("persistent_db", "num_threads", 10**6),
+        ("update_source", "poll_timeout_ms", 1e12),
+    ],
+)
 def test_other_tier_numbers_are_checked(section, key, value):
     tiers = {"volatile_db": {"type": "redis_cluster"}, "persistent_db": {"type": "rocks_db"}}
     tiers.setdefault(section, {})[key] = value
@@ -229,7 +305,9 @@ def test_other_tier_numbers_are_checked(section, key, value):
 
 
 def _write_repo(repo: Path) -> None:
-    entry = write_model(str(repo), "m", [SyntheticTable("t", rows=50, vec_size=4, max_keys_per_sample=2)])
+    entry = write_model(
+        str(repo), "m", [SyntheticTable("t", rows=50, vec_size=4, max_keys_per_sample=2)]
+    )
     (repo / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
 
 
@@ -245,8 +323,12 @@ def test_a_relative_store_dir_resolves_against_the_model_directory_like_ps(tmp_p
     assert model_relative_path(str(repo / "m"), "store") == str(repo / "m" / "store")
     assert model_relative_path(str(repo / "m"), "/abs/store") == "/abs/store"
     assert model_relative_path(str(repo / "m"), None) is None
-    _, model = start_instance(repo, triton_config("m", "hps", HPS_INPUTS, store_dir="store",
-                                                  prefault="false", metrics_interval="0"))
+    _, model = start_instance(
+        repo,
+        triton_config(
+            "m", "hps", HPS_INPUTS, store_dir="store", prefault="false", metrics_interval="0"
+        ),
+    )
     try:
         assert any((repo / "m" / "store").iterdir())
         assert not (elsewhere / "store").exists()
@@ -275,7 +357,9 @@ def test_confinement_is_off_by_default(tmp_path, monkeypatch):
 
 def test_relative_roots_are_refused(monkeypatch):
     monkeypatch.setenv(model_files.ALLOWED_ROOTS_ENV, "models")
-    with pytest.raises(ConfigError, match=rf"{model_files.ALLOWED_ROOTS_ENV}: roots must be absolute"):
+    with pytest.raises(
+        ConfigError, match=rf"{model_files.ALLOWED_ROOTS_ENV}: roots must be absolute"
+    ):
         model_files.allowed_roots()
 
 
@@ -297,8 +381,10 @@ def test_a_symlink_inside_a_root_is_judged_by_its_target(roots):
     (outside / "ps.json").write_text(json.dumps(_doc()))
     link = inside / "ps.json"
     link.symlink_to(outside / "ps.json")
-    with pytest.raises(model_files.PathNotAllowedError,
-                       match=rf"^{link}: ps.json \(resolves to {outside / 'ps.json'}\) is outside"):
+    with pytest.raises(
+        model_files.PathNotAllowedError,
+        match=rf"^{link}: ps.json \(resolves to {outside / 'ps.json'}\) is outside",
+    ):
         load_ps_config(str(link))
     # a root reached through a symlink counts as its real directory
     alias = outside / "alias"
@@ -309,10 +395,14 @@ def test_a_symlink_inside_a_root_is_judged_by_its_target(roots):
 
 def test_sparse_and_dense_files_outside_the_roots_are_refused(roots, tmp_path, monkeypatch):
     inside, outside = roots
-    ps = write_model(str(outside), "m", [SyntheticTable("t", rows=20, vec_size=4, max_keys_per_sample=1)])
+    ps = write_model(
+        str(outside), "m", [SyntheticTable("t", rows=20, vec_size=4, max_keys_per_sample=1)]
+    )
     cfg = parse_ps_config({"supportlonglong": True, "models": [ps]}, str(outside), "ps.json")
     tp = cfg.models[0].tables[0]
-    with pytest.raises(model_files.PathNotAllowedError, match=r"key: sparse file is outside the allowed roots"):
+    with pytest.raises(
+        model_files.PathNotAllowedError, match=r"key: sparse file is outside the allowed roots"
+    ):
         node_store.load_table(tp, str(tmp_path / "store"))
     # a table already converted into the store is refused as well (checked before reuse)
     monkeypatch.delenv(model_files.ALLOWED_ROOTS_ENV)
@@ -331,7 +421,18 @@ def test_sparse_and_dense_files_outside_the_roots_are_refused(roots, tmp_path, m
 def test_a_store_dir_from_config_pbtxt_outside_the_roots_is_refused(roots, tmp_path):
     inside, outside = roots
     _write_repo(inside)
-    with pytest.raises(Exception, match=r"store_dir \(config.pbtxt parameter\) is outside the allowed roots"):
-        start_instance(inside, triton_config("m", "hps", HPS_INPUTS, store_dir=str(outside / "store"),
-                                             prefault="false", metrics_interval="0"))
+    with pytest.raises(
+        Exception, match=r"store_dir \(config.pbtxt parameter\) is outside the allowed roots"
+    ):
+        start_instance(
+            inside,
+            triton_config(
+                "m",
+                "hps",
+                HPS_INPUTS,
+                store_dir=str(outside / "store"),
+                prefault="false",
+                metrics_interval="0",
+            ),
+        )
     assert not (outside / "store").exists()

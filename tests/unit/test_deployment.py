@@ -14,28 +14,39 @@ from triton_rec.config.ps_json import parse_ps_config
 from triton_rec.serving.deployment import InstanceSpec, cache_capacity, open_session
 
 SEED = 9
-TABLES = [SyntheticTable("a", rows=3000, vec_size=16, max_keys_per_sample=2, default_value=-1.0),
-          SyntheticTable("b", rows=500, vec_size=4, max_keys_per_sample=1, default_value=-2.0)]
+TABLES = [
+    SyntheticTable("a", rows=3000, vec_size=16, max_keys_per_sample=2, default_value=-1.0),
+    SyntheticTable("b", rows=500, vec_size=4, max_keys_per_sample=1, default_value=-2.0),
+]
 
 
 @pytest.fixture
 def params(tmp_path):
     def make(**over):
-        entry = write_model(str(tmp_path / "repo"), f"m{abs(hash(tuple(over.items()))) % 10**6}", TABLES, SEED)
+        entry = write_model(
+            str(tmp_path / "repo"), f"m{abs(hash(tuple(over.items()))) % 10**6}", TABLES, SEED
+        )
         entry.update({"gpucacheper": 0.5, **over})
-        return parse_ps_config({"supportlonglong": True, "models": [entry]},
-                               base_dir=str(tmp_path / "repo")).models[0]
+        return parse_ps_config(
+            {"supportlonglong": True, "models": [entry]}, base_dir=str(tmp_path / "repo")
+        ).models[0]
+
     return make
 
 
 def _request(session, rng, samples=2):
-    keys = [rng.choice(table_keys(SEED, t, s.rows), samples * s.max_keys_per_sample) for t, s in enumerate(TABLES)]
+    keys = [
+        rng.choice(table_keys(SEED, t, s.rows), samples * s.max_keys_per_sample)
+        for t, s in enumerate(TABLES)
+    ]
     counts = np.array([len(k) for k in keys], np.int32)
     return keys, session.parse_request(np.concatenate(keys), counts)
 
 
 def _truth(keys):
-    return np.concatenate([expected_vectors(SEED, t, k, TABLES[t].vec_size).reshape(-1) for t, k in enumerate(keys)])
+    return np.concatenate(
+        [expected_vectors(SEED, t, k, TABLES[t].vec_size).reshape(-1) for t, k in enumerate(keys)]
+    )
 
 
 def test_two_sessions_of_one_model_share_tables_and_caches(params, tmp_path):
@@ -44,7 +55,9 @@ def test_two_sessions_of_one_model_share_tables_and_caches(params, tmp_path):
     a, b = open_session(p, spec), open_session(p, spec)
     try:
         assert [t.layout_path for t in a.tables] == [t.layout_path for t in b.tables]
-        assert [ct.cache.path for ct in a.cached_tables] == [ct.cache.path for ct in b.cached_tables]
+        assert [ct.cache.path for ct in a.cached_tables] == [
+            ct.cache.path for ct in b.cached_tables
+        ]
         keys, req = _request(a, np.random.default_rng(0))
         first = a.lookup(req)
         assert np.all(first[: len(keys[0]) * 16] == -1.0)  # cold: defaults
@@ -54,7 +67,9 @@ def test_two_sessions_of_one_model_share_tables_and_caches(params, tmp_path):
     finally:
         a.close()
         b.close()
-    assert not glob.glob(f"/dev/shm/trec_{p.model}.*") + glob.glob(f"/dev/shm/trec-ns-*/trec_{p.model}.*")
+    assert not glob.glob(f"/dev/shm/trec_{p.model}.*") + glob.glob(
+        f"/dev/shm/trec-ns-*/trec_{p.model}.*"
+    )
 
 
 def test_a_new_table_content_gets_a_new_cache(params, tmp_path):
@@ -102,6 +117,7 @@ def test_gpucache_off_means_no_cache(params, tmp_path):
 def test_cache_capacity_follows_gpucacheper(params):
     class T:
         num_rows = 1001
+
     assert cache_capacity(params(gpucacheper=0.1), T) == 101
     assert cache_capacity(params(gpucacheper=0.0), T) == 0
 

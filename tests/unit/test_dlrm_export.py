@@ -15,10 +15,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from triton_rec.formats.tables import read_table  # noqa: E402
 from ps_loader import torch_dlrm as td  # noqa: E402
 from ps_loader.torch_import import find_tables, load_state_dict, write_tables  # noqa: E402
 from triton_rec.config.ps_json import parse_ps_config  # noqa: E402
+from triton_rec.formats.tables import read_table  # noqa: E402
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "model_repository" / "dlrm" / "train.py"
 SEED = 2026
@@ -58,7 +58,7 @@ def _pool(keys, offsets, table_keys, vectors, combiner, default=0.0):
     row = {int(k): i for i, k in enumerate(table_keys)}
     out = np.zeros((len(offsets) - 1, vectors.shape[1]), np.float64)
     for s in range(len(offsets) - 1):
-        ks = keys[offsets[s]:offsets[s + 1]]
+        ks = keys[offsets[s] : offsets[s + 1]]
         for k in ks:
             out[s] += vectors[row[int(k)]] if int(k) in row else default
         if combiner == "mean" and len(ks) > 1:
@@ -78,31 +78,33 @@ def _reference_predict(model_dir, request):
     # CATCOLUMN is sample-major: regroup by table with each table's row pointers.
     ptrs, a = [], 0
     for s in slots:
-        ptrs.append(request["ROWINDEX"][a:a + n * s + 1])
+        ptrs.append(request["ROWINDEX"][a : a + n * s + 1])
         a += n * s + 1
     per_table = [[] for _ in slots]
     pos = 0
     for i in range(n):
         for t, s in enumerate(slots):
             c = ptrs[t][(i + 1) * s] - ptrs[t][i * s]
-            per_table[t].append(request["CATCOLUMN"][pos:pos + c])
+            per_table[t].append(request["CATCOLUMN"][pos : pos + c])
             pos += c
     assert pos == len(request["CATCOLUMN"])
     emb_layers = [x for x in layers if x["type"] == "DistributedSlotSparseEmbeddingHash"]
     for t, layer in enumerate(emb_layers):
-        keys, vecs = read_table(str(Path(model_dir) / f"dlrm{t}_sparse_0.model"),
-                                layer["sparse_embedding_hparam"]["embedding_vec_size"])
+        keys, vecs = read_table(
+            str(Path(model_dir) / f"dlrm{t}_sparse_0.model"),
+            layer["sparse_embedding_hparam"]["embedding_vec_size"],
+        )
         flat = np.concatenate(per_table[t]) if per_table[t] else np.empty(0, np.int64)
         pooled = _pool(flat, ptrs[t], keys, vecs, layer["sparse_embedding_hparam"]["combiner"])
         tensors[layer["top"]] = pooled.reshape(n, slots[t], -1)
     off = 0
-    for layer in layers[1 + len(emb_layers):]:
+    for layer in layers[1 + len(emb_layers) :]:
         kind, bottom = layer["type"], layer["bottom"]
         if kind == "InnerProduct":
             x = tensors[bottom]
             n_in, n_out = x.shape[-1], layer["fc_param"]["num_output"]
-            w = params[off:off + n_in * n_out].reshape(n_in, n_out)
-            b = params[off + n_in * n_out:off + n_in * n_out + n_out]
+            w = params[off : off + n_in * n_out].reshape(n_in, n_out)
+            b = params[off + n_in * n_out : off + n_in * n_out + n_out]
             off += n_in * n_out + n_out
             y = x @ w + b
         elif kind == "ReLU":
@@ -148,15 +150,29 @@ def test_auc_is_rank_based_with_ties_averaged():
 
 def test_the_network_json_uses_hugectr_dlrm_layers_in_order(network):
     assert [layer["type"] for layer in network] == [
-        "Data", "DistributedSlotSparseEmbeddingHash", "DistributedSlotSparseEmbeddingHash",
-        "InnerProduct", "ReLU", "InnerProduct", "ReLU", "Concat", "Interaction",
-        "InnerProduct", "ReLU", "InnerProduct", "ReLU", "InnerProduct", "BinaryCrossEntropyLoss"]
+        "Data",
+        "DistributedSlotSparseEmbeddingHash",
+        "DistributedSlotSparseEmbeddingHash",
+        "InnerProduct",
+        "ReLU",
+        "InnerProduct",
+        "ReLU",
+        "Concat",
+        "Interaction",
+        "InnerProduct",
+        "ReLU",
+        "InnerProduct",
+        "ReLU",
+        "InnerProduct",
+        "BinaryCrossEntropyLoss",
+    ]
     data = network[0]
     assert data["dense"] == {"top": "dense", "dense_dim": 8}
     assert data["label"]["label_dim"] == 1
     assert data["sparse"] == [
         {"top": "data0", "type": "DistributedSlot", "max_feature_num_per_sample": 4, "slot_num": 4},
-        {"top": "data1", "type": "DistributedSlot", "max_feature_num_per_sample": 6, "slot_num": 2}]
+        {"top": "data1", "type": "DistributedSlot", "max_feature_num_per_sample": 6, "slot_num": 2},
+    ]
     assert [e["sparse_embedding_hparam"]["combiner"] for e in network[1:3]] == ["sum", "mean"]
     assert {e["sparse_embedding_hparam"]["embedding_vec_size"] for e in network[1:3]} == {16}
     concat, inter = network[7], network[8]
@@ -189,8 +205,9 @@ def test_the_dense_file_holds_exactly_the_parameters_of_the_network(exported, ne
     assert count == json.loads((exported / "dlrm_meta.json").read_text())["dense_param_count"]
     # W is stored [in, out] (the transpose of torch's Linear.weight), then b
     first = np.fromfile(exported / "dlrm_dense_0.model", dtype="<f4", count=8 * 16 + 16)
-    np.testing.assert_array_equal(first[:128].reshape(8, 16),
-                                  model.dense_arch.bottom[0].weight.detach().numpy().T)
+    np.testing.assert_array_equal(
+        first[:128].reshape(8, 16), model.dense_arch.bottom[0].weight.detach().numpy().T
+    )
     np.testing.assert_array_equal(first[128:], model.dense_arch.bottom[0].bias.detach().numpy())
 
 
@@ -217,8 +234,10 @@ def test_the_hugectr_files_reproduce_pytorch_predictions(exported, model, held_o
     request = held_out.hugectr_request(0, 200)
     assert request["DES"].shape == (200 * 8,)
     assert request["ROWINDEX"].shape == (200 * 4 + 1 + 200 * 2 + 1,)
-    expected = model.predict(held_out.dense[:200], [
-        (k[o[0]:o[200 * s]], o[:200 * s + 1]) for (k, o), s in zip(held_out.sparse, (4, 2))])
+    expected = model.predict(
+        held_out.dense[:200],
+        [(k[o[0] : o[200 * s]], o[: 200 * s + 1]) for (k, o), s in zip(held_out.sparse, (4, 2))],
+    )
     got = _reference_predict(exported, request)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
     assert expected.std() > 0.1  # the predictions say something
@@ -237,8 +256,11 @@ def test_unknown_keys_and_empty_slots_follow_hugectr_semantics(exported, model):
     expected = model.predict(dense, [(k0, o0), (k1, o1)])
     # HugeCTR request: CATCOLUMN sample-major
     cat = np.concatenate([k0[:4], k1[0:3], k0[4:], k1[3:]])
-    request = {"DES": dense.reshape(-1), "CATCOLUMN": cat,
-               "ROWINDEX": np.concatenate([o0, o1]).astype(np.int32)}
+    request = {
+        "DES": dense.reshape(-1),
+        "CATCOLUMN": cat,
+        "ROWINDEX": np.concatenate([o0, o1]).astype(np.int32),
+    }
     np.testing.assert_allclose(_reference_predict(exported, request), expected, atol=1e-5)
     # pooled vectors directly: empty slot = zeros, mean over all keys of a slot,
     # an unknown key counts as a vector of the default value
@@ -253,16 +275,19 @@ def test_unknown_keys_and_empty_slots_follow_hugectr_semantics(exported, model):
 
 def test_the_onnx_model_reproduces_the_pytorch_dense_part(exported, model):
     ort = pytest.importorskip("onnxruntime")
-    sess = ort.InferenceSession(str(exported / "dlrm_dense.onnx"),
-                                providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(
+        str(exported / "dlrm_dense.onnx"), providers=["CPUExecutionProvider"]
+    )
     assert [i.name for i in sess.get_inputs()] == ["dense", "emb_0", "emb_1"]
     assert [o.name for o in sess.get_outputs()] == ["prob"]
     assert [i.shape[1:] for i in sess.get_inputs()] == [[8], [4, 16], [2, 16]]
     rng = np.random.default_rng(5)
     for batch in (1, 37):  # dynamic batch axis
-        feeds = {"dense": rng.standard_normal((batch, 8)).astype(np.float32),
-                 "emb_0": (0.3 * rng.standard_normal((batch, 4, 16))).astype(np.float32),
-                 "emb_1": (0.3 * rng.standard_normal((batch, 2, 16))).astype(np.float32)}
+        feeds = {
+            "dense": rng.standard_normal((batch, 8)).astype(np.float32),
+            "emb_0": (0.3 * rng.standard_normal((batch, 4, 16))).astype(np.float32),
+            "emb_1": (0.3 * rng.standard_normal((batch, 2, 16))).astype(np.float32),
+        }
         [prob] = sess.run(["prob"], feeds)
         with torch.no_grad():
             inputs = (torch.from_numpy(feeds[k]) for k in ("dense", "emb_0", "emb_1"))
@@ -305,7 +330,8 @@ def test_the_ps_entry_is_accepted_by_the_ps_json_parser(exported):
 
 
 def test_the_state_dict_loads_with_weights_only_and_imports_to_the_same_sparse_files(
-        exported, tmp_path):
+    exported, tmp_path
+):
     state = torch.load(exported / "dlrm_torch.pt", weights_only=True)
     assert all(isinstance(v, torch.Tensor) for v in state.values())
     path = str(exported / "dlrm_torch.pt")

@@ -90,8 +90,9 @@ def test_one_and_two_threads_give_identical_output():
     results = []
     for num_threads in [1, 2, 3, 64]:
         missing = np.zeros(len(queries), dtype=np.uint8)
-        out, n = run_lookup(index, vectors[:15_000], queries, 1.5, missing=missing,
-                            num_threads=num_threads)
+        out, n = run_lookup(
+            index, vectors[:15_000], queries, 1.5, missing=missing, num_threads=num_threads
+        )
         results.append((out, missing, n))
     expected, expected_missing = reference(keys[:15_000], vectors[:15_000], queries, 1.5)
     for out, missing, n in results:
@@ -110,8 +111,9 @@ def test_read_only_memmap_index_vectors_and_keys_work(tmp_path):
     m = {n: np.load(tmp_path / f"{n}.npy", mmap_mode="r") for n in ["index", "vectors", "queries"]}
     assert not any(a.flags.writeable for a in m.values())
     for num_threads in [1, 2]:
-        out, n_missing = run_lookup(m["index"], m["vectors"], m["queries"], 3.0,
-                                    num_threads=num_threads)
+        out, n_missing = run_lookup(
+            m["index"], m["vectors"], m["queries"], 3.0, num_threads=num_threads
+        )
         expected, expected_missing = reference(keys, vectors, queries, 3.0)
         np.testing.assert_array_equal(out, expected)
         assert n_missing == int(expected_missing.sum())
@@ -139,8 +141,9 @@ def test_large_random_lookup_of_200k_keys_matches_the_reference():
     index = _native.build_index(table)
     queries = mixed_queries(rng, table, absent, 200_000)
     missing = np.empty(len(queries), dtype=np.uint8)
-    out, n_missing = run_lookup(index, vectors[:200_000], queries, 0.25, missing=missing,
-                                num_threads=2)
+    out, n_missing = run_lookup(
+        index, vectors[:200_000], queries, 0.25, missing=missing, num_threads=2
+    )
     expected, expected_missing = reference(table, vectors[:200_000], queries, 0.25)
     np.testing.assert_array_equal(out, expected)
     np.testing.assert_array_equal(missing.astype(bool), expected_missing)
@@ -157,8 +160,11 @@ def test_index_row_beyond_the_vectors_raises_instead_of_reading_out_of_bounds(nu
     vectors = np.zeros((9_000, 4), dtype=np.float32)  # index built for a bigger table
     queries = keys[::-1].copy()  # the bad rows are in the first chunk of the batch
     out = np.empty((len(queries), 4), dtype=np.float32)
-    with pytest.raises(ValueError, match=r"corrupt index: slot \d+ maps key \d+ to row \d+, "
-                                         r"but vectors has 9000 rows") as info:
+    with pytest.raises(
+        ValueError,
+        match=r"corrupt index: slot \d+ maps key \d+ to row \d+, "
+        r"but vectors has 9000 rows",
+    ) as info:
         _native.lookup(index, vectors, queries, out, 0.0, num_threads=num_threads)
     assert isinstance(info.value, _native.CorruptIndexError)
 
@@ -245,6 +251,13 @@ def test_read_only_outputs_overlaps_and_bad_thread_counts_are_rejected(small):
 def test_keyword_arguments_are_accepted(small):
     index, vectors, keys, out = small
     missing = np.zeros(10, np.uint8)
-    n = _native.lookup(index=index, vectors=vectors, keys=keys, out=out, default_value=0.0,
-                       missing=missing, num_threads=2)
+    n = _native.lookup(
+        index=index,
+        vectors=vectors,
+        keys=keys,
+        out=out,
+        default_value=0.0,
+        missing=missing,
+        num_threads=2,
+    )
     assert n == 0 and (out == 1.0).all() and not missing.any()

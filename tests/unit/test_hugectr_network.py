@@ -23,7 +23,6 @@ ATOL = 1e-5
 B = 7
 
 
-
 @pytest.fixture(autouse=True)
 def _no_grad():
     # Only inside this module's tests: other modules train with autograd.
@@ -240,8 +239,9 @@ def test_combine_slots_rejects_row_pointers_that_do_not_fit_the_vectors(ptr, nat
 
 @pytest.mark.parametrize("native", [True, False])
 def test_combine_slots_with_no_keys_at_all_gives_zeros(native):
-    got = combine_slots(np.zeros((0, 4), np.float32), np.zeros(7, np.int64), "mean", slot_num=3,
-                        native=native)
+    got = combine_slots(
+        np.zeros((0, 4), np.float32), np.zeros(7, np.int64), "mean", slot_num=3, native=native
+    )
     assert got.shape == (2, 3, 4) and not got.any()
 
 
@@ -287,8 +287,13 @@ def test_in_place_steps_never_write_into_the_callers_inputs(tmp_path, first):
     kw = {"fc_param": {"num_output": 3}} if first == "InnerProduct" else {"rate": 0.5}
     if first == "Reshape":
         kw = {"leading_dim": 3}  # [B, 6] -> [2B, 3]
-    doc = _net([_layer("a", first, "dense", "a", **kw), _layer("r", "ReLU", "a", "r"),
-                _layer("s", "Sigmoid", "r", "s")])
+    doc = _net(
+        [
+            _layer("a", first, "dense", "a", **kw),
+            _layer("r", "ReLU", "a", "r"),
+            _layer("s", "Sigmoid", "r", "s"),
+        ]
+    )
     lin = _linear(6, 3, 7)
     m = _load(tmp_path, doc, _fc_params(lin) if first == "InnerProduct" else [])
     dense, embs = _inputs(m, seed=3)

@@ -63,16 +63,32 @@ def test_the_documented_wdl_layout_of_ten_samples():
 @pytest.mark.parametrize(
     "mutate, needle",
     [
-        (lambda d, c, r: (d, c, np.concatenate([r[:2], [0], r[3:]]).astype(np.int32)), "decreases at position"),
-        (lambda d, c, r: (d, c[:-1], r), "ROWINDEX points to 12 keys but CATCOLUMN has 11 (ROWINDEX points past the end"),
-        (lambda d, c, r: (d, np.concatenate([c, c[:1]]), r), "ROWINDEX points to 12 keys but CATCOLUMN has 13"),
+        (
+            lambda d, c, r: (d, c, np.concatenate([r[:2], [0], r[3:]]).astype(np.int32)),
+            "decreases at position",
+        ),
+        (
+            lambda d, c, r: (d, c[:-1], r),
+            "ROWINDEX points to 12 keys but CATCOLUMN has 11 (ROWINDEX points past the end",
+        ),
+        (
+            lambda d, c, r: (d, np.concatenate([c, c[:1]]), r),
+            "ROWINDEX points to 12 keys but CATCOLUMN has 13",
+        ),
         (lambda d, c, r: (d[:-1], c, r), "DES has 8 values, not a multiple of dense_dim 3"),
         (lambda d, c, r: (d[:6], c, r), "DES holds 2 samples but ROWINDEX holds 3"),
-        (lambda d, c, r: (np.where(np.arange(9) == 4, np.nan, d).astype(np.float32), c, r),
-         "non-finite value (nan) at sample 1, feature 1"),
-        (lambda d, c, r: (np.where(np.arange(9) == 8, np.inf, d).astype(np.float32), c, r),
-         "non-finite value (inf) at sample 2, feature 2"),
-        (lambda d, c, r: (d, c, r[:-1]), "ROWINDEX has 16 values; expected num_samples * 5 slots + 2"),
+        (
+            lambda d, c, r: (np.where(np.arange(9) == 4, np.nan, d).astype(np.float32), c, r),
+            "non-finite value (nan) at sample 1, feature 1",
+        ),
+        (
+            lambda d, c, r: (np.where(np.arange(9) == 8, np.inf, d).astype(np.float32), c, r),
+            "non-finite value (inf) at sample 2, feature 2",
+        ),
+        (
+            lambda d, c, r: (d, c, r[:-1]),
+            "ROWINDEX has 16 values; expected num_samples * 5 slots + 2",
+        ),
         (lambda d, c, r: (d, c, (r + 1).astype(np.int32)), "must start at 0"),
         (lambda d, c, r: (d.astype(np.float64), c, r), "DES must be FP32"),
         (lambda d, c, r: (d, c.astype(np.int32), r), "CATCOLUMN must be UINT32 or INT64"),
@@ -94,8 +110,16 @@ def test_more_samples_than_max_batch_size_are_rejected():
 
 
 def _random_samples(rng, n, slots, max_keys):
-    return [[[rng.integers(-(2**40), 2**40, rng.integers(0, max_keys + 1)).tolist() for _ in range(s)]
-             for s in slots] for _ in range(n)]
+    return [
+        [
+            [
+                rng.integers(-(2**40), 2**40, rng.integers(0, max_keys + 1)).tolist()
+                for _ in range(s)
+            ]
+            for s in slots
+        ]
+        for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("seed", range(8))

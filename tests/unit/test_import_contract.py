@@ -71,7 +71,7 @@ def imported_modules(path: Path, name: str, known: Set[str]) -> Iterator[Tuple[i
 def layer_of(module: str, layers: Sequence[Set[str]], package: str) -> Tuple[int, str]:
     """``(layer index, unit)`` of a module of ``package``; unit is the subpackage or
     top-level module it belongs to. Raises KeyError for a module no layer lists."""
-    rest = module[len(package) + 1:] if module != package else ""
+    rest = module[len(package) + 1 :] if module != package else ""
     unit = rest.split(".")[0]
     for i, units in enumerate(layers):
         if unit in units:
@@ -79,8 +79,9 @@ def layer_of(module: str, layers: Sequence[Set[str]], package: str) -> Tuple[int
     raise KeyError(unit)
 
 
-def violations(package_root: Path, layers: Sequence[Set[str]] = LAYERS,
-               forbidden: Sequence[str] = FORBIDDEN) -> List[str]:
+def violations(
+    package_root: Path, layers: Sequence[Set[str]] = LAYERS, forbidden: Sequence[str] = FORBIDDEN
+) -> List[str]:
     """Every broken rule of the contract in the package at ``package_root``, as
     ``"file:line: what"`` (empty when the contract holds)."""
     package = package_root.name
@@ -98,8 +99,9 @@ def violations(package_root: Path, layers: Sequence[Set[str]] = LAYERS,
         for line, target in imported_modules(f, name, known):
             top = target.split(".")[0]
             if top in forbidden:
-                out.append(f"{where}:{line}: {name} imports {target} (the engine never "
-                           f"imports {top})")
+                out.append(
+                    f"{where}:{line}: {name} imports {target} (the engine never imports {top})"
+                )
                 continue
             if top != package:
                 continue
@@ -109,11 +111,15 @@ def violations(package_root: Path, layers: Sequence[Set[str]] = LAYERS,
                 out.append(f"{where}:{line}: {name} imports {target}, which is in no layer")
                 continue
             if theirs > mine:
-                out.append(f"{where}:{line}: {name} (layer {my_unit!r}) imports {target} "
-                           f"of the outer layer {their_unit!r}")
+                out.append(
+                    f"{where}:{line}: {name} (layer {my_unit!r}) imports {target} "
+                    f"of the outer layer {their_unit!r}"
+                )
             elif theirs == mine and their_unit != my_unit:
-                out.append(f"{where}:{line}: {name} imports {target}: {my_unit!r} and "
-                           f"{their_unit!r} share a layer and are independent")
+                out.append(
+                    f"{where}:{line}: {name} imports {target}: {my_unit!r} and "
+                    f"{their_unit!r} share a layer and are independent"
+                )
     return out
 
 
@@ -122,8 +128,11 @@ def test_the_engine_keeps_its_import_contract():
 
 
 def test_every_layer_names_an_existing_package_or_module():
-    present = {p.stem if p.suffix == ".py" else p.name
-               for p in (ROOT / ENGINE).iterdir() if p.suffix == ".py" or p.is_dir()}
+    present = {
+        p.stem if p.suffix == ".py" else p.name
+        for p in (ROOT / ENGINE).iterdir()
+        if p.suffix == ".py" or p.is_dir()
+    }
     present |= {"", "_native"}  # the package's __init__; the C++ module built by CMake
     listed = set().union(*LAYERS)
     assert listed <= present | {"__init__"}, listed - present
@@ -131,14 +140,21 @@ def test_every_layer_names_an_existing_package_or_module():
 
 # -- the checker itself, on a throw-away package ---------------------------------------
 
+
 def _package(tmp_path: Path, files: Dict[str, str]) -> Path:
     root = tmp_path / ENGINE
-    for rel, text in {"__init__.py": "", "errors.py": "", "config/__init__.py": "",
-                      "config/ps_json.py": "from triton_rec.errors import x\n",
-                      "storage/__init__.py": "", "updates/__init__.py": "",
-                      "dense/__init__.py": "",
-                      "serving/__init__.py": "from triton_rec.storage import table\n",
-                      "storage/table.py": "from . import errors_alias\n", **files}.items():
+    for rel, text in {
+        "__init__.py": "",
+        "errors.py": "",
+        "config/__init__.py": "",
+        "config/ps_json.py": "from triton_rec.errors import x\n",
+        "storage/__init__.py": "",
+        "updates/__init__.py": "",
+        "dense/__init__.py": "",
+        "serving/__init__.py": "from triton_rec.storage import table\n",
+        "storage/table.py": "from . import errors_alias\n",
+        **files,
+    }.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     return root
@@ -148,18 +164,25 @@ def test_the_checker_accepts_a_package_that_keeps_the_contract(tmp_path):
     assert violations(_package(tmp_path, {})) == []
 
 
-@pytest.mark.parametrize("rel, text, expected", [
-    ("storage/node_store.py", "from ps_loader import node_store\n", "never imports ps_loader"),
-    ("storage/x.py", "def f():\n    import benchmarks.cache_sim\n", "never imports benchmarks"),
-    ("config/x.py", "import tests.fake_pb_utils\n", "never imports tests"),
-    ("serving/x.py", "from clients.hps_client import main\n", "never imports clients"),
-    ("config/model_files.py", "from triton_rec.storage.table import T\n", "outer layer 'storage'"),
-    ("storage/y.py", "from triton_rec.serving import session\n", "outer layer 'serving'"),
-    ("storage/z.py", "from ..serving import session\n", "outer layer 'serving'"),
-    ("errors.py", "from triton_rec import serving\n", "outer layer 'serving'"),
-    ("dense/x.py", "from triton_rec.updates import consumer\n", "independent"),
-    ("newpkg/x.py", "", "in no layer"),
-])
+@pytest.mark.parametrize(
+    "rel, text, expected",
+    [
+        ("storage/node_store.py", "from ps_loader import node_store\n", "never imports ps_loader"),
+        ("storage/x.py", "def f():\n    import benchmarks.cache_sim\n", "never imports benchmarks"),
+        ("config/x.py", "import tests.fake_pb_utils\n", "never imports tests"),
+        ("serving/x.py", "from clients.hps_client import main\n", "never imports clients"),
+        (
+            "config/model_files.py",
+            "from triton_rec.storage.table import T\n",
+            "outer layer 'storage'",
+        ),
+        ("storage/y.py", "from triton_rec.serving import session\n", "outer layer 'serving'"),
+        ("storage/z.py", "from ..serving import session\n", "outer layer 'serving'"),
+        ("errors.py", "from triton_rec import serving\n", "outer layer 'serving'"),
+        ("dense/x.py", "from triton_rec.updates import consumer\n", "independent"),
+        ("newpkg/x.py", "", "in no layer"),
+    ],
+)
 def test_the_checker_reports_a_forbidden_import(tmp_path, rel, text, expected):
     found = violations(_package(tmp_path, {rel: text}))
     assert len(found) == 1 and expected in found[0], found

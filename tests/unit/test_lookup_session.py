@@ -11,8 +11,12 @@ from triton_rec.storage.table import EmbeddingTable
 
 SEED = 11
 WDL = [
-    SyntheticTable("embedding_table1", rows=500, vec_size=1, max_keys_per_sample=2, default_value=0.5),
-    SyntheticTable("embedding_table2", rows=3000, vec_size=16, max_keys_per_sample=26, default_value=-2.0),
+    SyntheticTable(
+        "embedding_table1", rows=500, vec_size=1, max_keys_per_sample=2, default_value=0.5
+    ),
+    SyntheticTable(
+        "embedding_table2", rows=3000, vec_size=16, max_keys_per_sample=26, default_value=-2.0
+    ),
 ]
 
 
@@ -66,7 +70,7 @@ def test_unknown_keys_get_each_tables_default_value(session):
     out = session.lookup(req)
     np.testing.assert_array_equal(out, _expected(per_table))
     assert out[0] == 0.5 and out[1] == 0.5
-    assert np.all(out[6:6 + 32] == -2.0)
+    assert np.all(out[6 : 6 + 32] == -2.0)
 
 
 def test_several_requests_looked_up_together_equal_one_by_one(session):
@@ -94,10 +98,22 @@ def test_a_table_may_receive_no_keys(session):
 @pytest.mark.parametrize(
     "keys, numkeys, needle",
     [
-        (np.arange(28), np.array([2, 26, 0], np.int32), "NUMKEYS has 3 counts but the model has 2 tables"),
+        (
+            np.arange(28),
+            np.array([2, 26, 0], np.int32),
+            "NUMKEYS has 3 counts but the model has 2 tables",
+        ),
         (np.arange(28), np.array([2], np.int32), "NUMKEYS has 1 counts but the model has 2 tables"),
-        (np.arange(28), np.array([[2, 26], [2, 26]], np.int32), "NUMKEYS must have shape [2] or [1, 2]"),
-        (np.arange(28), np.array([30, -2], np.int32), "NUMKEYS[1] (table 'embedding_table2') is negative: -2"),
+        (
+            np.arange(28),
+            np.array([[2, 26], [2, 26]], np.int32),
+            "NUMKEYS must have shape [2] or [1, 2]",
+        ),
+        (
+            np.arange(28),
+            np.array([30, -2], np.int32),
+            "NUMKEYS[1] (table 'embedding_table2') is negative: -2",
+        ),
         (np.arange(28), np.array([2, 25], np.int32), "NUMKEYS sums to 27 but KEYS has 28 keys"),
         (np.arange(0), np.array([0, 0], np.int32), "empty request"),
         (np.arange(28).astype(np.int32), np.array([2, 26], np.int32), "KEYS must be INT64"),
@@ -107,13 +123,17 @@ def test_a_table_may_receive_no_keys(session):
 )
 def test_malformed_requests_are_rejected_with_a_clear_message(session, keys, numkeys, needle):
     with pytest.raises(RequestError) as e:
-        session.parse_request(keys.astype(keys.dtype if keys.dtype == np.int32 else np.int64), numkeys)
+        session.parse_request(
+            keys.astype(keys.dtype if keys.dtype == np.int32 else np.int64), numkeys
+        )
     assert needle in str(e.value)
     assert "model 'wdl'" in str(e.value)
 
 
 def test_the_largest_allowed_batch_is_accepted(session):
-    req = session.parse_request(np.arange(16 * 28, dtype=np.int64), np.array([32, 16 * 26], np.int32))
+    req = session.parse_request(
+        np.arange(16 * 28, dtype=np.int64), np.array([32, 16 * 26], np.int32)
+    )
     assert req.num_samples == 16
     assert session.lookup(req).shape == (32 + 16 * 26 * 16,)
 

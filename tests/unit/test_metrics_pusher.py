@@ -59,8 +59,9 @@ def test_pushes_from_execute_and_the_thread_never_overlap():
     m = Counting()
     pusher = MetricsPusher(pb_utils_logging_to([]), "m", m, interval=0.001)
     try:
-        threads = [threading.Thread(target=lambda: [pusher.push() for _ in range(50)])
-                   for _ in range(3)]
+        threads = [
+            threading.Thread(target=lambda: [pusher.push() for _ in range(50)]) for _ in range(3)
+        ]
         for t in threads:
             t.start()
         for t in threads:

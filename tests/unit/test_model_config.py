@@ -2,22 +2,26 @@
 
 import pytest
 
-from triton_rec.errors import ConfigError
 from triton_rec.config.model_config import (
     check_hps_model_config,
     check_hugectr_model_config,
     model_parameter,
 )
+from triton_rec.errors import ConfigError
 
 
 def _cfg(inputs=None, outputs=None, **kw):
     c = {
         "name": "m",
-        "input": inputs if inputs is not None else [
+        "input": inputs
+        if inputs is not None
+        else [
             {"name": "KEYS", "data_type": "TYPE_INT64"},
             {"name": "NUMKEYS", "data_type": "TYPE_INT32"},
         ],
-        "output": outputs if outputs is not None else [{"name": "OUTPUT0", "data_type": "TYPE_FP32"}],
+        "output": outputs
+        if outputs is not None
+        else [{"name": "OUTPUT0", "data_type": "TYPE_FP32"}],
     }
     c.update(kw)
     return c
@@ -25,7 +29,10 @@ def _cfg(inputs=None, outputs=None, **kw):
 
 def test_the_hps_interface_is_accepted_and_the_output_name_comes_from_the_config():
     assert check_hps_model_config(_cfg()) == ("OUTPUT0", ())
-    outs = [{"name": "emb", "data_type": "TYPE_FP32"}, {"name": "NumSample", "data_type": "TYPE_INT32"}]
+    outs = [
+        {"name": "emb", "data_type": "TYPE_FP32"},
+        {"name": "NumSample", "data_type": "TYPE_INT32"},
+    ]
     assert check_hps_model_config(_cfg(outputs=outs)) == ("emb", ("NumSample",))
 
 
@@ -33,15 +40,36 @@ def test_the_hps_interface_is_accepted_and_the_output_name_comes_from_the_config
     "cfg, needle",
     [
         (_cfg(inputs=[{"name": "KEYS", "data_type": "TYPE_INT64"}]), "missing input 'NUMKEYS'"),
-        (_cfg(inputs=[{"name": "KEYS", "data_type": "TYPE_INT32"},
-                      {"name": "NUMKEYS", "data_type": "TYPE_INT32"}]), "input 'KEYS' must be TYPE_INT64"),
-        (_cfg(inputs=[{"name": "KEYS", "data_type": "TYPE_INT64"},
-                      {"name": "NUMKEYS", "data_type": "TYPE_INT32"},
-                      {"name": "X", "data_type": "TYPE_INT32"}]), "unexpected inputs ['X']"),
+        (
+            _cfg(
+                inputs=[
+                    {"name": "KEYS", "data_type": "TYPE_INT32"},
+                    {"name": "NUMKEYS", "data_type": "TYPE_INT32"},
+                ]
+            ),
+            "input 'KEYS' must be TYPE_INT64",
+        ),
+        (
+            _cfg(
+                inputs=[
+                    {"name": "KEYS", "data_type": "TYPE_INT64"},
+                    {"name": "NUMKEYS", "data_type": "TYPE_INT32"},
+                    {"name": "X", "data_type": "TYPE_INT32"},
+                ]
+            ),
+            "unexpected inputs ['X']",
+        ),
         (_cfg(outputs=[]), "expected exactly one embedding output"),
         (_cfg(outputs=[{"name": "o", "data_type": "TYPE_FP16"}]), "must be TYPE_FP32"),
-        (_cfg(outputs=[{"name": "o", "data_type": "TYPE_FP32"},
-                       {"name": "DeviceID", "data_type": "TYPE_FP32"}]), "'DeviceID' must be TYPE_INT32"),
+        (
+            _cfg(
+                outputs=[
+                    {"name": "o", "data_type": "TYPE_FP32"},
+                    {"name": "DeviceID", "data_type": "TYPE_FP32"},
+                ]
+            ),
+            "'DeviceID' must be TYPE_INT32",
+        ),
     ],
 )
 def test_a_wrong_interface_names_the_model_and_field(cfg, needle):
@@ -60,35 +88,49 @@ def test_string_parameters_are_read_from_config_pbtxt():
 def _hugectr(cat="TYPE_UINT32", outputs=None):
     return {
         "name": "dcn",
-        "input": [{"name": "DES", "data_type": "TYPE_FP32"}, {"name": "CATCOLUMN", "data_type": cat},
-                  {"name": "ROWINDEX", "data_type": "TYPE_INT32"}],
-        "output": outputs if outputs is not None else [{"name": "OUTPUT0", "data_type": "TYPE_FP32"}],
+        "input": [
+            {"name": "DES", "data_type": "TYPE_FP32"},
+            {"name": "CATCOLUMN", "data_type": cat},
+            {"name": "ROWINDEX", "data_type": "TYPE_INT32"},
+        ],
+        "output": outputs
+        if outputs is not None
+        else [{"name": "OUTPUT0", "data_type": "TYPE_FP32"}],
     }
 
 
 def test_the_hugectr_interface_takes_uint32_or_int64_keys():
     assert check_hugectr_model_config(_hugectr("TYPE_UINT32")) == "OUTPUT0"
     assert check_hugectr_model_config(_hugectr("TYPE_INT64")) == "OUTPUT0"
-    with pytest.raises(ConfigError, match="input 'CATCOLUMN' must be TYPE_UINT32 or TYPE_INT64, got TYPE_INT32"):
+    with pytest.raises(
+        ConfigError, match="input 'CATCOLUMN' must be TYPE_UINT32 or TYPE_INT64, got TYPE_INT32"
+    ):
         check_hugectr_model_config(_hugectr("TYPE_INT32"))
     with pytest.raises(ConfigError, match="expected one TYPE_FP32 output"):
         check_hugectr_model_config(_hugectr(outputs=[]))
 
 
 def test_config_pbtxt_parameters_override_refresh_and_freeze_sparse():
-    from triton_rec.config.ps_json import parse_ps_config
     from triton_rec.config.model_config import with_model_parameters
+    from triton_rec.config.ps_json import parse_ps_config
 
-    entry = {"model": "m", "sparse_files": ["x"], "embedding_vecsize_per_table": [4],
-             "maxnum_catfeature_query_per_table_per_sample": [1], "max_batch_size": 8,
-             "refresh_interval": 5}
+    entry = {
+        "model": "m",
+        "sparse_files": ["x"],
+        "embedding_vecsize_per_table": [4],
+        "maxnum_catfeature_query_per_table_per_sample": [1],
+        "max_batch_size": 8,
+        "refresh_interval": 5,
+    }
     params = parse_ps_config({"supportlonglong": True, "models": [entry]}).models[0]
 
     def cfg(**kv):
         return {"parameters": {k: {"string_value": v} for k, v in kv.items()}}
 
     assert with_model_parameters(cfg(), params) == params
-    p = with_model_parameters(cfg(refresh_interval="0.5", refresh_delay="2", freeze_sparse="true"), params)
+    p = with_model_parameters(
+        cfg(refresh_interval="0.5", refresh_delay="2", freeze_sparse="true"), params
+    )
     assert (p.refresh_interval, p.refresh_delay, p.freeze_sparse) == (0.5, 2.0, True)
     for bad in (dict(refresh_interval="-1"), dict(refresh_delay="soon"), dict(freeze_sparse="yes")):
         with pytest.raises(ConfigError, match=next(iter(bad))):
@@ -157,14 +199,21 @@ def test_oversubscription_is_instances_times_threads_against_usable_cores():
 
 
 def test_an_absurd_max_batch_size_is_refused_naming_the_model_and_field():
-    from triton_rec.errors import ConfigError
     from triton_rec.config.model_config import MAX_BATCH_SIZE_LIMIT, check_hps_model_config
+    from triton_rec.errors import ConfigError
 
-    config = {"name": "m", "max_batch_size": 1000000000000,
-              "input": [{"name": "KEYS", "data_type": "TYPE_INT64"},
-                        {"name": "NUMKEYS", "data_type": "TYPE_INT32"}],
-              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32"}]}
-    with pytest.raises(ConfigError, match=r"model 'm' config.pbtxt: max_batch_size .*1000000000000"):
+    config = {
+        "name": "m",
+        "max_batch_size": 1000000000000,
+        "input": [
+            {"name": "KEYS", "data_type": "TYPE_INT64"},
+            {"name": "NUMKEYS", "data_type": "TYPE_INT32"},
+        ],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32"}],
+    }
+    with pytest.raises(
+        ConfigError, match=r"model 'm' config.pbtxt: max_batch_size .*1000000000000"
+    ):
         check_hps_model_config(config)
     config["max_batch_size"] = MAX_BATCH_SIZE_LIMIT
     assert check_hps_model_config(config) == ("OUTPUT0", ())

@@ -8,12 +8,12 @@ import struct
 import numpy as np
 import pytest
 
-from triton_rec.storage import node_store
-from triton_rec.formats.tables import write_table
 from ps_loader.__main__ import main as ps_loader_main
 from triton_rec import _native
 from triton_rec.config.ps_json import TableParams
 from triton_rec.errors import DuplicateKeyError, ModelFileError
+from triton_rec.formats.tables import write_table
+from triton_rec.storage import node_store
 from triton_rec.storage.table import EmbeddingTable
 
 
@@ -370,8 +370,10 @@ def test_four_processes_loading_at_once_convert_exactly_once_and_see_the_same_da
     store, log_path = str(tmp_path / "store"), str(tmp_path / "conversions.log")
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(4), ctx.Queue()
-    procs = [ctx.Process(target=_load_in_child, args=(src, store, log_path, barrier, results))
-             for _ in range(4)]
+    procs = [
+        ctx.Process(target=_load_in_child, args=(src, store, log_path, barrier, results))
+        for _ in range(4)
+    ]
     for p in procs:
         p.start()
     seen = [results.get(timeout=120) for _ in procs]

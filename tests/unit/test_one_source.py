@@ -11,21 +11,26 @@ import pytest
 
 from triton_rec import errors
 from triton_rec.cache import array_cache, shm_cache
-from triton_rec.config import ps_json as config
-from triton_rec.storage import backing_store
-from triton_rec.updates import codec as updates
 from triton_rec.cache.cached_table import CachedTable
+from triton_rec.config import ps_json as config
 from triton_rec.config.ps_json import CachePolicy, ModelParams, OverflowPolicy, parse_ps_config
 from triton_rec.dense import Combiner
 from triton_rec.dense.hugectr_network import HugeCTRNetwork
 from triton_rec.dense.onnx_model import network_combiners
 from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.storage import backing_store
+from triton_rec.updates import codec as updates
 
 
 def _ps(**model_keys):
-    model = {"model": "m", "sparse_files": ["t.npz"], "embedding_vecsize_per_table": [4],
-             "maxnum_catfeature_query_per_table_per_sample": [2], "max_batch_size": 8,
-             **model_keys}
+    model = {
+        "model": "m",
+        "sparse_files": ["t.npz"],
+        "embedding_vecsize_per_table": [4],
+        "maxnum_catfeature_query_per_table_per_sample": [2],
+        "max_batch_size": 8,
+        **model_keys,
+    }
     return parse_ps_config({"supportlonglong": True, "models": [model]}, "/r", "ps.json")
 
 
@@ -64,14 +69,26 @@ def test_one_name_rule_for_models_tables_and_topics():
 
 
 def test_model_defaults_are_the_dataclass_field_defaults():
-    fields = {f.name: f.default for f in dataclasses.fields(ModelParams)
-              if f.default is not dataclasses.MISSING}
+    fields = {
+        f.name: f.default
+        for f in dataclasses.fields(ModelParams)
+        if f.default is not dataclasses.MISSING
+    }
     assert config.MODEL_DEFAULTS == fields
     p = _ps().models[0]
-    for key in ("gpucache", "gpucacheper", "hit_rate_threshold", "cache_policy", "cache_ways",
-                "init_ec", "refresh_interval", "refresh_delay",
-                "cache_refresh_percentage_per_iteration", "freeze_sparse",
-                "deployed_device_list"):
+    for key in (
+        "gpucache",
+        "gpucacheper",
+        "hit_rate_threshold",
+        "cache_policy",
+        "cache_ways",
+        "init_ec",
+        "refresh_interval",
+        "refresh_delay",
+        "cache_refresh_percentage_per_iteration",
+        "freeze_sparse",
+        "deployed_device_list",
+    ):
         assert getattr(p, key) == fields[key], key
     assert p.tables[0].default_value == config.TABLE_DEFAULTS["default_value"]
 
@@ -85,8 +102,9 @@ def test_cached_table_defaults_to_the_ps_json_hit_rate_threshold():
 
 
 def test_every_error_class_is_defined_in_errors_under_one_root():
-    classes = [c for c in vars(errors).values()
-               if isinstance(c, type) and issubclass(c, BaseException)]
+    classes = [
+        c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, BaseException)
+    ]
     assert len(classes) > 15
     for c in classes:
         assert c.__module__ == "triton_rec.errors" and issubclass(c, TritonRecError), c
@@ -125,17 +143,31 @@ def test_the_native_errors_derive_from_the_root_and_their_builtin_class():
 
 
 def _network(*embedding_layers):
-    data = {"name": "data", "type": "Data", "label": {"top": "label", "label_dim": 1},
-            "dense": {"top": "dense", "dense_dim": 2},
-            "sparse": [{"top": f"s{t}", "slot_num": 2, "max_feature_num_per_sample": 4}
-                       for t in range(len(embedding_layers))]}
+    data = {
+        "name": "data",
+        "type": "Data",
+        "label": {"top": "label", "label_dim": 1},
+        "dense": {"top": "dense", "dense_dim": 2},
+        "sparse": [
+            {"top": f"s{t}", "slot_num": 2, "max_feature_num_per_sample": 4}
+            for t in range(len(embedding_layers))
+        ],
+    }
     layers = [data]
     for t, (type_, hparam) in enumerate(embedding_layers):
-        layers.append({"name": f"emb{t}", "type": type_, "bottom": f"s{t}", "top": f"e{t}",
-                       "sparse_embedding_hparam": {"embedding_vec_size": 4, **hparam}})
+        layers.append(
+            {
+                "name": f"emb{t}",
+                "type": type_,
+                "bottom": f"s{t}",
+                "top": f"e{t}",
+                "sparse_embedding_hparam": {"embedding_vec_size": 4, **hparam},
+            }
+        )
     # a dense layer the HugeCTR executor does not know: the ONNX path never plans it
-    layers.append({"name": "head", "type": "SomethingOnlyOnnxRuns", "bottom": ["dense", "e0"],
-                   "top": "out"})
+    layers.append(
+        {"name": "head", "type": "SomethingOnlyOnnxRuns", "bottom": ["dense", "e0"], "top": "out"}
+    )
     return {"layers": layers}
 
 
@@ -146,25 +178,32 @@ def _write(tmp_path, doc):
 
 
 def test_onnx_combiners_come_from_the_hugectr_parser_for_every_embedding_type(tmp_path):
-    path = _write(tmp_path, _network(
-        ("DistributedSlotSparseEmbeddingHash", {"combiner": "mean"}),
-        ("HybridSparseEmbedding", {"combiner": 0}),
-    ))
+    path = _write(
+        tmp_path,
+        _network(
+            ("DistributedSlotSparseEmbeddingHash", {"combiner": "mean"}),
+            ("HybridSparseEmbedding", {"combiner": 0}),
+        ),
+    )
     assert network_combiners(path) == [Combiner.MEAN, Combiner.SUM]
     assert [t.combiner for t in HugeCTRNetwork.parse_tables(path)] == network_combiners(path)
     with pytest.raises(ConfigError, match="unsupported type 'SomethingOnlyOnnxRuns'"):
         HugeCTRNetwork.parse(path)  # the HugeCTR executor would have to run it
 
 
-@pytest.mark.parametrize("doc,match", [
-    (_network(("DistributedSlotSparseEmbeddingHash", {})),
-     r"layer 'emb0' .*missing key 'sparse_embedding_hparam.combiner'"),
-    (_network(("DistributedSlotSparseEmbeddingHash", {"combiner": "max"})), "combiner"),
-    ({"layers": [{"name": "x", "type": "InnerProduct"}]}, "first layer must be the Data layer"),
-    ({"data": {}}, "pre-v2.1 network format"),
-])
-def test_a_malformed_network_fails_the_onnx_path_as_it_fails_the_hugectr_path(
-        tmp_path, doc, match):
+@pytest.mark.parametrize(
+    "doc,match",
+    [
+        (
+            _network(("DistributedSlotSparseEmbeddingHash", {})),
+            r"layer 'emb0' .*missing key 'sparse_embedding_hparam.combiner'",
+        ),
+        (_network(("DistributedSlotSparseEmbeddingHash", {"combiner": "max"})), "combiner"),
+        ({"layers": [{"name": "x", "type": "InnerProduct"}]}, "first layer must be the Data layer"),
+        ({"data": {}}, "pre-v2.1 network format"),
+    ],
+)
+def test_a_malformed_network_fails_the_onnx_path_as_it_fails_the_hugectr_path(tmp_path, doc, match):
     path = _write(tmp_path, doc)
     with pytest.raises(ConfigError, match=match) as onnx_error:
         network_combiners(path)

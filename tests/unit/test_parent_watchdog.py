@@ -38,8 +38,13 @@ PARENT = textwrap.dedent("""
 
 
 def orphan(mode: str) -> int:
-    out = subprocess.run([sys.executable, "-c", PARENT, INSTANCE, mode], capture_output=True,
-                         text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PARENT, INSTANCE, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return int(out.stdout.strip())
 
 

@@ -19,7 +19,12 @@ def test_the_environment_puts_the_cuda_runtime_library_on_the_path():
 
 def test_the_console_script_runs_perf_analyzer():
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    out = subprocess.run([sys.executable, "-m", "triton_rec.triton.perf_analyzer", "--version"],
-                         capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "triton_rec.triton.perf_analyzer", "--version"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "Perf Analyzer" in out.stdout + out.stderr

@@ -24,10 +24,19 @@ PROBE = textwrap.dedent("""
 
 
 def probe(threads: int, env=None) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")} | (env or {})
-    out = subprocess.run([sys.executable, "-c", PROBE, str(threads)], capture_output=True, text=True,
-                         env=env, timeout=60, check=True)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    } | (env or {})
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(threads)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -67,15 +76,32 @@ def test_the_user_setting_always_stands():
 
 
 def test_instances_started_with_the_server_environment_load_avx2_kernels_on_an_avx2_cpu():
-    from triton_rec.triton.process_setup import _PRE_AVX2_KERNELS, cpu_flags, server_blas_environment
+    from triton_rec.triton.process_setup import (
+        _PRE_AVX2_KERNELS,
+        cpu_flags,
+        server_blas_environment,
+    )
 
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
     env.update(server_blas_environment(env))
-    out = subprocess.run([sys.executable, "-c", "import numpy, threadpoolctl; print(next(i['architecture'] "
-                          "for i in threadpoolctl.threadpool_info() if i['internal_api'] == 'openblas'))"],
-                         capture_output=True, text=True, env=env, timeout=60, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import numpy, threadpoolctl; print(next(i['architecture'] "
+            "for i in threadpoolctl.threadpool_info() if i['internal_api'] == 'openblas'))",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
     if {"avx2", "fma"} <= cpu_flags():
-        assert out.stdout.strip().lower() not in _PRE_AVX2_KERNELS, (out.stdout, env.get("OPENBLAS_CORETYPE"))
+        assert out.stdout.strip().lower() not in _PRE_AVX2_KERNELS, (
+            out.stdout,
+            env.get("OPENBLAS_CORETYPE"),
+        )
 
 
 ALLOC = textwrap.dedent("""
@@ -99,8 +125,9 @@ ALLOC = textwrap.dedent("""
 
 
 def _faults_per_request(mode: str) -> float:
-    out = subprocess.run([sys.executable, "-c", ALLOC, mode], capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", ALLOC, mode], capture_output=True, text=True, timeout=120, check=True
+    )
     return float(out.stdout.strip())
 
 

@@ -15,8 +15,10 @@ from triton_rec.util import procfs
 # A child whose command name contains ") " and "(": /proc/<pid>/stat must be cut at
 # the LAST ")" to find its fields.
 TRICKY_NAME = "a) b (c"
-CHILD = (f"import ctypes, time; ctypes.CDLL(None).prctl(15, {TRICKY_NAME.encode()!r}, 0, 0, 0); "
-         "print('ok', flush=True); time.sleep(60)")
+CHILD = (
+    f"import ctypes, time; ctypes.CDLL(None).prctl(15, {TRICKY_NAME.encode()!r}, 0, 0, 0); "
+    "print('ok', flush=True); time.sleep(60)"
+)
 
 
 def _child():
@@ -93,8 +95,9 @@ def test_flock_exclusive_waits_until_the_deadline_then_raises_the_callers_error(
         waits = []
         t0 = time.monotonic()
         with pytest.raises(LookupError, match="held"):
-            procfs.flock_exclusive(waiter, t0 + 0.2, lambda: LookupError("held"),
-                                   on_wait=lambda: waits.append(1))
+            procfs.flock_exclusive(
+                waiter, t0 + 0.2, lambda: LookupError("held"), on_wait=lambda: waits.append(1)
+            )
         assert 0.2 <= time.monotonic() - t0 < 5 and waits == [1]
         with pytest.raises(TimeoutError):
             procfs.flock_exclusive(waiter, time.monotonic())

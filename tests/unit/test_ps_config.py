@@ -89,8 +89,15 @@ def test_bad_model_values_name_the_model_and_key(override, needle):
     assert "x/ps.json" in str(e.value) and "'m'" in str(e.value)
 
 
-@pytest.mark.parametrize("key", ["sparse_files", "embedding_vecsize_per_table",
-                                 "maxnum_catfeature_query_per_table_per_sample", "max_batch_size"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "sparse_files",
+        "embedding_vecsize_per_table",
+        "maxnum_catfeature_query_per_table_per_sample",
+        "max_batch_size",
+    ],
+)
 def test_required_model_keys_are_required(key):
     m = _model()
     del m[key]
@@ -113,9 +120,23 @@ def test_cache_keys_are_parsed_with_hps_defaults():
     m = parse_ps_config(_doc()).model("m")
     assert (m.cache_policy, m.cache_ways, m.init_ec, m.refresh_interval) == ("lru", 8, False, 0.0)
     assert m.cache_refresh_percentage_per_iteration == 0.1 and m.gpucacheper == 0.2
-    m = parse_ps_config(_doc(_model(cache_policy="tinylfu", init_ec=True, refresh_interval=2.5,
-                                    refresh_delay=1, cache_refresh_percentage_per_iteration=0.3))).model("m")
-    assert (m.cache_policy, m.init_ec, m.refresh_interval, m.refresh_delay) == ("tinylfu", True, 2.5, 1.0)
+    m = parse_ps_config(
+        _doc(
+            _model(
+                cache_policy="tinylfu",
+                init_ec=True,
+                refresh_interval=2.5,
+                refresh_delay=1,
+                cache_refresh_percentage_per_iteration=0.3,
+            )
+        )
+    ).model("m")
+    assert (m.cache_policy, m.init_ec, m.refresh_interval, m.refresh_delay) == (
+        "tinylfu",
+        True,
+        2.5,
+        1.0,
+    )
     assert m.cache_refresh_percentage_per_iteration == 0.3
 
 

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from triton_rec import _native
-from triton_rec.errors import CacheConfigMismatchError, CacheError, ConfigError
 from triton_rec.cache.shm_cache import SharedEmbeddingCache, segment_path
+from triton_rec.errors import CacheConfigMismatchError, CacheError, ConfigError
 
 SHM = "/dev/shm"
 RUN_PREFIX = f"pytest-{uuid.uuid4().hex[:8]}"
@@ -197,13 +197,20 @@ def name(request):
 
 
 def open_cache(name, capacity=64, vec_size=8, policy="lru", ways=4, **kw):
-    return SharedEmbeddingCache.open(name, capacity=capacity, vec_size=vec_size, policy=policy,
-                                     ways=ways, **kw)
+    return SharedEmbeddingCache.open(
+        name, capacity=capacity, vec_size=vec_size, policy=policy, ways=ways, **kw
+    )
 
 
 def spawn(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, os.path.abspath(__file__), *map(str, args)],
-                            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), *map(str, args)],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 60) -> dict:
@@ -250,11 +257,13 @@ def test_lru_hits_misses_evictions_and_vectors_match_a_brute_force_reference(num
     d = 5
     cap = num_sets * ways
     buf = np.zeros(_native.ShmCacheView.required_bytes(num_sets, ways, d, "lru"), np.uint8)
-    cache = _native.ShmCacheView.initialize(buf, num_sets=num_sets, ways=ways, vec_size=d,
-                                            policy="lru", checksum=7)
+    cache = _native.ShmCacheView.initialize(
+        buf, num_sets=num_sets, ways=ways, vec_size=d, policy="lru", checksum=7
+    )
     ref = RefLRU(num_sets, ways)
-    pool = np.concatenate([[I64.min, -1, 0, I64.max],
-                           rng.integers(I64.min, I64.max, size=3 * cap, dtype=np.int64)])
+    pool = np.concatenate(
+        [[I64.min, -1, 0, I64.max], rng.integers(I64.min, I64.max, size=3 * cap, dtype=np.int64)]
+    )
     totals = dict(lookups=0, hits=0, inserts=0, evictions=0)
     for step in range(400):
         # repeats included; half the batches longer than query's prefetch pipeline (24)
@@ -301,8 +310,9 @@ def test_tinylfu_admissions_and_aging_match_a_brute_force_reference(num_sets, wa
     buf = np.zeros(_native.ShmCacheView.required_bytes(num_sets, ways, d, "tinylfu"), np.uint8)
     cache = _native.ShmCacheView.initialize(buf, num_sets, ways, d, "tinylfu", 0)
     ref = RefTinyLFU(num_sets, ways)
-    pool = np.concatenate([[I64.min, -1, 0, I64.max],
-                           rng.integers(I64.min, I64.max, size=4 * cap, dtype=np.int64)])
+    pool = np.concatenate(
+        [[I64.min, -1, 0, I64.max], rng.integers(I64.min, I64.max, size=4 * cap, dtype=np.int64)]
+    )
     weights = rng.pareto(1.0, size=len(pool)) + 0.05  # skewed popularity
     weights /= weights.sum()
     rejected = 0
@@ -456,7 +466,7 @@ def test_bad_arguments_are_rejected_with_messages_naming_the_argument():
     with pytest.raises(ValueError, match="keys must be 1-D"):
         v.erase(k.reshape(3, 1))
     with pytest.raises(ValueError, match="must not overlap the cache region"):
-        v.insert(k[:1], buf[4096:4096 + 12].view(np.float32).reshape(1, 3))
+        v.insert(k[:1], buf[4096 : 4096 + 12].view(np.float32).reshape(1, 3))
     with pytest.raises(ValueError, match="num_sets must be a power of two"):
         _native.ShmCacheView.required_bytes(3, 2, 3, "lru")
     with pytest.raises(ValueError, match="policy must be 'lru' or 'tinylfu'"):
@@ -480,7 +490,7 @@ def test_attach_validates_the_region():
         _native.ShmCacheView.attach(bytes(len(buf)))
     half = buf.copy()
     off = _native.SHM_CACHE_INITIALIZED_OFFSET
-    half[off:off + 4] = 0  # the 'initialized' flag cleared: a creator died formatting
+    half[off : off + 4] = 0  # the 'initialized' flag cleared: a creator died formatting
     with pytest.raises(_native.ShmCacheError, match="not initialized"):
         _native.ShmCacheView.attach(half)
     v.release()
@@ -595,8 +605,11 @@ def test_a_writer_killed_while_holding_a_set_lock_is_recovered_and_nobody_hangs(
 
         holder = spawn("hold_set", name, target, 120)
         try:
-            wait_for(lambda: cache._view._debug_set_seq(target) % 2 == 1, 30,
-                     "the child to lock the set and start a write")
+            wait_for(
+                lambda: cache._view._debug_set_seq(target) % 2 == 1,
+                30,
+                "the child to lock the set and start a write",
+            )
             # a reader of the held set must wait (it can never return the torn vectors)
             reader = spawn("query", name, ",".join(map(str, in_set)))
             time.sleep(0.5)
@@ -632,8 +645,13 @@ def test_writers_sigkilled_at_random_moments_leave_a_usable_consistent_cache(nam
             before = cache.stats()["inserts"] + cache.stats()["updates"]
             writer = spawn("write_loop", name)
             try:
-                wait_for(lambda before=before: cache.stats()["inserts"] + cache.stats()["updates"] > before
-                         + 2000, 30, "the writer to start writing")
+                wait_for(
+                    lambda before=before: (
+                        cache.stats()["inserts"] + cache.stats()["updates"] > before + 2000
+                    ),
+                    30,
+                    "the writer to start writing",
+                )
                 time.sleep(float(rng.uniform(0.0, 0.2)))
             finally:
                 writer.kill()

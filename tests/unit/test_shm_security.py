@@ -17,10 +17,10 @@ import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from triton_rec.cache import gpu_share
-from triton_rec.config.ps_json import parse_ps_config
-from triton_rec.serving.deployment import InstanceSpec, cache_capacity, cache_name, open_session
-from triton_rec.errors import CacheConfigMismatchError, CacheError
 from triton_rec.cache.shm_cache import SharedEmbeddingCache, segment_path
+from triton_rec.config.ps_json import parse_ps_config
+from triton_rec.errors import CacheConfigMismatchError, CacheError
+from triton_rec.serving.deployment import InstanceSpec, cache_capacity, cache_name, open_session
 
 SHM = "/dev/shm"
 NOBODY = 65534
@@ -72,12 +72,14 @@ def as_nobody(plant):
 def plant_segment(name, directory, capacity, vec_size, keys, mode=0o666, **kw):
     """What an attacker does: a real cache segment under our name, world-writable, full
     of forged vectors for our keys, attached by its own live process."""
+
     def plant():
         cache = SharedEmbeddingCache.open(name, capacity, vec_size, directory=directory, **kw)
         os.chmod(cache.path, mode)
         k = np.asarray(keys, np.int64)
         cache.insert(k, np.full((k.shape[0], vec_size), FORGED, np.float32))
         return cache.close
+
     return plant
 
 
@@ -112,8 +114,10 @@ def test_a_segment_planted_by_another_uid_is_refused_and_never_read(name, same_c
             cache = SharedEmbeddingCache.open(name, 64, 8, directory=SHM)
             try:  # only reached if it attached: show what it would serve
                 out, hit = query(cache, keys)
-                pytest.fail(f"attached to a foreign segment: hits {hit.sum()}, "
-                            f"forged values served: {bool((out == FORGED).any())}")
+                pytest.fail(
+                    f"attached to a foreign segment: hits {hit.sum()}, "
+                    f"forged values served: {bool((out == FORGED).any())}"
+                )
             finally:
                 cache.close()
         msg = str(exc.value)
@@ -132,7 +136,9 @@ def test_a_non_private_segment_of_our_own_uid_is_refused(name, how, tmp_path):
             path = segment_path(name, str(tmp_path / "links"))
             os.mkdir(os.path.dirname(path), 0o700)
             os.symlink(mine.path, path)
-        with pytest.raises(CacheError, match="mode 0644" if how == "mode 0644" else "symbolic link"):
+        with pytest.raises(
+            CacheError, match="mode 0644" if how == "mode 0644" else "symbolic link"
+        ):
             SharedEmbeddingCache.open(name, 64, 8, directory=os.path.dirname(path)).close()
 
 
@@ -143,8 +149,9 @@ def test_a_non_private_segment_of_our_own_uid_is_refused(name, how, tmp_path):
 def _params(repo, **over):
     entry = write_model(str(repo), "msec", TABLES, SEED)
     entry.update({"gpucacheper": 0.5, "hit_rate_threshold": 1.1, **over})  # misses: exact
-    return parse_ps_config({"supportlonglong": True, "models": [entry]},
-                           base_dir=str(repo)).models[0]
+    return parse_ps_config({"supportlonglong": True, "models": [entry]}, base_dir=str(repo)).models[
+        0
+    ]
 
 
 def _lookup(session, keys):
@@ -247,7 +254,9 @@ def test_gpu_share_never_uses_a_file_planted_by_another_uid(suffix):
             return sa.close
         path = gpu_share.shared_path(name, suffix, SHM)
         with open(path, "w") as f:
-            f.write(f'{{"format": "{gpu_share.HANDLES_FORMAT}", "pid": {os.getpid()}, "arrays": {{}}}}')
+            f.write(
+                f'{{"format": "{gpu_share.HANDLES_FORMAT}", "pid": {os.getpid()}, "arrays": {{}}}}'
+            )
         os.chmod(path, 0o666)
         return lambda: os.unlink(path)
 

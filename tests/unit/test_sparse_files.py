@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from triton_rec.formats.tables import read_table, write_table
 from ps_loader.synthetic import expected_vectors, table_keys
 from triton_rec.errors import ModelFileError
+from triton_rec.formats.tables import read_table, write_table
 
 
 def _table(n=100, d=8, seed=3):
@@ -20,7 +20,9 @@ def test_a_hugectr_directory_reads_back_byte_for_byte(tmp_path):
     write_table(path, keys, vecs)
     # The on-disk layout is raw little-endian int64 / float32 with no header.
     assert (tmp_path / "t0_sparse_0.model" / "key").read_bytes() == keys.astype("<i8").tobytes()
-    assert (tmp_path / "t0_sparse_0.model" / "emb_vector").read_bytes() == vecs.astype("<f4").tobytes()
+    assert (tmp_path / "t0_sparse_0.model" / "emb_vector").read_bytes() == vecs.astype(
+        "<f4"
+    ).tobytes()
     k, v = read_table(path, 8)
     np.testing.assert_array_equal(k, keys)
     np.testing.assert_array_equal(v, vecs)
@@ -47,11 +49,21 @@ def test_an_empty_table_is_valid(tmp_path):
     [
         (lambda p: (p / "key").unlink(), "missing file", "key"),
         (lambda p: (p / "emb_vector").unlink(), "missing file", "emb_vector"),
-        (lambda p: (p / "key").write_bytes((p / "key").read_bytes()[:-3]), "not a multiple of 8", "key"),
-        (lambda p: (p / "emb_vector").write_bytes((p / "emb_vector").read_bytes()[:-4]),
-         "not a multiple of 4*vec_size = 32", "emb_vector"),
-        (lambda p: (p / "key").write_bytes((p / "key").read_bytes()[:-8]),
-         "holds 99 keys but 'emb_vector' holds 100 vectors", "t.model"),
+        (
+            lambda p: (p / "key").write_bytes((p / "key").read_bytes()[:-3]),
+            "not a multiple of 8",
+            "key",
+        ),
+        (
+            lambda p: (p / "emb_vector").write_bytes((p / "emb_vector").read_bytes()[:-4]),
+            "not a multiple of 4*vec_size = 32",
+            "emb_vector",
+        ),
+        (
+            lambda p: (p / "key").write_bytes((p / "key").read_bytes()[:-8]),
+            "holds 99 keys but 'emb_vector' holds 100 vectors",
+            "t.model",
+        ),
     ],
 )
 def test_broken_directories_fail_naming_the_file(tmp_path, damage, needle, names):
@@ -68,7 +80,9 @@ def test_broken_directories_fail_naming_the_file(tmp_path, damage, needle, names
 def test_a_wrong_vec_size_is_caught_by_the_row_count(tmp_path):
     keys, vecs = _table(n=100, d=8)
     write_table(str(tmp_path / "t.model"), keys, vecs)
-    with pytest.raises(ModelFileError, match="holds 100 keys but 'emb_vector' holds 50 vectors of size 16"):
+    with pytest.raises(
+        ModelFileError, match="holds 100 keys but 'emb_vector' holds 50 vectors of size 16"
+    ):
         read_table(str(tmp_path / "t.model"), 16)
 
 

@@ -13,22 +13,25 @@ import pytest
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.hps_layout import write_hps_redis, write_hps_rocksdb
 from tests.storage_fixtures import redis_cluster, rocksdb_dir, start_redis_cluster  # noqa: F401
-from triton_rec.storage.backing_store import DictStore, StoreUnavailableError, tier_table_name
 from triton_rec.config.ps_json import parse_ps_config
-from triton_rec.serving.deployment import InstanceSpec, open_session
-from triton_rec.storage.redis_store import RedisClusterStore
 from triton_rec.errors import ConfigError
+from triton_rec.serving.deployment import InstanceSpec, open_session
+from triton_rec.storage.backing_store import DictStore, StoreUnavailableError, tier_table_name
+from triton_rec.storage.redis_store import RedisClusterStore
 from triton_rec.storage.tiers import SOURCE_META, Tier, TieredStore
 
 SEED = 5
-TABLES = [SyntheticTable("a", rows=2000, vec_size=8, max_keys_per_sample=2, default_value=-1.0),
-          SyntheticTable("b", rows=300, vec_size=4, max_keys_per_sample=1, default_value=-2.0)]
+TABLES = [
+    SyntheticTable("a", rows=2000, vec_size=8, max_keys_per_sample=2, default_value=-1.0),
+    SyntheticTable("b", rows=300, vec_size=4, max_keys_per_sample=1, default_value=-2.0),
+]
 _counter = iter(range(10**6))
 
 
 @pytest.fixture
 def make(tmp_path, rocksdb_dir):  # noqa: F811
     """``make(volatile=..., persistent=..., seed=..., model=..., **model_keys) -> ModelParams``."""
+
     def make(volatile=None, persistent=None, seed=SEED, model=None, **over):
         model = model or f"tier{next(_counter)}"
         entry = write_model(str(tmp_path / "repo"), model, TABLES, seed)
@@ -39,6 +42,7 @@ def make(tmp_path, rocksdb_dir):  # noqa: F811
         if persistent is not None:
             doc["persistent_db"] = {"path": str(rocksdb_dir), **persistent}
         return parse_ps_config(doc, base_dir=str(tmp_path / "repo")).models[0]
+
     return make
 
 
@@ -78,15 +82,21 @@ TIER_CONFIGS = {
     "redis": lambda c: dict(volatile=redis(c)),
     "rocksdb": lambda c: dict(volatile={"type": "disabled"}, persistent=ROCKS),
     "redis+rocksdb, 30% in redis, misses copied": lambda c: dict(
-        volatile=redis(c, initial_cache_rate=0.3, cache_missed_embeddings=True), persistent=ROCKS),
+        volatile=redis(c, initial_cache_rate=0.3, cache_missed_embeddings=True), persistent=ROCKS
+    ),
     "hash_map+rocksdb": lambda c: dict(volatile={"type": "hash_map"}, persistent=ROCKS),
 }
 
 
 @pytest.mark.parametrize("gpucache", [False, True], ids=["no-cache", "cache"])
 @pytest.mark.parametrize("config", list(TIER_CONFIGS))
-def test_lookups_through_each_tier_match_the_source_files(make, spec, redis_cluster,  # noqa: F811
-                                                          config, gpucache):
+def test_lookups_through_each_tier_match_the_source_files(
+    make,
+    spec,
+    redis_cluster,  # noqa: F811
+    config,
+    gpucache,
+):
     params = make(gpucache=gpucache, hit_rate_threshold=2.0, **TIER_CONFIGS[config](redis_cluster))
     session = open_session(params, spec)
     try:
@@ -102,8 +112,11 @@ def test_lookups_through_each_tier_match_the_source_files(make, spec, redis_clus
 
 
 def test_rows_copied_from_the_persistent_tier_are_then_served_by_redis(make, spec, redis_cluster):  # noqa: F811
-    params = make(gpucache=False, volatile=redis(redis_cluster, initial_cache_rate=0.0,
-                                                 cache_missed_embeddings=True), persistent=ROCKS)
+    params = make(
+        gpucache=False,
+        volatile=redis(redis_cluster, initial_cache_rate=0.0, cache_missed_embeddings=True),
+        persistent=ROCKS,
+    )
     session = open_session(params, spec)
     try:
         keys, req = request(session, 1)
@@ -121,7 +134,8 @@ def test_rows_copied_from_the_persistent_tier_are_then_served_by_redis(make, spe
 
 
 def test_import_runs_once_per_content_and_freeze_sparse_keeps_what_the_tier_holds(
-        make, spec, redis_cluster, tmp_path):  # noqa: F811
+    make, spec, redis_cluster, tmp_path
+):  # noqa: F811
     model = f"imp{next(_counter)}"
     table = tier_table_name(model, "a")
     key = table_keys(SEED, 0, TABLES[0].rows)[:1]
@@ -138,8 +152,13 @@ def test_import_runs_once_per_content_and_freeze_sparse_keeps_what_the_tier_hold
         direct.fetch(key, got)
         np.testing.assert_array_equal(got, sentinel)
         # new files + freeze_sparse: still no re-import
-        p = make(model=model, seed=SEED + 1, gpucache=False, freeze_sparse=True,
-                 volatile=redis(redis_cluster))
+        p = make(
+            model=model,
+            seed=SEED + 1,
+            gpucache=False,
+            freeze_sparse=True,
+            volatile=redis(redis_cluster),
+        )
         open_session(p, spec).close()
         new_key = table_keys(SEED + 1, 0, TABLES[0].rows)[:1]
         assert not direct.fetch(new_key, got)[0]  # the new files' rows were not imported
@@ -158,10 +177,18 @@ def test_import_runs_once_per_content_and_freeze_sparse_keeps_what_the_tier_hold
 @pytest.mark.parametrize("policy", ["evict_oldest", "evict_random", "evict_least_used"])
 def test_redis_overflow_is_pruned_and_lookups_stay_exact(make, spec, redis_cluster, policy):  # noqa: F811
     margin = 100  # per partition; 4 partitions hold at most 400 of 2000 rows
-    params = make(gpucache=False, volatile=redis(
-        redis_cluster, overflow_margin=margin, overflow_policy=policy,
-        overflow_resolution_target=0.5, cache_missed_embeddings=True,
-        max_batch_size=50), persistent=ROCKS)
+    params = make(
+        gpucache=False,
+        volatile=redis(
+            redis_cluster,
+            overflow_margin=margin,
+            overflow_policy=policy,
+            overflow_resolution_target=0.5,
+            cache_missed_embeddings=True,
+            max_batch_size=50,
+        ),
+        persistent=ROCKS,
+    )
     session = open_session(params, spec)
     try:
         vol = session.cached_tables[0].store.tiers[0].store
@@ -178,8 +205,11 @@ def test_redis_overflow_is_pruned_and_lookups_stay_exact(make, spec, redis_clust
 def test_a_killed_redis_master_fails_requests_or_falls_through_per_config(make, spec, tmp_path):
     with start_redis_cluster(3) as cluster:
         fail = make(gpucache=False, volatile=redis(cluster, socket_timeout=0.5), persistent=ROCKS)
-        skip = make(gpucache=False, volatile=redis(cluster, socket_timeout=0.5,
-                                                   on_unavailable="next_tier"), persistent=ROCKS)
+        skip = make(
+            gpucache=False,
+            volatile=redis(cluster, socket_timeout=0.5, on_unavailable="next_tier"),
+            persistent=ROCKS,
+        )
         a, b = open_session(fail, spec), open_session(skip, spec)
         try:
             keys, req = request(a, 3)
@@ -194,20 +224,28 @@ def test_a_killed_redis_master_fails_requests_or_falls_through_per_config(make, 
             b.close()
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({"volatile_db": {"type": "disabled"}}, "both disabled"),
-    ({"volatile_db": {"type": "redis_cluster", "overflow_margin": 10}}, "lose embeddings"),
-    ({"volatile_db": {"type": "redis_cluster", "initial_cache_rate": 0.5}}, "no tier"),
-    ({"update_source": {"type": "kafka_message_queue"}}, "Kafka is not supported"),
-    ({"update_source": {"type": "redis_stream"}}, "need writable tiers"),
-    ({"volatile_db": {"type": "memcached"}}, "volatile_db.type"),
-    ({"volatile_db": {"type": "redis_cluster", "update_filters": ["("]}}, "regular expression"),
-    ({"volatile_db": {"type": "redis_cluster", "overflow_resolution_target": 1.0}}, "]0, 1["),
-    ({"persistent_db": {"type": "rocks_db", "on_unavailable": "retry"}}, "on_unavailable"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"volatile_db": {"type": "disabled"}}, "both disabled"),
+        ({"volatile_db": {"type": "redis_cluster", "overflow_margin": 10}}, "lose embeddings"),
+        ({"volatile_db": {"type": "redis_cluster", "initial_cache_rate": 0.5}}, "no tier"),
+        ({"update_source": {"type": "kafka_message_queue"}}, "Kafka is not supported"),
+        ({"update_source": {"type": "redis_stream"}}, "need writable tiers"),
+        ({"volatile_db": {"type": "memcached"}}, "volatile_db.type"),
+        ({"volatile_db": {"type": "redis_cluster", "update_filters": ["("]}}, "regular expression"),
+        ({"volatile_db": {"type": "redis_cluster", "overflow_resolution_target": 1.0}}, "]0, 1["),
+        ({"persistent_db": {"type": "rocks_db", "on_unavailable": "retry"}}, "on_unavailable"),
+    ],
+)
 def test_tier_combinations_that_would_lose_rows_are_refused(doc, message):
-    entry = {"model": "m", "sparse_files": ["x"], "embedding_vecsize_per_table": [4],
-             "maxnum_catfeature_query_per_table_per_sample": [1], "max_batch_size": 8}
+    entry = {
+        "model": "m",
+        "sparse_files": ["x"],
+        "embedding_vecsize_per_table": [4],
+        "maxnum_catfeature_query_per_table_per_sample": [1],
+        "max_batch_size": 8,
+    }
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_ps_config({"supportlonglong": True, "models": [entry], **doc})
 
@@ -218,8 +256,14 @@ def test_an_unreachable_redis_fails_the_load_naming_the_address(make, spec):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    params = make(volatile={"type": "redis_cluster", "address": f"127.0.0.1:{port}",
-                            "connect_timeout": 0.3, "socket_timeout": 0.3})
+    params = make(
+        volatile={
+            "type": "redis_cluster",
+            "address": f"127.0.0.1:{port}",
+            "connect_timeout": 0.3,
+            "socket_timeout": 0.3,
+        }
+    )
     with pytest.raises(StoreUnavailableError, match=f"127.0.0.1:{port}"):
         open_session(params, spec)
 
@@ -266,15 +310,25 @@ def test_a_rocksdb_written_by_hps_is_served_read_only(make, spec, rocksdb_dir): 
     model = "hpsmodel"
     for t, s in enumerate(TABLES):
         k = table_keys(SEED, t, s.rows)
-        write_hps_rocksdb(rocksdb_dir, tier_table_name(model, s.name), k,
-                          -3.0 * expected_vectors(SEED, t, k, s.vec_size))
-    params = make(model=model, gpucache=False, volatile={"type": "disabled"},
-                  persistent={"type": "rocks_db", "read_only": True})
+        write_hps_rocksdb(
+            rocksdb_dir,
+            tier_table_name(model, s.name),
+            k,
+            -3.0 * expected_vectors(SEED, t, k, s.vec_size),
+        )
+    params = make(
+        model=model,
+        gpucache=False,
+        volatile={"type": "disabled"},
+        persistent={"type": "rocks_db", "read_only": True},
+    )
     session = open_session(params, spec)
     try:
         keys, req = request(session, 3)
         want = truth(keys)
-        known = np.concatenate([np.repeat(k < 2**62, TABLES[t].vec_size) for t, k in enumerate(keys)])
+        known = np.concatenate(
+            [np.repeat(k < 2**62, TABLES[t].vec_size) for t, k in enumerate(keys)]
+        )
         want[known] *= -3.0  # the database's rows, not the model files'
         np.testing.assert_array_equal(session.lookup(req), want)
     finally:
@@ -283,23 +337,30 @@ def test_a_rocksdb_written_by_hps_is_served_read_only(make, spec, rocksdb_dir): 
 
 @pytest.mark.parametrize("freeze", [True, False], ids=["freeze_sparse", "re-import"])
 def test_a_redis_cluster_hps_filled_is_served_as_is_with_freeze_sparse(
-        make, spec, redis_cluster, freeze):  # noqa: F811
+    make, spec, redis_cluster, freeze
+):  # noqa: F811
     """HPS's Redis layout written by hand (tests/hps_layout.py). With freeze_sparse the
     rows are served as they are; without it the model files are imported over them, as
     HPS does at every start."""
     model = f"hpsredis{int(freeze)}"
     for t, s in enumerate(TABLES):
         k = table_keys(SEED, t, s.rows)
-        write_hps_redis(redis_cluster, tier_table_name(model, s.name), k,
-                        -3.0 * expected_vectors(SEED, t, k, s.vec_size), num_partitions=4)
+        write_hps_redis(
+            redis_cluster,
+            tier_table_name(model, s.name),
+            k,
+            -3.0 * expected_vectors(SEED, t, k, s.vec_size),
+            num_partitions=4,
+        )
     params = make(model=model, gpucache=False, freeze_sparse=freeze, volatile=redis(redis_cluster))
     session = open_session(params, spec)
     try:
         keys, req = request(session, 4)
         want = truth(keys)
         if freeze:
-            known = np.concatenate([np.repeat(k < 2**62, TABLES[t].vec_size)
-                                    for t, k in enumerate(keys)])
+            known = np.concatenate(
+                [np.repeat(k < 2**62, TABLES[t].vec_size) for t, k in enumerate(keys)]
+            )
             want[known] *= -3.0  # HPS's rows, not the model files'
         np.testing.assert_array_equal(session.lookup(req), want)
     finally:
@@ -315,8 +376,10 @@ def test_secondary_directories_of_dead_processes_are_removed(tmp_path):
 
     db = tmp_path / "db"
     # a process that opens the table and is killed without closing it
-    code = ("import os, sys; from triton_rec.storage.rocksdb_store import NodeRocksDBTable as T; "
-            f"T({str(db)!r}, 'm.t', 4); os._exit(0)")
+    code = (
+        "import os, sys; from triton_rec.storage.rocksdb_store import NodeRocksDBTable as T; "
+        f"T({str(db)!r}, 'm.t', 4); os._exit(0)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     left = os.listdir(str(db) + ".secondary")
     assert len(left) == 1  # the dead process's directory
@@ -348,8 +411,9 @@ for i in range(40):
     t.upsert(k, np.repeat(k[:, None].astype(np.float32), 4, axis=1))
 t.close()
 """
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(db), str(base)])
-             for base in (0, 100000)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(db), str(base)]) for base in (0, 100000)
+    ]
     try:
         assert [p.wait(timeout=120) for p in procs] == [0, 0]
         keys = np.concatenate([np.arange(0, 400), np.arange(100000, 100400)]).astype(np.int64)
@@ -363,32 +427,38 @@ t.close()
         reader.close()
 
 
-@pytest.mark.parametrize("filters, topic, taken", [
-    (["^hps_.+$"], "hps_et.m1.t", True),  # HPS's default, as a whole-topic filter
-    ([".+"], "hps_et.m1.t", True),  # HPS's examples: every model
-    (["m1"], "hps_et.m1.t", True),  # HPS: a filter names the model
-    (["m1"], "hps_et.m10.t", False),
-    (["m[0-9]"], "hps_et.m2.t", True),
-    (["other"], "hps_et.m1.t", False),
-    (["^hps_et\\.other\\..+$"], "hps_et.m1.t", False),
-    (["hps_et\\.m1\\.t"], "hps_et.m1.t", True),
-    (["hps_et\\.m1\\.t"], "hps_et.m1.u", False),
-    (["(?i)M1"], "hps_et.m1.t", False),  # a global flag: only the whole-topic form
-    (["(?i)HPS_ET.M1.T"], "hps_et.m1.t", True),
-])
+@pytest.mark.parametrize(
+    "filters, topic, taken",
+    [
+        (["^hps_.+$"], "hps_et.m1.t", True),  # HPS's default, as a whole-topic filter
+        ([".+"], "hps_et.m1.t", True),  # HPS's examples: every model
+        (["m1"], "hps_et.m1.t", True),  # HPS: a filter names the model
+        (["m1"], "hps_et.m10.t", False),
+        (["m[0-9]"], "hps_et.m2.t", True),
+        (["other"], "hps_et.m1.t", False),
+        (["^hps_et\\.other\\..+$"], "hps_et.m1.t", False),
+        (["hps_et\\.m1\\.t"], "hps_et.m1.t", True),
+        (["hps_et\\.m1\\.t"], "hps_et.m1.u", False),
+        (["(?i)M1"], "hps_et.m1.t", False),  # a global flag: only the whole-topic form
+        (["(?i)HPS_ET.M1.T"], "hps_et.m1.t", True),
+    ],
+)
 def test_update_filters_match_the_whole_topic_or_the_model_name_as_hps_subscribes(
-        filters, topic, taken):
+    filters, topic, taken
+):
     tier = Tier("volatile", DictStore(4), update_filters=tuple(filters))
     assert tier.accepts(topic) is taken
 
 
 @pytest.mark.parametrize("filters, applied", [([".+"], True), (["^hps_et\\.other\\..+$"], False)])
 def test_online_updates_reach_the_tiers_and_the_cache_only_through_matching_filters(
-        make, spec, redis_cluster, filters, applied):  # noqa: F811
+    make, spec, redis_cluster, filters, applied
+):  # noqa: F811
     from triton_rec.updates.online import UpdateApplier
 
-    params = make(gpucache=True, hit_rate_threshold=2.0,
-                  volatile=redis(redis_cluster, update_filters=filters))
+    params = make(
+        gpucache=True, hit_rate_threshold=2.0, volatile=redis(redis_cluster, update_filters=filters)
+    )
     session = open_session(params, spec)
     try:
         keys, req = request(session, 5, unknown=0)
@@ -414,10 +484,13 @@ def test_ps_json_tls_settings_reach_the_redis_tier(make, spec):
     from tests.storage_fixtures import start_tls_redis_cluster
 
     with start_tls_redis_cluster() as c:
-        tls = {"enable_tls": True, "tls_ca_certificate": str(c.tls["ca"]),
-               "tls_client_certificate": str(c.tls["client_cert"]),
-               "tls_client_key": str(c.tls["client_key"]),
-               "tls_server_name_identification": "redis.test"}
+        tls = {
+            "enable_tls": True,
+            "tls_ca_certificate": str(c.tls["ca"]),
+            "tls_client_certificate": str(c.tls["client_cert"]),
+            "tls_client_key": str(c.tls["client_key"]),
+            "tls_server_name_identification": "redis.test",
+        }
         session = open_session(make(gpucache=False, volatile=redis(c, **tls)), spec)
         try:
             keys, req = request(session, 6)
@@ -437,5 +510,6 @@ def test_log_throttle_lets_one_line_through_per_period_and_counts_the_rest():
     assert t.allow() == (True, 0)
     assert [t.allow()[0] for _ in range(5)] == [False] * 5
     import time as _time
+
     _time.sleep(0.25)
     assert t.allow() == (True, 5)

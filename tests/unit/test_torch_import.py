@@ -8,7 +8,6 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from triton_rec.formats.tables import read_table  # noqa: E402
 from ps_loader.torch_import import (  # noqa: E402
     find_tables,
     import_tables,
@@ -17,6 +16,7 @@ from ps_loader.torch_import import (  # noqa: E402
     write_tables,
 )
 from triton_rec.errors import ModelFileError  # noqa: E402
+from triton_rec.formats.tables import read_table  # noqa: E402
 
 
 class _TouchOnLoad:
@@ -72,7 +72,9 @@ def test_embeddings_inside_a_model_are_found_by_module_name_and_linears_are_not(
     path = _save(tmp_path, model.state_dict())
     tables = find_tables(load_state_dict(path), source=path)
     assert [(t.name, t.key) for t in tables] == [
-        ("user_emb", "user_emb.weight"), ("item_embedding", "item_embedding.weight")]
+        ("user_emb", "user_emb.weight"),
+        ("item_embedding", "item_embedding.weight"),
+    ]
     written = write_tables(tables, str(tmp_path / "out"), prefix="tt")
     names = [pathlib.Path(w.path).name for w in written]
     assert names == ["tt0_sparse_0.model", "tt1_sparse_0.model"]
@@ -83,7 +85,8 @@ def test_embeddings_inside_a_model_are_found_by_module_name_and_linears_are_not(
 @pytest.mark.parametrize("prefix", ["", "model.sparse_arch.embedding_bag_collection."])
 @pytest.mark.parametrize("collection", ["embedding_bags", "embeddings"])
 def test_torchrec_style_collections_are_found_with_or_without_a_module_prefix(
-        tmp_path, prefix, collection):
+    tmp_path, prefix, collection
+):
     w0, w1 = torch.randn(40, 16), torch.randn(12, 4)
     state = {
         f"{prefix}{collection}.t_cat_0.weight": w0,
@@ -93,7 +96,9 @@ def test_torchrec_style_collections_are_found_with_or_without_a_module_prefix(
     }
     written = import_tables(_save(tmp_path, state), str(tmp_path / "out"))
     assert [(w.name, w.rows, w.vec_size) for w in written] == [
-        ("t_cat_0", 40, 16), ("t_cat_1", 12, 4)]
+        ("t_cat_0", 40, 16),
+        ("t_cat_1", 12, 4),
+    ]
     _assert_table(written[0].path, w0)
     _assert_table(written[1].path, w1)
 
@@ -112,24 +117,30 @@ def test_tables_can_be_picked_by_name_key_or_module_prefix_in_the_given_order(tm
     state = load_state_dict(path)
     picked = find_tables(state, ["item_embedding", "fc.weight", "user_emb"], source=path)
     assert [(t.name, t.key) for t in picked] == [
-        ("item_embedding", "item_embedding.weight"), ("fc", "fc.weight"),
-        ("user_emb", "user_emb.weight")]
+        ("item_embedding", "item_embedding.weight"),
+        ("fc", "fc.weight"),
+        ("user_emb", "user_emb.weight"),
+    ]
     np.testing.assert_array_equal(picked[1].weight, model.fc.weight.detach().numpy())
 
 
 def test_caller_provided_keys_replace_row_ids(tmp_path):
     w = torch.randn(20, 4)
     keys = (np.arange(20, dtype=np.int64) * 7_919_000_003) ^ 0x5A5A
-    [t] = import_tables(_save(tmp_path, {"embedding_bags.t.weight": w}), str(tmp_path / "out"),
-                        keys={"t": keys})
+    [t] = import_tables(
+        _save(tmp_path, {"embedding_bags.t.weight": w}), str(tmp_path / "out"), keys={"t": keys}
+    )
     _assert_table(t.path, w, keys)
 
 
-@pytest.mark.parametrize("keys, needle", [
-    (np.arange(19), "20 keys needed"),
-    (np.zeros(20, np.int64), "not unique"),
-    (np.linspace(0, 1, 20), "must be integers"),
-])
+@pytest.mark.parametrize(
+    "keys, needle",
+    [
+        (np.arange(19), "20 keys needed"),
+        (np.zeros(20, np.int64), "not unique"),
+        (np.linspace(0, 1, 20), "must be integers"),
+    ],
+)
 def test_bad_caller_keys_are_rejected(tmp_path, keys, needle):
     tables = find_tables({"embedding_bags.t.weight": torch.randn(20, 4)})
     with pytest.raises(ValueError, match=needle):
@@ -175,8 +186,11 @@ def test_garbage_and_missing_files_fail_naming_the_file(tmp_path, content):
 
 
 def test_an_unknown_layout_fails_listing_the_tensors_found(tmp_path):
-    path = _save(tmp_path, {"lin.weight": torch.zeros(2, 3), "lin.bias": torch.zeros(2),
-                            "step": 5}, "dense_only.pt")
+    path = _save(
+        tmp_path,
+        {"lin.weight": torch.zeros(2, 3), "lin.bias": torch.zeros(2), "step": 5},
+        "dense_only.pt",
+    )
     with pytest.raises(ModelFileError) as e:
         import_tables(path, str(tmp_path / "out"))
     msg = str(e.value)
@@ -186,8 +200,11 @@ def test_an_unknown_layout_fails_listing_the_tensors_found(tmp_path):
 
 def test_a_table_name_that_matches_nothing_lists_tables_and_tensors(tmp_path):
     path = _save(tmp_path, _TwoTower().state_dict())
-    with pytest.raises(ModelFileError, match=r"no table or tensor named 'items'.*"
-                       r"Tables found: \['item_embedding', 'user_emb'\].*fc\.bias \[4\]"):
+    with pytest.raises(
+        ModelFileError,
+        match=r"no table or tensor named 'items'.*"
+        r"Tables found: \['item_embedding', 'user_emb'\].*fc\.bias \[4\]",
+    ):
         find_tables(load_state_dict(path), ["items"], source=path)
     with pytest.raises(ModelFileError, match="'fc.bias' is torch.float32 \\[4\\], not a 2-D"):
         find_tables(load_state_dict(path), ["fc.bias"], source=path)
@@ -201,8 +218,22 @@ def test_the_command_line_lists_and_writes_tables(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1 table(s)" in out and "0: users: 6 rows x 4 (model.embedding_bags.users.weight)" in out
     assert not (tmp_path / "out").exists()
-    assert main([path, "--out", str(tmp_path / "out"), "--table", "users", "--prefix", "m",
-                 "--keys", f"users={tmp_path / 'keys.npy'}"]) == 0
+    assert (
+        main(
+            [
+                path,
+                "--out",
+                str(tmp_path / "out"),
+                "--table",
+                "users",
+                "--prefix",
+                "m",
+                "--keys",
+                f"users={tmp_path / 'keys.npy'}",
+            ]
+        )
+        == 0
+    )
     assert '"embedding_table_names": ["users"]' in capsys.readouterr().out
     _assert_table(str(tmp_path / "out" / "m0_sparse_0.model"), w, np.arange(100, 106))
     assert main([str(tmp_path / "absent.pt"), "--out", str(tmp_path / "o2")]) == 1
@@ -229,7 +260,9 @@ def test_a_checkpoint_with_a_non_tensor_object_is_refused_in_our_words_only(tmp_
     assert e.value.__cause__ is None and e.value.__suppress_context__
 
 
-@pytest.mark.parametrize("wording", ["whatever a future torch says", "Unsupported global: GLOBAL x.y"])
+@pytest.mark.parametrize(
+    "wording", ["whatever a future torch says", "Unsupported global: GLOBAL x.y"]
+)
 def test_the_refusal_is_matched_by_exception_type_not_wording(tmp_path, monkeypatch, wording):
     import pickle
 

@@ -26,10 +26,10 @@ import tempfile
 import numpy as np
 import pytest
 
-from triton_rec.cache.array_cache import ArrayEmbeddingCache, HostCacheView
 from triton_rec.cache.array_cache import SKETCH_MAX as ARRAY_SKETCH_MAX
-from triton_rec.config.ps_json import CachePolicy
+from triton_rec.cache.array_cache import ArrayEmbeddingCache, HostCacheView
 from triton_rec.cache.shm_cache import SharedEmbeddingCache
+from triton_rec.config.ps_json import CachePolicy
 
 _PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "cache_sim.py")
 
@@ -52,8 +52,12 @@ SHM_SKETCH_STEP = 0x9E3779B97F4A7C15
 SHM_SKETCH_MAX = 15  # 4-bit counters
 # triton_rec/cache/array_cache.py: row r is splitmix64(k + SEEDS[r]) & (width - 1); the set is
 # the LOW bits of splitmix64(k) (as in the simulator).
-ARRAY_SKETCH_SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
-                      0xD6E8FEB86659FD93)
+ARRAY_SKETCH_SEEDS = (
+    0x9E3779B97F4A7C15,
+    0xC2B2AE3D27D4EB4F,
+    0x165667B19E3779F9,
+    0xD6E8FEB86659FD93,
+)
 
 WAYS = 8
 CAPACITY = 128  # 16 sets of 8 ways: a power of two, so every cache has exactly this many slots
@@ -69,8 +73,9 @@ TRACES = {
     "zipf0.8": lambda: _trace(0.8, 11),
     "zipf1.1": lambda: _trace(1.1, 12),
     # a hot set disturbed by scans of one-time keys: where TinyLFU admission matters
-    "scans": lambda: cs.scan_polluted_trace(hot=1024, length=LENGTH, scan_len=200,
-                                            scan_every=1000, seed=13),
+    "scans": lambda: cs.scan_polluted_trace(
+        hot=1024, length=LENGTH, scan_len=200, scan_every=1000, seed=13
+    ),
 }
 
 
@@ -95,9 +100,12 @@ def replay(cache, trace: np.ndarray) -> int:
 
 
 def shm_hits(policy: str, trace: np.ndarray) -> int:
-    with tempfile.TemporaryDirectory() as d, SharedEmbeddingCache.open(
-            f"replay-{policy}", capacity=CAPACITY, vec_size=1, policy=policy, ways=WAYS,
-            directory=d) as c:
+    with (
+        tempfile.TemporaryDirectory() as d,
+        SharedEmbeddingCache.open(
+            f"replay-{policy}", capacity=CAPACITY, vec_size=1, policy=policy, ways=WAYS, directory=d
+        ) as c,
+    ):
         assert c.capacity == CAPACITY and c.num_sets == CAPACITY // WAYS
         return replay(c, trace)
 
@@ -144,15 +152,21 @@ class ShmSketch(cs.CountMinSketch):
 
     def indices(self, key: int):
         h = cs.mix64(key ^ SHM_SKETCH_SALT)
-        return tuple(r * self.width + (cs.mix64(h + r * SHM_SKETCH_STEP) & self.mask)
-                     for r in range(cs.SKETCH_ROWS))
+        return tuple(
+            r * self.width + (cs.mix64(h + r * SHM_SKETCH_STEP) & self.mask)
+            for r in range(cs.SKETCH_ROWS)
+        )
 
     def indices_np(self, keys: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):
             h = cs.mix64_np(np.asarray(keys).astype(np.uint64) ^ np.uint64(SHM_SKETCH_SALT))
-            cols = [(cs.mix64_np(h + np.uint64((r * SHM_SKETCH_STEP) & M64))
-                     & np.uint64(self.mask)).astype(np.int64) + r * self.width
-                    for r in range(cs.SKETCH_ROWS)]
+            cols = [
+                (
+                    cs.mix64_np(h + np.uint64((r * SHM_SKETCH_STEP) & M64)) & np.uint64(self.mask)
+                ).astype(np.int64)
+                + r * self.width
+                for r in range(cs.SKETCH_ROWS)
+            ]
         return np.stack(cols, axis=1)
 
 
@@ -160,14 +174,19 @@ class ArraySketch(cs.CountMinSketch):
     """The simulator's sketch with the array cache's counter positions."""
 
     def indices(self, key: int):
-        return tuple(r * self.width + (cs.mix64(key + s) & self.mask)
-                     for r, s in enumerate(ARRAY_SKETCH_SEEDS))
+        return tuple(
+            r * self.width + (cs.mix64(key + s) & self.mask)
+            for r, s in enumerate(ARRAY_SKETCH_SEEDS)
+        )
 
     def indices_np(self, keys: np.ndarray) -> np.ndarray:
         u = np.asarray(keys).astype(np.uint64)
         with np.errstate(over="ignore"):
-            cols = [(cs.mix64_np(u + np.uint64(s)) & np.uint64(self.mask)).astype(np.int64)
-                    + r * self.width for r, s in enumerate(ARRAY_SKETCH_SEEDS)]
+            cols = [
+                (cs.mix64_np(u + np.uint64(s)) & np.uint64(self.mask)).astype(np.int64)
+                + r * self.width
+                for r, s in enumerate(ARRAY_SKETCH_SEEDS)
+            ]
         return np.stack(cols, axis=1)
 
 
@@ -249,14 +268,18 @@ TOLERANCE = 0.01
 
 
 @pytest.mark.parametrize("trace_name", sorted(TRACES))
-@pytest.mark.parametrize("registry,production", [
-    ("lru", "shm:lru"),
-    ("tinylfu", "shm:tinylfu"),
-    ("tinylfu", "array:tinylfu"),
-    ("tinylfu_255", "array:tinylfu"),
-])
+@pytest.mark.parametrize(
+    "registry,production",
+    [
+        ("lru", "shm:lru"),
+        ("tinylfu", "shm:tinylfu"),
+        ("tinylfu", "array:tinylfu"),
+        ("tinylfu_255", "array:tinylfu"),
+    ],
+)
 def test_registry_policies_match_the_production_caches_up_to_hash_noise(
-        trace_name, registry, production):
+    trace_name, registry, production
+):
     trace = TRACES[trace_name]()
     got = production_hits(trace_name, *production.split(":"))
     want = sim_hits(registry, trace)

@@ -13,10 +13,10 @@ import uuid
 import numpy as np
 import pytest
 
-from triton_rec.formats.tables import write_table
 from tests.storage_fixtures import redis_cluster  # noqa: F401  (fixture)
-from triton_rec.storage.backing_store import StoreError
 from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.formats.tables import write_table
+from triton_rec.storage.backing_store import StoreError
 from triton_rec.updates import (
     MAGIC,
     UpdateConsumer,
@@ -32,16 +32,22 @@ from triton_rec.updates import (
 
 def rows(n, d, seed=0):
     rng = np.random.default_rng(seed)
-    return (rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64),
-            rng.standard_normal((n, d)).astype(np.float32))
+    return (
+        rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64),
+        rng.standard_normal((n, d)).astype(np.float32),
+    )
 
 
 def test_the_message_layout_is_the_hps_one_byte_for_byte():
     keys = np.array([-2, 7], np.int64)
     vecs = np.array([[1.0, 2.0], [3.0, -4.0]], np.float32)
     # written by hand from the format: "HCTR", value size, (int64 key, float32 values)*
-    want = (b"HCTR" + struct.pack("<I", 8) + struct.pack("<q2f", -2, 1.0, 2.0)
-            + struct.pack("<q2f", 7, 3.0, -4.0))
+    want = (
+        b"HCTR"
+        + struct.pack("<I", 8)
+        + struct.pack("<q2f", -2, 1.0, 2.0)
+        + struct.pack("<q2f", 7, 3.0, -4.0)
+    )
     assert struct.pack("<I", MAGIC) == b"HCTR"
     assert encode_message(keys, vecs) == want
     k, v = decode_message(want, 2)
@@ -60,18 +66,25 @@ def test_round_trip(n):
 ONE_PAIR = struct.pack("<q2f", 5, 1.0, 2.0)  # a valid (key, 2-float value) pair
 
 
-@pytest.mark.parametrize("data, vec, message", [
-    (b"", 2, "shorter than the 8-byte header"),
-    (b"HCT", 2, "shorter than the 8-byte header"),
-    (b"HCTR\x08\0\0", None, "shorter than the 8-byte header"),
-    (b"XXXX" + struct.pack("<I", 8) + ONE_PAIR, 2, "bad magic 0x58585858"),
-    (struct.pack(">I", MAGIC) + struct.pack("<I", 8) + ONE_PAIR, 2, "bad magic"),  # big-endian
-    (b"HCTR" + struct.pack("<I", 6) + b"\0" * 14, None, "value size 6 bytes is not a positive"),
-    (b"HCTR" + struct.pack("<I", 0) + b"\0" * 16, None, "value size 0 bytes is not a positive"),
-    (b"HCTR" + struct.pack("<I", 12) + b"\0" * 20, 2, "3 floats, the table has vec_size 2"),
-    (b"HCTR" + struct.pack("<I", 8) + ONE_PAIR[:-1], 2, "body of 15 bytes is not a whole number"),
-    (b"HCTR" + struct.pack("<I", 8) + ONE_PAIR + b"\0", None, "of 16-byte key/value pairs"),
-])
+@pytest.mark.parametrize(
+    "data, vec, message",
+    [
+        (b"", 2, "shorter than the 8-byte header"),
+        (b"HCT", 2, "shorter than the 8-byte header"),
+        (b"HCTR\x08\0\0", None, "shorter than the 8-byte header"),
+        (b"XXXX" + struct.pack("<I", 8) + ONE_PAIR, 2, "bad magic 0x58585858"),
+        (struct.pack(">I", MAGIC) + struct.pack("<I", 8) + ONE_PAIR, 2, "bad magic"),  # big-endian
+        (b"HCTR" + struct.pack("<I", 6) + b"\0" * 14, None, "value size 6 bytes is not a positive"),
+        (b"HCTR" + struct.pack("<I", 0) + b"\0" * 16, None, "value size 0 bytes is not a positive"),
+        (b"HCTR" + struct.pack("<I", 12) + b"\0" * 20, 2, "3 floats, the table has vec_size 2"),
+        (
+            b"HCTR" + struct.pack("<I", 8) + ONE_PAIR[:-1],
+            2,
+            "body of 15 bytes is not a whole number",
+        ),
+        (b"HCTR" + struct.pack("<I", 8) + ONE_PAIR + b"\0", None, "of 16-byte key/value pairs"),
+    ],
+)
 def test_malformed_messages_are_refused_saying_why(data, vec, message):
     with pytest.raises(UpdateMessageError, match=message):
         decode_message(data, vec)
@@ -88,8 +101,13 @@ def test_a_header_only_message_is_a_beacon_whatever_its_value_size(value_size):
 
 def test_encode_refuses_wrong_dtypes_and_shapes():
     keys, vecs = rows(3, 2)
-    for bad_keys, bad_vecs in [(keys.astype(np.float64), vecs), (keys, vecs.astype(np.float64)),
-                               (keys[:2], vecs), (keys, vecs[:, :0]), (keys[None], vecs)]:
+    for bad_keys, bad_vecs in [
+        (keys.astype(np.float64), vecs),
+        (keys, vecs.astype(np.float64)),
+        (keys[:2], vecs),
+        (keys, vecs[:, :0]),
+        (keys[None], vecs),
+    ]:
         with pytest.raises(ValueError):
             encode_message(bad_keys, bad_vecs)
 
@@ -159,15 +177,17 @@ def test_entries_not_applied_are_retried_and_taken_over_after_a_crash(redis_clus
     with UpdateProducer(redis_cluster.address) as p:
         p.publish(model, table, keys, vecs)
     # consumer 1 reads the entry, its tier is down: nothing acknowledged; it then "dies"
-    dead = UpdateConsumer(redis_cluster.address, "g", "dead", {topic: 2}, Collector(fail_times=99),
-                          backoff_ms=1)
+    dead = UpdateConsumer(
+        redis_cluster.address, "g", "dead", {topic: 2}, Collector(fail_times=99), backoff_ms=1
+    )
     dead.poll_once(50)
     assert dead.stats()["apply_errors"] == 1
     dead.close()
     assert stream_info(redis_cluster.address, model, table)["groups"][0]["pending"] == 1
     # another consumer of the group takes it over once it has been idle long enough
-    other = UpdateConsumer(redis_cluster.address, "g", "other", {topic: 2}, Collector(),
-                           claim_idle_ms=200)
+    other = UpdateConsumer(
+        redis_cluster.address, "g", "other", {topic: 2}, Collector(), claim_idle_ms=200
+    )
     try:
         consume_until(other, lambda: len(other.apply.rows) == 10)
         assert other.stats()["claimed"] == 1
@@ -180,8 +200,9 @@ def test_entries_not_applied_are_retried_and_taken_over_after_a_crash(redis_clus
     first = UpdateConsumer(redis_cluster.address, "g", "same", {topic: 2}, Collector(fail_times=1))
     first.poll_once(50)
     first.close()
-    again = UpdateConsumer(redis_cluster.address, "g", "same", {topic: 2}, Collector(),
-                           claim_idle_ms=10**7)
+    again = UpdateConsumer(
+        redis_cluster.address, "g", "same", {topic: 2}, Collector(), claim_idle_ms=10**7
+    )
     try:
         consume_until(again, lambda: len(again.apply.rows) == 3)
         assert again.stats()["claimed"] == 0
@@ -190,19 +211,28 @@ def test_entries_not_applied_are_retried_and_taken_over_after_a_crash(redis_clus
 
 
 def test_consumers_of_ended_processes_are_removed_from_the_group_unless_entries_wait(
-        redis_cluster, names):  # noqa: F811
+    redis_cluster, names
+):  # noqa: F811
     model, table, topic = names
     keys, vecs = rows(4, 2, seed=2)
     with UpdateProducer(redis_cluster.address) as p:
         p.publish(model, table, keys, vecs)
         p.publish(model, table, keys, vecs)
     # one ended process applied its entry, another one died holding one
-    done = UpdateConsumer(redis_cluster.address, "g", "host-1", {topic: 2}, Collector(),
-                          read_count=1)
+    done = UpdateConsumer(
+        redis_cluster.address, "g", "host-1", {topic: 2}, Collector(), read_count=1
+    )
     done.poll_once(50)
     done.close()
-    held = UpdateConsumer(redis_cluster.address, "g", "host-2", {topic: 2},
-                          Collector(fail_times=99), read_count=1, backoff_ms=1)
+    held = UpdateConsumer(
+        redis_cluster.address,
+        "g",
+        "host-2",
+        {topic: 2},
+        Collector(fail_times=99),
+        read_count=1,
+        backoff_ms=1,
+    )
     held.poll_once(50)
     held.close()
 
@@ -212,8 +242,15 @@ def test_consumers_of_ended_processes_are_removed_from_the_group_unless_entries_
 
     assert members() == {"host-1": 0, "host-2": 1}
     time.sleep(0.4)
-    live = UpdateConsumer(redis_cluster.address, "g", "host-3", {topic: 2}, Collector(),
-                          claim_idle_ms=10**7, prune_idle_ms=300)
+    live = UpdateConsumer(
+        redis_cluster.address,
+        "g",
+        "host-3",
+        {topic: 2},
+        Collector(),
+        claim_idle_ms=10**7,
+        prune_idle_ms=300,
+    )
     try:
         live.poll_once(50)
         assert live.stats()["pruned"] == 1
@@ -222,8 +259,15 @@ def test_consumers_of_ended_processes_are_removed_from_the_group_unless_entries_
         live.close()
     # 0 keeps every consumer
     time.sleep(0.4)
-    keep = UpdateConsumer(redis_cluster.address, "g", "host-4", {topic: 2}, Collector(),
-                          claim_idle_ms=10**7, prune_idle_ms=0)
+    keep = UpdateConsumer(
+        redis_cluster.address,
+        "g",
+        "host-4",
+        {topic: 2},
+        Collector(),
+        claim_idle_ms=10**7,
+        prune_idle_ms=0,
+    )
     try:
         keep.poll_once(50)
         assert keep.stats()["pruned"] == 0
@@ -239,8 +283,9 @@ def test_a_malformed_message_is_skipped_and_the_next_one_applied(redis_cluster, 
         c.poll_once(10)  # creates the group
         with UpdateProducer(redis_cluster.address) as p:
             p._redis.run("XADD", lambda pipe: pipe.xadd(topic, {b"v": b"garbage!!"}))
-            p._redis.run("XADD", lambda pipe: pipe.xadd(
-                topic, {b"v": encode_message(*rows(4, 3))}))  # wrong vec_size
+            p._redis.run(
+                "XADD", lambda pipe: pipe.xadd(topic, {b"v": encode_message(*rows(4, 3))})
+            )  # wrong vec_size
             p.publish(model, table, *rows(5, 2, seed=3))
         consume_until(c, lambda: len(c.apply.rows) == 5)
         assert c.stats()["malformed"] == 2
@@ -255,14 +300,27 @@ def test_the_cli_publishes_npz_files_and_sparse_directories(redis_cluster, names
     keys, vecs = rows(30, 4, seed=4)
     np.savez(tmp_path / "d.npz", keys=keys[:20], vectors=vecs[:20])
     write_table(str(tmp_path / "sparse"), keys[20:], vecs[20:])
-    base = [sys.executable, "-m", "triton_rec.updates", "publish", "--address",
-            redis_cluster.address, "--model", model, "--table", table]
+    base = [
+        sys.executable,
+        "-m",
+        "triton_rec.updates",
+        "publish",
+        "--address",
+        redis_cluster.address,
+        "--model",
+        model,
+        "--table",
+        table,
+    ]
     r = subprocess.run(base + ["--npz", str(tmp_path / "d.npz")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "20 vector(s) of size 4 in 1 message(s)" in r.stdout
     # the vector size comes from the file sizes, or from --vec-size
-    r = subprocess.run(base + ["--sparse-dir", str(tmp_path / "sparse"), "--batch-size", "4"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        base + ["--sparse-dir", str(tmp_path / "sparse"), "--batch-size", "4"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "10 vector(s) of size 4 in 3 message(s)" in r.stdout
     np.savez(tmp_path / "wrong.npz", keys=keys.astype(np.int32), vectors=vecs)
@@ -277,15 +335,32 @@ def test_the_cli_publishes_npz_files_and_sparse_directories(redis_cluster, names
     ]:
         bad = subprocess.run(base + args, capture_output=True, text=True)
         assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)
-    bad = subprocess.run(base[:5] + ["no-port"] + base[6:] + ["--npz", str(tmp_path / "d.npz")],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        base[:5] + ["no-port"] + base[6:] + ["--npz", str(tmp_path / "d.npz")],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "no-port" in bad.stderr
-    bad = subprocess.run(base[:-1] + ["a.b", "--npz", str(tmp_path / "d.npz")],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        base[:-1] + ["a.b", "--npz", str(tmp_path / "d.npz")], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "'a.b'" in bad.stderr
-    info = subprocess.run([sys.executable, "-m", "triton_rec.updates", "info", "--address",
-                           redis_cluster.address, "--model", model, "--table", table],
-                          capture_output=True, text=True)
+    info = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "triton_rec.updates",
+            "info",
+            "--address",
+            redis_cluster.address,
+            "--model",
+            model,
+            "--table",
+            table,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert info.returncode == 0, info.stderr
     assert json.loads(info.stdout) == {"topic": topic, "length": 4, "groups": []}
     c = UpdateConsumer(redis_cluster.address, "g", "c", {topic: 4}, Collector())
@@ -293,11 +368,28 @@ def test_the_cli_publishes_npz_files_and_sparse_directories(redis_cluster, names
         consume_until(c, lambda: len(c.apply.rows) == 30)
     finally:
         c.close()
-    np.testing.assert_array_equal(np.stack([c.apply.rows[(model, table, k)] for k in keys.tolist()]),
-                                  vecs)
-    info = json.loads(subprocess.run(
-        [sys.executable, "-m", "triton_rec.updates", "info", "--address", redis_cluster.address,
-         "--model", model, "--table", table], capture_output=True, text=True, check=True).stdout)
+    np.testing.assert_array_equal(
+        np.stack([c.apply.rows[(model, table, k)] for k in keys.tolist()]), vecs
+    )
+    info = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "triton_rec.updates",
+                "info",
+                "--address",
+                redis_cluster.address,
+                "--model",
+                model,
+                "--table",
+                table,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert [(g["name"], g["pending"]) for g in info["groups"]] == [("g", 0)]
 
 
@@ -314,8 +406,17 @@ def test_an_unreachable_redis_is_retried_quietly_and_close_returns_promptly(name
 
     model, table, topic = names
     with start_redis_cluster(3) as cluster:
-        c = UpdateConsumer(cluster.address, "g", "c", {topic: 2}, Collector(), block_ms=100,
-                           backoff_ms=10, socket_timeout=0.3, connect_timeout=0.3)
+        c = UpdateConsumer(
+            cluster.address,
+            "g",
+            "c",
+            {topic: 2},
+            Collector(),
+            block_ms=100,
+            backoff_ms=10,
+            socket_timeout=0.3,
+            connect_timeout=0.3,
+        )
         c.start()
         wait_for(lambda: stream_info(cluster.address, model, table)["groups"], "the group")
         with caplog.at_level(logging.WARNING, logger="triton_rec.updates"):
@@ -333,13 +434,23 @@ def test_an_unreachable_redis_is_retried_quietly_and_close_returns_promptly(name
 
 
 def test_a_consumer_started_while_redis_is_down_connects_later_and_closes_promptly(
-        redis_cluster, names):  # noqa: F811
+    redis_cluster, names
+):  # noqa: F811
     from tests.storage_fixtures import free_cluster_ports
 
     model, table, topic = names
     dead = f"127.0.0.1:{free_cluster_ports(1)[0]}"
-    c = UpdateConsumer(dead, "g", "c", {topic: 2}, Collector(), block_ms=200, backoff_ms=10,
-                       connect_timeout=0.2, socket_timeout=0.3)
+    c = UpdateConsumer(
+        dead,
+        "g",
+        "c",
+        {topic: 2},
+        Collector(),
+        block_ms=200,
+        backoff_ms=10,
+        connect_timeout=0.2,
+        socket_timeout=0.3,
+    )
     c.start()
     wait_for(lambda: c.stats()["redis_errors"] >= 3, "3 failed connection attempts")
     assert "cannot connect" in c.stats()["last_error"]
@@ -366,8 +477,17 @@ def test_the_consumer_recovers_when_a_node_comes_back_empty(names):
 
     model, table, topic = names
     with start_redis_cluster(3) as cluster:
-        c = UpdateConsumer(cluster.address, "g", "c", {topic: 2}, Collector(), block_ms=100,
-                           backoff_ms=10, socket_timeout=0.5, connect_timeout=0.5).start()
+        c = UpdateConsumer(
+            cluster.address,
+            "g",
+            "c",
+            {topic: 2},
+            Collector(),
+            block_ms=100,
+            backoff_ms=10,
+            socket_timeout=0.5,
+            connect_timeout=0.5,
+        ).start()
         try:
             with UpdateProducer(cluster.address, socket_timeout=0.5, connect_timeout=0.5) as p:
                 p.publish(model, table, *rows(3, 2, seed=5))
@@ -397,8 +517,9 @@ def test_start_latest_skips_what_was_published_before(redis_cluster, names):  # 
     model, table, topic = names
     with UpdateProducer(redis_cluster.address) as p:
         p.publish(model, table, *rows(5, 2, seed=7))
-        c = UpdateConsumer(redis_cluster.address, "late", "c", {topic: 2}, Collector(),
-                           start="latest")
+        c = UpdateConsumer(
+            redis_cluster.address, "late", "c", {topic: 2}, Collector(), start="latest"
+        )
         try:
             c.poll_once(10)  # creates the group at the end of the stream
             keys, vecs = rows(2, 2, seed=8)
@@ -412,7 +533,8 @@ def test_start_latest_skips_what_was_published_before(redis_cluster, names):  # 
 
 
 def test_small_messages_are_applied_in_batches_of_at_most_count_rows_last_row_wins(
-        redis_cluster, names):  # noqa: F811
+    redis_cluster, names
+):  # noqa: F811
     model, table, topic = names
     calls = []
 
@@ -442,8 +564,12 @@ def test_publish_refuses_bad_input_and_sends_nothing(redis_cluster, names):  # n
     model, table, topic = names
     keys, vecs = rows(3, 2)
     with UpdateProducer(redis_cluster.address) as p:
-        for bad_keys, bad_vecs in [(keys.astype(np.float32), vecs), (keys, vecs[:2]),
-                                   (keys, vecs.astype(np.int64)), (keys, vecs[:, :0])]:
+        for bad_keys, bad_vecs in [
+            (keys.astype(np.float32), vecs),
+            (keys, vecs[:2]),
+            (keys, vecs.astype(np.int64)),
+            (keys, vecs[:, :0]),
+        ]:
             with pytest.raises(ValueError):
                 p.publish(model, table, bad_keys, bad_vecs)
         with pytest.raises(ConfigError):
@@ -456,14 +582,20 @@ def test_publish_refuses_bad_input_and_sends_nothing(redis_cluster, names):  # n
         UpdateProducer(redis_cluster.address, max_batch_size=0)
 
 
-def test_the_thread_retries_a_failing_apply_with_backoff_until_it_succeeds(
-        redis_cluster, names):  # noqa: F811
+def test_the_thread_retries_a_failing_apply_with_backoff_until_it_succeeds(redis_cluster, names):  # noqa: F811
     model, table, topic = names
     keys, vecs = rows(6, 2, seed=9)
     with UpdateProducer(redis_cluster.address) as p:
         p.publish(model, table, keys, vecs)
-    with UpdateConsumer(redis_cluster.address, "g", "c", {topic: 2}, Collector(fail_times=3),
-                        block_ms=50, backoff_ms=5) as c:
+    with UpdateConsumer(
+        redis_cluster.address,
+        "g",
+        "c",
+        {topic: 2},
+        Collector(fail_times=3),
+        block_ms=50,
+        backoff_ms=5,
+    ) as c:
         c.start()
         wait_for(lambda: len(c.apply.rows) == 6, "the rows after 3 failures")
         s = c.stats()
@@ -476,8 +608,23 @@ def test_the_cli_exits_1_when_redis_is_unreachable(tmp_path):
 
     keys, vecs = rows(2, 2)
     np.savez(tmp_path / "d.npz", keys=keys, vectors=vecs)
-    r = subprocess.run([sys.executable, "-m", "triton_rec.updates", "publish", "--address",
-                        f"127.0.0.1:{free_cluster_ports(1)[0]}", "--model", "m", "--table", "t",
-                        "--npz", str(tmp_path / "d.npz")], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "triton_rec.updates",
+            "publish",
+            "--address",
+            f"127.0.0.1:{free_cluster_ports(1)[0]}",
+            "--model",
+            "m",
+            "--table",
+            "t",
+            "--npz",
+            str(tmp_path / "d.npz"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "cannot connect" in r.stderr, r.stderr

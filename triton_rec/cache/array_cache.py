@@ -85,13 +85,34 @@ AGING_FACTOR = 10  # halve the sketch after AGING_FACTOR * capacity counted keys
 SKETCH_WIDTH_FACTOR = 8  # sketch counters per row: >= 8 per slot
 
 # meta[] slots
-(_CLOCK, _INCS, _CAPACITY, _POLICY, _WAYS, _VEC, _MAGIC, _AGINGS,
- _INSERTS, _UPDATES, _EVICTIONS, _REJECTED, _OVERFLOW, _ERASED, _RECOVERED, _RESERVED) = range(16)
+(
+    _CLOCK,
+    _INCS,
+    _CAPACITY,
+    _POLICY,
+    _WAYS,
+    _VEC,
+    _MAGIC,
+    _AGINGS,
+    _INSERTS,
+    _UPDATES,
+    _EVICTIONS,
+    _REJECTED,
+    _OVERFLOW,
+    _ERASED,
+    _RECOVERED,
+    _RESERVED,
+) = range(16)
 META_LEN = 16
 #: node-wide counters kept in meta (written under the writer lock, so exact)
 _WRITER_COUNTERS = {
-    "inserts": _INSERTS, "updates": _UPDATES, "evictions": _EVICTIONS, "rejected": _REJECTED,
-    "overflow": _OVERFLOW, "erased": _ERASED, "recovered_sets": _RECOVERED,
+    "inserts": _INSERTS,
+    "updates": _UPDATES,
+    "evictions": _EVICTIONS,
+    "rejected": _REJECTED,
+    "overflow": _OVERFLOW,
+    "erased": _ERASED,
+    "recovered_sets": _RECOVERED,
     "sketch_agings": _AGINGS,
 }
 MAGIC = 0x5452454341434845  # "TRECACHE"
@@ -262,8 +283,9 @@ class ArrayEmbeddingCache:
         }
 
     @classmethod
-    def from_arrays(cls, arrays: Dict[str, Any], xp: Any = None,
-                    lock: Any = None) -> "ArrayEmbeddingCache":
+    def from_arrays(
+        cls, arrays: Dict[str, Any], xp: Any = None, lock: Any = None
+    ) -> ArrayEmbeddingCache:
         """Attach to the (already initialized) state arrays of a cache created elsewhere.
 
         Geometry and policy are read from the arrays. ``xp`` defaults to the module that
@@ -347,7 +369,8 @@ class ArrayEmbeddingCache:
         v = self.xp.asarray(vectors, dtype=np.float32)
         if v.shape != (n, self.vec_size):
             raise ValueError(
-                f"vectors must be float32 [{n}, {self.vec_size}], got {tuple(v.shape)}")
+                f"vectors must be float32 [{n}, {self.vec_size}], got {tuple(v.shape)}"
+            )
         return v
 
     @_on_device
@@ -390,7 +413,7 @@ class ArrayEmbeddingCache:
     def _tick(self):
         """Advance the shared clock; returns its new value as a 1-element xp array."""
         self.meta[_CLOCK] += 1
-        return self.meta[_CLOCK:_CLOCK + 1].copy()
+        return self.meta[_CLOCK : _CLOCK + 1].copy()
 
     def _sync(self) -> None:
         if _is_cupy(self.xp):  # writes must be done on the device before the lock is released
@@ -413,7 +436,7 @@ class ArrayEmbeddingCache:
         ``sets`` must be unique (``_end_write`` adds 1 to each entry)."""
         odd = (self.seq[sets] & 1).astype(np.bool_)
         self.valid[sets] &= ~odd[:, None]  # their data may be torn: drop it
-        self.meta[_RECOVERED:_RECOVERED + 1] += odd.sum()
+        self.meta[_RECOVERED : _RECOVERED + 1] += odd.sum()
         self.seq[sets] |= 1
 
     def _end_write(self, sets) -> None:
@@ -504,9 +527,13 @@ class ArrayEmbeddingCache:
             self._begin_write(touched)
             try:
                 res = self._insert_locked(uk, uv, s)
-                self._count_writes(inserts=res["inserted"], updates=res["updated"],
-                                   evictions=res["evicted"], rejected=res["rejected"],
-                                   overflow=res["overflow"])
+                self._count_writes(
+                    inserts=res["inserted"],
+                    updates=res["updated"],
+                    evictions=res["evicted"],
+                    rejected=res["rejected"],
+                    overflow=res["overflow"],
+                )
             finally:
                 self._end_write(touched)
         return res
@@ -668,7 +695,7 @@ class ArrayEmbeddingCache:
             n, h = self._stats["lookups"], self._stats["hits"]
         return h / n if n else 0.0
 
-    def host_view(self) -> "HostCacheView":
+    def host_view(self) -> HostCacheView:
         """This cache behind the numpy interface that
         :class:`triton_rec.cache.cached_table.CachedTable` uses."""
         return HostCacheView(self)

@@ -104,7 +104,7 @@ class CachedTable:
         store: BackingStore,
         cache: Optional[EmbeddingCache] = None,
         hit_rate_threshold: float = MODEL_DEFAULTS["hit_rate_threshold"],
-        inserter: Optional["BackgroundInserter"] = None,
+        inserter: Optional[BackgroundInserter] = None,
     ):
         self.name = name
         self.store = store
@@ -123,7 +123,9 @@ class CachedTable:
         if self.cache is None:
             t0 = time.perf_counter_ns()
             self.store.fetch(keys, out)
-            self.stats.add(lookups=m, misses=m, sync_fetched=m, store_ns=time.perf_counter_ns() - t0)
+            self.stats.add(
+                lookups=m, misses=m, sync_fetched=m, store_ns=time.perf_counter_ns() - t0
+            )
             return 0
         hit = np.empty(m, dtype=np.uint8)  # query writes every entry
         t0 = time.perf_counter_ns()
@@ -138,9 +140,15 @@ class CachedTable:
         if hits / m >= self.hit_rate_threshold and self.inserter is not None:
             out[miss_idx] = self.default_value
             accepted = self.inserter.submit(self, miss_keys)
-            self.stats.add(lookups=m, hits=hits, misses=misses, default_answered=misses,
-                           queued=misses if accepted else 0, dropped=0 if accepted else misses,
-                           cache_ns=t1 - t0)
+            self.stats.add(
+                lookups=m,
+                hits=hits,
+                misses=misses,
+                default_answered=misses,
+                queued=misses if accepted else 0,
+                dropped=0 if accepted else misses,
+                cache_ns=t1 - t0,
+            )
             return hits
         fetched = np.empty((misses, self.vec_size), dtype=np.float32)
         self.store.fetch(miss_keys, fetched)
@@ -148,8 +156,14 @@ class CachedTable:
         t2 = time.perf_counter_ns()
         self.cache.insert(miss_keys, fetched)
         t3 = time.perf_counter_ns()
-        self.stats.add(lookups=m, hits=hits, misses=misses, sync_fetched=misses,
-                       cache_ns=(t1 - t0) + (t3 - t2), store_ns=t2 - t1)
+        self.stats.add(
+            lookups=m,
+            hits=hits,
+            misses=misses,
+            sync_fetched=misses,
+            cache_ns=(t1 - t0) + (t3 - t2),
+            store_ns=t2 - t1,
+        )
         return hits
 
     def fill_from_store(self, keys: np.ndarray) -> None:
@@ -232,8 +246,12 @@ class BackgroundInserter:
             except Exception:  # keep serving; the next miss retries
                 allowed, held = self._throttle.allow()
                 if allowed:
-                    log.exception("background insert into table %s failed (%d more failures "
-                                  "since the last line)", table.name, held)
+                    log.exception(
+                        "background insert into table %s failed (%d more failures "
+                        "since the last line)",
+                        table.name,
+                        held,
+                    )
             finally:
                 self._queue.task_done()
 
@@ -250,7 +268,9 @@ class Refresher:
     cached rows in step with a store that receives online updates.
     """
 
-    def __init__(self, tables: List[CachedTable], interval: float, fraction: float, delay: float = 0.0):
+    def __init__(
+        self, tables: List[CachedTable], interval: float, fraction: float, delay: float = 0.0
+    ):
         self.tables = tables
         self.interval = float(interval)
         self.delay = float(delay)
@@ -269,8 +289,11 @@ class Refresher:
             except Exception:
                 allowed, held = self._throttle.allow()
                 if allowed:
-                    log.exception("refresh of table %s failed (%d more failures since the "
-                                  "last line)", t.name, held)
+                    log.exception(
+                        "refresh of table %s failed (%d more failures since the last line)",
+                        t.name,
+                        held,
+                    )
 
     def _run(self) -> None:
         if self._stop.wait(self.delay):

@@ -194,8 +194,15 @@ class SharedArrays:
         pid: the creator's pid (from the file).
     """
 
-    def __init__(self, name: str, path: str, mm: mmap.mmap, arrays: Dict[str, np.ndarray],
-                 owner: bool, pid: int):
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        mm: mmap.mmap,
+        arrays: Dict[str, np.ndarray],
+        owner: bool,
+        pid: int,
+    ):
         self.name, self.path, self._mm, self.arrays = name, path, mm, arrays
         self.owner, self.pid = owner, pid
 
@@ -216,7 +223,7 @@ class SharedArrays:
             except FileNotFoundError:
                 pass
 
-    def __enter__(self) -> "SharedArrays":
+    def __enter__(self) -> SharedArrays:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -300,7 +307,7 @@ def attach_numpy_arrays(name: str, directory: Optional[str] = None) -> SharedArr
         mm.close()
         raise ConfigError(f"{path}: not a triton-rec shared-array file (bad magic)")
     n = int.from_bytes(mm[8:16], "little")
-    manifest = json.loads(mm[16:16 + n].decode())
+    manifest = json.loads(mm[16 : 16 + n].decode())
     return SharedArrays(name, path, mm, _views(mm, manifest), owner=False, pid=int(manifest["pid"]))
 
 
@@ -383,8 +390,11 @@ def import_arrays(handles: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
             ptr = rt.ipcOpenMemHandle(bytes.fromhex(h["handle"]))  # flags: lazy peer access
             owner = _IpcMapping(rt, ptr, dev)
             mem = cupy.cuda.memory.UnownedMemory(ptr, int(h["nbytes"]), owner, dev)
-            out[n] = cupy.ndarray(tuple(h["shape"]), dtype=np.dtype(h["dtype"]),
-                                  memptr=cupy.cuda.memory.MemoryPointer(mem, 0))
+            out[n] = cupy.ndarray(
+                tuple(h["shape"]),
+                dtype=np.dtype(h["dtype"]),
+                memptr=cupy.cuda.memory.MemoryPointer(mem, 0),
+            )
     return out
 
 
@@ -393,8 +403,9 @@ def write_handles(path: str, handles: Dict[str, Dict[str, Any]], exclusive: bool
     with this process (pid and start time) as the owner. ``exclusive``: FileExistsError
     if ``path`` exists (else it is replaced)."""
     pid = os.getpid()
-    doc = json.dumps({"format": HANDLES_FORMAT, "pid": pid, "starttime": start_time(pid),
-                      "arrays": handles}).encode()
+    doc = json.dumps(
+        {"format": HANDLES_FORMAT, "pid": pid, "starttime": start_time(pid), "arrays": handles}
+    ).encode()
     _publish_file(path, lambda fd: os.write(fd, doc), exclusive=exclusive)
 
 
@@ -432,8 +443,9 @@ class SharedCache(HostCacheView):
         name, kind (``"cpu"`` or ``"cuda"``), files: what was published.
     """
 
-    def __init__(self, cache, owner: bool, name: str, kind: str, lock: FileLock, files,
-                 keepalive=None):
+    def __init__(
+        self, cache, owner: bool, name: str, kind: str, lock: FileLock, files, keepalive=None
+    ):
         super().__init__(cache)
         self.owner, self.name, self.kind, self.lock = owner, name, kind, lock
         self.files = list(files)
@@ -457,7 +469,7 @@ class SharedCache(HostCacheView):
             if self.files:
                 remove_namespace_dir(os.path.dirname(self.files[0]))
 
-    def __enter__(self) -> "SharedCache":
+    def __enter__(self) -> SharedCache:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -501,11 +513,13 @@ def open_shared_cache(
     try:
         with lock:
             if device == "cpu":
-                shared = _create_or_attach_cpu(name, capacity, vec_size, ways, policy,
-                                               directory, lock)
+                shared = _create_or_attach_cpu(
+                    name, capacity, vec_size, ways, policy, directory, lock
+                )
             else:
-                shared = _create_or_attach_cuda(name, capacity, vec_size, ways, policy,
-                                                int(device), directory, lock)
+                shared = _create_or_attach_cuda(
+                    name, capacity, vec_size, ways, policy, int(device), directory, lock
+                )
     except BaseException:
         lock.close()
         if namespace is not None:
@@ -538,8 +552,9 @@ def _create_or_attach_cpu(name, capacity, vec_size, ways, policy, directory, loc
         pass
     layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways)
     sa = share_numpy_arrays(name, layout, directory)
-    cache = ArrayEmbeddingCache(capacity, vec_size, ways, policy, xp=np, arrays=sa.arrays,
-                                lock=lock)
+    cache = ArrayEmbeddingCache(
+        capacity, vec_size, ways, policy, xp=np, arrays=sa.arrays, lock=lock
+    )
     sa.owner = False  # SharedCache removes the files
     return SharedCache(cache, True, name, "cpu", lock, [path, lock.path], keepalive=sa)
 
@@ -554,8 +569,14 @@ def _create_or_attach_cuda(name, capacity, vec_size, ways, policy, device, direc
     hpath = _path(name, directory, ".cudaipc.json")
     local = _LOCAL_DEVICE_STATES.get(hpath)
     if local is not None and os.path.exists(hpath):
-        return SharedCache(ArrayEmbeddingCache.from_arrays(local, xp=cupy, lock=lock), False,
-                           name, "cuda", lock, [])
+        return SharedCache(
+            ArrayEmbeddingCache.from_arrays(local, xp=cupy, lock=lock),
+            False,
+            name,
+            "cuda",
+            lock,
+            [],
+        )
     try:
         handles = read_handles(hpath)
         arrays = import_arrays(handles)
@@ -569,9 +590,9 @@ def _create_or_attach_cuda(name, capacity, vec_size, ways, policy, device, direc
     layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways)
     arrays = allocate_device_arrays(layout, device)
     with cupy.cuda.Device(device):
-        cache = ArrayEmbeddingCache(capacity, vec_size, ways, policy, xp=cupy, arrays=arrays,
-                                    lock=lock)
+        cache = ArrayEmbeddingCache(
+            capacity, vec_size, ways, policy, xp=cupy, arrays=arrays, lock=lock
+        )
     write_handles(hpath, export_arrays(arrays))
     _LOCAL_DEVICE_STATES[hpath] = arrays
     return SharedCache(cache, True, name, "cuda", lock, [hpath, lock.path])
-

@@ -65,8 +65,8 @@ import numpy as np
 from triton_rec import _native
 from triton_rec.cache import shm_security
 from triton_rec.config.ps_json import CACHE_POLICIES, CachePolicy
-from triton_rec.util.procfs import flock_exclusive, process_alive, start_time
 from triton_rec.errors import CacheConfigMismatchError, CacheError
+from triton_rec.util.procfs import flock_exclusive, process_alive, start_time
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,9 @@ def segment_file_name(name: str) -> str:
     return SEGMENT_PREFIX + safe
 
 
-def segment_path(name: str, directory: str = DEFAULT_DIRECTORY,
-                 namespace: Optional[str] = None) -> str:
+def segment_path(
+    name: str, directory: str = DEFAULT_DIRECTORY, namespace: Optional[str] = None
+) -> str:
     """The file of the segment called ``name`` (in the namespace's private directory if
     one is given)."""
     if namespace is not None:
@@ -159,8 +160,9 @@ def _live_tokens(view) -> List[int]:
 
 
 def _flock(fd: int, deadline: float, path: str) -> None:
-    flock_exclusive(fd, deadline, lambda: CacheError(
-        f"{path}: timed out waiting for the segment's file lock"))
+    flock_exclusive(
+        fd, deadline, lambda: CacheError(f"{path}: timed out waiting for the segment's file lock")
+    )
 
 
 def _same_file(fd: int, path: str) -> bool:
@@ -184,8 +186,9 @@ def _open_unnamed(dfd: int):
             if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
                 raise
     tmp = f".trec_tmp-{os.getpid()}-{uuid.uuid4().hex}"
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                 dir_fd=dfd)
+    fd = os.open(
+        tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd
+    )
     os.fchmod(fd, 0o600)
     return fd, tmp
 
@@ -202,7 +205,7 @@ def _link_into_place(fd: int, tmp: Optional[str], dfd: int, fname: str) -> None:
 
 # ---------------------------------------------------------------------------------------
 
-_open_caches: "weakref.WeakSet[SharedEmbeddingCache]" = weakref.WeakSet()
+_open_caches: weakref.WeakSet[SharedEmbeddingCache] = weakref.WeakSet()
 
 
 @atexit.register
@@ -226,8 +229,17 @@ class SharedEmbeddingCache:
     set does automatically (its keys are dropped, never served torn).
     """
 
-    def __init__(self, *, name: str, path: str, fd: int, mm: mmap.mmap, view, token: int,
-                 namespace_dir: Optional[str] = None):
+    def __init__(
+        self,
+        *,
+        name: str,
+        path: str,
+        fd: int,
+        mm: mmap.mmap,
+        view,
+        token: int,
+        namespace_dir: Optional[str] = None,
+    ):
         # Private: use SharedEmbeddingCache.open().
         self.name = name
         self.path = path
@@ -254,7 +266,7 @@ class SharedEmbeddingCache:
         directory: str = DEFAULT_DIRECTORY,
         timeout: float = _OPEN_TIMEOUT,
         namespace: Optional[str] = None,
-    ) -> "SharedEmbeddingCache":
+    ) -> SharedEmbeddingCache:
         """Create the segment ``<directory>/trec_<name>`` (with a ``namespace``:
         ``<directory>/trec-ns-<namespace>/trec_<name>``) or attach to it (see the module
         docstring for the exact rule).
@@ -311,16 +323,19 @@ class SharedEmbeddingCache:
                 if time.monotonic() > deadline:
                     raise CacheError(f"{path}: could not create or attach within {timeout} s")
                 try:
-                    fd = shm_security.open_private_file(path, os.O_RDWR, "shared cache segment",
-                                                        dir_fd=dfd, name=fname)
+                    fd = shm_security.open_private_file(
+                        path, os.O_RDWR, "shared cache segment", dir_fd=dfd, name=fname
+                    )
                 except FileNotFoundError:
-                    cache = cls._create(name, path, dfd, fname, ns_dir, params, nbytes,
-                                        checksum, token)
+                    cache = cls._create(
+                        name, path, dfd, fname, ns_dir, params, nbytes, checksum, token
+                    )
                     if cache is not None:
                         return cache
                     continue  # another process linked its segment first: attach to it
-                cache = cls._attach(name, path, dfd, fname, ns_dir, fd, params, checksum,
-                                    token, deadline)
+                cache = cls._attach(
+                    name, path, dfd, fname, ns_dir, fd, params, checksum, token, deadline
+                )
                 if cache is not None:
                     return cache
             except BaseException:
@@ -345,7 +360,8 @@ class SharedEmbeddingCache:
             except OSError as e:
                 raise CacheError(
                     f"{path}: cannot allocate {nbytes} bytes in {os.path.dirname(path)}: "
-                    f"{e.strerror}") from None
+                    f"{e.strerror}"
+                ) from None
             mm = mmap.mmap(fd, nbytes)
             view = _native.ShmCacheView.initialize(mm, checksum=checksum, **params)
             view._register_token(token)
@@ -356,8 +372,9 @@ class SharedEmbeddingCache:
                 mm.close()
                 os.close(fd)
                 return None
-            return cls(name=name, path=path, fd=fd, mm=mm, view=view, token=token,
-                       namespace_dir=ns_dir)
+            return cls(
+                name=name, path=path, fd=fd, mm=mm, view=view, token=token, namespace_dir=ns_dir
+            )
         except BaseException:
             if view is not None and not view.released:
                 view.release()
@@ -391,32 +408,38 @@ class SharedEmbeddingCache:
             try:
                 view = _native.ShmCacheView.attach(mm)
             except _native.ShmCacheError as e:
-                raise CacheError(
-                    f"{path}: {e}; remove the file if no server is using it"
-                ) from None
+                raise CacheError(f"{path}: {e}; remove the file if no server is using it") from None
             live = _live_tokens(view)
             if not live:
                 os.unlink(fname, dir_fd=dfd)  # stale: nobody alive uses it; recreate it
                 log.info("replaced stale shared cache segment %s", path)
                 return None
             if view.checksum != checksum:
-                have = (f"capacity {view.capacity} ({view.num_sets} sets x {view.ways} ways), "
-                        f"vec_size {view.vec_size}, policy {view.policy}")
-                want = (f"capacity {params['num_sets'] * params['ways']} ({params['num_sets']} "
-                        f"sets x {params['ways']} ways), vec_size {params['vec_size']}, "
-                        f"policy {params['policy']}")
+                have = (
+                    f"capacity {view.capacity} ({view.num_sets} sets x {view.ways} ways), "
+                    f"vec_size {view.vec_size}, policy {view.policy}"
+                )
+                want = (
+                    f"capacity {params['num_sets'] * params['ways']} ({params['num_sets']} "
+                    f"sets x {params['ways']} ways), vec_size {params['vec_size']}, "
+                    f"policy {params['policy']}"
+                )
                 pids = sorted({t & _PID_MASK for t in live})
                 raise CacheConfigMismatchError(
                     path,
                     f"shared cache segment in use by PIDs {pids} with another configuration: "
                     f"it has {have}, requested {want}. Give every instance the same cache "
-                    f"settings, or stop the processes using it.")
+                    f"settings, or stop the processes using it.",
+                )
             if not view._register_token(token):
-                raise CacheError(f"{path}: attachment table full "
-                                 f"({_native.SHM_CACHE_ATTACH_SLOTS} live attachments)")
+                raise CacheError(
+                    f"{path}: attachment table full "
+                    f"({_native.SHM_CACHE_ATTACH_SLOTS} live attachments)"
+                )
             keep = True
-            return cls(name=name, path=path, fd=fd, mm=mm, view=view, token=token,
-                       namespace_dir=ns_dir)
+            return cls(
+                name=name, path=path, fd=fd, mm=mm, view=view, token=token, namespace_dir=ns_dir
+            )
         finally:
             try:
                 fcntl.flock(fd, fcntl.LOCK_UN)
@@ -570,7 +593,7 @@ class SharedEmbeddingCache:
             self._mm.close()
             os.close(self._fd)
 
-    def __enter__(self) -> "SharedEmbeddingCache":
+    def __enter__(self) -> SharedEmbeddingCache:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -580,5 +603,7 @@ class SharedEmbeddingCache:
         if self._closed:
             return f"<SharedEmbeddingCache {self.path} (closed)>"
         v = self._view
-        return (f"<SharedEmbeddingCache {self.path} policy={v.policy} capacity={v.capacity} "
-                f"({v.num_sets} sets x {v.ways} ways) vec_size={v.vec_size}>")
+        return (
+            f"<SharedEmbeddingCache {self.path} policy={v.policy} capacity={v.capacity} "
+            f"({v.num_sets} sets x {v.ways} ways) vec_size={v.vec_size}>"
+        )

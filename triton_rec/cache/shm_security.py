@@ -75,27 +75,37 @@ def check_private(st: os.stat_result, path: str, what: str, directory: bool = Fa
     kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
     if not kind_ok:
         raise SharedMemorySecurityError(
-            f"{path}: refusing the {what}: not a {'directory' if directory else 'regular file'}")
+            f"{path}: refusing the {what}: not a {'directory' if directory else 'regular file'}"
+        )
     if st.st_uid != euid or st.st_mode & 0o077:
         raise SharedMemorySecurityError(
             f"{path}: refusing the {what}: {_describe(st)}; only files owned by uid {euid} "
             f"(this server's user) without group/other permissions are used. It was not "
-            f"created by this server: remove it (another user may have planted it)")
+            f"created by this server: remove it (another user may have planted it)"
+        )
 
 
-def open_private_file(path: str, flags: int, what: str, dir_fd: Optional[int] = None,
-                      name: Optional[str] = None, mode: int = 0o600) -> int:
+def open_private_file(
+    path: str,
+    flags: int,
+    what: str,
+    dir_fd: Optional[int] = None,
+    name: Optional[str] = None,
+    mode: int = 0o600,
+) -> int:
     """``os.open`` that never follows a symbolic link, never blocks on a FIFO, and
     returns only a private file (:func:`check_private`). ``name`` (default ``path``)
     is opened relative to ``dir_fd``; ``path`` is what messages show.
     FileNotFoundError passes through."""
     try:
-        fd = os.open(name or path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode,
-                     dir_fd=dir_fd)
+        fd = os.open(
+            name or path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd
+        )
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise SharedMemorySecurityError(
-                f"{path}: refusing the {what}: it is a symbolic link") from None
+                f"{path}: refusing the {what}: it is a symbolic link"
+            ) from None
         raise
     try:
         check_private(os.fstat(fd), path, what)
@@ -119,14 +129,16 @@ def _check_parent(parent: str) -> None:
         raise SharedMemorySecurityError(
             f"{parent}: refusing the shared-memory directory: {_describe(st)}; it must be "
             f"owned by root or uid {os.geteuid()} and sticky (like /dev/shm, 1777) if "
-            f"others may write to it")
+            f"others may write to it"
+        )
 
 
 def namespace_directory(parent: str, namespace: str) -> str:
     """``<parent>/trec-ns-<namespace>``."""
     if not _TOKEN_RE.fullmatch(namespace or ""):
-        raise ValueError(f"shared-memory namespace must be {2 * _TOKEN_BYTES} hex digits, "
-                         f"got {namespace!r}")
+        raise ValueError(
+            f"shared-memory namespace must be {2 * _TOKEN_BYTES} hex digits, got {namespace!r}"
+        )
     return os.path.join(parent, NAMESPACE_DIR_PREFIX + namespace)
 
 
@@ -148,7 +160,8 @@ def open_segment_dir(parent: str, namespace: Optional[str]):
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             raise SharedMemorySecurityError(
                 f"{path}: refusing the shared-memory namespace directory: not a directory "
-                f"(a symbolic link or a file)") from None
+                f"(a symbolic link or a file)"
+            ) from None
         raise
     try:
         check_private(os.fstat(dfd), path, "shared-memory namespace directory", directory=True)
@@ -200,7 +213,8 @@ def _read_token(fd: int, path: str) -> str:
     if not _TOKEN_RE.fullmatch(data):
         raise SharedMemorySecurityError(
             f"{path}: not a shared-memory namespace file (expected {2 * _TOKEN_BYTES} hex "
-            f"digits); remove it and a new one is created")
+            f"digits); remove it and a new one is created"
+        )
     return data
 
 
@@ -218,8 +232,9 @@ def store_namespace(store_root: str, parent: str) -> str:
             try:
                 _new_token_file(path, replace=False)
             except OSError as e:
-                raise CacheError(f"{path}: cannot create the shared-memory namespace file: "
-                                 f"{e.strerror}") from None
+                raise CacheError(
+                    f"{path}: cannot create the shared-memory namespace file: {e.strerror}"
+                ) from None
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # one rotation at a time
@@ -245,4 +260,5 @@ def store_namespace(store_root: str, parent: str) -> str:
             os.close(fd)
     raise SharedMemorySecurityError(
         f"{path}: no usable shared-memory namespace after {_ROTATIONS} new tokens: "
-        f"directories named by each new token already exist in {parent}, owned by others")
+        f"directories named by each new token already exist in {parent}, owned by others"
+    )

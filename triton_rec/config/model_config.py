@@ -84,7 +84,9 @@ def check_hps_model_config(config: Dict[str, Any]) -> Tuple[str, Tuple[str, ...]
     info = tuple(o["name"] for o in outputs if o["name"] in HPS_INFO_OUTPUTS)
     for o in outputs:
         if o["name"] in HPS_INFO_OUTPUTS and o.get("data_type") != "TYPE_INT32":
-            raise ConfigError(f"model '{name}' config.pbtxt: output '{o['name']}' must be TYPE_INT32")
+            raise ConfigError(
+                f"model '{name}' config.pbtxt: output '{o['name']}' must be TYPE_INT32"
+            )
     main = [o for o in outputs if o["name"] not in HPS_INFO_OUTPUTS]
     if len(main) != 1:
         raise ConfigError(
@@ -107,7 +109,11 @@ def check_hugectr_model_config(config: Dict[str, Any]) -> str:
     """
     name = _check_inputs(
         config,
-        {"DES": ("TYPE_FP32",), "CATCOLUMN": ("TYPE_UINT32", "TYPE_INT64"), "ROWINDEX": ("TYPE_INT32",)},
+        {
+            "DES": ("TYPE_FP32",),
+            "CATCOLUMN": ("TYPE_UINT32", "TYPE_INT64"),
+            "ROWINDEX": ("TYPE_INT32",),
+        },
     )
     outputs = _io(config, "output")
     if len(outputs) != 1 or outputs[0].get("data_type") != "TYPE_FP32":
@@ -152,7 +158,9 @@ def model_seconds(config: Dict[str, Any], key: str, default: None) -> Optional[f
 def model_seconds(config: Dict[str, Any], key: str, default: Optional[float]) -> Optional[float]:
     """A string parameter of config.pbtxt holding seconds >= 0 (``default`` if absent;
     ConfigError if malformed)."""
-    seconds = _number_parameter(config, key, float, lambda x: 0.0 <= x < float("inf"), "seconds >= 0")
+    seconds = _number_parameter(
+        config, key, float, lambda x: 0.0 <= x < float("inf"), "seconds >= 0"
+    )
     return default if seconds is None else seconds
 
 
@@ -210,8 +218,9 @@ class InstanceSettings:
     intra_op_source: str = "default"
 
     @classmethod
-    def from_config(cls, config: Dict[str, Any],
-                    environ: Optional[Mapping[str, str]] = None) -> InstanceSettings:
+    def from_config(
+        cls, config: Dict[str, Any], environ: Optional[Mapping[str, str]] = None
+    ) -> InstanceSettings:
         """Read the parameters (ConfigError names a malformed one).
 
         ``intra_op_threads``: the config.pbtxt parameter if given, else the first of
@@ -242,9 +251,11 @@ class InstanceSettings:
         fits the node (``instances x threads`` against the usable cores)."""
         n = instance_count(config)
         fits = "OVERSUBSCRIBED" if self.oversubscribes(config) else "fits"
-        return (f"intra_op_threads={self.intra_op_threads} ({self.intra_op_source}); "
-                f"{n} instances x {self.intra_op_threads} threads on {usable_cores()} cores: {fits}; "
-                f"metrics every {self.metrics_interval:g} s")
+        return (
+            f"intra_op_threads={self.intra_op_threads} ({self.intra_op_source}); "
+            f"{n} instances x {self.intra_op_threads} threads on {usable_cores()} cores: {fits}; "
+            f"metrics every {self.metrics_interval:g} s"
+        )
 
 
 def usable_cores() -> int:

@@ -57,8 +57,9 @@ def _inside(real: str, roots: Tuple[str, ...]) -> bool:
     return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
 
 
-def confine(path: str, what: str, roots: Optional[Tuple[str, ...]] = None,
-            real: Optional[str] = None) -> None:
+def confine(
+    path: str, what: str, roots: Optional[Tuple[str, ...]] = None, real: Optional[str] = None
+) -> None:
     """Refuse ``path`` (a ``what``, e.g. "sparse file") unless it resolves into an allowed
     root; nothing to do when confinement is off.
 
@@ -76,14 +77,20 @@ def confine(path: str, what: str, roots: Optional[Tuple[str, ...]] = None,
     if not _inside(real, roots):
         where = "" if real == os.path.abspath(path) else f" (resolves to {real})"
         raise PathNotAllowedError(
-            path, f"{what}{where} is outside the allowed roots {list(roots)} "
-                  f"(set by the operator in {ALLOWED_ROOTS_ENV})")
+            path,
+            f"{what}{where} is outside the allowed roots {list(roots)} "
+            f"(set by the operator in {ALLOWED_ROOTS_ENV})",
+        )
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -130,8 +137,9 @@ def read_model_file(path: str, what: str, max_bytes: int, error=ModelFileError) 
     fd, st = open_model_file(path, what, error)
     try:
         if st.st_size > max_bytes:
-            raise error(path, f"the {what} has {st.st_size} bytes, more than the limit of "
-                              f"{max_bytes} bytes")
+            raise error(
+                path, f"the {what} has {st.st_size} bytes, more than the limit of {max_bytes} bytes"
+            )
         chunks, total = [], 0
         while True:  # the file may grow while read: never read past the limit
             try:
@@ -158,8 +166,11 @@ def _check_depth(raw: bytes, path: str, what: str, error) -> None:
         if c in (b"[", b"{"):
             depth += 1
             if depth > MAX_JSON_DEPTH:
-                raise error(path, f"the {what} nests arrays/objects deeper than the limit of "
-                                  f"{MAX_JSON_DEPTH} levels (byte {m.start()})")
+                raise error(
+                    path,
+                    f"the {what} nests arrays/objects deeper than the limit of "
+                    f"{MAX_JSON_DEPTH} levels (byte {m.start()})",
+                )
         elif c in (b"]", b"}"):
             depth -= 1
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from triton_rec import _native
-from triton_rec.errors import ConfigError
 from triton_rec.config.model_files import ConfigFileError, read_json
+from triton_rec.errors import ConfigError
 
 # Model keys documented for HPS / HugeCTR (hps-compat.md, upstream parsers).
 _MODEL_KEYS_USED = {
@@ -83,8 +83,8 @@ MAX_CACHE_WAYS = int(_native.SHM_CACHE_MAX_WAYS)
 MAX_VEC_SIZE = int(_native.SHM_CACHE_MAX_VEC_SIZE)
 #: A model's ``max_batch_size`` and ``max_batch_size x keys per sample``: Triton's
 #: max_batch_size is an int32, and so are the key offsets of a request (NUMKEYS, ROWINDEX).
-MAX_BATCH_SIZE = 2 ** 31 - 1
-MAX_KEYS_PER_REQUEST = 2 ** 31 - 1
+MAX_BATCH_SIZE = 2**31 - 1
+MAX_KEYS_PER_REQUEST = 2**31 - 1
 #: Keys per command/batch of a tier or the update consumer (``max_batch_size`` of the
 #: ``volatile_db``, ``persistent_db`` and ``update_source`` sections).
 MAX_TIER_BATCH_SIZE = 1 << 20
@@ -92,7 +92,6 @@ MAX_TIER_BATCH_SIZE = 1 << 20
 MAX_TIER_COUNT = 4096
 #: ``poll_timeout_ms`` and ``failure_backoff_ms`` of ``update_source`` (one hour).
 MAX_TIER_MS = 3_600_000
-
 
 
 class StrEnum(str, enum.Enum):
@@ -157,10 +156,15 @@ def _as_bool(v: Any, where: str) -> bool:
     raise _fail(where, f"expected a boolean, got {v!r}")
 
 
-def _as_int(v: Any, where: str, minimum: Optional[int] = None,
-            maximum: Optional[int] = None) -> int:
-    if (isinstance(v, bool) or not isinstance(v, (int, float))
-            or (isinstance(v, float) and not math.isfinite(v)) or int(v) != v):
+def _as_int(
+    v: Any, where: str, minimum: Optional[int] = None, maximum: Optional[int] = None
+) -> int:
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or (isinstance(v, float) and not math.isfinite(v))
+        or int(v) != v
+    ):
         raise _fail(where, f"expected an integer, got {v!r}")
     v = int(v)
     if maximum is not None and (v > maximum or (minimum is not None and v < minimum)):
@@ -215,27 +219,64 @@ OVERFLOW_POLICIES = tuple(p.value for p in OverflowPolicy)
 ON_UNAVAILABLE = ("fail", "next_tier")
 
 _REDIS_KEYS = {
-    "address", "user_name", "password", "num_partitions", "num_node_connections",
-    "enable_tls", "tls_ca_certificate", "tls_client_certificate", "tls_client_key",
-    "tls_server_name_identification", "max_batch_size", "connect_timeout", "socket_timeout",
+    "address",
+    "user_name",
+    "password",
+    "num_partitions",
+    "num_node_connections",
+    "enable_tls",
+    "tls_ca_certificate",
+    "tls_client_certificate",
+    "tls_client_key",
+    "tls_server_name_identification",
+    "max_batch_size",
+    "connect_timeout",
+    "socket_timeout",
 }
 _VOLATILE_KEYS_USED = _REDIS_KEYS | {
-    "type", "overflow_margin", "overflow_policy", "overflow_resolution_target",
-    "initial_cache_rate", "cache_missed_embeddings", "update_filters",
-    "refresh_time_after_fetch", "on_unavailable",
+    "type",
+    "overflow_margin",
+    "overflow_policy",
+    "overflow_resolution_target",
+    "initial_cache_rate",
+    "cache_missed_embeddings",
+    "update_filters",
+    "refresh_time_after_fetch",
+    "on_unavailable",
 }
 # Documented for HPS but meaningless here (hash map internals) or obsolete: accepted.
 _VOLATILE_KEYS_KNOWN = _VOLATILE_KEYS_USED | {
-    "algorithm", "allocation_rate", "shared_memory_size", "shared_memory_name",
-    "max_get_batch_size", "max_set_batch_size", "initialize_after_startup",
+    "algorithm",
+    "allocation_rate",
+    "shared_memory_size",
+    "shared_memory_name",
+    "max_get_batch_size",
+    "max_set_batch_size",
+    "initialize_after_startup",
 }
-_PERSISTENT_KEYS_USED = {"type", "path", "num_threads", "read_only", "max_batch_size",
-                         "update_filters", "on_unavailable"}
+_PERSISTENT_KEYS_USED = {
+    "type",
+    "path",
+    "num_threads",
+    "read_only",
+    "max_batch_size",
+    "update_filters",
+    "on_unavailable",
+}
 _PERSISTENT_KEYS_KNOWN = _PERSISTENT_KEYS_USED | {"max_get_batch_size", "max_set_batch_size"}
-_UPDATE_KEYS_USED = _REDIS_KEYS | {"type", "group", "poll_timeout_ms", "max_batch_size",
-                                   "failure_backoff_ms", "start"}
+_UPDATE_KEYS_USED = _REDIS_KEYS | {
+    "type",
+    "group",
+    "poll_timeout_ms",
+    "max_batch_size",
+    "failure_backoff_ms",
+    "start",
+}
 _UPDATE_KEYS_KNOWN = _UPDATE_KEYS_USED | {
-    "brokers", "metadata_refresh_interval_ms", "receive_buffer_size", "max_commit_interval",
+    "brokers",
+    "metadata_refresh_interval_ms",
+    "receive_buffer_size",
+    "max_commit_interval",
     "send_buffer_size",
 }
 _DEFAULT_UPDATE_FILTERS = ("^hps_.+$",)
@@ -428,8 +469,12 @@ def _redis_params(sec: dict, where: str, base_dir: str) -> RedisParams:
         address=address,
         user_name=opt_str("user_name") or d.user_name,
         password=opt_str("password") or "",
-        num_node_connections=_as_int(sec.get("num_node_connections", d.num_node_connections),
-                                     f"{where}.num_node_connections", 1, MAX_TIER_COUNT),
+        num_node_connections=_as_int(
+            sec.get("num_node_connections", d.num_node_connections),
+            f"{where}.num_node_connections",
+            1,
+            MAX_TIER_COUNT,
+        ),
         enable_tls=_as_bool(sec.get("enable_tls", d.enable_tls), f"{where}.enable_tls"),
         tls_ca_certificate=opt_file("tls_ca_certificate"),
         tls_client_certificate=opt_file("tls_client_certificate"),
@@ -446,37 +491,53 @@ def _parse_volatile(sec: dict, base_dir: str, source: str) -> VolatileDBParams:
     margin = sec.get("overflow_margin")
     if margin is not None:
         margin = _as_int(margin, f"{where}.overflow_margin", 1)
-        if margin >= 2 ** 63:  # HPS's default is SIZE_MAX: unbounded
+        if margin >= 2**63:  # HPS's default is SIZE_MAX: unbounded
             margin = None
-    target = _as_float(sec.get("overflow_resolution_target", d.overflow_resolution_target),
-                       f"{where}.overflow_resolution_target")
+    target = _as_float(
+        sec.get("overflow_resolution_target", d.overflow_resolution_target),
+        f"{where}.overflow_resolution_target",
+    )
     if not 0.0 < target < 1.0:
         raise _fail(f"{where}.overflow_resolution_target", f"must be within ]0, 1[, got {target}")
-    rate = _as_float(sec.get("initial_cache_rate", d.initial_cache_rate),
-                     f"{where}.initial_cache_rate")
+    rate = _as_float(
+        sec.get("initial_cache_rate", d.initial_cache_rate), f"{where}.initial_cache_rate"
+    )
     if not 0.0 <= rate <= 1.0:
         raise _fail(f"{where}.initial_cache_rate", f"must be within [0, 1], got {rate}")
     return VolatileDBParams(
         type=typ,
         redis=_redis_params(sec, where, base_dir),
-        num_partitions=_as_int(sec.get("num_partitions", d.num_partitions),
-                               f"{where}.num_partitions", 1, MAX_TIER_COUNT),
+        num_partitions=_as_int(
+            sec.get("num_partitions", d.num_partitions),
+            f"{where}.num_partitions",
+            1,
+            MAX_TIER_COUNT,
+        ),
         max_batch_size=_batch_size(sec, where, d.max_batch_size),
         overflow_margin=margin,
-        overflow_policy=OverflowPolicy(_choice(sec.get("overflow_policy", d.overflow_policy),
-                                               OVERFLOW_POLICIES, f"{where}.overflow_policy")),
+        overflow_policy=OverflowPolicy(
+            _choice(
+                sec.get("overflow_policy", d.overflow_policy),
+                OVERFLOW_POLICIES,
+                f"{where}.overflow_policy",
+            )
+        ),
         overflow_resolution_target=target,
         initial_cache_rate=rate,
-        cache_missed_embeddings=_as_bool(sec.get("cache_missed_embeddings",
-                                                 d.cache_missed_embeddings),
-                                         f"{where}.cache_missed_embeddings"),
-        refresh_time_after_fetch=_as_bool(sec.get("refresh_time_after_fetch",
-                                                  d.refresh_time_after_fetch),
-                                          f"{where}.refresh_time_after_fetch"),
-        update_filters=_filters(sec.get("update_filters", list(d.update_filters)),
-                                f"{where}.update_filters"),
-        on_unavailable=_choice(sec.get("on_unavailable", d.on_unavailable), ON_UNAVAILABLE,
-                               f"{where}.on_unavailable"),
+        cache_missed_embeddings=_as_bool(
+            sec.get("cache_missed_embeddings", d.cache_missed_embeddings),
+            f"{where}.cache_missed_embeddings",
+        ),
+        refresh_time_after_fetch=_as_bool(
+            sec.get("refresh_time_after_fetch", d.refresh_time_after_fetch),
+            f"{where}.refresh_time_after_fetch",
+        ),
+        update_filters=_filters(
+            sec.get("update_filters", list(d.update_filters)), f"{where}.update_filters"
+        ),
+        on_unavailable=_choice(
+            sec.get("on_unavailable", d.on_unavailable), ON_UNAVAILABLE, f"{where}.on_unavailable"
+        ),
         extra={k: v for k, v in sec.items() if k in _VOLATILE_KEYS_KNOWN - _VOLATILE_KEYS_USED},
         unknown_keys=tuple(sorted(k for k in sec if k not in _VOLATILE_KEYS_KNOWN)),
     )
@@ -491,14 +552,17 @@ def _parse_persistent(sec: dict, base_dir: str, source: str) -> PersistentDBPara
     return PersistentDBParams(
         type=_choice(sec.get("type", d.type), PERSISTENT_TYPES, f"{where}.type"),
         path=_resolve(path, base_dir),
-        num_threads=_as_int(sec.get("num_threads", d.num_threads), f"{where}.num_threads", 1,
-                            MAX_TIER_COUNT),
+        num_threads=_as_int(
+            sec.get("num_threads", d.num_threads), f"{where}.num_threads", 1, MAX_TIER_COUNT
+        ),
         read_only=_as_bool(sec.get("read_only", d.read_only), f"{where}.read_only"),
         max_batch_size=_batch_size(sec, where, d.max_batch_size),
-        update_filters=_filters(sec.get("update_filters", list(d.update_filters)),
-                                f"{where}.update_filters"),
-        on_unavailable=_choice(sec.get("on_unavailable", d.on_unavailable), ON_UNAVAILABLE,
-                               f"{where}.on_unavailable"),
+        update_filters=_filters(
+            sec.get("update_filters", list(d.update_filters)), f"{where}.update_filters"
+        ),
+        on_unavailable=_choice(
+            sec.get("on_unavailable", d.on_unavailable), ON_UNAVAILABLE, f"{where}.on_unavailable"
+        ),
         unknown_keys=tuple(sorted(k for k in sec if k not in _PERSISTENT_KEYS_KNOWN)),
     )
 
@@ -510,9 +574,11 @@ def _parse_update_source(sec: dict, base_dir: str, source: str) -> UpdateSourceP
     if raw is None:
         raw = "null"
     if isinstance(raw, str) and raw.lower() in ("kafka", "kafka_message_queue"):
-        raise _fail(f"{where}.type",
-                    "Kafka is not supported by this backend: publish updates to Redis Streams "
-                    "and set \"type\": \"redis_stream\" (see README, online updates)")
+        raise _fail(
+            f"{where}.type",
+            "Kafka is not supported by this backend: publish updates to Redis Streams "
+            'and set "type": "redis_stream" (see README, online updates)',
+        )
     group = sec.get("group")
     if group is not None and (not isinstance(group, str) or not group):
         raise _fail(f"{where}.group", f"expected a non-empty string, got {group!r}")
@@ -520,42 +586,64 @@ def _parse_update_source(sec: dict, base_dir: str, source: str) -> UpdateSourceP
         type=_choice(raw, UPDATE_SOURCE_TYPES, f"{where}.type"),
         redis=_redis_params(sec, where, base_dir),
         group=group,
-        poll_timeout_ms=_as_int(sec.get("poll_timeout_ms", d.poll_timeout_ms),
-                                f"{where}.poll_timeout_ms", 1, MAX_TIER_MS),
-        max_batch_size=_as_int(sec.get("max_batch_size", d.max_batch_size),
-                               f"{where}.max_batch_size", 1, MAX_TIER_BATCH_SIZE),
-        failure_backoff_ms=_as_int(sec.get("failure_backoff_ms", d.failure_backoff_ms),
-                                   f"{where}.failure_backoff_ms", 1, MAX_TIER_MS),
+        poll_timeout_ms=_as_int(
+            sec.get("poll_timeout_ms", d.poll_timeout_ms),
+            f"{where}.poll_timeout_ms",
+            1,
+            MAX_TIER_MS,
+        ),
+        max_batch_size=_as_int(
+            sec.get("max_batch_size", d.max_batch_size),
+            f"{where}.max_batch_size",
+            1,
+            MAX_TIER_BATCH_SIZE,
+        ),
+        failure_backoff_ms=_as_int(
+            sec.get("failure_backoff_ms", d.failure_backoff_ms),
+            f"{where}.failure_backoff_ms",
+            1,
+            MAX_TIER_MS,
+        ),
         start=_choice(sec.get("start", d.start), ("earliest", "latest"), f"{where}.start"),
         unknown_keys=tuple(sorted(k for k in sec if k not in _UPDATE_KEYS_KNOWN)),
     )
 
 
-def _check_tiers(vol: VolatileDBParams, per: PersistentDBParams, upd: UpdateSourceParams,
-                 source: str) -> None:
+def _check_tiers(
+    vol: VolatileDBParams, per: PersistentDBParams, upd: UpdateSourceParams, source: str
+) -> None:
     """Combinations that would lose rows or updates without saying so."""
     if vol.type == "disabled" and per.type == "disabled":
-        raise _fail(source, "volatile_db and persistent_db are both disabled: "
-                            "no tier would hold the embeddings")
+        raise _fail(
+            source,
+            "volatile_db and persistent_db are both disabled: no tier would hold the embeddings",
+        )
     if per.type == "disabled" and vol.type == "redis_cluster":
         if vol.overflow_margin is not None:
-            raise _fail(f"{source}: volatile_db.overflow_margin",
-                        "evicting from the only tier would lose embeddings: "
-                        "set a persistent_db or remove overflow_margin")
+            raise _fail(
+                f"{source}: volatile_db.overflow_margin",
+                "evicting from the only tier would lose embeddings: "
+                "set a persistent_db or remove overflow_margin",
+            )
         if vol.initial_cache_rate < 1.0:
-            raise _fail(f"{source}: volatile_db.initial_cache_rate",
-                        f"{vol.initial_cache_rate} < 1 without a persistent_db would leave "
-                        "rows in no tier")
+            raise _fail(
+                f"{source}: volatile_db.initial_cache_rate",
+                f"{vol.initial_cache_rate} < 1 without a persistent_db would leave rows in no tier",
+            )
     if upd.enabled:
         if vol.type == "hash_map":
-            raise _fail(f"{source}: update_source",
-                        "online updates need writable tiers: the hash map volatile_db types "
-                        "are the read-only node-local store; use volatile_db redis_cluster "
-                        "and/or persistent_db rocks_db with volatile_db disabled")
+            raise _fail(
+                f"{source}: update_source",
+                "online updates need writable tiers: the hash map volatile_db types "
+                "are the read-only node-local store; use volatile_db redis_cluster "
+                "and/or persistent_db rocks_db with volatile_db disabled",
+            )
         if (vol.type == "disabled" or vol.type == "hash_map") and per.read_only:
-            raise _fail(f"{source}: update_source",
-                        "online updates need a writable tier: persistent_db is read_only "
-                        "and there is no redis_cluster volatile_db")
+            raise _fail(
+                f"{source}: update_source",
+                "online updates need a writable tier: persistent_db is read_only "
+                "and there is no redis_cluster volatile_db",
+            )
 
 
 @dataclass(frozen=True)
@@ -644,8 +732,9 @@ def field_defaults(cls) -> Dict[str, Any]:
     """``{field name: default}`` of a config dataclass, for the fields with a plain default
     (not those with a ``default_factory``): the one place a ps.json default is written
     is its dataclass field; the parser and other users read it from here."""
-    return {f.name: f.default for f in dataclasses.fields(cls)
-            if f.default is not dataclasses.MISSING}
+    return {
+        f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING
+    }
 
 
 #: Defaults of a ``models[]`` entry (:class:`ModelParams`) and of a table (:class:`TableParams`).
@@ -690,9 +779,7 @@ def _per_table(obj: dict, key: str, n: int, where: str, default: Optional[Sequen
         return list(default)
     values = _as_list(obj[key], f"{where}.{key}")
     if len(values) != n:
-        raise _fail(
-            where, f"'{key}' has {len(values)} entries but 'sparse_files' names {n} tables"
-        )
+        raise _fail(where, f"'{key}' has {len(values)} entries but 'sparse_files' names {n} tables")
     return values
 
 
@@ -734,31 +821,38 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
         for i, v in enumerate(_per_table(obj, "embedding_vecsize_per_table", n, where))
     ]
     maxnum = [
-        _as_int(v, table_key("maxnum_catfeature_query_per_table_per_sample", i), 1,
-                MAX_KEYS_PER_REQUEST)
+        _as_int(
+            v, table_key("maxnum_catfeature_query_per_table_per_sample", i), 1, MAX_KEYS_PER_REQUEST
+        )
         for i, v in enumerate(
             _per_table(obj, "maxnum_catfeature_query_per_table_per_sample", n, where)
         )
     ]
     defaults = [
         _as_float(v, table_key("default_value_for_each_table", i))
-        for i, v in enumerate(_per_table(obj, "default_value_for_each_table", n, where,
-                                           [TABLE_DEFAULTS["default_value"]] * n))
+        for i, v in enumerate(
+            _per_table(
+                obj, "default_value_for_each_table", n, where, [TABLE_DEFAULTS["default_value"]] * n
+            )
+        )
     ]
 
     if "max_batch_size" not in obj:
         raise _fail(where, "missing required key 'max_batch_size'")
     max_batch = _as_int(obj["max_batch_size"], f"{where}.max_batch_size", 1, MAX_BATCH_SIZE)
     if max_batch * sum(maxnum) > MAX_KEYS_PER_REQUEST:
-        raise _fail(f"{where}.max_batch_size",
-                    f"{max_batch} samples x {sum(maxnum)} keys per sample "
-                    f"(maxnum_catfeature_query_per_table_per_sample) = {max_batch * sum(maxnum)} "
-                    f"keys per request, more than the limit of {MAX_KEYS_PER_REQUEST}")
+        raise _fail(
+            f"{where}.max_batch_size",
+            f"{max_batch} samples x {sum(maxnum)} keys per sample "
+            f"(maxnum_catfeature_query_per_table_per_sample) = {max_batch * sum(maxnum)} "
+            f"keys per request, more than the limit of {MAX_KEYS_PER_REQUEST}",
+        )
 
     devices = tuple(
         _as_int(d, f"{where}.deployed_device_list[{i}]", 0)
-        for i, d in enumerate(_as_list(
-            obj.get("deployed_device_list", list(dft["deployed_device_list"])), where))
+        for i, d in enumerate(
+            _as_list(obj.get("deployed_device_list", list(dft["deployed_device_list"])), where)
+        )
     ) or (0,)
 
     def opt_path(key: str) -> Optional[str]:
@@ -786,8 +880,9 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
     if policy not in CACHE_POLICIES:
         raise _fail(where, f"'cache_policy' must be one of {list(CACHE_POLICIES)}, got {policy!r}")
     refresh_fraction = _as_float(
-        obj.get("cache_refresh_percentage_per_iteration",
-                dft["cache_refresh_percentage_per_iteration"]),
+        obj.get(
+            "cache_refresh_percentage_per_iteration", dft["cache_refresh_percentage_per_iteration"]
+        ),
         f"{where}.cache_refresh_percentage_per_iteration",
     )
     if not 0.0 <= refresh_fraction <= 1.0:
@@ -814,14 +909,16 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
             obj.get("hit_rate_threshold", dft["hit_rate_threshold"]), f"{where}.hit_rate_threshold"
         ),
         cache_policy=CachePolicy(policy),
-        cache_ways=_as_int(obj.get("cache_ways", dft["cache_ways"]), f"{where}.cache_ways", 1,
-                           MAX_CACHE_WAYS),
+        cache_ways=_as_int(
+            obj.get("cache_ways", dft["cache_ways"]), f"{where}.cache_ways", 1, MAX_CACHE_WAYS
+        ),
         init_ec=_as_bool(obj.get("init_ec", dft["init_ec"]), f"{where}.init_ec"),
         refresh_interval=seconds["refresh_interval"],
         refresh_delay=seconds["refresh_delay"],
         cache_refresh_percentage_per_iteration=refresh_fraction,
-        freeze_sparse=_as_bool(obj.get("freeze_sparse", dft["freeze_sparse"]),
-                               f"{where}.freeze_sparse"),
+        freeze_sparse=_as_bool(
+            obj.get("freeze_sparse", dft["freeze_sparse"]), f"{where}.freeze_sparse"
+        ),
         extra={k: v for k, v in obj.items() if k in _MODEL_KEYS_KNOWN - _MODEL_KEYS_USED},
         unknown_keys=tuple(sorted(k for k in obj if k not in _MODEL_KEYS_KNOWN)),
     )
@@ -864,8 +961,10 @@ def parse_ps_config(obj: Any, base_dir: str = ".", source: str = "<memory>") -> 
     per = _parse_persistent(_section(obj, "persistent_db", source), base_dir, source)
     upd = _parse_update_source(_section(obj, "update_source", source), base_dir, source)
     _check_tiers(vol, per, upd, source)
-    models = tuple(dataclasses.replace(m, volatile_db=vol, persistent_db=per, update_source=upd)
-                   for m in models)
+    models = tuple(
+        dataclasses.replace(m, volatile_db=vol, persistent_db=per, update_source=upd)
+        for m in models
+    )
     return PSConfig(
         path=source,
         supportlonglong=_as_bool(obj["supportlonglong"], f"{source}: supportlonglong"),
@@ -899,16 +998,21 @@ def find_ps_config(model_dir: str, parameter: Optional[str]) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(model_dir)), "ps.json")
 
 
-
 def config_warnings(source: str, params: ModelParams) -> Tuple[str, ...]:
     """What a backend logs at load about a model's ps.json: unknown keys (ignored) and
     tier settings that do nothing here."""
-    out = [f"{source}: model '{params.model}': unknown key '{k}' ignored"
-           for k in params.unknown_keys]
-    for section, keys in (("volatile_db", params.volatile_db.unknown_keys),
-                          ("persistent_db", params.persistent_db.unknown_keys),
-                          ("update_source", params.update_source.unknown_keys)):
+    out = [
+        f"{source}: model '{params.model}': unknown key '{k}' ignored" for k in params.unknown_keys
+    ]
+    for section, keys in (
+        ("volatile_db", params.volatile_db.unknown_keys),
+        ("persistent_db", params.persistent_db.unknown_keys),
+        ("update_source", params.update_source.unknown_keys),
+    ):
         out += [f"{source}: {section}: unknown key '{k}' ignored" for k in keys]
-    out += [f"{source}: volatile_db: {s} ignored: the node-local store of the hash map types "
-            "holds whole tables" for s in params.volatile_db.ignored_settings()]
+    out += [
+        f"{source}: volatile_db: {s} ignored: the node-local store of the hash map types "
+        "holds whole tables"
+        for s in params.volatile_db.ignored_settings()
+    ]
     return tuple(out)

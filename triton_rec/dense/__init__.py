@@ -49,7 +49,7 @@ class Combiner(str, enum.Enum):
     MEAN = "mean"
 
     @classmethod
-    def parse(cls, value, where: str = "combiner") -> "Combiner":
+    def parse(cls, value, where: str = "combiner") -> Combiner:
         """``"sum"``/``"mean"`` (v3.1+ JSON) or ``0``/``1`` (v3.0 JSON: 0 = sum, 1 = mean).
 
         Args:
@@ -138,7 +138,7 @@ class DenseModel(abc.ABC):
         return sum(int(t.slot_num) for t in self.tables)
 
     @abc.abstractmethod
-    def predict(self, dense, embeddings: Sequence) -> "np.ndarray":
+    def predict(self, dense, embeddings: Sequence) -> np.ndarray:
         """Predictions for a batch.
 
         Args:
@@ -188,8 +188,15 @@ def array_module(array):
     return np
 
 
-def combine_slots(vectors, row_ptr, combiner="sum", xp=None, *, slot_num: Optional[int] = None,
-                  native: bool = True):
+def combine_slots(
+    vectors,
+    row_ptr,
+    combiner="sum",
+    xp=None,
+    *,
+    slot_num: Optional[int] = None,
+    native: bool = True,
+):
     """Combine the looked-up vectors of every slot into one vector per slot (HugeCTR rules).
 
     Segment ``i`` (one slot of one sample) is ``vectors[row_ptr[i]:row_ptr[i + 1]]``; its

@@ -51,9 +51,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from triton_rec.config.model_files import open_model_file, read_json
 from triton_rec.dense import Combiner, DenseModel, TableSpec
 from triton_rec.errors import ConfigError, ModelFileError
-from triton_rec.config.model_files import open_model_file, read_json
 
 __all__ = ["SUPPORTED_LAYER_TYPES", "HugeCTRNetwork", "LayerPlan", "NetworkPlan", "ParamBlock"]
 
@@ -356,8 +356,12 @@ def _same_shape_unary(fn):
 def _build_relu(spec: _Spec, ins):
     # src/layers/relu_layer.cu: x > 0 ? x : 0
     _need_inputs(spec, ins, 1)
-    return _Built([ins[0]], [], lambda p, s, xp: lambda x: [xp.maximum(x, 0)],
-                  make_in_place=lambda p, s, xp: lambda x: [xp.maximum(x, 0, out=x)])
+    return _Built(
+        [ins[0]],
+        [],
+        lambda p, s, xp: lambda x: [xp.maximum(x, 0)],
+        make_in_place=lambda p, s, xp: lambda x: [xp.maximum(x, 0, out=x)],
+    )
 
 
 def _build_inner_product(spec: _Spec, ins):
@@ -1222,7 +1226,12 @@ class HugeCTRNetwork(DenseModel):
             ]
             ins, outs = tuple(reg(b) for b in layer.bottoms), tuple(reg(t) for t in layer.tops)
             prev = program[-1] if program else None
-            if prev is not None and len(ins) == 1 and prev[2] == ins and layer.bottoms[0] not in keep:
+            if (
+                prev is not None
+                and len(ins) == 1
+                and prev[2] == ins
+                and layer.bottoms[0] not in keep
+            ):
                 # Its input is the step before's output, seen by no one else; it may be
                 # overwritten if that step made it new (not a view of a network input).
                 make = (layer.make_in_place if prev[3] else None) or layer.make
@@ -1230,11 +1239,18 @@ class HugeCTRNetwork(DenseModel):
                 prev[2] = outs
                 prev[3] = layer.type in _NEW_OUTPUT or make is layer.make_in_place
             else:
-                program.append([layer.make(arrays, stats.get(layer.name), xp), ins, outs,
-                                layer.type in _NEW_OUTPUT])
+                program.append(
+                    [
+                        layer.make(arrays, stats.get(layer.name), xp),
+                        ins,
+                        outs,
+                        layer.type in _NEW_OUTPUT,
+                    ]
+                )
         kept = {regs[t] for t in keep}
-        self._program = [(f, ins, outs, tuple(i for i in ins if i not in kept))
-                         for f, ins, outs, _ in program]
+        self._program = [
+            (f, ins, outs, tuple(i for i in ins if i not in kept)) for f, ins, outs, _ in program
+        ]
         self._num_regs = len(regs)
         self._out_regs = [regs[t] for t in plan.output]
         widths = {
@@ -1262,7 +1278,7 @@ class HugeCTRNetwork(DenseModel):
     @classmethod
     def load(
         cls, network_json, dense_file, non_trainable_params_file=None, xp=np
-    ) -> "HugeCTRNetwork":
+    ) -> HugeCTRNetwork:
         """Load a network and its dense file.
 
         Args:

@@ -23,11 +23,11 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from triton_rec.config.model_config import InstanceSettings
+from triton_rec.config.model_files import open_model_file
 from triton_rec.dense import Combiner, DenseModel, TableSpec
 from triton_rec.dense.hugectr_network import HugeCTRNetwork
 from triton_rec.errors import ConfigError, ModelFileError
-from triton_rec.config.model_config import InstanceSettings
-from triton_rec.config.model_files import open_model_file
 
 
 def network_combiners(network_file: str) -> List[Combiner]:
@@ -95,9 +95,11 @@ class OnnxDenseModel(DenseModel):
 
     @classmethod
     def load(
-        cls, path: str, network_file: Optional[str] = None,
+        cls,
+        path: str,
+        network_file: Optional[str] = None,
         threads: int = InstanceSettings.intra_op_threads,
-    ) -> "OnnxDenseModel":
+    ) -> OnnxDenseModel:
         """Open ``path`` with onnxruntime (CPU; ``threads`` intra-op threads per instance)."""
         os.close(open_model_file(path, "ONNX dense model")[0])  # regular, allowed
         try:

@@ -18,8 +18,8 @@ from typing import Tuple
 
 import numpy as np
 
-from triton_rec.errors import ModelFileError
 from triton_rec.config.model_files import open_model_file
+from triton_rec.errors import ModelFileError
 
 KEY_FILE = "key"
 VECTOR_FILE = "emb_vector"
@@ -61,8 +61,9 @@ def read_sparse_dir(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
     with os.fdopen(key_fd, "rb") as key_f:
         vec_fd, vec_st = open_model_file(vec_path, "sparse vector file")
         with os.fdopen(vec_fd, "rb") as vec_f:
-            return _map_sparse(path, vec_size, key_path, key_f, key_st.st_size,
-                               vec_path, vec_f, vec_st.st_size)
+            return _map_sparse(
+                path, vec_size, key_path, key_f, key_st.st_size, vec_path, vec_f, vec_st.st_size
+            )
 
 
 def _map_sparse(path, vec_size, key_path, key_f, key_bytes, vec_path, vec_f, vec_bytes):

@@ -11,8 +11,8 @@ from typing import Tuple
 
 import numpy as np
 
-from triton_rec.errors import ModelFileError
 from triton_rec.config.model_files import open_model_file
+from triton_rec.errors import ModelFileError
 
 
 def read_npz_table(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -42,7 +42,8 @@ def read_npz_table(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
         )
     if vectors.shape[1] != vec_size:
         raise ModelFileError(
-            path, f"'vectors' has {vectors.shape[1]} columns but the config says vec_size {vec_size}"
+            path,
+            f"'vectors' has {vectors.shape[1]} columns but the config says vec_size {vec_size}",
         )
     if vectors.shape[0] != keys.shape[0]:
         raise ModelFileError(

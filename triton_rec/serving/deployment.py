@@ -25,14 +25,14 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional
 
-from triton_rec.storage import node_store
-from triton_rec.storage.backing_store import BackingStore, LocalTableStore, tier_table_name
-from triton_rec.config.ps_json import ModelParams, TableParams, model_relative_path
 from triton_rec.config.model_config import InstanceSettings
 from triton_rec.config.model_files import confine
+from triton_rec.config.ps_json import ModelParams, TableParams, model_relative_path
+from triton_rec.serving.session import LookupSession, TableSet
+from triton_rec.storage import node_store
+from triton_rec.storage.backing_store import BackingStore, LocalTableStore, tier_table_name
 from triton_rec.storage.redis_store import RedisClusterStore
 from triton_rec.storage.rocksdb_store import NodeRocksDBTable, RocksDBStore
-from triton_rec.serving.session import LookupSession, TableSet
 from triton_rec.storage.table import EmbeddingTable
 from triton_rec.storage.tiers import Tier, TieredStore, import_table
 
@@ -72,7 +72,9 @@ def cache_capacity(params: ModelParams, table: EmbeddingTable) -> int:
     return max(1, math.ceil(params.gpucacheper * table.num_rows))
 
 
-def cache_name(params: ModelParams, spec: InstanceSpec, tp: TableParams, table: EmbeddingTable) -> str:
+def cache_name(
+    params: ModelParams, spec: InstanceSpec, tp: TableParams, table: EmbeddingTable
+) -> str:
     """Name of a table's shared cache: model, device, table and the digest of its layout file."""
     layout = getattr(table, "layout_path", None) or table.path
     digest = os.path.splitext(os.path.basename(layout))[0][:16]
@@ -83,8 +85,8 @@ def shm_namespace(table: EmbeddingTable, parent: str) -> str:
     """The shared-memory namespace token of the node store holding ``table``'s layout
     (``<store>/layouts/<digest>.tbl``, see :mod:`triton_rec.storage.node_store`), for segments in
     ``parent`` (:func:`triton_rec.cache.shm_security.store_namespace`)."""
-    from triton_rec.errors import CacheError
     from triton_rec.cache.shm_security import store_namespace
+    from triton_rec.errors import CacheError
 
     layout = getattr(table, "layout_path", None)
     if not layout:
@@ -135,9 +137,15 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
 
     def imported(store: BackingStore, role: str, fraction: float = 1.0) -> None:
         progress = node_store.ProgressLogger(f"importing {name} into the {role} tier")
-        result = import_table(store, table.keys, table.vectors, digest, fraction=fraction,
-                              freeze=params.freeze_sparse,
-                              progress=lambda d, t: progress(d * row_bytes, t * row_bytes))
+        result = import_table(
+            store,
+            table.keys,
+            table.vectors,
+            digest,
+            fraction=fraction,
+            freeze=params.freeze_sparse,
+            progress=lambda d, t: progress(d * row_bytes, t * row_bytes),
+        )
         log.info("%s: %s tier %r: %s", name, role, store, result)
 
     try:
@@ -147,24 +155,41 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
             path = per.path
             store: BackingStore
             if per.read_only:
-                store = RocksDBStore(path, name, tp.vec_size, tp.default_value, read_only=True,
-                                     max_batch_size=per.max_batch_size,
-                                     num_threads=per.num_threads)
+                store = RocksDBStore(
+                    path,
+                    name,
+                    tp.vec_size,
+                    tp.default_value,
+                    read_only=True,
+                    max_batch_size=per.max_batch_size,
+                    num_threads=per.num_threads,
+                )
             else:
-                store = NodeRocksDBTable(path, name, tp.vec_size, tp.default_value,
-                                         max_batch_size=per.max_batch_size,
-                                         num_threads=per.num_threads)
+                store = NodeRocksDBTable(
+                    path,
+                    name,
+                    tp.vec_size,
+                    tp.default_value,
+                    max_batch_size=per.max_batch_size,
+                    num_threads=per.num_threads,
+                )
             persistent = Tier("persistent", store, per.on_unavailable, per.update_filters)
             if not per.read_only:
                 imported(store, "persistent")
         if vol.type == "redis_cluster":
             store = RedisClusterStore(
-                vol.redis.address, name, tp.vec_size, tp.default_value,
-                num_partitions=vol.num_partitions, max_batch_size=vol.max_batch_size,
-                overflow_margin=vol.overflow_margin, overflow_policy=vol.overflow_policy,
+                vol.redis.address,
+                name,
+                tp.vec_size,
+                tp.default_value,
+                num_partitions=vol.num_partitions,
+                max_batch_size=vol.max_batch_size,
+                overflow_margin=vol.overflow_margin,
+                overflow_policy=vol.overflow_policy,
                 overflow_resolution_target=vol.overflow_resolution_target,
                 refresh_time_after_fetch=vol.refresh_time_after_fetch,
-                **vol.redis.client_kwargs())
+                **vol.redis.client_kwargs(),
+            )
             opened.append(Tier("volatile", store, vol.on_unavailable, vol.update_filters))
             imported(store, "volatile", vol.initial_cache_rate if persistent else 1.0)
         if persistent is not None:
@@ -187,8 +212,10 @@ def confine_directories(params: ModelParams, spec: InstanceSpec) -> None:
         confine(spec.store_dir, "store_dir (config.pbtxt parameter)")
     if params.persistent_db.type == "rocks_db":
         confine(params.persistent_db.path, "persistent_db.path")
-    used = (("volatile_db", params.volatile_db.type == "redis_cluster"),
-            ("update_source", params.update_source.enabled))
+    used = (
+        ("volatile_db", params.volatile_db.type == "redis_cluster"),
+        ("update_source", params.update_source.enabled),
+    )
     for section in (name for name, on in used if on):
         redis = getattr(params, section).redis
         for key in ("tls_ca_certificate", "tls_client_certificate", "tls_client_key"):
@@ -214,20 +241,33 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
             from triton_rec.cache.shm_cache import SharedEmbeddingCache
 
             return SharedEmbeddingCache.open(
-                name, capacity, table.vec_size, policy=params.cache_policy,
-                ways=params.cache_ways, directory=spec.cache_dir,
+                name,
+                capacity,
+                table.vec_size,
+                policy=params.cache_policy,
+                ways=params.cache_ways,
+                directory=spec.cache_dir,
                 namespace=shm_namespace(table, spec.cache_dir),
             )
         from triton_rec.cache.gpu_share import open_shared_cache, shm_dir
 
         shared = open_shared_cache(
-            name, capacity, table.vec_size, ways=params.cache_ways, policy=params.cache_policy,
-            device=spec.device_id, namespace=shm_namespace(table, shm_dir()),
+            name,
+            capacity,
+            table.vec_size,
+            ways=params.cache_ways,
+            policy=params.cache_policy,
+            device=spec.device_id,
+            namespace=shm_namespace(table, shm_dir()),
         )
         return shared
 
-    ts = TableSet.open(params, load_table=load, open_cache=open_cache,
-                       open_store=lambda tp, table: open_tier_store(params, tp, table))
+    ts = TableSet.open(
+        params,
+        load_table=load,
+        open_cache=open_cache,
+        open_store=lambda tp, table: open_tier_store(params, tp, table),
+    )
     if params.update_source.enabled:
         try:
             from triton_rec.updates.online import start_update_consumer
@@ -239,8 +279,12 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
     return ts
 
 
-def load_dense_model(params: ModelParams, model_dir: str, config_network: Optional[str] = None,
-                     threads: int = InstanceSettings.intra_op_threads):
+def load_dense_model(
+    params: ModelParams,
+    model_dir: str,
+    config_network: Optional[str] = None,
+    threads: int = InstanceSettings.intra_op_threads,
+):
     """The dense part of a whole model, from its ps.json entry (``threads``: onnxruntime's
     intra-op pool; the numpy executor runs in BLAS's pool, sized per process).
 
@@ -269,8 +313,9 @@ def load_dense_model(params: ModelParams, model_dir: str, config_network: Option
     return HugeCTRNetwork.load(network, params.dense_file, params.non_trainable_params_file)
 
 
-def open_ranking_session(params: ModelParams, spec: InstanceSpec, model_dir: str,
-                         config_network: Optional[str] = None):
+def open_ranking_session(
+    params: ModelParams, spec: InstanceSpec, model_dir: str, config_network: Optional[str] = None
+):
     """A ``hugectr`` whole-model session: the dense model + :func:`open_tables`."""
     from triton_rec.serving.ranking import RankingSession
 

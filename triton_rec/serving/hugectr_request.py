@@ -80,11 +80,13 @@ def parse_hugectr_request(
     ptrs = np.empty(rows.shape[0], np.int64)
     if not _native.regroup_hugectr(cat, rows, slot_arr, n, keys, starts, ptrs):
         _row_pointers(p, rows.astype(np.int64), slot_list, n, cat.shape[0])  # raises, naming it
-        raise AssertionError(f"{p}: the native ROWINDEX check rejected a request the reference accepts")
+        raise AssertionError(
+            f"{p}: the native ROWINDEX check rejected a request the reference accepts"
+        )
     bounds, table_keys, table_ptrs, block = starts.tolist(), [], [], 0
     for t, s in enumerate(slot_list):
-        table_keys.append(keys[bounds[t]:bounds[t + 1]])
-        table_ptrs.append(ptrs[block:block + n * s + 1])
+        table_keys.append(keys[bounds[t] : bounds[t + 1]])
+        table_ptrs.append(ptrs[block : block + n * s + 1])
         block += n * s + 1
     return HugeCTRRequest(n, dense, tuple(table_keys), tuple(table_ptrs))
 
@@ -108,7 +110,9 @@ def _samples_and_dense(p, des, rowindex, slots, dense_dim, max_batch_size):
         )
     n = extra // total_slots
     if n > max_batch_size:
-        raise RequestError(f"{p}: request holds {n} samples, more than max_batch_size {max_batch_size}")
+        raise RequestError(
+            f"{p}: request holds {n} samples, more than max_batch_size {max_batch_size}"
+        )
     if des.shape[0] % dense_dim:
         raise RequestError(
             f"{p}: DES has {des.shape[0]} values, not a multiple of dense_dim {dense_dim}"
@@ -136,7 +140,9 @@ def _row_pointers(p, rows, slots, n, num_keys=None):
         rp = rows[start : start + n * s + 1]
         start += n * s + 1
         if rp[0] != 0:
-            raise RequestError(f"{p}: ROWINDEX block of table {t} must start at 0, got {int(rp[0])}")
+            raise RequestError(
+                f"{p}: ROWINDEX block of table {t} must start at 0, got {int(rp[0])}"
+            )
         steps = np.diff(rp)
         if (steps < 0).any():
             j = int(np.flatnonzero(steps < 0)[0])

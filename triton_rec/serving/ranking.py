@@ -70,13 +70,25 @@ class RankingSession:
         """The most elements each input of a valid request holds (see
         :data:`triton_rec.triton.glue.InputLimits`), from max_batch_size, the network's
         dense_dim and slots and the most keys per sample of each table."""
-        return hugectr_input_limits(self.params.max_batch_size, self.dense, self.slots,
-                                    keys_per_sample(self.params, self.dense), catcolumn_itemsize)
+        return hugectr_input_limits(
+            self.params.max_batch_size,
+            self.dense,
+            self.slots,
+            keys_per_sample(self.params, self.dense),
+            catcolumn_itemsize,
+        )
 
-    def parse_request(self, des: np.ndarray, catcolumn: np.ndarray, rowindex: np.ndarray) -> HugeCTRRequest:
+    def parse_request(
+        self, des: np.ndarray, catcolumn: np.ndarray, rowindex: np.ndarray
+    ) -> HugeCTRRequest:
         """Validate one request (RequestError says what is wrong)."""
         return parse_hugectr_request(
-            self.params.model, des, catcolumn, rowindex, self._slot_array, self.dense.dense_dim,
+            self.params.model,
+            des,
+            catcolumn,
+            rowindex,
+            self._slot_array,
+            self.dense.dense_dim,
             self.params.max_batch_size,
         )
 
@@ -104,7 +116,9 @@ class RankingSession:
         for t, table in enumerate(self.cached_tables):
             vectors = np.empty((keys[t].shape[0], table.vec_size), dtype=np.float32)
             table.lookup(keys[t], vectors)
-            embeddings.append(combine_slots(vectors, ptrs[t], self.combiners[t], slot_num=self.slots[t]))
+            embeddings.append(
+                combine_slots(vectors, ptrs[t], self.combiners[t], slot_num=self.slots[t])
+            )
         out = np.asarray(self.dense.predict(dense, embeddings), dtype=np.float32)
         if len(requests) == 1:
             return [out.reshape(-1)]
@@ -136,24 +150,39 @@ def keys_per_sample(params: Optional[ModelParams], dense: DenseModel) -> List[in
     return out
 
 
-def hugectr_input_limits(max_batch_size: int, dense: DenseModel, slots: Sequence[int],
-                         keys: Sequence[int], key_itemsize: int = 8, vec_sizes=None):
+def hugectr_input_limits(
+    max_batch_size: int,
+    dense: DenseModel,
+    slots: Sequence[int],
+    keys: Sequence[int],
+    key_itemsize: int = 8,
+    vec_sizes=None,
+):
     """Input limits of the HugeCTR layout (``DES``, ``CATCOLUMN`` or, with ``vec_sizes``,
     the ensemble's ``EMBEDDINGS``, ``ROWINDEX``); see :meth:`RankingSession.input_limits`."""
     mbs, dim, total_slots = int(max_batch_size), int(dense.dense_dim), int(sum(slots))
     per_sample = int(sum(keys))
     limits = {
         "DES": (mbs * dim, 4, f"max_batch_size {mbs} x dense_dim {dim}"),
-        "ROWINDEX": (mbs * total_slots + len(slots), 4,
-                     f"max_batch_size {mbs} x {total_slots} slots + {len(slots)} tables"),
+        "ROWINDEX": (
+            mbs * total_slots + len(slots),
+            4,
+            f"max_batch_size {mbs} x {total_slots} slots + {len(slots)} tables",
+        ),
     }
     if vec_sizes is None:
-        limits["CATCOLUMN"] = (mbs * per_sample, key_itemsize,
-                               f"max_batch_size {mbs} x {per_sample} keys per sample")
+        limits["CATCOLUMN"] = (
+            mbs * per_sample,
+            key_itemsize,
+            f"max_batch_size {mbs} x {per_sample} keys per sample",
+        )
     else:
         floats = int(sum(k * v for k, v in zip(keys, vec_sizes)))
-        limits["EMBEDDINGS"] = (mbs * floats, 4,
-                                f"max_batch_size {mbs} x {floats} floats per sample")
+        limits["EMBEDDINGS"] = (
+            mbs * floats,
+            4,
+            f"max_batch_size {mbs} x {floats} floats per sample",
+        )
     return limits
 
 
@@ -167,8 +196,13 @@ class DenseSession:
         max_batch_size: most samples one request may hold.
     """
 
-    def __init__(self, model: str, dense: DenseModel, max_batch_size: int,
-                 params: Optional[ModelParams] = None):
+    def __init__(
+        self,
+        model: str,
+        dense: DenseModel,
+        max_batch_size: int,
+        params: Optional[ModelParams] = None,
+    ):
         self.model = model
         self.dense = dense
         self.max_batch_size = int(max_batch_size)
@@ -179,14 +213,26 @@ class DenseSession:
     def input_limits(self):
         """The most elements each input of a valid request holds (``DES``,
         ``EMBEDDINGS``, ``ROWINDEX``), as :meth:`RankingSession.input_limits`."""
-        return hugectr_input_limits(self.max_batch_size, self.dense, self.slots,
-                                    keys_per_sample(self.params, self.dense),
-                                    vec_sizes=self.vec_sizes)
+        return hugectr_input_limits(
+            self.max_batch_size,
+            self.dense,
+            self.slots,
+            keys_per_sample(self.params, self.dense),
+            vec_sizes=self.vec_sizes,
+        )
 
     def parse_request(self, des: np.ndarray, embeddings: np.ndarray, rowindex: np.ndarray):
         """Validate one request (RequestError says what is wrong)."""
-        return parse_embedding_request(self.model, des, embeddings, rowindex, self.slots,
-                                       self.vec_sizes, self.dense.dense_dim, self.max_batch_size)
+        return parse_embedding_request(
+            self.model,
+            des,
+            embeddings,
+            rowindex,
+            self.slots,
+            self.vec_sizes,
+            self.dense.dense_dim,
+            self.max_batch_size,
+        )
 
     def predict_many(self, requests) -> List[np.ndarray]:
         """Predictions for each parsed request, one dense forward pass for all of them."""
@@ -194,8 +240,10 @@ class DenseSession:
             return []
         combined = []
         for t, spec in enumerate(self.dense.tables):
-            per_request = [combine_slots(r[2][t], r[3][t], spec.combiner, slot_num=self.slots[t])
-                           for r in requests]
+            per_request = [
+                combine_slots(r[2][t], r[3][t], spec.combiner, slot_num=self.slots[t])
+                for r in requests
+            ]
             combined.append(np.concatenate(per_request, axis=0))
         dense = np.concatenate([r[1] for r in requests], axis=0)
         out = np.asarray(self.dense.predict(dense, combined), dtype=np.float32)

@@ -13,11 +13,11 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from triton_rec.formats.tables import read_table
-from triton_rec.storage.backing_store import BackingStore, LocalTableStore
 from triton_rec.cache.cached_table import BackgroundInserter, CachedTable, EmbeddingCache, Refresher
 from triton_rec.config.ps_json import ModelParams, TableParams
 from triton_rec.errors import RequestError
+from triton_rec.formats.tables import read_table
+from triton_rec.storage.backing_store import BackingStore, LocalTableStore
 from triton_rec.storage.table import EmbeddingTable
 
 #: ``(table params, loaded table) -> cache or None``: how a session gets its caches.
@@ -91,9 +91,12 @@ class TableSet:
             raise
         refresher = None
         if use_cache and params.refresh_interval > 0:
-            refresher = Refresher(cached, params.refresh_interval,
-                                  params.cache_refresh_percentage_per_iteration,
-                                  delay=params.refresh_delay)
+            refresher = Refresher(
+                cached,
+                params.refresh_interval,
+                params.cache_refresh_percentage_per_iteration,
+                delay=params.refresh_delay,
+            )
         return cls(cached, inserter, refresher)
 
     def close(self) -> None:
@@ -150,13 +153,16 @@ class LookupSession:
         services: Sequence = (),
     ):
         if len(tables) != params.num_tables:
-            raise ValueError(f"{params.model}: {len(tables)} tables given, ps.json has {params.num_tables}")
+            raise ValueError(
+                f"{params.model}: {len(tables)} tables given, ps.json has {params.num_tables}"
+            )
         for p, t in zip(params.tables, tables):
             if t.vec_size != p.vec_size:
                 raise ValueError(f"{params.model}.{p.name}: vec_size {t.vec_size} != {p.vec_size}")
         self.params = params
         self.cached_tables = [
-            t if isinstance(t, CachedTable) else CachedTable(t.name, LocalTableStore(t)) for t in tables
+            t if isinstance(t, CachedTable) else CachedTable(t.name, LocalTableStore(t))
+            for t in tables
         ]
         self.inserter = inserter
         self.refresher = refresher
@@ -171,8 +177,10 @@ class LookupSession:
 
     def describe(self) -> str:
         """One line per table: what serves it (cache, stores), for the load log."""
-        return "; ".join(f"{t.name}: cache={'yes' if t.cache is not None else 'no'} "
-                         f"store={t.store!r}" for t in self.cached_tables)
+        return "; ".join(
+            f"{t.name}: cache={'yes' if t.cache is not None else 'no'} store={t.store!r}"
+            for t in self.cached_tables
+        )
 
     @classmethod
     def from_params(
@@ -279,7 +287,9 @@ class LookupSession:
         offsets[:, 1:] = np.cumsum([r.counts for r in requests], axis=1)
         per_table = []
         for t, table in enumerate(self.cached_tables):
-            keys = np.concatenate([r.keys[offsets[i, t] : offsets[i, t + 1]] for i, r in enumerate(requests)])
+            keys = np.concatenate(
+                [r.keys[offsets[i, t] : offsets[i, t + 1]] for i, r in enumerate(requests)]
+            )
             buf = np.empty((keys.shape[0], table.vec_size), dtype=np.float32)
             table.lookup(keys, buf)
             per_table.append(buf)
@@ -304,8 +314,9 @@ class LookupSession:
         for t, table in enumerate(self.cached_tables):
             n = r.counts[t]
             size = n * table.vec_size
-            table.lookup(r.keys[key_pos : key_pos + n], out[pos : pos + size].reshape(n, table.vec_size))
+            table.lookup(
+                r.keys[key_pos : key_pos + n], out[pos : pos + size].reshape(n, table.vec_size)
+            )
             pos += size
             key_pos += n
         return out
-

@@ -41,7 +41,6 @@ from triton_rec.errors import (  # noqa: F401  (the store errors are re-exported
 )
 from triton_rec.storage.table import EmbeddingTable
 
-
 # Model and table names (config.py's rule): letters, digits, "_" and "-". "." joins them.
 _NAME_RE = NAME_RE
 
@@ -60,7 +59,8 @@ def tier_table_name(model: str, table: str) -> str:
     for what, v in (("model", model), ("table", table)):
         if not isinstance(v, str) or not _NAME_RE.fullmatch(v):
             raise ConfigError(
-                f"{what} name {v!r}: only letters, digits, '_' and '-' (1-120 characters)")
+                f"{what} name {v!r}: only letters, digits, '_' and '-' (1-120 characters)"
+            )
     return f"hps_et.{model}.{table}"
 
 
@@ -72,8 +72,9 @@ def check_keys(keys: np.ndarray) -> np.ndarray:
     return keys
 
 
-def check_rows(keys: np.ndarray, vectors: np.ndarray,
-               vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
+def check_rows(
+    keys: np.ndarray, vectors: np.ndarray, vec_size: int
+) -> Tuple[np.ndarray, np.ndarray]:
     """Checked ``(keys, vectors)`` of an upsert: int64 ``[M]``, C-contiguous float32
     ``[M, vec_size]`` (ValueError naming the problem otherwise)."""
     keys = check_keys(keys)
@@ -81,7 +82,8 @@ def check_rows(keys: np.ndarray, vectors: np.ndarray,
     if vectors.dtype != np.float32 or vectors.shape != (keys.shape[0], vec_size):
         raise ValueError(
             f"vectors must be float32 [{keys.shape[0]}, {vec_size}], "
-            f"got {vectors.dtype} {vectors.shape}")
+            f"got {vectors.dtype} {vectors.shape}"
+        )
     return keys, np.ascontiguousarray(vectors)
 
 
@@ -93,8 +95,14 @@ def last_occurrence(keys: np.ndarray) -> np.ndarray:
     return np.sort(m - 1 - first_in_reversed)
 
 
-def decode_values(values: Sequence[Optional[bytes]], keys: np.ndarray, out: np.ndarray,
-                  found: np.ndarray, default_value: float, where: str) -> None:
+def decode_values(
+    values: Sequence[Optional[bytes]],
+    keys: np.ndarray,
+    out: np.ndarray,
+    found: np.ndarray,
+    default_value: float,
+    where: str,
+) -> None:
     """Write raw float32 values (``None`` = missing) into ``out`` and ``found``.
 
     Used by the byte-level stores. A value whose length is not ``4 * vec_size`` raises
@@ -109,7 +117,8 @@ def decode_values(values: Sequence[Optional[bytes]], keys: np.ndarray, out: np.n
         i = bad[0]
         raise StoreDataError(
             f"{where}: the value of key {int(keys[i])} has {len(present[i])} bytes, expected "
-            f"{row_bytes} ({out.shape[1]} float32); {len(bad)} bad value(s) in this batch")
+            f"{row_bytes} ({out.shape[1]} float32); {len(bad)} bad value(s) in this batch"
+        )
     found[:] = False
     if len(hit) == len(values):
         out[:] = np.frombuffer(b"".join(present), dtype="<f4").reshape(out.shape)
@@ -134,7 +143,8 @@ def decode_keys(raw: Sequence[bytes], where: str) -> np.ndarray:
     for r in raw:
         if len(r) != 8:
             raise StoreDataError(
-                f"{where}: a stored key has {len(r)} bytes, expected 8 (int64): {r[:16]!r}")
+                f"{where}: a stored key has {len(r)} bytes, expected 8 (int64): {r[:16]!r}"
+            )
     return np.frombuffer(b"".join(raw), dtype="<i8").astype(np.int64)
 
 
@@ -231,7 +241,9 @@ class LocalTableStore(BackingStore):
         self.vec_size = table.vec_size
         self.default_value = table.default_value
 
-    def fetch(self, keys: np.ndarray, out: np.ndarray, missing: Optional[np.ndarray] = None) -> np.ndarray:
+    def fetch(
+        self, keys: np.ndarray, out: np.ndarray, missing: Optional[np.ndarray] = None
+    ) -> np.ndarray:
         """Gather ``keys`` into ``out`` (the default for unknown keys); returns found."""
         missing = np.empty(keys.shape[0], dtype=np.uint8) if missing is None else missing
         t = self.table

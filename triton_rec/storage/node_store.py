@@ -118,16 +118,16 @@ from typing import Callable, Iterator, Optional, Tuple
 
 import numpy as np
 
-from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE
-from triton_rec.formats.tables import read_table
-from triton_rec.config.model_files import confine
 from triton_rec import _native
+from triton_rec.config.model_files import confine
 from triton_rec.errors import (  # noqa: F401  (re-exported)
     CorruptLayoutError,
     DuplicateKeyError,
     ModelFileError,
     StoreError,
 )
+from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE
+from triton_rec.formats.tables import read_table
 from triton_rec.storage.table import MADV_POPULATE_READ, EmbeddingTable, mapping_of
 from triton_rec.util.procfs import flock_exclusive
 
@@ -204,9 +204,24 @@ def _pack_header(
     src = os.fsencode(source)[:_SOURCE_MAX]
     buf = bytearray(HEADER_SIZE)
     _HDR.pack_into(
-        buf, 0, MAGIC, FORMAT_VERSION, HEADER_SIZE, n, d, capacity, ko, vo, io, size,
-        HASH_CHUNK, time.time_ns(), bytes.fromhex(content), bytes.fromhex(index),
-        bytes.fromhex(fingerprint), len(src),
+        buf,
+        0,
+        MAGIC,
+        FORMAT_VERSION,
+        HEADER_SIZE,
+        n,
+        d,
+        capacity,
+        ko,
+        vo,
+        io,
+        size,
+        HASH_CHUNK,
+        time.time_ns(),
+        bytes.fromhex(content),
+        bytes.fromhex(index),
+        bytes.fromhex(fingerprint),
+        len(src),
     )
     buf[_SOURCE_AT : _SOURCE_AT + len(src)] = src
     buf[_CHECKSUM_AT:] = hashlib.blake2b(bytes(buf[:_CHECKSUM_AT]), digest_size=32).digest()
@@ -451,8 +466,9 @@ def _fingerprint(source_path: str, vec_size: int) -> Tuple[str, Optional[int]]:
     sizes = []
     for f in files:
         # The operator's allowed roots (realpath), if set; named as ps.json names it.
-        confine(source_path if npz else os.path.join(source_path, os.path.basename(f)),
-                "sparse file")
+        confine(
+            source_path if npz else os.path.join(source_path, os.path.basename(f)), "sparse file"
+        )
         try:
             st = os.stat(f)
         except OSError:
@@ -518,8 +534,13 @@ class _Store:
         path = os.path.join(self.locks, fp + ".lock")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            flock_exclusive(fd, None, on_wait=lambda: log.info(
-                "waiting for another process converting the same table (%s)", path))
+            flock_exclusive(
+                fd,
+                None,
+                on_wait=lambda: log.info(
+                    "waiting for another process converting the same table (%s)", path
+                ),
+            )
             yield
         finally:
             os.close(fd)  # releases the lock
@@ -828,7 +849,10 @@ def _resolve(
         r = result("converted", m)
         log.info(
             "converted %s -> %s (%.1f MB in %.2f s)",
-            source_path, path, r[0].data_bytes / 1e6, r[0].seconds,
+            source_path,
+            path,
+            r[0].data_bytes / 1e6,
+            r[0].seconds,
         )
         return r
 

@@ -40,6 +40,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from triton_rec.config.ps_json import OVERFLOW_POLICIES, OverflowPolicy
+from triton_rec.errors import ConfigError
 from triton_rec.storage.backing_store import (
     BackingStore,
     StoreError,
@@ -52,8 +54,6 @@ from triton_rec.storage.backing_store import (
     encode_keys,
     last_occurrence,
 )
-from triton_rec.config.ps_json import OVERFLOW_POLICIES, OverflowPolicy
-from triton_rec.errors import ConfigError
 
 try:  # optional dependency (pip install redis)
     import redis
@@ -183,18 +183,28 @@ class RedisConnection:
     Thread-safety: every method may be called from any number of threads.
     """
 
-    def __init__(self, address: str, user_name: Optional[str] = None,
-                 password: Optional[str] = None, enable_tls: bool = False,
-                 tls_ca_certificate: Optional[str] = None,
-                 tls_client_certificate: Optional[str] = None, tls_client_key: Optional[str] = None,
-                 tls_server_name_identification: Optional[str] = None,
-                 num_node_connections: int = 5, connect_timeout: float = 2.0,
-                 socket_timeout: float = 2.0, retries: int = 2, pool_timeout: float = 5.0,
-                 where: Optional[str] = None):
+    def __init__(
+        self,
+        address: str,
+        user_name: Optional[str] = None,
+        password: Optional[str] = None,
+        enable_tls: bool = False,
+        tls_ca_certificate: Optional[str] = None,
+        tls_client_certificate: Optional[str] = None,
+        tls_client_key: Optional[str] = None,
+        tls_server_name_identification: Optional[str] = None,
+        num_node_connections: int = 5,
+        connect_timeout: float = 2.0,
+        socket_timeout: float = 2.0,
+        retries: int = 2,
+        pool_timeout: float = 5.0,
+        where: Optional[str] = None,
+    ):
         if redis is None:
             raise StoreUnavailableError(
                 f"Redis store: the redis package cannot be imported ({_IMPORT_ERROR}; "
-                "pip install redis)")
+                "pip install redis)"
+            )
         if int(num_node_connections) < 1:
             raise ValueError(f"num_node_connections must be >= 1, got {num_node_connections}")
         self.address = address
@@ -216,9 +226,13 @@ class RedisConnection:
         if enable_tls:
             # "redis://" + our connection class (not "rediss://", whose parsing would
             # replace the class and so lose the SNI setting).
-            kwargs.update(connection_class=_tls_connection_class(tls_server_name_identification),
-                          ssl_cert_reqs="required", ssl_check_hostname=True,
-                          ssl_certfile=tls_client_certificate, ssl_keyfile=tls_client_key)
+            kwargs.update(
+                connection_class=_tls_connection_class(tls_server_name_identification),
+                ssl_cert_reqs="required",
+                ssl_check_hostname=True,
+                ssl_certfile=tls_client_certificate,
+                ssl_keyfile=tls_client_key,
+            )
             if tls_ca_certificate and os.path.isdir(tls_ca_certificate):
                 kwargs["ssl_ca_path"] = tls_ca_certificate
             elif tls_ca_certificate:
@@ -227,9 +241,11 @@ class RedisConnection:
         url_host = f"[{host0}]" if ":" in host0 else host0
         try:
             # The URL form is the one in which redis-py honours connection_pool_class.
-            self.client = RedisCluster(url=f"redis://{url_host}:{port0}",
-                                       startup_nodes=[ClusterNode(h, p) for h, p in nodes[1:]],
-                                       **kwargs)
+            self.client = RedisCluster(
+                url=f"redis://{url_host}:{port0}",
+                startup_nodes=[ClusterNode(h, p) for h, p in nodes[1:]],
+                **kwargs,
+            )
         except (RedisError, RedisClusterException, OSError) as e:
             raise StoreUnavailableError(f"Redis Cluster {address}: cannot connect: {e}") from e
         self._closed = False
@@ -251,18 +267,26 @@ class RedisConnection:
                 # of the pipeline alone, each with its own retries and timeouts, so a
                 # stalled master would cost (commands x retries x socket_timeout).
                 # Connection errors and timeouts still get `retries` whole-pipeline retries.
-                return pipe.send_cluster_commands(stack, raise_on_error=True,
-                                                  allow_redirections=False)
+                return pipe.send_cluster_commands(
+                    stack, raise_on_error=True, allow_redirections=False
+                )
             except (MovedError, AskError, TryAgainError):
                 # Slots moved (resharding): run it again, following redirections (redis-py
                 # updates its slot table from the MOVED replies).
                 pipe = self.client.pipeline(transaction=False)
                 commands(pipe)
                 return pipe.execute()
-        except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError,
-                RedisClusterException, OSError) as e:
+        except (
+            RedisConnectionError,
+            RedisTimeoutError,
+            ClusterDownError,
+            TryAgainError,
+            RedisClusterException,
+            OSError,
+        ) as e:
             raise StoreUnavailableError(
-                f"{self._where}: {what} failed: {type(e).__name__}: {e}") from e
+                f"{self._where}: {what} failed: {type(e).__name__}: {e}"
+            ) from e
         except (ClusterError, RedisError) as e:
             raise StoreError(f"{self._where}: {what} failed: {type(e).__name__}: {e}") from e
 
@@ -315,27 +339,46 @@ class RedisClusterStore(BackingStore):
     tier = "redis"
     read_only = False
 
-    def __init__(self, address: str, table_name: str, vec_size: int, default_value: float = 0.0,
-                 user_name: Optional[str] = None, password: Optional[str] = None,
-                 num_partitions: int = 8, max_batch_size: int = 10000,
-                 enable_tls: bool = False, tls_ca_certificate: Optional[str] = None,
-                 tls_client_certificate: Optional[str] = None, tls_client_key: Optional[str] = None,
-                 tls_server_name_identification: Optional[str] = None,
-                 num_node_connections: int = 5, connect_timeout: float = 2.0,
-                 socket_timeout: float = 2.0, retries: int = 2, pool_timeout: float = 5.0,
-                 overflow_margin: Optional[int] = None,
-                 overflow_policy: str = OverflowPolicy.EVICT_OLDEST,
-                 overflow_resolution_target: float = 0.8, refresh_time_after_fetch: bool = False):
+    def __init__(
+        self,
+        address: str,
+        table_name: str,
+        vec_size: int,
+        default_value: float = 0.0,
+        user_name: Optional[str] = None,
+        password: Optional[str] = None,
+        num_partitions: int = 8,
+        max_batch_size: int = 10000,
+        enable_tls: bool = False,
+        tls_ca_certificate: Optional[str] = None,
+        tls_client_certificate: Optional[str] = None,
+        tls_client_key: Optional[str] = None,
+        tls_server_name_identification: Optional[str] = None,
+        num_node_connections: int = 5,
+        connect_timeout: float = 2.0,
+        socket_timeout: float = 2.0,
+        retries: int = 2,
+        pool_timeout: float = 5.0,
+        overflow_margin: Optional[int] = None,
+        overflow_policy: str = OverflowPolicy.EVICT_OLDEST,
+        overflow_resolution_target: float = 0.8,
+        refresh_time_after_fetch: bool = False,
+    ):
         if redis is None:
             raise StoreUnavailableError(
                 f"Redis store: the redis package cannot be imported ({_IMPORT_ERROR}; "
-                "pip install redis)")
+                "pip install redis)"
+            )
         if not isinstance(table_name, str) or not _TABLE_RE.fullmatch(table_name):
             raise ValueError(
-                f"Redis table name {table_name!r}: letters, digits, '_', '-', '.' only")
-        for what, v in (("vec_size", vec_size), ("num_partitions", num_partitions),
-                        ("max_batch_size", max_batch_size),
-                        ("num_node_connections", num_node_connections)):
+                f"Redis table name {table_name!r}: letters, digits, '_', '-', '.' only"
+            )
+        for what, v in (
+            ("vec_size", vec_size),
+            ("num_partitions", num_partitions),
+            ("max_batch_size", max_batch_size),
+            ("num_node_connections", num_node_connections),
+        ):
             if int(v) < 1:
                 raise ValueError(f"{what} must be >= 1, got {v}")
         self.address = address
@@ -346,39 +389,56 @@ class RedisClusterStore(BackingStore):
         self.max_batch_size = int(max_batch_size)
         # HPS's value hashes: hps_et{<table>/p<i>}v, the {...} hash tag puts a partition
         # (and its bookkeeping below) in one slot
-        self.hash_keys = [f"hps_et{{{table_name}/p{i}}}v".encode()
-                          for i in range(self.num_partitions)]
+        self.hash_keys = [
+            f"hps_et{{{table_name}/p{i}}}v".encode() for i in range(self.num_partitions)
+        ]
         # Overflow bookkeeping: one sorted set per partition, in the partition's slot (same
         # hash tag), scoring every key by write time (evict_oldest; access time too with
         # refresh_time_after_fetch) or by reads (evict_least_used). Only kept with a margin.
         if overflow_policy not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow_policy {overflow_policy!r}: "
-                             f"{', '.join(OVERFLOW_POLICIES[:-1])} or {OVERFLOW_POLICIES[-1]}")
+            raise ValueError(
+                f"overflow_policy {overflow_policy!r}: "
+                f"{', '.join(OVERFLOW_POLICIES[:-1])} or {OVERFLOW_POLICIES[-1]}"
+            )
         if overflow_margin is not None and int(overflow_margin) < 1:
             raise ValueError(f"overflow_margin must be >= 1, got {overflow_margin}")
         if not 0.0 < float(overflow_resolution_target) < 1.0:
-            raise ValueError(f"overflow_resolution_target must be within ]0, 1[, "
-                             f"got {overflow_resolution_target}")
+            raise ValueError(
+                f"overflow_resolution_target must be within ]0, 1[, "
+                f"got {overflow_resolution_target}"
+            )
         self.overflow_margin = None if overflow_margin is None else int(overflow_margin)
         self.overflow_policy = overflow_policy
-        self.overflow_target = (None if overflow_margin is None else
-                                max(0, int(self.overflow_margin * float(overflow_resolution_target))))
+        self.overflow_target = (
+            None
+            if overflow_margin is None
+            else max(0, int(self.overflow_margin * float(overflow_resolution_target)))
+        )
         self.refresh_time_after_fetch = bool(refresh_time_after_fetch)
-        self._scored = (self.overflow_margin is not None
-                        and overflow_policy != OverflowPolicy.EVICT_RANDOM)
+        self._scored = (
+            self.overflow_margin is not None and overflow_policy != OverflowPolicy.EVICT_RANDOM
+        )
         # "z", not HPS's "t": HPS keeps plain hashes of times / counts there
         self.score_keys = [h[:-1] + b"z" for h in self.hash_keys]
         self.meta_key = f"hps_et{{{table_name}/meta}}".encode()
         self.evicted = 0  # rows removed by overflow handling (this process)
         self._where = f"Redis Cluster {address} table {table_name!r}"
         self._conn = RedisConnection(
-            address, user_name=user_name, password=password, enable_tls=enable_tls,
-            tls_ca_certificate=tls_ca_certificate, tls_client_certificate=tls_client_certificate,
+            address,
+            user_name=user_name,
+            password=password,
+            enable_tls=enable_tls,
+            tls_ca_certificate=tls_ca_certificate,
+            tls_client_certificate=tls_client_certificate,
             tls_client_key=tls_client_key,
             tls_server_name_identification=tls_server_name_identification,
-            num_node_connections=num_node_connections, connect_timeout=connect_timeout,
-            socket_timeout=socket_timeout, retries=retries, pool_timeout=pool_timeout,
-            where=self._where)
+            num_node_connections=num_node_connections,
+            connect_timeout=connect_timeout,
+            socket_timeout=socket_timeout,
+            retries=retries,
+            pool_timeout=pool_timeout,
+            where=self._where,
+        )
         self._client = self._conn.client
 
     # -- plumbing -------------------------------------------------------------------
@@ -395,7 +455,7 @@ class RedisClusterStore(BackingStore):
         order = np.argsort(parts, kind="stable")
         bounds = np.searchsorted(parts[order], np.arange(self.num_partitions + 1))
         for p in range(self.num_partitions):
-            idx = order[bounds[p]:bounds[p + 1]]
+            idx = order[bounds[p] : bounds[p + 1]]
             for s, e in chunks(idx.shape[0], self.max_batch_size):
                 yield p, idx[s:e]
 
@@ -419,8 +479,9 @@ class RedisClusterStore(BackingStore):
             for i, v in zip(idx.tolist(), reply):
                 values[i] = v
         decode_values(values, keys, out, found, self.default_value, self._where)
-        if self._scored and (self.refresh_time_after_fetch
-                             or self.overflow_policy == OverflowPolicy.EVICT_LEAST_USED):
+        if self._scored and (
+            self.refresh_time_after_fetch or self.overflow_policy == OverflowPolicy.EVICT_LEAST_USED
+        ):
             self._touch(keys, found, raw)
         return found
 
@@ -459,6 +520,7 @@ class RedisClusterStore(BackingStore):
     def _resolve_overflow(self, parts: List[int]) -> None:
         """Prune every partition of ``parts`` holding more than ``overflow_margin`` rows
         down to ``overflow_margin * overflow_resolution_target`` rows (HPS semantics)."""
+
         def lens(pipe):
             for p in parts:
                 pipe.hlen(self.hash_keys[p])
@@ -474,8 +536,12 @@ class RedisClusterStore(BackingStore):
             popped = self.run_commands("ZPOPMIN", lambda pipe: pipe.zpopmin(z, n))[0]
             victims = [m for m, _ in popped]
         if len(victims) < n:  # evict_random, or rows the sorted set does not know
-            more = self.run_commands("HRANDFIELD",
-                             lambda pipe: pipe.hrandfield(h, n - len(victims)))[0] or []
+            more = (
+                self.run_commands("HRANDFIELD", lambda pipe: pipe.hrandfield(h, n - len(victims)))[
+                    0
+                ]
+                or []
+            )
             victims += [v for v in more if v not in set(victims)]
         if not victims:
             return
@@ -527,6 +593,7 @@ class RedisClusterStore(BackingStore):
 
     def num_rows(self) -> int:
         """Exact: the sum of HLEN over the table's partitions."""
+
         def commands(pipe):
             for h in self.hash_keys:
                 pipe.hlen(h)
@@ -541,7 +608,8 @@ class RedisClusterStore(BackingStore):
             while len(raw) < n:
                 step = min(max(n - len(raw), 10), 1000)
                 cursor, page = self.run_commands(
-                    "HSCAN", lambda pipe, c=cursor, h=h, step=step: pipe.hscan(h, c, count=step))[0]
+                    "HSCAN", lambda pipe, c=cursor, h=h, step=step: pipe.hscan(h, c, count=step)
+                )[0]
                 for field in page:
                     if len(raw) >= n:
                         break
@@ -573,12 +641,15 @@ class RedisClusterStore(BackingStore):
         token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}".encode()
         ttl_ms = int(ttl * 1000)
         deadline = time.monotonic() + timeout
-        while not self.run_commands("SET", lambda pipe: pipe.set(key, token, nx=True, px=ttl_ms))[0]:
+        while not self.run_commands("SET", lambda pipe: pipe.set(key, token, nx=True, px=ttl_ms))[
+            0
+        ]:
             if time.monotonic() > deadline:
                 holder = self.run_commands("GET", lambda pipe: pipe.get(key))[0]
                 raise StoreUnavailableError(
                     f"{self._where}: another loader ({holder!r}) holds the import lock; "
-                    f"gave up after {timeout:.0f} s")
+                    f"gave up after {timeout:.0f} s"
+                )
             time.sleep(0.1)
         stop = threading.Event()
 
@@ -611,5 +682,7 @@ class RedisClusterStore(BackingStore):
         return [self.hash_keys[p] for p in parts.tolist()]
 
     def __repr__(self) -> str:
-        return (f"RedisClusterStore({self.address!r}, {self.table_name!r}, "
-                f"vec_size={self.vec_size}, num_partitions={self.num_partitions})")
+        return (
+            f"RedisClusterStore({self.address!r}, {self.table_name!r}, "
+            f"vec_size={self.vec_size}, num_partitions={self.num_partitions})"
+        )

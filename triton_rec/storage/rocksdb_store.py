@@ -100,17 +100,22 @@ def _open(path: str, real: str, read_only: bool, num_threads: int) -> rocksdict.
     try:
         if read_only:
             if not os.path.isdir(real):
-                raise StoreUnavailableError(
-                    f"RocksDB {path}: no database there (opened read-only)")
-            return rocksdict.Rdict(real, _options(num_threads, create=False),
-                                   access_type=rocksdict.AccessType.read_only())
+                raise StoreUnavailableError(f"RocksDB {path}: no database there (opened read-only)")
+            return rocksdict.Rdict(
+                real,
+                _options(num_threads, create=False),
+                access_type=rocksdict.AccessType.read_only(),
+            )
         os.makedirs(real, exist_ok=True)
         return rocksdict.Rdict(real, _options(num_threads, create=True))
     except StoreError:
         raise
     except Exception as e:  # rocksdict raises plain Exception
-        hint = (" (another process holds it read-write: open it read_only there or here)"
-                if "lock" in str(e).lower() else "")
+        hint = (
+            " (another process holds it read-write: open it read_only there or here)"
+            if "lock" in str(e).lower()
+            else ""
+        )
         raise StoreUnavailableError(f"RocksDB {path}: cannot open: {e}{hint}") from e
 
 
@@ -132,8 +137,10 @@ def _acquire(path: str, table: str, read_only: bool, num_threads: int, where: st
             if cf is None:
                 db.close()
                 have = [c for c in rocksdict.Rdict.list_cf(real) if c != "default"]
-                raise StoreUnavailableError(f"{where}: no such column family in the database "
-                                            f"(it has: {', '.join(have) or 'none'})")
+                raise StoreUnavailableError(
+                    f"{where}: no such column family in the database "
+                    f"(it has: {', '.join(have) or 'none'})"
+                )
         except StoreError:
             raise
         except Exception as e:
@@ -164,13 +171,15 @@ def _release(real: str, h: _OpenDB) -> None:
 def _check_args(table_name: str, vec_size: int, max_batch_size: int) -> None:
     """Constructor checks both RocksDB stores make."""
     if rocksdict is None:
-        raise StoreUnavailableError("RocksDB store: the rocksdict package is not installed "
-                                    "(pip install rocksdict)")
+        raise StoreUnavailableError(
+            "RocksDB store: the rocksdict package is not installed (pip install rocksdict)"
+        )
     if not isinstance(table_name, str) or not _TABLE_RE.fullmatch(table_name):
         raise ValueError(f"RocksDB table name {table_name!r}: letters, digits, '_', '-', '.' only")
     if int(vec_size) < 1 or int(max_batch_size) < 1:
         raise ValueError(
-            f"vec_size and max_batch_size must be >= 1, got {vec_size}, {max_batch_size}")
+            f"vec_size and max_batch_size must be >= 1, got {vec_size}, {max_batch_size}"
+        )
 
 
 class _ColumnFamilyReads(BackingStore):
@@ -195,18 +204,21 @@ class _ColumnFamilyReads(BackingStore):
 
     def _count_present(self, raw: List[bytes]) -> int:
         """How many of the encoded keys ``raw`` the table holds (RocksDB deletes do not say)."""
-        return sum(sum(v is not None
-                       for v in self._get("multi-get", lambda r: self._cf.get(r), raw[s:e]))
-                   for s, e in chunks(len(raw), self.max_batch_size))
+        return sum(
+            sum(v is not None for v in self._get("multi-get", lambda r: self._cf.get(r), raw[s:e]))
+            for s, e in chunks(len(raw), self.max_batch_size)
+        )
 
     def num_rows(self) -> int:
         """RocksDB's estimate of the keys in the column family (``rocksdb.estimate-num-keys``)."""
-        n = self._get("num_rows", lambda p: self._cf.property_int_value(p),
-                      "rocksdb.estimate-num-keys")
+        n = self._get(
+            "num_rows", lambda p: self._cf.property_int_value(p), "rocksdb.estimate-num-keys"
+        )
         return int(n or 0)
 
     def sample_keys(self, n: int) -> np.ndarray:
         """The first ``n`` keys in RocksDB order (bytewise order of the little-endian keys)."""
+
         def first_n():
             raw = []
             it = self._cf.iter()
@@ -215,6 +227,7 @@ class _ColumnFamilyReads(BackingStore):
                 raw.append(it.key())
                 it.next()
             return raw
+
         return decode_keys(self._get("iteration", first_n) if n > 0 else [], self._where)
 
 
@@ -245,8 +258,16 @@ class RocksDBStore(_ColumnFamilyReads):
     tier = "rocksdb"
     exact_num_rows = False
 
-    def __init__(self, path, table_name: str, vec_size: int, default_value: float = 0.0,
-                 read_only: bool = False, max_batch_size: int = 10000, num_threads: int = 16):
+    def __init__(
+        self,
+        path,
+        table_name: str,
+        vec_size: int,
+        default_value: float = 0.0,
+        read_only: bool = False,
+        max_batch_size: int = 10000,
+        num_threads: int = 16,
+    ):
         _check_args(table_name, vec_size, max_batch_size)
         self.path = str(path)
         self.table_name = table_name
@@ -255,11 +276,13 @@ class RocksDBStore(_ColumnFamilyReads):
         self.read_only = bool(read_only)
         self.max_batch_size = int(max_batch_size)
         self._where = f"RocksDB {self.path} table {table_name!r}"
-        self._real, self._h, self._cf = _acquire(self.path, table_name, self.read_only,
-                                                 int(num_threads), self._where)
+        self._real, self._h, self._cf = _acquire(
+            self.path, table_name, self.read_only, int(num_threads), self._where
+        )
         try:
-            self._handle = (None if self.read_only
-                            else self._h.db.get_column_family_handle(table_name))
+            self._handle = (
+                None if self.read_only else self._h.db.get_column_family_handle(table_name)
+            )
         except Exception as e:
             self._cf.close()
             self._cf = None
@@ -293,9 +316,11 @@ class RocksDBStore(_ColumnFamilyReads):
         raw_k = encode_keys(keys)
         raw_v = vectors.view(f"V{4 * self.vec_size}").ravel().tolist()
         for s, e in chunks(keys.shape[0], self.max_batch_size):
+
             def fill(wb, s=s, e=e):
                 for k, v in zip(raw_k[s:e], raw_v[s:e]):
                     wb.put(k, v)
+
             self._write(fill)
         return int(keys.shape[0])
 
@@ -307,9 +332,11 @@ class RocksDBStore(_ColumnFamilyReads):
         raw = encode_keys(keys)
         present = self._count_present(raw)
         for s, e in chunks(keys.shape[0], self.max_batch_size):
+
             def fill(wb, s=s, e=e):
                 for k in raw[s:e]:
                     wb.delete(k)
+
             self._write(fill)
         return present
 
@@ -365,8 +392,7 @@ class _NodeWriter:
     _open: Dict[str, _NodeWriter] = {}
     _open_lock = threading.Lock()
 
-    def __init__(self, path: str, num_threads: int, hold_seconds: float,
-                 max_hold_seconds: float):
+    def __init__(self, path: str, num_threads: int, hold_seconds: float, max_hold_seconds: float):
         self.path = path
         self.num_threads = num_threads
         self.hold_seconds = hold_seconds
@@ -379,8 +405,9 @@ class _NodeWriter:
         self._generation = 0
 
     @classmethod
-    def acquire(cls, path: str, num_threads: int, hold_seconds: float,
-                max_hold_seconds: float) -> _NodeWriter:
+    def acquire(
+        cls, path: str, num_threads: int, hold_seconds: float, max_hold_seconds: float
+    ) -> _NodeWriter:
         """The writer of database ``path`` (settings of its first user win)."""
         with cls._open_lock:
             w = cls._open.get(path)
@@ -421,8 +448,11 @@ class _NodeWriter:
                 raise
             except Exception as e:
                 self._release_primary()
-                hint = (" (a process outside this backend holds it read-write)"
-                        if "lock" in str(e).lower() else "")
+                hint = (
+                    " (a process outside this backend holds it read-write)"
+                    if "lock" in str(e).lower()
+                    else ""
+                )
                 raise StoreUnavailableError(f"{where}: write failed: {e}{hint}") from e
             if self._held is not None:
                 if time.monotonic() - self._held[2] >= self.max_hold_seconds:
@@ -442,14 +472,21 @@ class _NodeWriter:
         try:
             cf_opts = {}
             if os.path.exists(os.path.join(self.path, "CURRENT")):  # a database, not just a dir
-                cf_opts = {c: _node_options()
-                           for c in rocksdict.Rdict.list_cf(self.path) if c != "default"}
-            db = rocksdict.Rdict(self.path, _node_options(self.num_threads, create=True),
-                                 column_families=cf_opts or None)
+                cf_opts = {
+                    c: _node_options() for c in rocksdict.Rdict.list_cf(self.path) if c != "default"
+                }
+            db = rocksdict.Rdict(
+                self.path,
+                _node_options(self.num_threads, create=True),
+                column_families=cf_opts or None,
+            )
         except Exception as e:
             os.close(fd)
-            hint = (" (a process outside this backend holds it read-write)"
-                    if "lock" in str(e).lower() else "")
+            hint = (
+                " (a process outside this backend holds it read-write)"
+                if "lock" in str(e).lower()
+                else ""
+            )
             raise StoreUnavailableError(f"{where}: cannot open read-write: {e}{hint}") from e
         return fd, db, time.monotonic(), set(cf_opts)
 
@@ -509,10 +546,19 @@ class NodeRocksDBTable(_ColumnFamilyReads):
     read_only = False
     exact_num_rows = False
 
-    def __init__(self, path, table_name: str, vec_size: int, default_value: float = 0.0,
-                 max_batch_size: int = 10000, num_threads: int = 4,
-                 lock_timeout: float = 600.0, catch_up_interval: float = 0.5,
-                 hold_seconds: float = 0.5, max_hold_seconds: float = 2.0):
+    def __init__(
+        self,
+        path,
+        table_name: str,
+        vec_size: int,
+        default_value: float = 0.0,
+        max_batch_size: int = 10000,
+        num_threads: int = 4,
+        lock_timeout: float = 600.0,
+        catch_up_interval: float = 0.5,
+        hold_seconds: float = 0.5,
+        max_hold_seconds: float = 2.0,
+    ):
         _check_args(table_name, vec_size, max_batch_size)
         self.path = os.path.abspath(str(path))
         self.table_name = table_name
@@ -525,8 +571,9 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         self._where = f"RocksDB {self.path} table {table_name!r}"
         self._io = threading.Lock()  # serialises catch-up with reads of this process
         self._closed = False
-        self._writer = _NodeWriter.acquire(self.path, self.num_threads, float(hold_seconds),
-                                           float(max_hold_seconds))
+        self._writer = _NodeWriter.acquire(
+            self.path, self.num_threads, float(hold_seconds), float(max_hold_seconds)
+        )
         # Create the database and the column families once (under the writer lock), then
         # follow it as a secondary (which sees the column families that exist when it
         # opens: ours does by then).
@@ -538,7 +585,8 @@ class NodeRocksDBTable(_ColumnFamilyReads):
             raise
         _remove_dead_secondaries(self.path + ".secondary")
         self._secondary_dir = os.path.join(
-            self.path + ".secondary", f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            self.path + ".secondary", f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
         self._db = self._cf = self._meta = None
         self.reopened = 0  # secondary handles opened again (column families added)
         try:
@@ -554,8 +602,12 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         """Open this process's secondary handle with every column family there is now
         (``_io`` held, or in the constructor)."""
         cfs = {c: _node_options() for c in rocksdict.Rdict.list_cf(self.path) if c != "default"}
-        db = rocksdict.Rdict(self.path, _node_options(), column_families=cfs,
-                             access_type=rocksdict.AccessType.secondary(self._secondary_dir))
+        db = rocksdict.Rdict(
+            self.path,
+            _node_options(),
+            column_families=cfs,
+            access_type=rocksdict.AccessType.secondary(self._secondary_dir),
+        )
         try:
             cf = db.get_column_family(self.table_name)
             meta = db.get_column_family(META_COLUMN_FAMILY)
@@ -571,8 +623,9 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         """The database opened read-write (see :class:`_NodeWriter`); yields it."""
         if self._closed:
             raise StoreError(f"{self._where}: store is closed")
-        with self._writer.primary(self._where, (self.table_name, META_COLUMN_FAMILY),
-                                  self.lock_timeout) as db:
+        with self._writer.primary(
+            self._where, (self.table_name, META_COLUMN_FAMILY), self.lock_timeout
+        ) as db:
             yield db
 
     def catch_up(self) -> None:
@@ -585,7 +638,9 @@ class NodeRocksDBTable(_ColumnFamilyReads):
             try:
                 self._open_secondary()
             except Exception as e:
-                raise StoreUnavailableError(f"{self._where}: cannot open as a secondary: {e}") from e
+                raise StoreUnavailableError(
+                    f"{self._where}: cannot open as a secondary: {e}"
+                ) from e
         try:
             self._db.try_catch_up_with_primary()
         except Exception as e:
@@ -606,10 +661,12 @@ class NodeRocksDBTable(_ColumnFamilyReads):
                 self._open_secondary()
             except Exception as e2:
                 raise StoreUnavailableError(
-                    f"{self._where}: cannot open as a secondary again: {e2}") from e2
+                    f"{self._where}: cannot open as a secondary again: {e2}"
+                ) from e2
             self.reopened += 1
-            log.info("%s: secondary handle reopened (a table was added to the database)",
-                     self._where)
+            log.info(
+                "%s: secondary handle reopened (a table was added to the database)", self._where
+            )
         self._last_catch_up = time.monotonic()
 
     def _get(self, what: str, fn, *args):
@@ -660,6 +717,7 @@ class NodeRocksDBTable(_ColumnFamilyReads):
             def fill(wb):
                 for k, v in zip(raw_k[s:e], raw_v[s:e]):
                     wb.put(k, v)
+
             return fill
 
         self._write_batches(batch(s, e) for s, e in chunks(keys.shape[0], self.max_batch_size))
@@ -676,6 +734,7 @@ class NodeRocksDBTable(_ColumnFamilyReads):
             def fill(wb):
                 for k in raw[s:e]:
                     wb.delete(k)
+
             return fill
 
         self._write_batches(batch(s, e) for s, e in chunks(keys.shape[0], self.max_batch_size))
@@ -684,7 +743,9 @@ class NodeRocksDBTable(_ColumnFamilyReads):
     def get_meta(self, name: str) -> Optional[str]:
         """The metadata string ``name``, or None."""
         self.catch_up()
-        v = self._get("meta read", lambda k: self._meta.get(k), f"{self.table_name}/{name}".encode())
+        v = self._get(
+            "meta read", lambda k: self._meta.get(k), f"{self.table_name}/{name}".encode()
+        )
         return None if v is None else bytes(v).decode()
 
     def set_meta(self, name: str, value: str) -> None:
@@ -742,9 +803,15 @@ def _lock_fd(path: str, timeout: float, where: str) -> int:
     ``timeout`` s; closing the fd releases it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        flock_exclusive(fd, time.monotonic() + timeout, lambda: StoreUnavailableError(
-            f"{where}: {path} is held by another process; gave up after {timeout:.0f} s"),
-            min_delay=0.005, max_delay=0.005)
+        flock_exclusive(
+            fd,
+            time.monotonic() + timeout,
+            lambda: StoreUnavailableError(
+                f"{where}: {path} is held by another process; gave up after {timeout:.0f} s"
+            ),
+            min_delay=0.005,
+            max_delay=0.005,
+        )
     except BaseException:
         os.close(fd)
         raise

@@ -70,7 +70,9 @@ class Tier:
 
     def __post_init__(self):
         if self.on_unavailable not in ("fail", "next_tier"):
-            raise ValueError(f"on_unavailable must be 'fail' or 'next_tier', got {self.on_unavailable!r}")
+            raise ValueError(
+                f"on_unavailable must be 'fail' or 'next_tier', got {self.on_unavailable!r}"
+            )
         self._filters = []
         for f in self.update_filters:
             # a filter of the whole topic, and HPS's subscription built from it
@@ -152,8 +154,13 @@ class TieredStore(BackingStore):
                     raise
                 allowed, held = self._throttle.allow()
                 if allowed:
-                    log.warning("table %s: %s tier skipped (%d more since the last line): %s",
-                                self.name, tier.role, held, e)
+                    log.warning(
+                        "table %s: %s tier skipped (%d more since the last line): %s",
+                        self.name,
+                        tier.role,
+                        held,
+                        e,
+                    )
                 continue
             if i > 0:
                 out[pending[hit]] = buf[hit]
@@ -177,9 +184,15 @@ class TieredStore(BackingStore):
             self._count(promote_failed=int(keys.shape[0]))
             allowed, held = self._throttle.allow()
             if allowed:
-                log.warning("table %s: copying %d row(s) into the %s tier failed (%d more "
-                            "failures since the last line): %s",
-                            self.name, keys.shape[0], self.tiers[0].role, held, e)
+                log.warning(
+                    "table %s: copying %d row(s) into the %s tier failed (%d more "
+                    "failures since the last line): %s",
+                    self.name,
+                    keys.shape[0],
+                    self.tiers[0].role,
+                    held,
+                    e,
+                )
 
     def num_rows(self) -> int:
         """Rows of the last tier (the one that holds every row)."""
@@ -235,10 +248,17 @@ class TieredStore(BackingStore):
         return f"TieredStore({self.name!r}, {' -> '.join(repr(t.store) for t in self.tiers)})"
 
 
-def import_table(store: BackingStore, keys: np.ndarray, vectors: np.ndarray, digest: str,
-                 fraction: float = 1.0, freeze: bool = False, batch: int = 65536,
-                 lock_timeout: float = 600.0,
-                 progress: Optional[Callable[[int, int], None]] = None) -> str:
+def import_table(
+    store: BackingStore,
+    keys: np.ndarray,
+    vectors: np.ndarray,
+    digest: str,
+    fraction: float = 1.0,
+    freeze: bool = False,
+    batch: int = 65536,
+    lock_timeout: float = 600.0,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> str:
     """Import a table's rows into a writable tier once per content.
 
     Args:
@@ -257,6 +277,7 @@ def import_table(store: BackingStore, keys: np.ndarray, vectors: np.ndarray, dig
         ``"present"`` (marker equal: skipped), ``"frozen"`` (skipped by ``freeze``) or
         ``"imported"``.
     """
+
     def skip() -> Optional[str]:
         have = store.get_meta(SOURCE_META)
         if have == digest:
@@ -278,8 +299,10 @@ def import_table(store: BackingStore, keys: np.ndarray, vectors: np.ndarray, dig
         t0 = time.monotonic()
         for s in range(0, n, batch):
             e = min(n, s + batch)
-            store.upsert(np.ascontiguousarray(keys[s:e], dtype=np.int64),
-                         np.ascontiguousarray(vectors[s:e], dtype=np.float32))
+            store.upsert(
+                np.ascontiguousarray(keys[s:e], dtype=np.int64),
+                np.ascontiguousarray(vectors[s:e], dtype=np.float32),
+            )
             if progress is not None:
                 progress(e, n)
         compact = getattr(store, "compact", None)

@@ -111,10 +111,10 @@ def too_large(model_name: str, name: str, n: int, limit) -> RequestTooLarge:
     """The error for an input of ``n`` elements over ``limit`` (its bound, itemsize, reason)."""
     max_elements, itemsize, why = limit
     return RequestTooLarge(
-            f"model '{model_name}': input {name} holds {n} elements ({n * itemsize} bytes), "
-            f"more than the {max_elements} ({max_elements * itemsize} bytes) of the model's "
-            f"largest valid request ({why})"
-        )
+        f"model '{model_name}': input {name} holds {n} elements ({n * itemsize} bytes), "
+        f"more than the {max_elements} ({max_elements * itemsize} bytes) of the model's "
+        f"largest valid request ({why})"
+    )
 
 
 def run_requests(
@@ -166,8 +166,11 @@ def run_requests(
             slots.append(i)
         except RequestError as e:
             if counters is not None:
-                reason = (RESULT_REJECTED_TOO_LARGE if over is not None or isinstance(e, RequestTooLarge)
-                          else RESULT_REJECTED_INVALID)
+                reason = (
+                    RESULT_REJECTED_TOO_LARGE
+                    if over is not None or isinstance(e, RequestTooLarge)
+                    else RESULT_REJECTED_INVALID
+                )
                 counters.counts[reason] += 1
             responses[i] = pb_utils.InferenceResponse(
                 error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
@@ -227,8 +230,9 @@ class MetricsPusher:
         self._stop = threading.Event()
         self._thread = None
         if self.interval > 0:
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            name=f"trec-metrics-{model_name}")
+            self._thread = threading.Thread(
+                target=self._run, daemon=True, name=f"trec-metrics-{model_name}"
+            )
             self._thread.start()
 
     def push(self) -> None:

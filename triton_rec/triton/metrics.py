@@ -53,24 +53,37 @@ _COUNTERS = {
     "lookups": ("trec_cache_lookups_total", "Keys looked up"),
     "hits": ("trec_cache_hits_total", "Keys answered by the embedding cache"),
     "misses": ("trec_cache_misses_total", "Keys the embedding cache did not hold"),
-    "default_answered": ("trec_cache_default_answered_total",
-                         "Misses answered with the default value (hit rate >= threshold)"),
-    "sync_fetched": ("trec_cache_sync_fetched_total", "Misses fetched from the store synchronously"),
-    "dropped": ("trec_cache_dropped_total", "Background inserts dropped because the queue was full"),
+    "default_answered": (
+        "trec_cache_default_answered_total",
+        "Misses answered with the default value (hit rate >= threshold)",
+    ),
+    "sync_fetched": (
+        "trec_cache_sync_fetched_total",
+        "Misses fetched from the store synchronously",
+    ),
+    "dropped": (
+        "trec_cache_dropped_total",
+        "Background inserts dropped because the queue was full",
+    ),
     "refreshed": ("trec_cache_refreshed_total", "Cached rows refreshed from the store"),
 }
 _UPDATE_COUNTERS = {
     "vectors": ("trec_updates_vectors_total", "Online-update vectors applied"),
     "messages": ("trec_updates_messages_total", "Online-update messages applied"),
     "malformed": ("trec_updates_malformed_total", "Malformed update messages dropped"),
-    "errors": ("trec_updates_errors_total",
-               "Update batches that failed (retried later) and Redis errors of the consumer"),
+    "errors": (
+        "trec_updates_errors_total",
+        "Update batches that failed (retried later) and Redis errors of the consumer",
+    ),
 }
 _GAUGES = {
     "size": ("trec_cache_size", "Rows in the shared embedding cache"),
     "capacity": ("trec_cache_capacity", "Rows the shared embedding cache can hold"),
     "inserts": ("trec_cache_inserts", "Inserts into the shared embedding cache, all instances"),
-    "evictions": ("trec_cache_evictions", "Evictions from the shared embedding cache, all instances"),
+    "evictions": (
+        "trec_cache_evictions",
+        "Evictions from the shared embedding cache, all instances",
+    ),
 }
 
 
@@ -83,9 +96,11 @@ class RequestMetrics:
         self._family = pb_utils.MetricFamily(
             name="trec_requests_rejected_total",
             description="Requests answered with an error, by reason (invalid, too_large, internal)",
-            kind=pb_utils.MetricFamily.COUNTER)
-        self._metrics = {r: self._family.Metric(labels={"model": model, "reason": r})
-                         for r in counters.REASONS}
+            kind=pb_utils.MetricFamily.COUNTER,
+        )
+        self._metrics = {
+            r: self._family.Metric(labels={"model": model, "reason": r}) for r in counters.REASONS
+        }
         self._last = dict.fromkeys(counters.REASONS, 0)
 
     def update(self) -> None:
@@ -123,57 +138,83 @@ class CacheMetrics:
             fam[name] = pb_utils.MetricFamily(name=name, description=desc, kind=gauge)
         duration = pb_utils.MetricFamily(
             name="trec_lookup_duration_us_total",
-            description="Time spent looking up embeddings, by tier", kind=counter)
+            description="Time spent looking up embeddings, by tier",
+            kind=counter,
+        )
         per_instance = pb_utils.MetricFamily(
             name="trec_instance_lookups_total",
-            description="Keys looked up by one model instance", kind=counter)
+            description="Keys looked up by one model instance",
+            kind=counter,
+        )
         hit_rate = pb_utils.MetricFamily(
-            name="trec_cache_hit_rate", description="Cache hits / lookups since load", kind=gauge)
+            name="trec_cache_hit_rate", description="Cache hits / lookups since load", kind=gauge
+        )
         tier_keys = pb_utils.MetricFamily(
-            name="trec_tier_keys_total", description="Keys answered by each storage tier",
-            kind=counter)
+            name="trec_tier_keys_total",
+            description="Keys answered by each storage tier",
+            kind=counter,
+        )
         tier_down = pb_utils.MetricFamily(
             name="trec_tier_unavailable_total",
-            description="Lookups that found a storage tier unreachable", kind=counter)
+            description="Lookups that found a storage tier unreachable",
+            kind=counter,
+        )
         promoted = pb_utils.MetricFamily(
             name="trec_tier_promoted_total",
-            description="Rows copied into the volatile tier (cache_missed_embeddings)", kind=counter)
+            description="Rows copied into the volatile tier (cache_missed_embeddings)",
+            kind=counter,
+        )
         # TieredStore.counters() key -> (family, extra labels)
-        self._tier_map = {"not_found": (tier_keys, {"tier": "none"}),
-                          "promoted": (promoted, {})}
+        self._tier_map = {"not_found": (tier_keys, {"tier": "none"}), "promoted": (promoted, {})}
         for role in ("local", "volatile", "persistent"):
             self._tier_map[f"{role}_found"] = (tier_keys, {"tier": role})
             self._tier_map[f"{role}_unavailable"] = (tier_down, {"tier": role})
         self._update_families = {
             key: pb_utils.MetricFamily(name=name, description=desc, kind=counter)
-            for key, (name, desc) in _UPDATE_COUNTERS.items()}
+            for key, (name, desc) in _UPDATE_COUNTERS.items()
+        }
         services = getattr(session, "services", None)
         if services is None:
             services = getattr(getattr(session, "table_set", None), "services", [])
         self._consumers = [s for s in services if hasattr(s, "stats")]
-        self._update_metrics = {k: f.Metric(labels={"model": model})
-                                for k, f in self._update_families.items()} if self._consumers else {}
+        self._update_metrics = (
+            {k: f.Metric(labels={"model": model}) for k, f in self._update_families.items()}
+            if self._consumers
+            else {}
+        )
         self._update_last = {k: 0 for k in _UPDATE_COUNTERS}
         # Triton deletes a family's metrics when the family object goes away: keep them.
-        self._families = [*fam.values(), duration, per_instance, hit_rate, tier_keys, tier_down,
-                          promoted, *self._update_families.values()]
+        self._families = [
+            *fam.values(),
+            duration,
+            per_instance,
+            hit_rate,
+            tier_keys,
+            tier_down,
+            promoted,
+            *self._update_families.values(),
+        ]
         self._tables: List[Dict] = []
         for t in session.cached_tables:
             labels = {"model": model, "table": t.name}
-            self._tables.append({
-                "table": t,
-                "last": {k: 0 for k in list(_COUNTERS) + ["cache_ns", "store_ns"]},
-                "counters": {k: fam[n].Metric(labels=labels) for k, (n, _) in _COUNTERS.items()},
-                "gauges": {k: fam[n].Metric(labels=labels) for k, (n, _) in _GAUGES.items()},
-                "cache_us": duration.Metric(labels={**labels, "tier": "cache"}),
-                "store_us": duration.Metric(labels={**labels, "tier": t.store.tier}),
-                "instance": per_instance.Metric(labels={**labels, "instance": instance}),
-                "hit_rate": hit_rate.Metric(labels=labels),
-                "labels": labels,
-                "tier_metrics": {},
-                "tier_last": {},
-                "gauge_last": {},
-            })
+            self._tables.append(
+                {
+                    "table": t,
+                    "last": {k: 0 for k in list(_COUNTERS) + ["cache_ns", "store_ns"]},
+                    "counters": {
+                        k: fam[n].Metric(labels=labels) for k, (n, _) in _COUNTERS.items()
+                    },
+                    "gauges": {k: fam[n].Metric(labels=labels) for k, (n, _) in _GAUGES.items()},
+                    "cache_us": duration.Metric(labels={**labels, "tier": "cache"}),
+                    "store_us": duration.Metric(labels={**labels, "tier": t.store.tier}),
+                    "instance": per_instance.Metric(labels={**labels, "instance": instance}),
+                    "hit_rate": hit_rate.Metric(labels=labels),
+                    "labels": labels,
+                    "tier_metrics": {},
+                    "tier_last": {},
+                    "gauge_last": {},
+                }
+            )
 
     def _set(self, entry: Dict, key: str, metric, value: float) -> None:
         # Metric.set is a round trip to the server (holding the GIL): only on a change.
@@ -209,7 +250,9 @@ class CacheMetrics:
                     if key in stats:
                         self._set(entry, key, metric, float(stats[key]))
                 if stats.get("lookups"):
-                    self._set(entry, "hit_rate", entry["hit_rate"], stats["hits"] / stats["lookups"])
+                    self._set(
+                        entry, "hit_rate", entry["hit_rate"], stats["hits"] / stats["lookups"]
+                    )
             entry["last"] = now
             counters = getattr(t.store, "counters", None)
             if counters is not None:
@@ -236,7 +279,8 @@ class CacheMetrics:
             if metric is None:
                 family, extra = self._tier_map[key]
                 metric = entry["tier_metrics"][key] = family.Metric(
-                    labels={**entry["labels"], **extra})
+                    labels={**entry["labels"], **extra}
+                )
             delta = value - entry["tier_last"].get(key, 0)
             if delta:
                 metric.increment(delta)

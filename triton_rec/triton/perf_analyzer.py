@@ -29,7 +29,8 @@ def binary() -> Path:
     if found is None:
         raise FileNotFoundError(
             "perf_analyzer not found: pip install 'tritonclient[all]==2.50.0' "
-            "(or 'triton-rec[server]')")
+            "(or 'triton-rec[server]')"
+        )
     return Path(found)
 
 

@@ -50,16 +50,34 @@ def limit_thread_pools(threads: int) -> Dict[str, str]:
     for var in THREAD_ENV_VARS:
         os.environ.setdefault(var, str(threads))
     threadpool_limits(limits=threads)  # stays in force: never used as a context manager
-    return {i.get("internal_api", "?"): f"{i['num_threads']} thread(s)"
-            + (f", {i['architecture']}" if i.get("architecture") else "")
-            for i in threadpool_info()}
+    return {
+        i.get("internal_api", "?"): f"{i['num_threads']} thread(s)"
+        + (f", {i['architecture']}" if i.get("architecture") else "")
+        for i in threadpool_info()
+    }
 
 
 #: OpenBLAS kernel sets without AVX2: on a CPU that has AVX2 they mean its detection failed.
-_PRE_AVX2_KERNELS = frozenset({
-    "katmai", "coppermine", "northwood", "prescott", "banias", "core2", "penryn", "dunnington",
-    "nehalem", "atom", "athlon", "opteron", "opteron_sse3", "barcelona", "bobcat", "sandybridge",
-})
+_PRE_AVX2_KERNELS = frozenset(
+    {
+        "katmai",
+        "coppermine",
+        "northwood",
+        "prescott",
+        "banias",
+        "core2",
+        "penryn",
+        "dunnington",
+        "nehalem",
+        "atom",
+        "athlon",
+        "opteron",
+        "opteron_sse3",
+        "barcelona",
+        "bobcat",
+        "sandybridge",
+    }
+)
 _AVX512_FLAGS = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")
 
 
@@ -104,8 +122,10 @@ def server_blas_environment(environ: Optional[Mapping[str, str]] = None) -> Dict
     import numpy  # noqa: F401  (loads OpenBLAS)
     from threadpoolctl import threadpool_info
 
-    arch = next((i.get("architecture") for i in threadpool_info()
-                 if i.get("internal_api") == "openblas"), None)
+    arch = next(
+        (i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"),
+        None,
+    )
     fix = blas_coretype_fix(arch, cpu_flags())
     return {"OPENBLAS_CORETYPE": fix} if fix else {}
 
@@ -139,5 +159,9 @@ def tune_allocator(environ: Optional[Mapping[str, str]] = None) -> str:
         return "malloc: not glibc, unchanged"
     ok = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
     ok = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and ok
-    return (f"malloc: mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim threshold "
-            f"{TRIM_THRESHOLD >> 20} MiB" if ok else "malloc: mallopt refused, unchanged")
+    return (
+        f"malloc: mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim threshold "
+        f"{TRIM_THRESHOLD >> 20} MiB"
+        if ok
+        else "malloc: mallopt refused, unchanged"
+    )

@@ -81,7 +81,9 @@ def prepare_backend_dir(dest: Path = DEFAULT_BACKEND_DIR) -> Path:
     ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
     stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
     if not stub.exists():
-        raise RuntimeNotFound(f"no Triton Python backend stub for Python {ver} in {stub.parent.parent}")
+        raise RuntimeNotFound(
+            f"no Triton Python backend stub for Python {ver} in {stub.parent.parent}"
+        )
     _install(stub, py / "triton_python_backend_stub")
     for src in sorted(BACKEND_SOURCES.iterdir()):
         if (src / "model.py").exists():
@@ -246,7 +248,7 @@ class TritonServer:
         env.update(self.extra_env)
         return env
 
-    def launch(self, die_with_parent: bool = False) -> "TritonServer":
+    def launch(self, die_with_parent: bool = False) -> TritonServer:
         """Start the server process (in its own session: its process group is its pid)
         and, with ``supervise``, its supervisor; does not wait. ``die_with_parent``: the
         server gets SIGTERM (a graceful stop) if this process dies first."""
@@ -259,23 +261,31 @@ class TritonServer:
         elif self.inherit_output:
             out = err = None
         self.process = subprocess.Popen(
-            self.command(), stdout=out, stderr=err, env=self.environment(),
-            start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None,
+            self.command(),
+            stdout=out,
+            stderr=err,
+            env=self.environment(),
+            start_new_session=True,
+            preexec_fn=_die_with_parent if die_with_parent else None,
         )
         if self.supervise:
             from triton_rec.triton.supervisor import Supervisor
 
-            self.supervisor = Supervisor(self.process.pid, self.http_url, log=self.supervisor_log).start()
+            self.supervisor = Supervisor(
+                self.process.pid, self.http_url, log=self.supervisor_log
+            ).start()
         return self
 
-    def start(self, timeout: float = 120.0) -> "TritonServer":
+    def start(self, timeout: float = 120.0) -> TritonServer:
         """Start the server and wait until it reports ready (or raise with its log tail)."""
         self.launch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self._stop_supervisor()
-                raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
             if self.is_ready():
                 return self
             time.sleep(0.2)
@@ -349,7 +359,7 @@ class TritonServer:
         except ProcessLookupError:
             pass
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -360,7 +370,9 @@ class _PublicServer(TritonServer):
     """Listens on every interface (the test fixtures keep loopback)."""
 
     def command(self) -> List[str]:
-        return [a for a in super().command() if not a.startswith(("--http-address", "--grpc-address"))]
+        return [
+            a for a in super().command() if not a.startswith(("--http-address", "--grpc-address"))
+        ]
 
 
 def serve(server: TritonServer) -> int:
@@ -373,8 +385,11 @@ def serve(server: TritonServer) -> int:
         if server.process is None or server.process.poll() is not None:
             return
         if stopping:
-            print("triton-rec: already stopping (tritonserver waits for its exit timeout)",
-                  file=sys.stderr, flush=True)
+            print(
+                "triton-rec: already stopping (tritonserver waits for its exit timeout)",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         stopping.append(signum)
         server.process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
@@ -388,7 +403,9 @@ def serve(server: TritonServer) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m triton_rec.runtime", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m triton_rec.runtime", description=__doc__.split("\n")[0]
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare", help="create the backend directory and print its path")
     s = sub.add_parser("serve", help="run tritonserver in the foreground until Ctrl-C")
@@ -396,12 +413,18 @@ def main(argv=None) -> int:
     s.add_argument("--http-port", type=int, default=8000)
     s.add_argument("--grpc-port", type=int, default=8001)
     s.add_argument("--metrics-port", type=int, default=8002)
-    s.add_argument("--no-supervise", action="store_true",
-                   help="do not replace dead instance processes (and keep Triton's default model control)")
+    s.add_argument(
+        "--no-supervise",
+        action="store_true",
+        help="do not replace dead instance processes (and keep Triton's default model control)",
+    )
     s.add_argument("--print-command", action="store_true", help="print the command and exit")
-    s.add_argument("--allowed-roots", metavar="DIR[:DIR...]",
-                   help="confine every model file to these directories (sets "
-                        "TRITON_REC_ALLOWED_ROOTS for the backends; default: no confinement)")
+    s.add_argument(
+        "--allowed-roots",
+        metavar="DIR[:DIR...]",
+        help="confine every model file to these directories (sets "
+        "TRITON_REC_ALLOWED_ROOTS for the backends; default: no confinement)",
+    )
     args = p.parse_args(argv)
     if args.cmd == "prepare":
         print(prepare_backend_dir())
@@ -409,8 +432,15 @@ def main(argv=None) -> int:
     from triton_rec.config.model_files import ALLOWED_ROOTS_ENV
 
     env = {ALLOWED_ROOTS_ENV: args.allowed_roots} if args.allowed_roots else None
-    server = _PublicServer(args.model_repository, args.http_port, args.grpc_port, args.metrics_port,
-                           supervise=not args.no_supervise, inherit_output=True, env=env)
+    server = _PublicServer(
+        args.model_repository,
+        args.http_port,
+        args.grpc_port,
+        args.metrics_port,
+        supervise=not args.no_supervise,
+        inherit_output=True,
+        env=env,
+    )
     if args.print_command:
         print(" ".join(server.command()))
         return 0

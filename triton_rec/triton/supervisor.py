@@ -80,12 +80,19 @@ class Supervisor:
         log: receives one line per event (default: stderr with a prefix).
     """
 
-    def __init__(self, server_pid: int, http_url: str, interval: float = SUPERVISE_INTERVAL_S,
-                 log: Optional[Callable[[str], None]] = None):
+    def __init__(
+        self,
+        server_pid: int,
+        http_url: str,
+        interval: float = SUPERVISE_INTERVAL_S,
+        log: Optional[Callable[[str], None]] = None,
+    ):
         self.server_pid = server_pid
         self.http_url = http_url
         self.interval = float(interval)
-        self.log = log or (lambda line: print(f"triton-rec supervisor: {line}", file=sys.stderr, flush=True))
+        self.log = log or (
+            lambda line: print(f"triton-rec supervisor: {line}", file=sys.stderr, flush=True)
+        )
         #: Reloads done per model (a dead instance replaced).
         self.replacements: Dict[str, int] = {}
         self._stop = threading.Event()
@@ -96,14 +103,17 @@ class Supervisor:
 
     # -- the server's repository API ------------------------------------------------
     def _http(self, method: str, path: str, timeout: float = 10.0):
-        req = urllib.request.Request(f"http://{self.http_url}{path}", method=method,
-                                     data=b"{}" if method == "POST" else None)
+        req = urllib.request.Request(
+            f"http://{self.http_url}{path}", method=method, data=b"{}" if method == "POST" else None
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             body = r.read()
         return json.loads(body) if body else None
 
     def _ready_models(self) -> Dict[str, str]:
-        return {m["name"]: m.get("state", "") for m in self._http("POST", "/v2/repository/index") or []}
+        return {
+            m["name"]: m.get("state", "") for m in self._http("POST", "/v2/repository/index") or []
+        }
 
     def _expected(self, model: str) -> int:
         return expected_instances(self._http("GET", f"/v2/models/{model}/config"))
@@ -164,15 +174,20 @@ class Supervisor:
     def _reload(self, model: str, live: int, gone: Set[int]) -> None:
         want = self._expected(model)
         old = stub_processes(self.server_pid).get(model, set())
-        self.log(f"model '{model}': {live} of {want} instance processes running "
-                 f"(exited: {sorted(gone)}); unloading it (not ready) and loading it again")
+        self.log(
+            f"model '{model}': {live} of {want} instance processes running "
+            f"(exited: {sorted(gone)}); unloading it (not ready) and loading it again"
+        )
         t0 = time.monotonic()
         try:
             self._http("POST", f"/v2/repository/models/{model}/unload", RELOAD_TIMEOUT_S)
             # A request that was in the dead instance is never released (Triton r24.10),
             # so the unload may never finish; a load does not wait for it.
             deadline = t0 + UNLOAD_WAIT_S
-            while self._ready_models().get(model) not in ("UNAVAILABLE", None) and time.monotonic() < deadline:
+            while (
+                self._ready_models().get(model) not in ("UNAVAILABLE", None)
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.1)
             stuck = self._ready_models().get(model) == "UNLOADING"
             self._http("POST", f"/v2/repository/models/{model}/load", RELOAD_TIMEOUT_S)
@@ -183,8 +198,10 @@ class Supervisor:
             self.log(f"model '{model}': reload failed: {e!r}")
             return
         self.replacements[model] = self.replacements.get(model, 0) + 1
-        self.log(f"model '{model}': reloaded in {time.monotonic() - t0:.1f} s "
-                 f"({self.replacements[model]} replacement(s) so far)")
+        self.log(
+            f"model '{model}': reloaded in {time.monotonic() - t0:.1f} s "
+            f"({self.replacements[model]} replacement(s) so far)"
+        )
         if stuck:
             # The old model's surviving instances would wait forever for that unload,
             # holding their memory: end them (the server reaps them if the unload ever
@@ -195,5 +212,7 @@ class Supervisor:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            self.log(f"model '{model}': the old instances' unload is stuck in the server "
-                     f"(a request lost with the dead instance); ended their processes {sorted(left)}")
+            self.log(
+                f"model '{model}': the old instances' unload is stuck in the server "
+                f"(a request lost with the dead instance); ended their processes {sorted(left)}"
+            )

@@ -30,8 +30,10 @@ def _sparse_dir_rows(path: str, vec_size: Optional[int]):
         except OSError as e:
             raise ValueError(f"{path}: not a HugeCTR sparse directory ({e})") from None
         if n == 0 or vec_bytes % (4 * n) or vec_bytes == 0:
-            raise ValueError(f"{path}: cannot infer the vector size from {n} keys and "
-                             f"{vec_bytes} vector bytes; give --vec-size")
+            raise ValueError(
+                f"{path}: cannot infer the vector size from {n} keys and "
+                f"{vec_bytes} vector bytes; give --vec-size"
+            )
         vec_size = vec_bytes // (4 * n)
     return read_sparse_dir(path, vec_size)
 
@@ -41,10 +43,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m triton_rec.updates",
         description="Publish HPS embedding updates to Redis Streams (hps_et.<model>.<table>), "
-                    "or show a stream's state.")
+        "or show a stream's state.",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, what in (("publish", "publish rows of one table"),
-                       ("info", "length, consumer groups and pending entries of a topic")):
+    for name, what in (
+        ("publish", "publish rows of one table"),
+        ("info", "length, consumer groups and pending entries of a topic"),
+    ):
         p = sub.add_parser(name, help=what, description=what)
         p.add_argument("--address", required=True, help="host:port[,host:port...] of the cluster")
         p.add_argument("--model", required=True)
@@ -53,44 +58,65 @@ def main(argv=None) -> int:
         p.add_argument("--password", default=None)
         if name == "publish":
             src = p.add_mutually_exclusive_group(required=True)
-            src.add_argument("--npz", help="a .npz with arrays 'keys' (int64 [N]) and "
-                                           "'vectors' (float32 [N, D])")
-            src.add_argument("--sparse-dir", help="a HugeCTR sparse table directory "
-                                                  "(files key, emb_vector)")
-            p.add_argument("--vec-size", type=int, default=None,
-                           help="floats per vector of --sparse-dir (default: from the file sizes)")
+            src.add_argument(
+                "--npz", help="a .npz with arrays 'keys' (int64 [N]) and 'vectors' (float32 [N, D])"
+            )
+            src.add_argument(
+                "--sparse-dir", help="a HugeCTR sparse table directory (files key, emb_vector)"
+            )
+            p.add_argument(
+                "--vec-size",
+                type=int,
+                default=None,
+                help="floats per vector of --sparse-dir (default: from the file sizes)",
+            )
             p.add_argument("--batch-size", type=int, default=8192, help="pairs per message")
-            p.add_argument("--maxlen", type=int, default=None,
-                           help="trim the stream to about N entries")
+            p.add_argument(
+                "--maxlen", type=int, default=None, help="trim the stream to about N entries"
+            )
     args = ap.parse_args(argv)
     conn = dict(user_name=args.user_name, password=args.password)
     try:
         topic = topic_name(args.model, args.table)
         if args.cmd == "info":
-            print(json.dumps(stream_info(args.address, args.model, args.table, **conn),
-                             indent=1, default=str))
+            print(
+                json.dumps(
+                    stream_info(args.address, args.model, args.table, **conn), indent=1, default=str
+                )
+            )
             return 0
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
         if args.npz:
             with np.load(args.npz, allow_pickle=False) as z:
                 if "keys" not in z or "vectors" not in z:
-                    raise ValueError(f"{args.npz}: needs arrays 'keys' and 'vectors', "
-                                     f"has {sorted(z.files)}")
+                    raise ValueError(
+                        f"{args.npz}: needs arrays 'keys' and 'vectors', has {sorted(z.files)}"
+                    )
                 keys, vectors = z["keys"], z["vectors"]
-            if (keys.dtype != np.int64 or keys.ndim != 1 or vectors.dtype != np.float32
-                    or vectors.ndim != 2 or vectors.shape[0] != keys.shape[0]):
-                raise ValueError(f"{args.npz}: keys must be int64 [N] and vectors float32 [N, D], "
-                                 f"got {keys.dtype} {keys.shape} and {vectors.dtype} {vectors.shape}")
+            if (
+                keys.dtype != np.int64
+                or keys.ndim != 1
+                or vectors.dtype != np.float32
+                or vectors.ndim != 2
+                or vectors.shape[0] != keys.shape[0]
+            ):
+                raise ValueError(
+                    f"{args.npz}: keys must be int64 [N] and vectors float32 [N, D], "
+                    f"got {keys.dtype} {keys.shape} and {vectors.dtype} {vectors.shape}"
+                )
         else:
             if args.vec_size is not None and args.vec_size < 1:
                 raise ValueError(f"--vec-size must be >= 1, got {args.vec_size}")
             keys, vectors = _sparse_dir_rows(args.sparse_dir, args.vec_size)
-        with UpdateProducer(args.address, maxlen=args.maxlen, max_batch_size=args.batch_size,
-                            **conn) as producer:
+        with UpdateProducer(
+            args.address, maxlen=args.maxlen, max_batch_size=args.batch_size, **conn
+        ) as producer:
             n = producer.publish(args.model, args.table, keys, vectors)
-        print(f"published {len(keys)} vector(s) of size {vectors.shape[1]} in {n} message(s) "
-              f"to {topic}")
+        print(
+            f"published {len(keys)} vector(s) of size {vectors.shape[1]} in {n} message(s) "
+            f"to {topic}"
+        )
         return 0
     except StoreError as e:  # Redis unreachable or refusing: not the input's fault
         print(f"error: {e}", file=sys.stderr)

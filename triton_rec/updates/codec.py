@@ -61,8 +61,9 @@ def encode_message(keys: np.ndarray, vectors: np.ndarray) -> bytes:
     if keys.ndim != 1 or keys.dtype != np.int64:
         raise ValueError(f"keys must be a 1-D int64 array, got {keys.dtype} {keys.shape}")
     if vectors.ndim != 2 or vectors.dtype != np.float32 or vectors.shape[0] != keys.shape[0]:
-        raise ValueError(f"vectors must be float32 [{keys.shape[0]}, D], got "
-                         f"{vectors.dtype} {vectors.shape}")
+        raise ValueError(
+            f"vectors must be float32 [{keys.shape[0]}, D], got {vectors.dtype} {vectors.shape}"
+        )
     d = vectors.shape[1]
     if not 0 < 4 * d < 2**32:
         raise ValueError(f"vectors must have 1 .. 2**30-1 floats, got {d}")
@@ -102,15 +103,18 @@ def decode_message(data: bytes, vec_size: Optional[int] = None) -> Tuple[np.ndar
         d = vec_size if vec_size is not None else (value_size // 4 if value_size % 4 == 0 else 0)
         return np.empty(0, np.int64), np.empty((0, d), np.float32)
     if value_size == 0 or value_size % 4:
-        raise UpdateMessageError(f"value size {value_size} bytes is not a positive multiple of 4 "
-                                 "(float32 vectors)")
+        raise UpdateMessageError(
+            f"value size {value_size} bytes is not a positive multiple of 4 (float32 vectors)"
+        )
     d = value_size // 4
     if vec_size is not None and d != vec_size:
-        raise UpdateMessageError(f"value size {value_size} bytes = {d} floats, the table has "
-                                 f"vec_size {vec_size}")
+        raise UpdateMessageError(
+            f"value size {value_size} bytes = {d} floats, the table has vec_size {vec_size}"
+        )
     pair = 8 + value_size
     if body % pair:
-        raise UpdateMessageError(f"body of {body} bytes is not a whole number of "
-                                 f"{pair}-byte key/value pairs")
+        raise UpdateMessageError(
+            f"body of {body} bytes is not a whole number of {pair}-byte key/value pairs"
+        )
     pairs = np.frombuffer(data, dtype=[("k", "<i8"), ("v", "<f4", (d,))], offset=HEADER_SIZE)
     return pairs["k"].astype(np.int64), np.ascontiguousarray(pairs["v"], dtype=np.float32)

@@ -76,11 +76,24 @@ class UpdateConsumer:
     thread; :meth:`stats` and :meth:`close` may be called from any thread.
     """
 
-    def __init__(self, address: str, group: str, consumer: str, topics: Dict[str, int],
-                 apply: ApplyFn, count: int = 8192, block_ms: int = 500,
-                 claim_idle_ms: int = 10000, backoff_ms: int = 50, start: str = "earliest",
-                 read_count: int = 32, prune_idle_ms: int = 3_600_000,
-                 user_name: Optional[str] = None, password: Optional[str] = None, **kwargs):
+    def __init__(
+        self,
+        address: str,
+        group: str,
+        consumer: str,
+        topics: Dict[str, int],
+        apply: ApplyFn,
+        count: int = 8192,
+        block_ms: int = 500,
+        claim_idle_ms: int = 10000,
+        backoff_ms: int = 50,
+        start: str = "earliest",
+        read_count: int = 32,
+        prune_idle_ms: int = 3_600_000,
+        user_name: Optional[str] = None,
+        password: Optional[str] = None,
+        **kwargs,
+    ):
         if start not in ("earliest", "latest"):
             raise ValueError(f"start must be 'earliest' or 'latest', got {start!r}")
         if not topics:
@@ -88,9 +101,14 @@ class UpdateConsumer:
         for what, v in (("group", group), ("consumer", consumer)):
             if not isinstance(v, str) or not v:
                 raise ValueError(f"{what} must be a non-empty string, got {v!r}")
-        for what, v, low in (("count", count, 1), ("read_count", read_count, 1),
-                             ("block_ms", block_ms, 0), ("claim_idle_ms", claim_idle_ms, 0),
-                             ("backoff_ms", backoff_ms, 0), ("prune_idle_ms", prune_idle_ms, 0)):
+        for what, v, low in (
+            ("count", count, 1),
+            ("read_count", read_count, 1),
+            ("block_ms", block_ms, 0),
+            ("claim_idle_ms", claim_idle_ms, 0),
+            ("backoff_ms", backoff_ms, 0),
+            ("prune_idle_ms", prune_idle_ms, 0),
+        ):
             if int(v) < low:
                 raise ValueError(f"{what} must be >= {low}, got {v}")
         self.group = group.encode()
@@ -114,8 +132,9 @@ class UpdateConsumer:
         self._claim_every = min(5.0, max(0.05, self.claim_idle_ms / 2000.0))
         self.prune_idle_ms = int(prune_idle_ms)
         self._next_prune: Dict[str, float] = {}
-        self._redis = StreamConnection(address, connect=False, user_name=user_name,
-                                       password=password, **kwargs)
+        self._redis = StreamConnection(
+            address, connect=False, user_name=user_name, password=password, **kwargs
+        )
         self._ready: set = set()  # topics whose group exists
         self._own_pending_done: set = set()  # topics whose own pending entries were re-read
         self._claim_cursor: Dict[str, bytes] = {}
@@ -126,8 +145,16 @@ class UpdateConsumer:
         self._redis_log = LogThrottle(LOG_EVERY)
         self._apply_log = LogThrottle(LOG_EVERY)
         self._malformed_log = LogThrottle(LOG_EVERY)
-        self._stats = dict(messages=0, vectors=0, malformed=0, apply_errors=0, redis_errors=0,
-                           claimed=0, pruned=0, last_error="")
+        self._stats = dict(
+            messages=0,
+            vectors=0,
+            malformed=0,
+            apply_errors=0,
+            redis_errors=0,
+            claimed=0,
+            pruned=0,
+            last_error="",
+        )
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -169,9 +196,14 @@ class UpdateConsumer:
             self._redis.reset()  # a long outage: reconnect from scratch (fresh slot map)
         allowed, held = self._redis_log.allow()
         if allowed:
-            log.warning("updates from %s (%d failure(s) in a row%s): %s", topic, n,
-                        f", {held} more not logged" if held else "", e,
-                        exc_info=not isinstance(e, StoreError))
+            log.warning(
+                "updates from %s (%d failure(s) in a row%s): %s",
+                topic,
+                n,
+                f", {held} more not logged" if held else "",
+                e,
+                exc_info=not isinstance(e, StoreError),
+            )
 
     def _redis_ok(self, topic: str) -> None:
         n = self._redis_failures.pop(topic, 0)
@@ -182,8 +214,12 @@ class UpdateConsumer:
         if topic in self._ready:
             return
         try:
-            self._redis.run("XGROUP CREATE", lambda p: p.xgroup_create(
-                topic.encode(), self.group, id=self.start_id, mkstream=True))
+            self._redis.run(
+                "XGROUP CREATE",
+                lambda p: p.xgroup_create(
+                    topic.encode(), self.group, id=self.start_id, mkstream=True
+                ),
+            )
         except StoreError as e:
             if not is_response_error(e, "BUSYGROUP"):
                 raise
@@ -205,7 +241,7 @@ class UpdateConsumer:
         topics = list(self.topics)
         applied = 0
         seen = 0
-        for blocking in ((False, True) if len(topics) > 1 else (True,)):
+        for blocking in (False, True) if len(topics) > 1 else (True,):
             if blocking and seen:
                 break
             now = time.monotonic()
@@ -234,9 +270,12 @@ class UpdateConsumer:
         return applied
 
     def _read(self, stream: bytes, entry_id: bytes, block: Optional[int]) -> list:
-        reply = self._redis.run("XREADGROUP", lambda p: p.xreadgroup(
-            self.group, self.consumer, {stream: entry_id}, count=self.read_count,
-            block=block))[0]
+        reply = self._redis.run(
+            "XREADGROUP",
+            lambda p: p.xreadgroup(
+                self.group, self.consumer, {stream: entry_id}, count=self.read_count, block=block
+            ),
+        )[0]
         return reply[0][1] if reply else []
 
     def _poll_topic(self, topic: str, block: Optional[int]) -> Tuple[int, int]:
@@ -253,17 +292,29 @@ class UpdateConsumer:
         now = time.monotonic()
         if not entries and now >= self._next_claim.get(topic, 0.0):
             self._next_claim[topic] = now + self._claim_every
-            reply = self._redis.run("XAUTOCLAIM", lambda p: p.xautoclaim(
-                stream, self.group, self.consumer, self.claim_idle_ms,
-                start_id=self._claim_cursor.get(topic, b"0-0"), count=self.read_count))[0]
+            reply = self._redis.run(
+                "XAUTOCLAIM",
+                lambda p: p.xautoclaim(
+                    stream,
+                    self.group,
+                    self.consumer,
+                    self.claim_idle_ms,
+                    start_id=self._claim_cursor.get(topic, b"0-0"),
+                    count=self.read_count,
+                ),
+            )[0]
             # reply: next cursor ("0-0" after a full pass), claimed entries, and (Redis 7)
             # ids of entries deleted from the stream, which Redis drops from the PEL itself
             self._claim_cursor[topic] = reply[0] if reply else b"0-0"
             entries = list(reply[1]) if reply else []
             if entries:
                 self._count(claimed=len(entries))
-                log.info("updates from %s: took over %d entries of a stalled consumer of "
-                         "group %s", topic, len(entries), self.group.decode())
+                log.info(
+                    "updates from %s: took over %d entries of a stalled consumer of group %s",
+                    topic,
+                    len(entries),
+                    self.group.decode(),
+                )
             elif self.prune_idle_ms and now >= self._next_prune.get(topic, 0.0):
                 self._next_prune[topic] = now + PRUNE_EVERY
                 self._prune_consumers(topic)
@@ -274,11 +325,16 @@ class UpdateConsumer:
     def _prune_consumers(self, topic: str) -> None:
         """Remove the group's consumers idle for ``prune_idle_ms`` with nothing pending."""
         stream = topic.encode()
-        consumers = self._redis.run("XINFO CONSUMERS", lambda p: p.xinfo_consumers(
-            stream, self.group))[0]
-        gone = [c["name"] for c in consumers
-                if c["name"] != self.consumer and int(c["pending"]) == 0
-                and int(c["idle"]) >= self.prune_idle_ms]
+        consumers = self._redis.run(
+            "XINFO CONSUMERS", lambda p: p.xinfo_consumers(stream, self.group)
+        )[0]
+        gone = [
+            c["name"]
+            for c in consumers
+            if c["name"] != self.consumer
+            and int(c["pending"]) == 0
+            and int(c["idle"]) >= self.prune_idle_ms
+        ]
         if not gone:
             return
 
@@ -288,8 +344,12 @@ class UpdateConsumer:
 
         self._redis.run("XGROUP DELCONSUMER", commands)
         self._count(pruned=len(gone))
-        log.info("updates from %s: removed %d idle consumer(s) from group %s", topic, len(gone),
-                 self.group.decode())
+        log.info(
+            "updates from %s: removed %d idle consumer(s) from group %s",
+            topic,
+            len(gone),
+            self.group.decode(),
+        )
 
     def _apply_entries(self, topic: str, entries) -> int:
         """Apply ``entries`` in order, merging consecutive ones into calls of at most
@@ -332,14 +392,20 @@ class UpdateConsumer:
             try:
                 if data is None:
                     raise UpdateMessageError(
-                        "entry has no field 'v' (deleted or trimmed while pending?)")
+                        "entry has no field 'v' (deleted or trimmed while pending?)"
+                    )
                 keys, vecs = decode_message(data, vec_size)
             except UpdateMessageError as e:
                 self._count(error=f"{topic} {entry_id!r}: {e}", malformed=1)
                 allowed, held = self._malformed_log.allow()
                 if allowed:
-                    log.warning("update %s %r dropped%s: %s", topic, entry_id,
-                                f" ({held} more dropped, not logged)" if held else "", e)
+                    log.warning(
+                        "update %s %r dropped%s: %s",
+                        topic,
+                        entry_id,
+                        f" ({held} more dropped, not logged)" if held else "",
+                        e,
+                    )
                 ack.append(entry_id)
                 continue
             if keys.shape[0] == 0:  # beacon: nothing to apply
@@ -365,11 +431,16 @@ class UpdateConsumer:
         self._count(error=f"{topic}: apply failed: {e}", apply_errors=1)
         allowed, held = self._apply_log.allow()
         if allowed:
-            log.warning("updates from %s: %d entries not applied (failure %d in a row%s; "
-                        "retried): %s", topic, len(ids), n,
-                        f", {held} more not logged" if held else "", e)
+            log.warning(
+                "updates from %s: %d entries not applied (failure %d in a row%s; retried): %s",
+                topic,
+                len(ids),
+                n,
+                f", {held} more not logged" if held else "",
+                e,
+            )
 
-    def start(self) -> "UpdateConsumer":
+    def start(self) -> UpdateConsumer:
         """Poll in a daemon thread until :meth:`close`; returns self."""
         if self._thread is not None:
             return self
@@ -403,12 +474,14 @@ class UpdateConsumer:
         if t is not None and t is not threading.current_thread():
             t.join(timeout=self.block_ms / 1000.0 + 1.0)
             if t.is_alive():
-                log.info("update consumer %s: still in a Redis call; it stops when the call "
-                         "returns", self.consumer.decode())
+                log.info(
+                    "update consumer %s: still in a Redis call; it stops when the call returns",
+                    self.consumer.decode(),
+                )
                 return
         self._redis.close()
 
-    def __enter__(self) -> "UpdateConsumer":
+    def __enter__(self) -> UpdateConsumer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -59,8 +59,10 @@ class UpdateApplier:
         if apply_update(keys, vectors, topic) == 0:
             return  # no tier's update_filters take this topic: the cache follows the tiers
         if ct.cache is not None:
-            ct.cache.update(np.ascontiguousarray(keys, dtype=np.int64),
-                            np.ascontiguousarray(vectors, dtype=np.float32))
+            ct.cache.update(
+                np.ascontiguousarray(keys, dtype=np.int64),
+                np.ascontiguousarray(vectors, dtype=np.float32),
+            )
 
 
 def consumer_name() -> str:

@@ -34,9 +34,15 @@ class UpdateProducer:
     Thread-safety: :meth:`publish` may be called from several threads.
     """
 
-    def __init__(self, address: str, user_name: Optional[str] = None,
-                 password: Optional[str] = None, maxlen: Optional[int] = None,
-                 max_batch_size: int = 8192, **kwargs):
+    def __init__(
+        self,
+        address: str,
+        user_name: Optional[str] = None,
+        password: Optional[str] = None,
+        maxlen: Optional[int] = None,
+        max_batch_size: int = 8192,
+        **kwargs,
+    ):
         if int(max_batch_size) < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if maxlen is not None and int(maxlen) < 1:
@@ -60,18 +66,26 @@ class UpdateProducer:
             raise ValueError(f"keys must be a 1-D integer array, got {keys.dtype} {keys.shape}")
         if keys.dtype == np.uint64 and keys.size and int(keys.max()) >= 2**63:
             raise ValueError("keys must fit in int64")
-        if (vectors.ndim != 2 or not np.issubdtype(vectors.dtype, np.floating)
-                or vectors.shape[0] != keys.shape[0] or vectors.shape[1] < 1):
-            raise ValueError(f"vectors must be floats [{keys.shape[0]}, D >= 1], got "
-                             f"{vectors.dtype} {vectors.shape}")
+        if (
+            vectors.ndim != 2
+            or not np.issubdtype(vectors.dtype, np.floating)
+            or vectors.shape[0] != keys.shape[0]
+            or vectors.shape[1] < 1
+        ):
+            raise ValueError(
+                f"vectors must be floats [{keys.shape[0]}, D >= 1], got "
+                f"{vectors.dtype} {vectors.shape}"
+            )
         sent = 0
         group: List[bytes] = []
         group_bytes = 0
         for s, e in chunks(keys.shape[0], self.max_batch_size):
             # encode chunk by chunk: a large table (e.g. a memory-mapped sparse file) is
             # never copied whole
-            m = encode_message(keys[s:e].astype(np.int64, copy=False),
-                               np.ascontiguousarray(vectors[s:e], dtype=np.float32))
+            m = encode_message(
+                keys[s:e].astype(np.int64, copy=False),
+                np.ascontiguousarray(vectors[s:e], dtype=np.float32),
+            )
             group.append(m)
             group_bytes += len(m)
             if group_bytes >= PIPELINE_BYTES:
@@ -84,8 +98,9 @@ class UpdateProducer:
     def _send(self, topic: bytes, messages: List[bytes]) -> int:
         def commands(pipe):
             for m in messages:
-                pipe.xadd(topic, {FIELD: m}, maxlen=self.maxlen,
-                          approximate=self.maxlen is not None)
+                pipe.xadd(
+                    topic, {FIELD: m}, maxlen=self.maxlen, approximate=self.maxlen is not None
+                )
 
         self._redis.run("XADD", commands)
         return len(messages)
@@ -94,7 +109,7 @@ class UpdateProducer:
         """Close the connection (idempotent)."""
         self._redis.close()
 
-    def __enter__(self) -> "UpdateProducer":
+    def __enter__(self) -> UpdateProducer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -69,8 +69,9 @@ class StreamConnection:
             if self._conn is not None:
                 return self._conn
         # connect outside the lock: close() must not wait for a connect timeout
-        conn = RedisConnection(self.address, where=WHERE.format(address=self.address),
-                               **self._kwargs)
+        conn = RedisConnection(
+            self.address, where=WHERE.format(address=self.address), **self._kwargs
+        )
         with self._lock:
             if not self._closed and self._conn is None:
                 self._conn = conn
@@ -120,16 +121,26 @@ def stream_info(address: str, model: str, table: str, **kwargs) -> dict:
             groups = []
         members = []
         for g in groups:
-            members.append(r.run("XINFO CONSUMERS", lambda p, g=g: p.xinfo_consumers(
-                stream, g["name"]))[0])
+            members.append(
+                r.run("XINFO CONSUMERS", lambda p, g=g: p.xinfo_consumers(stream, g["name"]))[0]
+            )
     finally:
         r.close()
 
     def text(v):
         return v.decode() if isinstance(v, bytes) else v
 
-    return {"topic": stream.decode(), "length": int(length),
-            "groups": [{**{text(k): text(v) for k, v in g.items()},
-                        "members": [{"name": text(c["name"]), "pending": int(c["pending"]),
-                                     "idle": int(c["idle"])} for c in m]}
-                       for g, m in zip(groups, members)]}
+    return {
+        "topic": stream.decode(),
+        "length": int(length),
+        "groups": [
+            {
+                **{text(k): text(v) for k, v in g.items()},
+                "members": [
+                    {"name": text(c["name"]), "pending": int(c["pending"]), "idle": int(c["idle"])}
+                    for c in m
+                ],
+            }
+            for g, m in zip(groups, members)
+        ],
+    }

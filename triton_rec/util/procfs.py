@@ -52,10 +52,17 @@ def proc_stat(pid: int) -> Optional[ProcStat]:
             data = f.read()
     except OSError:
         return None
-    fields = data[data.rfind(b")") + 2:].split()
+    fields = data[data.rfind(b")") + 2 :].split()
     try:
-        return ProcStat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[7]),
-                        int(fields[11]), int(fields[12]), int(fields[19]))
+        return ProcStat(
+            fields[0].decode(),
+            int(fields[1]),
+            int(fields[2]),
+            int(fields[7]),
+            int(fields[11]),
+            int(fields[12]),
+            int(fields[19]),
+        )
     except (IndexError, ValueError):
         return None
 
@@ -77,8 +84,11 @@ def children(pid: int, alive_only: bool = True) -> List[int]:
     """Child processes of ``pid`` (only live ones unless ``alive_only`` is False): from
     /proc/<pid>/task/*/children where the kernel has it (no scan of /proc), else a scan."""
     try:
-        kids = [int(k) for task in os.listdir(f"/proc/{pid}/task")
-                for k in open(f"/proc/{pid}/task/{task}/children").read().split()]
+        kids = [
+            int(k)
+            for task in os.listdir(f"/proc/{pid}/task")
+            for k in open(f"/proc/{pid}/task/{task}/children").read().split()
+        ]
     except FileNotFoundError:
         if not os.path.exists(f"/proc/{pid}"):
             return []
@@ -155,10 +165,15 @@ def process_alive(pid: int, starttime: Optional[int] = None) -> bool:
     return not (starttime and st.starttime != starttime)
 
 
-def flock_exclusive(fd: int, deadline: Optional[float],
-                    timeout_error: Optional[Callable[[], BaseException]] = None, *,
-                    on_wait: Optional[Callable[[], None]] = None,
-                    min_delay: float = 0.001, max_delay: float = 0.05) -> None:
+def flock_exclusive(
+    fd: int,
+    deadline: Optional[float],
+    timeout_error: Optional[Callable[[], BaseException]] = None,
+    *,
+    on_wait: Optional[Callable[[], None]] = None,
+    min_delay: float = 0.001,
+    max_delay: float = 0.05,
+) -> None:
     """Take an exclusive ``flock`` of ``fd``, waiting for it at most until ``deadline``.
 
     Args:
@@ -186,7 +201,10 @@ def flock_exclusive(fd: int, deadline: Optional[float],
             fcntl.flock(fd, fcntl.LOCK_EX)
             return
         if time.monotonic() > deadline:
-            raise (timeout_error() if timeout_error is not None
-                   else TimeoutError(f"fd {fd}: timed out waiting for an exclusive flock"))
+            raise (
+                timeout_error()
+                if timeout_error is not None
+                else TimeoutError(f"fd {fd}: timed out waiting for an exclusive flock")
+            )
         time.sleep(delay)
         delay = min(delay * 2, max_delay)
