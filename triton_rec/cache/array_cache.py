@@ -76,7 +76,8 @@ __all__ = [
     "splitmix64",
 ]
 
-#: cache policies (triton_rec.config.ps_json.CachePolicy); meta[_POLICY] holds the index in this order
+#: cache policies (triton_rec.config.ps_json.CachePolicy); meta[_POLICY] holds the index in
+#: this order
 POLICIES = CACHE_POLICIES
 
 SKETCH_ROWS = 4
@@ -222,7 +223,8 @@ class ArrayEmbeddingCache:
             this is the *creating* side; other processes attach with :meth:`from_arrays`.
         lock: context manager serializing writers. Default: a ``threading.Lock``, which
             serializes the threads of this process only. **With several processes sharing
-            the arrays, pass a process-shared lock** (e.g. :class:`triton_rec.cache.gpu_share.FileLock`).
+            the arrays, pass a process-shared lock** (e.g.
+            :class:`triton_rec.cache.gpu_share.FileLock`).
 
     Attributes:
         capacity: slots, ``num_sets * ways`` (>= the requested capacity, as in the CPU cache).

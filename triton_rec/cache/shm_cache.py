@@ -284,7 +284,8 @@ class SharedEmbeddingCache:
             ways: associativity (1..64).
             directory: where segments live (a tmpfs; ``/dev/shm``).
             timeout: seconds to wait for other processes' file locks.
-            namespace: the node store's token (:func:`triton_rec.cache.shm_security.store_namespace`):
+            namespace: the node store's token
+                (:func:`triton_rec.cache.shm_security.store_namespace`):
                 the segment lives in that store's private directory (mode 0700, removed
                 with its last segment). Without it, directly in ``directory``.
 

@@ -8,7 +8,8 @@ dense file's size exactly, and runs the network's inference semantics.
 Where each rule comes from: HugeCTR tag ``v23.08.00`` (commit 0c8c125e), paths relative
 to ``HugeCTR/``; "CN" is ``src/parsers/create_network.cpp`` of that tag. Function names
 are given next to line numbers so a rule can be found in later tags too. Nothing here is
-copied from upstream; ``shared/reference/hugectr-layers.md`` (the project's reference notes) summarizes the rules.
+copied from upstream; ``shared/reference/hugectr-layers.md`` (the project's reference notes)
+summarizes the rules.
 
 Decisions that differ from upstream, on purpose:
 
@@ -818,7 +819,7 @@ def _layers_of(doc: Any, source: str) -> list:
     return layers
 
 
-def _parse_data(spec: _Spec):
+def _parse_data(spec: _Spec):  # noqa: C901  (one branch per data-layer field)
     # src/parsers/inference_parser.cpp InferenceParser::InferenceParser and
     # include/parser.hpp check_graph: dense {top, dense_dim}; label {label_dim, top?}
     # (label_dim and top may be lists: multi-task); sparse [{top, slot_num,
@@ -1157,7 +1158,8 @@ def _read_non_trainable(plan: NetworkPlan, path: Optional[str]) -> Dict[str, dic
         raise ModelFileError(
             path,
             f"has {len(entries)} entries but the network {plan.source} has {len(bn_layers)} "
-            f"BatchNorm layer(s) ({', '.join(p.name for p in bn_layers)}), one entry each, in order",
+            f"BatchNorm layer(s) ({', '.join(p.name for p in bn_layers)}), "
+            "one entry each, in order",
         )
     stats = {}
     for k, (entry, layer) in enumerate(zip(entries, bn_layers)):

@@ -65,7 +65,8 @@ class OnnxDenseModel(DenseModel):
         combiners = list(combiners) if combiners else [Combiner.SUM] * len(emb)
         if len(combiners) != len(emb):
             raise ConfigError(
-                f"{path}: {len(emb)} embedding inputs but {len(combiners)} combiners from the network JSON"
+                f"{path}: {len(emb)} embedding inputs but {len(combiners)} combiners "
+                "from the network JSON"
             )
         self._dense_dim = self._static(inputs["dense"], 1)
         specs = []

@@ -28,7 +28,8 @@ Finding the layout of a source (:func:`ensure_layout`, used by :func:`load_table
    shape exists, compute the source's content digest; a layout with that digest is
    reused and ``sources/<fp>`` is pointed at it (a touched or copied file costs one
    read, no conversion);
-3. otherwise convert: read the source (:func:`triton_rec.formats.tables.read_table`), build the index,
+3. otherwise convert: read the source (:func:`triton_rec.formats.tables.read_table`), build the
+   index,
    write the layout to a temporary file in the store, then publish it atomically
    (``link``, or ``os.replace``), so nobody ever sees a partial file.
 

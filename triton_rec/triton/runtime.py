@@ -155,7 +155,8 @@ class TritonServer:
         extra_args: more tritonserver flags.
         env: extra environment variables for the server and its backends
             (e.g. ``TRITON_REC_STORE``).
-        supervise: replace dead instance processes (:class:`~triton_rec.triton.supervisor.Supervisor`,
+        supervise: replace dead instance processes
+            (:class:`~triton_rec.triton.supervisor.Supervisor`,
             run by this object while the server runs). Needs explicit model control:
             without ``explicit`` the server runs in that mode with every model loaded
             at start (``--load-model=*``), which serves what the default mode would.

@@ -169,7 +169,8 @@ class UpdateConsumer:
     def stats(self) -> dict:
         """Counters: ``messages`` and ``vectors`` applied, ``malformed`` (dropped),
         ``apply_errors``, ``redis_errors``, ``claimed`` (entries taken over from other
-        consumers), ``pruned`` (idle consumers removed from the group), ``last_error`` (text of the last failure, "" if none)."""
+        consumers), ``pruned`` (idle consumers removed from the group), ``last_error`` (text
+        of the last failure, "" if none)."""
         with self._lock:
             return dict(self._stats)
 
