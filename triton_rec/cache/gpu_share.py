@@ -172,11 +172,13 @@ class FileLock:
             self._tlock.release()
 
     def close(self) -> None:
+        """Close the lock file's descriptor (idempotent)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
     def unlink(self) -> None:
+        """Remove the lock file, if it still exists."""
         try:
             os.unlink(self.path)
         except FileNotFoundError:

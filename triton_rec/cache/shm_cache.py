@@ -462,18 +462,22 @@ class SharedEmbeddingCache:
 
     @property
     def num_sets(self) -> int:
+        """Number of sets in the segment."""
         return self._native().num_sets
 
     @property
     def ways(self) -> int:
+        """Slots per set (associativity)."""
         return self._native().ways
 
     @property
     def vec_size(self) -> int:
+        """Floats per cached vector."""
         return self._native().vec_size
 
     @property
     def policy(self) -> str:
+        """The segment's cache policy name."""
         return self._native().policy
 
     @property
@@ -483,6 +487,7 @@ class SharedEmbeddingCache:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
         return self._closed
 
     def _native(self):

@@ -410,6 +410,7 @@ class UpdateSourceParams:
 
     @property
     def enabled(self) -> bool:
+        """Whether an update source is configured (type is not ``"null"``)."""
         return self.type != "null"
 
 
@@ -720,6 +721,7 @@ class ModelParams:
 
     @property
     def num_tables(self) -> int:
+        """Number of embedding tables of the model."""
         return len(self.tables)
 
     @property

@@ -138,9 +138,11 @@ class LayerPlan:
 
     @property
     def num_params(self) -> int:
+        """Total number of trainable parameters of this layer."""
         return sum(p.count for p in self.params)
 
     def describe(self) -> str:
+        """Short name of this layer for messages: ``layer '<name>' (<type>)``."""
         return f"layer '{self.name}' ({self.type})"
 
 
@@ -1325,21 +1327,26 @@ class HugeCTRNetwork(DenseModel):
 
     @property
     def dense_dim(self) -> int:
+        """Width of the dense input."""
         return self.plan.dense_dim
 
     @property
     def label_dim(self) -> int:
+        """Number of outputs per sample."""
         return self.plan.label_dim
 
     @property
     def tables(self) -> Tuple[TableSpec, ...]:
+        """The embedding tables the network takes, in input order."""
         return self.plan.tables
 
     @property
     def num_params(self) -> int:
+        """Total number of parameters of the network."""
         return self.plan.num_params
 
     def predict(self, dense, embeddings: Sequence):
+        """Run the network on a batch; returns predictions of shape (B, label_dim)."""
         xp = self.xp
         batch, dense, embeddings = self._check_inputs(dense, embeddings, xp)
         regs = [None] * self._num_regs

@@ -947,6 +947,7 @@ class ProgressLogger:
         self._last = 0.0
 
     def __call__(self, done: int, total: int) -> None:
+        """Report progress: write a line at most every ``interval`` seconds, and at the end."""
         now = time.perf_counter()
         if self._t0 is None or done == 0:
             self._t0, self._last = now, now

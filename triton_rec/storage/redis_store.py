@@ -462,6 +462,7 @@ class RedisClusterStore(BackingStore):
     # -- BackingStore ---------------------------------------------------------------
 
     def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Write the vectors of found ``keys`` into ``out``; returns the found mask."""
         keys = check_keys(keys)
         m = keys.shape[0]
         found = np.zeros(m, dtype=bool)
@@ -486,6 +487,7 @@ class RedisClusterStore(BackingStore):
         return found
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """Insert or overwrite rows (last duplicate wins); returns the number of keys written."""
         keys, vectors = check_rows(keys, vectors, self.vec_size)
         idx = last_occurrence(keys)
         keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx], dtype="<f4")
@@ -577,6 +579,7 @@ class RedisClusterStore(BackingStore):
             log.warning("%s", e)
 
     def delete(self, keys: np.ndarray) -> int:
+        """Remove ``keys`` from the table; returns how many were removed."""
         keys = np.unique(check_keys(keys))
         if keys.shape[0] == 0:
             return 0
@@ -623,10 +626,12 @@ class RedisClusterStore(BackingStore):
     # -- import bookkeeping ------------------------------------------------------------
 
     def get_meta(self, name: str) -> Optional[str]:
+        """The table's metadata value ``name``, or None if unset."""
         v = self.run_commands("HGET", lambda pipe: pipe.hget(self.meta_key, name))[0]
         return None if v is None else v.decode()
 
     def set_meta(self, name: str, value: str) -> None:
+        """Set the table's metadata value ``name``."""
         self.run_commands("HSET", lambda pipe: pipe.hset(self.meta_key, name, str(value)))
 
     @contextlib.contextmanager
@@ -674,6 +679,7 @@ class RedisClusterStore(BackingStore):
                 log.warning("%s", e)
 
     def close(self) -> None:
+        """Close the Redis connection."""
         self._conn.close()
 
     def hash_key_of(self, keys: np.ndarray) -> Sequence[bytes]:

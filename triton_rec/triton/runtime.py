@@ -199,17 +199,21 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
+        """The server's HTTP endpoint, ``host:port``."""
         return f"127.0.0.1:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
+        """The server's gRPC endpoint, ``host:port``."""
         return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
+        """URL of the server's Prometheus metrics."""
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def command(self) -> List[str]:
+        """The ``tritonserver`` command line for this configuration."""
         cmd = [
             str(tritonserver_binary()),
             f"--model-repository={self.model_repository}",
@@ -233,6 +237,7 @@ class TritonServer:
         return cmd + self.extra_args
 
     def environment(self) -> dict:
+        """The environment the server runs with (library paths, Python, extra variables)."""
         env = dict(os.environ)
         libdir = str(runtime_library_dir())
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -294,6 +299,7 @@ class TritonServer:
         raise TimeoutError(f"tritonserver not ready after {timeout} s:\n{self.log_tail()}")
 
     def is_ready(self) -> bool:
+        """Whether the server answers ready on ``/v2/health/ready``."""
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
                 return r.status == 200
@@ -301,6 +307,7 @@ class TritonServer:
             return False
 
     def is_live(self) -> bool:
+        """Whether the server answers live on ``/v2/health/live``."""
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/live", timeout=2) as r:
                 return r.status == 200
@@ -308,6 +315,7 @@ class TritonServer:
             return False
 
     def log_tail(self, lines: int = 60) -> str:
+        """The last ``lines`` lines of the server log."""
         if not self.log_path or not self.log_path.exists():
             return "(no log file)"
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -404,6 +412,7 @@ def serve(server: TritonServer) -> int:
 
 
 def main(argv=None) -> int:
+    """Command-line entry point (prepare / serve); returns the exit code."""
     p = argparse.ArgumentParser(
         prog="python -m triton_rec.runtime", description=__doc__.split("\n")[0]
     )
