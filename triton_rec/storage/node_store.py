@@ -418,7 +418,8 @@ class _TreeHash:
 
 def _chunks(a: np.ndarray) -> Iterator[memoryview]:
     """A C-contiguous array's bytes in HASH_CHUNK pieces (views, no copy)."""
-    flat = memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    # ndarray has the buffer protocol; numpy's stubs declare __buffer__ for Python 3.12+ only
+    flat = memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     for start in range(0, flat.nbytes, HASH_CHUNK):
         yield flat[start : start + HASH_CHUNK]
 
@@ -690,6 +691,7 @@ def _write_layout(
             if content is not None:
                 digest = content.hexdigest()
             index_digest = index_tree.hexdigest()
+        assert digest is not None  # given, or computed from the content just above
         os.pwrite(fd, _pack_header(n, d, cap, digest, index_digest, fp, source_path), 0)
         os.fchmod(fd, 0o444)
         if fsync:

@@ -36,7 +36,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -73,7 +73,7 @@ try:  # optional dependency (pip install redis)
     from redis.exceptions import TimeoutError as RedisTimeoutError
     from redis.retry import Retry
 except ImportError as _e:  # pragma: no cover - exercised only without redis-py
-    redis = None
+    redis = None  # type: ignore[assignment]  # optional module: None when absent
     _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ class RedisConnection:
         self._where = where if where is not None else f"Redis Cluster {address}"
         nodes = parse_address(address)
 
-        kwargs = dict(
+        kwargs: Dict[str, Any] = dict(
             socket_connect_timeout=float(connect_timeout),
             socket_timeout=float(socket_timeout),
             max_connections=int(num_node_connections),
@@ -409,11 +409,11 @@ class RedisClusterStore(BackingStore):
             )
         self.overflow_margin = None if overflow_margin is None else int(overflow_margin)
         self.overflow_policy = overflow_policy
-        self.overflow_target = (
-            None
-            if overflow_margin is None
-            else max(0, int(self.overflow_margin * float(overflow_resolution_target)))
-        )
+        self.overflow_target: Optional[int] = None
+        if self.overflow_margin is not None:
+            self.overflow_target = max(
+                0, int(self.overflow_margin * float(overflow_resolution_target))
+            )
         self.refresh_time_after_fetch = bool(refresh_time_after_fetch)
         self._scored = (
             self.overflow_margin is not None and overflow_policy != OverflowPolicy.EVICT_RANDOM
@@ -523,13 +523,16 @@ class RedisClusterStore(BackingStore):
         """Prune every partition of ``parts`` holding more than ``overflow_margin`` rows
         down to ``overflow_margin * overflow_resolution_target`` rows (HPS semantics)."""
 
+        margin, target = self.overflow_margin, self.overflow_target
+        assert margin is not None and target is not None  # only called with a margin
+
         def lens(pipe):
             for p in parts:
                 pipe.hlen(self.hash_keys[p])
 
         for p, n in zip(parts, self.run_commands("HLEN", lens)):
-            if int(n) > self.overflow_margin:
-                self._prune(p, int(n) - self.overflow_target)
+            if int(n) > margin:
+                self._prune(p, int(n) - target)
 
     def _prune(self, p: int, n: int) -> None:
         h, z = self.hash_keys[p], self.score_keys[p]
