@@ -32,9 +32,12 @@ import sysconfig
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Callable, List, Optional, Sequence, Union
 
 from triton_rec.errors import RuntimeNotFound
+
+if TYPE_CHECKING:
+    from triton_rec.triton.supervisor import Supervisor
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BACKEND_SOURCES = REPO_ROOT / "backend"
@@ -193,9 +196,9 @@ class TritonServer:
         self.supervise = supervise
         self.supervisor_log = supervisor_log
         self.inherit_output = inherit_output
-        self.supervisor = None
+        self.supervisor: Optional[Supervisor] = None
         self.process: Optional[subprocess.Popen] = None
-        self._log = None
+        self._log: Optional[IO[bytes]] = None
 
     @property
     def http_url(self) -> str:
@@ -259,7 +262,8 @@ class TritonServer:
         and, with ``supervise``, its supervisor; does not wait. ``die_with_parent``: the
         server gets SIGTERM (a graceful stop) if this process dies first."""
         prepare_backend_dir(self.backend_dir)
-        out, err = subprocess.DEVNULL, subprocess.STDOUT
+        out: Union[int, IO[bytes], None] = subprocess.DEVNULL
+        err: Optional[int] = subprocess.STDOUT
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "wb")
@@ -285,6 +289,7 @@ class TritonServer:
     def start(self, timeout: float = 120.0) -> TritonServer:
         """Start the server and wait until it reports ready (or raise with its log tail)."""
         self.launch()
+        assert self.process is not None  # set by launch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -356,6 +361,7 @@ class TritonServer:
     def _wait_group_gone(self, timeout: float) -> None:
         # Python-backend stub processes share the server's process group and clean up
         # their shared memory after the server itself has exited: wait for them.
+        assert self.process is not None  # stop() calls this only with a process
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -388,7 +394,7 @@ def serve(server: TritonServer) -> int:
     """Run ``server`` in the foreground until it exits; SIGINT/SIGTERM/SIGHUP of this
     process are forwarded to it (a graceful stop, once). Returns its exit status after
     its instance processes have gone."""
-    stopping = []
+    stopping: List[int] = []
 
     def forward(signum, _frame):
         if server.process is None or server.process.poll() is not None:
@@ -406,6 +412,7 @@ def serve(server: TritonServer) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
     server.launch(die_with_parent=True)
+    assert server.process is not None  # set by launch()
     code = server.process.wait()
     server.stop()  # the supervisor, then whatever is left of the server's process group
     return code if code >= 0 else 128 - code
