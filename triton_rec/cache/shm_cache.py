@@ -58,7 +58,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import numpy as np
 
@@ -307,7 +307,9 @@ class SharedEmbeddingCache:
         if vec_size < 1:
             raise ValueError(f"vec_size must be >= 1, got {vec_size}")
         num_sets = layout_for(int(capacity), int(ways))
-        params = dict(num_sets=num_sets, ways=int(ways), vec_size=int(vec_size), policy=policy)
+        params: Dict[str, Any] = dict(
+            num_sets=num_sets, ways=int(ways), vec_size=int(vec_size), policy=policy
+        )
         checksum = config_checksum(**params)
         nbytes = _native.ShmCacheView.required_bytes(**params)
         fname = segment_file_name(name)

@@ -23,7 +23,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, cast
 
 from triton_rec import _native
 from triton_rec.config.model_files import ConfigFileError, read_json
@@ -997,7 +997,8 @@ def find_ps_config(model_dir: str, parameter: Optional[str]) -> str:
     Returns the path of ``parameter`` if given, else ``<repository root>/ps.json``.
     """
     if parameter:
-        return model_relative_path(model_dir, parameter)
+        # not None: model_relative_path returns None only for an empty parameter
+        return cast(str, model_relative_path(model_dir, parameter))
     return os.path.join(os.path.dirname(os.path.abspath(model_dir)), "ps.json")
 
 
