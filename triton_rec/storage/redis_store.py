@@ -498,7 +498,7 @@ class RedisClusterStore(BackingStore):
         touched = set()
         now = time.time()
 
-        def commands(pipe):
+        def commands(pipe) -> None:
             for p, sub in self._by_partition(keys):
                 touched.add(p)
                 items: List[bytes] = []
