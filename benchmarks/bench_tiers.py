@@ -88,7 +88,7 @@ from machine import machine_info  # noqa: E402
 from tests.storage_fixtures import start_redis_cluster  # noqa: E402
 from triton_rec.cache.cached_table import CachedTable  # noqa: E402
 from triton_rec.cache.shm_cache import SharedEmbeddingCache, layout_for, segment_path  # noqa: E402
-from triton_rec.formats.tables import write_table
+from triton_rec.formats.tables import write_table  # noqa: E402
 from triton_rec.storage import node_store  # noqa: E402
 from triton_rec.storage.backing_store import LocalTableStore, decode_values, encode_keys  # noqa: E402
 from triton_rec.storage.redis_store import RedisClusterStore  # noqa: E402

@@ -19,7 +19,8 @@ Registry (``POLICIES``, by name, like Caffeine's simulator Registry):
                 finds a free way is always admitted.
   lru_full      fully associative LRU (reference).
   tinylfu_255   tinylfu with 8-bit counters saturating at 255 instead of 15 (what
-                triton_rec/cache/array_cache.py, the numpy/CuPy cache, uses; not in the default run).
+                triton_rec/cache/array_cache.py, the numpy/CuPy cache, uses; not in the
+                default run).
   tinylfu_full  fully associative LRU + TinyLFU admission (victim = global LRU key).
   belady        Belady's MIN, fully associative and clairvoyant: on a miss with a full
                 cache, among the cached keys AND the incoming key the one whose next use

@@ -20,6 +20,7 @@ from clients.hps_requests import perf_analyzer_data
 
 
 def main(argv=None) -> int:
+    """Write the perf_analyzer input JSON for one hps model; returns the exit code."""
     from triton_rec.config.ps_json import load_ps_config
     from triton_rec.formats.tables import read_table
 

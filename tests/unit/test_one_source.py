@@ -47,7 +47,8 @@ def test_every_cache_uses_the_one_list_of_cache_policies():
 def test_policy_members_are_their_value_wherever_a_string_is_expected():
     m = CachePolicy.TINYLFU
     assert m == "tinylfu" and hash(m) == hash("tinylfu") and {"tinylfu": 1}[m] == 1
-    assert f"{m}" == str(m) == "%s" % m == "tinylfu" and json.dumps(m) == '"tinylfu"'
+    # %-formatting is what this asserts on, hence the noqa
+    assert f"{m}" == str(m) == "%s" % m == "tinylfu" and json.dumps(m) == '"tinylfu"'  # noqa: UP031
     assert f"{OverflowPolicy.EVICT_RANDOM:>13}" == " evict_random"
 
 

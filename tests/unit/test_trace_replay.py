@@ -116,7 +116,7 @@ def array_hits(policy: str, trace: np.ndarray) -> int:
     return replay(HostCacheView(cache), trace)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def production_hits(trace_name: str, kind: str, policy: str) -> int:
     """Hits of the ``kind`` (``shm`` or ``array``) cache with ``policy`` on a trace
     (computed once per module: the array cache takes ~1 s per trace)."""

@@ -76,7 +76,8 @@ __all__ = [
     "splitmix64",
 ]
 
-#: cache policies (triton_rec.config.ps_json.CachePolicy); meta[_POLICY] holds the index in this order
+#: cache policies (triton_rec.config.ps_json.CachePolicy); meta[_POLICY] holds the index in
+#: this order
 POLICIES = CACHE_POLICIES
 
 SKETCH_ROWS = 4
@@ -222,7 +223,8 @@ class ArrayEmbeddingCache:
             this is the *creating* side; other processes attach with :meth:`from_arrays`.
         lock: context manager serializing writers. Default: a ``threading.Lock``, which
             serializes the threads of this process only. **With several processes sharing
-            the arrays, pass a process-shared lock** (e.g. :class:`triton_rec.cache.gpu_share.FileLock`).
+            the arrays, pass a process-shared lock** (e.g.
+            :class:`triton_rec.cache.gpu_share.FileLock`).
 
     Attributes:
         capacity: slots, ``num_sets * ways`` (>= the requested capacity, as in the CPU cache).
@@ -691,6 +693,7 @@ class ArrayEmbeddingCache:
         return d
 
     def hit_rate(self) -> float:
+        """Fraction of looked-up keys that were hits (0.0 before any lookup)."""
         with self._stats_lock:
             n, h = self._stats["lookups"], self._stats["hits"]
         return h / n if n else 0.0
@@ -726,27 +729,35 @@ class HostCacheView:
         return int(idx.shape[0])
 
     def insert(self, keys: np.ndarray, vectors: np.ndarray) -> Dict[str, int]:
+        """Insert rows into the wrapped cache; returns its insert counters."""
         return self.cache.insert(keys, vectors)
 
     def update(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """Overwrite the vectors of keys already cached; returns how many were updated."""
         return self.cache.update(keys, vectors)
 
     def erase(self, keys: np.ndarray) -> int:
+        """Remove ``keys`` from the wrapped cache; returns how many were removed."""
         return self.cache.erase(keys)
 
     def clear(self) -> None:
+        """Empty the wrapped cache."""
         self.cache.clear()
 
     def keys(self) -> np.ndarray:
+        """The cached keys, as a host (numpy) array."""
         return self._host(self.cache.cached_keys())
 
     def size(self) -> int:
+        """Number of keys currently cached."""
         return self.cache.size()
 
     def stats(self) -> Dict[str, int]:
+        """The wrapped cache's counters."""
         return self.cache.stats()
 
     def hit_rate(self) -> float:
+        """The wrapped cache's hit rate."""
         return self.cache.hit_rate()
 
 

@@ -51,7 +51,7 @@ import re
 import secrets
 import tempfile
 import threading
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union, cast
 
 import numpy as np
 
@@ -117,7 +117,7 @@ def _path(name: str, directory: Optional[str], suffix: str = "") -> str:
 
 
 def _publish_file(
-    path: str, write: Callable[[int], None], size: int = 0, exclusive: bool = True
+    path: str, write: Callable[[int], object], size: int = 0, exclusive: bool = True
 ) -> None:
     """Create ``path`` atomically: write a temp file in the same directory, then link it
     in place (``exclusive``: fails with FileExistsError if ``path`` exists) or rename it
@@ -172,11 +172,13 @@ class FileLock:
             self._tlock.release()
 
     def close(self) -> None:
+        """Close the lock file's descriptor (idempotent)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
     def unlink(self) -> None:
+        """Remove the lock file, if it still exists."""
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -193,6 +195,8 @@ class SharedArrays:
         owner: True in the process that created it (its :meth:`close` unlinks the file).
         pid: the creator's pid (from the file).
     """
+
+    _mm: Optional[mmap.mmap]  # None once closed
 
     def __init__(
         self,
@@ -231,7 +235,7 @@ class SharedArrays:
 
 
 def _views(mm: mmap.mmap, manifest: Dict[str, Any]) -> Dict[str, np.ndarray]:
-    out = {}
+    out: Dict[str, np.ndarray] = {}
     for n, spec in manifest["arrays"].items():
         dt = np.dtype(spec["dtype"])
         shape = tuple(spec["shape"])
@@ -508,7 +512,7 @@ def open_shared_cache(
         lock = FileLock(_path(name, directory, ".lock"))
     except BaseException:
         if namespace is not None:
-            remove_namespace_dir(directory)
+            remove_namespace_dir(cast(str, directory))  # set by open_segment_dir above
         raise
     try:
         with lock:
@@ -523,7 +527,7 @@ def open_shared_cache(
     except BaseException:
         lock.close()
         if namespace is not None:
-            remove_namespace_dir(directory)  # if this left it empty
+            remove_namespace_dir(cast(str, directory))  # if this left it empty
         raise
     if not shared.owner:
         # A writer that died mid-write left its sets odd; drop their (maybe torn) data.

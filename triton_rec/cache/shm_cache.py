@@ -58,7 +58,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import numpy as np
 
@@ -284,7 +284,8 @@ class SharedEmbeddingCache:
             ways: associativity (1..64).
             directory: where segments live (a tmpfs; ``/dev/shm``).
             timeout: seconds to wait for other processes' file locks.
-            namespace: the node store's token (:func:`triton_rec.cache.shm_security.store_namespace`):
+            namespace: the node store's token
+                (:func:`triton_rec.cache.shm_security.store_namespace`):
                 the segment lives in that store's private directory (mode 0700, removed
                 with its last segment). Without it, directly in ``directory``.
 
@@ -306,7 +307,9 @@ class SharedEmbeddingCache:
         if vec_size < 1:
             raise ValueError(f"vec_size must be >= 1, got {vec_size}")
         num_sets = layout_for(int(capacity), int(ways))
-        params = dict(num_sets=num_sets, ways=int(ways), vec_size=int(vec_size), policy=policy)
+        params: Dict[str, Any] = dict(
+            num_sets=num_sets, ways=int(ways), vec_size=int(vec_size), policy=policy
+        )
         checksum = config_checksum(**params)
         nbytes = _native.ShmCacheView.required_bytes(**params)
         fname = segment_file_name(name)
@@ -461,18 +464,22 @@ class SharedEmbeddingCache:
 
     @property
     def num_sets(self) -> int:
+        """Number of sets in the segment."""
         return self._native().num_sets
 
     @property
     def ways(self) -> int:
+        """Slots per set (associativity)."""
         return self._native().ways
 
     @property
     def vec_size(self) -> int:
+        """Floats per cached vector."""
         return self._native().vec_size
 
     @property
     def policy(self) -> str:
+        """The segment's cache policy name."""
         return self._native().policy
 
     @property
@@ -482,6 +489,7 @@ class SharedEmbeddingCache:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
         return self._closed
 
     def _native(self):

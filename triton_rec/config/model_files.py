@@ -25,7 +25,10 @@ import re
 import stat
 from typing import Any, Mapping, Optional, Tuple
 
-from triton_rec.errors import ConfigError, ConfigFileError, ModelFileError, PathNotAllowedError
+from triton_rec.errors import ConfigError, ModelFileError, PathNotAllowedError
+
+# re-exported: ps_json imports ConfigFileError from here
+from triton_rec.errors import ConfigFileError as ConfigFileError
 
 #: Largest JSON file read at load (ps.json, network JSON, BatchNorm statistics), bytes.
 MAX_JSON_BYTES = 64 << 20

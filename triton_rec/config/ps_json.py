@@ -23,7 +23,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, cast
 
 from triton_rec import _native
 from triton_rec.config.model_files import ConfigFileError, read_json
@@ -410,6 +410,7 @@ class UpdateSourceParams:
 
     @property
     def enabled(self) -> bool:
+        """Whether an update source is configured (type is not ``"null"``)."""
         return self.type != "null"
 
 
@@ -720,6 +721,7 @@ class ModelParams:
 
     @property
     def num_tables(self) -> int:
+        """Number of embedding tables of the model."""
         return len(self.tables)
 
     @property
@@ -783,7 +785,7 @@ def _per_table(obj: dict, key: str, n: int, where: str, default: Optional[Sequen
     return values
 
 
-def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParams:
+def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParams:  # noqa: C901  (flat per-key checks)
     where = f"{source}: models[{index}]"
     dft = MODEL_DEFAULTS
     if not isinstance(obj, dict):
@@ -888,7 +890,8 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
     if not 0.0 <= refresh_fraction <= 1.0:
         raise _fail(
             where,
-            f"'cache_refresh_percentage_per_iteration' must be within [0, 1], got {refresh_fraction}",
+            "'cache_refresh_percentage_per_iteration' must be within [0, 1], "
+            f"got {refresh_fraction}",
         )
     seconds = {}
     for key in ("refresh_interval", "refresh_delay"):
@@ -994,7 +997,8 @@ def find_ps_config(model_dir: str, parameter: Optional[str]) -> str:
     Returns the path of ``parameter`` if given, else ``<repository root>/ps.json``.
     """
     if parameter:
-        return model_relative_path(model_dir, parameter)
+        # not None: model_relative_path returns None only for an empty parameter
+        return cast(str, model_relative_path(model_dir, parameter))
     return os.path.join(os.path.dirname(os.path.abspath(model_dir)), "ps.json")
 
 

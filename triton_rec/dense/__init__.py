@@ -154,7 +154,10 @@ class DenseModel(abc.ABC):
         """
 
     def _check_inputs(self, dense, embeddings, xp):
-        """Shared validation of ``predict``'s inputs; returns (B, dense, embeddings) as xp float32."""
+        """Shared validation of ``predict``'s inputs.
+
+        Returns (B, dense, embeddings) as xp float32.
+        """
         dense = xp.asarray(dense, dtype=xp.float32)
         if dense.ndim == 1 and self.dense_dim == 0:
             dense = dense.reshape(-1, 0)
@@ -299,4 +302,4 @@ def _combine_native(vectors, row_ptr, comb: Combiner, slot_num: Optional[int]):
 
 
 # Imported last: hugectr_network imports the names above from this package.
-from triton_rec.dense.hugectr_network import HugeCTRNetwork
+from triton_rec.dense.hugectr_network import HugeCTRNetwork  # noqa: E402  (circular: see above)

@@ -8,7 +8,8 @@ dense file's size exactly, and runs the network's inference semantics.
 Where each rule comes from: HugeCTR tag ``v23.08.00`` (commit 0c8c125e), paths relative
 to ``HugeCTR/``; "CN" is ``src/parsers/create_network.cpp`` of that tag. Function names
 are given next to line numbers so a rule can be found in later tags too. Nothing here is
-copied from upstream; ``shared/reference/hugectr-layers.md`` (the project's reference notes) summarizes the rules.
+copied from upstream; ``shared/reference/hugectr-layers.md`` (the project's reference notes)
+summarizes the rules.
 
 Decisions that differ from upstream, on purpose:
 
@@ -47,7 +48,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -137,9 +138,11 @@ class LayerPlan:
 
     @property
     def num_params(self) -> int:
+        """Total number of trainable parameters of this layer."""
         return sum(p.count for p in self.params)
 
     def describe(self) -> str:
+        """Short name of this layer for messages: ``layer '<name>' (<type>)``."""
         return f"layer '{self.name}' ({self.type})"
 
 
@@ -224,9 +227,10 @@ class _Spec:
         self.obj = obj
         name = obj.get("name")
         self.name = name if isinstance(name, str) and name else f"layers[{index}]"
-        self.type = obj.get("type")
-        if not isinstance(self.type, str) or not self.type:
+        layer_type = obj.get("type")
+        if not isinstance(layer_type, str) or not layer_type:
             raise ConfigError(f"{source}: layer '{self.name}' has no 'type'")
+        self.type = layer_type
 
     def where(self) -> str:
         return f"{self.source}: layer '{self.name}' ({self.type})"
@@ -482,9 +486,9 @@ def _build_concat(spec: _Spec, ins):
                 f"3-D concat along axis {axis} needs 3-D inputs agreeing on every other "
                 "dimension, got " + ", ".join(_fmt(t) for t in ins)
             )
-    out = list(first)
-    out[axis] = sum(s[axis] for s in ins)
-    return _Built([tuple(out)], [], lambda p, st, xp: lambda *v: [xp.concatenate(v, axis=axis)])
+    dims = list(first)
+    dims[axis] = sum(s[axis] for s in ins)
+    return _Built([tuple(dims)], [], lambda p, st, xp: lambda *v: [xp.concatenate(v, axis=axis)])
 
 
 def _build_reshape(spec: _Spec, ins):
@@ -503,7 +507,7 @@ def _build_reshape(spec: _Spec, ins):
         if bad:
             spec.fail(f"'selected' slots must be in [0, {x[1]}), got {bad}")
         if not sel:
-            out = (x[0], x[1] * x[2])
+            out: Shape = (x[0], x[1] * x[2])
             return _Built([out], [], lambda p, st, xp: lambda v: [v.reshape(v.shape[0], -1)])
         out = (x[0], len(sel) * x[2])
 
@@ -818,7 +822,7 @@ def _layers_of(doc: Any, source: str) -> list:
     return layers
 
 
-def _parse_data(spec: _Spec):
+def _parse_data(spec: _Spec):  # noqa: C901  (one branch per data-layer field)
     # src/parsers/inference_parser.cpp InferenceParser::InferenceParser and
     # include/parser.hpp check_graph: dense {top, dense_dim}; label {label_dim, top?}
     # (label_dim and top may be lists: multi-task); sparse [{top, slot_num,
@@ -1082,7 +1086,7 @@ def _parse(doc: Any, source: str, dense: bool = True):
         data_label_dim=label_dim,
         dense_input=dense_top,
         label_inputs=label_tops,
-        tables=tuple(tables),
+        tables=cast(Tuple[TableSpec, ...], tuple(tables)),  # none missing (checked above)
         layers=tuple(plans),
         output=output,
         output_shape=output_shape,
@@ -1157,11 +1161,12 @@ def _read_non_trainable(plan: NetworkPlan, path: Optional[str]) -> Dict[str, dic
         raise ModelFileError(
             path,
             f"has {len(entries)} entries but the network {plan.source} has {len(bn_layers)} "
-            f"BatchNorm layer(s) ({', '.join(p.name for p in bn_layers)}), one entry each, in order",
+            f"BatchNorm layer(s) ({', '.join(p.name for p in bn_layers)}), "
+            "one entry each, in order",
         )
     stats = {}
     for k, (entry, layer) in enumerate(zip(entries, bn_layers)):
-        n = layer.non_trainable["features"]
+        n = cast(dict, layer.non_trainable)["features"]  # bn_layers: not None
         if not isinstance(entry, dict) or entry.get("type") != "BatchNorm":
             raise ModelFileError(
                 path, f"layers[{k}] must have type 'BatchNorm' (for layer '{layer.name}')"
@@ -1323,24 +1328,29 @@ class HugeCTRNetwork(DenseModel):
 
     @property
     def dense_dim(self) -> int:
+        """Width of the dense input."""
         return self.plan.dense_dim
 
     @property
     def label_dim(self) -> int:
+        """Number of outputs per sample."""
         return self.plan.label_dim
 
     @property
     def tables(self) -> Tuple[TableSpec, ...]:
+        """The embedding tables the network takes, in input order."""
         return self.plan.tables
 
     @property
     def num_params(self) -> int:
+        """Total number of parameters of the network."""
         return self.plan.num_params
 
     def predict(self, dense, embeddings: Sequence):
+        """Run the network on a batch; returns predictions of shape (B, label_dim)."""
         xp = self.xp
         batch, dense, embeddings = self._check_inputs(dense, embeddings, xp)
-        regs = [None] * self._num_regs
+        regs: List[Any] = [None] * self._num_regs
         regs[self._dense_reg] = dense
         for r, emb in zip(self._table_regs, embeddings):
             regs[r] = emb
@@ -1361,7 +1371,7 @@ class HugeCTRNetwork(DenseModel):
         )
 
     def __repr__(self) -> str:
-        kinds = {}
+        kinds: Dict[str, int] = {}
         for layer in self.plan.layers:
             kinds[layer.type] = kinds.get(layer.type, 0) + 1
         tables = ", ".join(

@@ -65,7 +65,8 @@ class OnnxDenseModel(DenseModel):
         combiners = list(combiners) if combiners else [Combiner.SUM] * len(emb)
         if len(combiners) != len(emb):
             raise ConfigError(
-                f"{path}: {len(emb)} embedding inputs but {len(combiners)} combiners from the network JSON"
+                f"{path}: {len(emb)} embedding inputs but {len(combiners)} combiners "
+                "from the network JSON"
             )
         self._dense_dim = self._static(inputs["dense"], 1)
         specs = []
@@ -123,17 +124,21 @@ class OnnxDenseModel(DenseModel):
 
     @property
     def dense_dim(self) -> int:
+        """Width of the dense input."""
         return self._dense_dim
 
     @property
     def label_dim(self) -> int:
+        """Number of outputs per sample."""
         return self._label_dim
 
     @property
     def tables(self) -> Tuple[TableSpec, ...]:
+        """The embedding tables the model takes, in input order."""
         return self._tables
 
     def predict(self, dense, embeddings: Sequence) -> np.ndarray:
+        """Run the ONNX session on a batch; returns float32 predictions of shape (B, -1)."""
         batch, dense, embs = self._check_inputs(dense, embeddings, np)
         feeds = {"dense": np.ascontiguousarray(dense)}
         for spec, e in zip(self._tables, embs):

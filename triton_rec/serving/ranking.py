@@ -188,7 +188,8 @@ def hugectr_input_limits(
 
 class DenseSession:
     """The dense half of an ensemble: ``DES`` + the ``hps`` model's ``EMBEDDINGS`` +
-    ``ROWINDEX`` -> predictions (see :func:`~triton_rec.serving.hugectr_request.parse_embedding_request`).
+    ``ROWINDEX`` -> predictions
+    (see :func:`~triton_rec.serving.hugectr_request.parse_embedding_request`).
 
     Args:
         model: model name, for messages.

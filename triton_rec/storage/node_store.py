@@ -28,7 +28,8 @@ Finding the layout of a source (:func:`ensure_layout`, used by :func:`load_table
    shape exists, compute the source's content digest; a layout with that digest is
    reused and ``sources/<fp>`` is pointed at it (a touched or copied file costs one
    read, no conversion);
-3. otherwise convert: read the source (:func:`triton_rec.formats.tables.read_table`), build the index,
+3. otherwise convert: read the source (:func:`triton_rec.formats.tables.read_table`), build the
+   index,
    write the layout to a temporary file in the store, then publish it atomically
    (``link``, or ``os.replace``), so nobody ever sees a partial file.
 
@@ -417,7 +418,8 @@ class _TreeHash:
 
 def _chunks(a: np.ndarray) -> Iterator[memoryview]:
     """A C-contiguous array's bytes in HASH_CHUNK pieces (views, no copy)."""
-    flat = memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    # ndarray has the buffer protocol; numpy's stubs declare __buffer__ for Python 3.12+ only
+    flat = memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     for start in range(0, flat.nbytes, HASH_CHUNK):
         yield flat[start : start + HASH_CHUNK]
 
@@ -689,6 +691,7 @@ def _write_layout(
             if content is not None:
                 digest = content.hexdigest()
             index_digest = index_tree.hexdigest()
+        assert digest is not None  # given, or computed from the content just above
         os.pwrite(fd, _pack_header(n, d, cap, digest, index_digest, fp, source_path), 0)
         os.fchmod(fd, 0o444)
         if fsync:
@@ -946,6 +949,7 @@ class ProgressLogger:
         self._last = 0.0
 
     def __call__(self, done: int, total: int) -> None:
+        """Report progress: write a line at most every ``interval`` seconds, and at the end."""
         now = time.perf_counter()
         if self._t0 is None or done == 0:
             self._t0, self._last = now, now

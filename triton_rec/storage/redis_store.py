@@ -36,7 +36,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -73,7 +73,7 @@ try:  # optional dependency (pip install redis)
     from redis.exceptions import TimeoutError as RedisTimeoutError
     from redis.retry import Retry
 except ImportError as _e:  # pragma: no cover - exercised only without redis-py
-    redis = None
+    redis = None  # type: ignore[assignment]  # optional module: None when absent
     _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ class RedisConnection:
         self._where = where if where is not None else f"Redis Cluster {address}"
         nodes = parse_address(address)
 
-        kwargs = dict(
+        kwargs: Dict[str, Any] = dict(
             socket_connect_timeout=float(connect_timeout),
             socket_timeout=float(socket_timeout),
             max_connections=int(num_node_connections),
@@ -409,11 +409,11 @@ class RedisClusterStore(BackingStore):
             )
         self.overflow_margin = None if overflow_margin is None else int(overflow_margin)
         self.overflow_policy = overflow_policy
-        self.overflow_target = (
-            None
-            if overflow_margin is None
-            else max(0, int(self.overflow_margin * float(overflow_resolution_target)))
-        )
+        self.overflow_target: Optional[int] = None
+        if self.overflow_margin is not None:
+            self.overflow_target = max(
+                0, int(self.overflow_margin * float(overflow_resolution_target))
+            )
         self.refresh_time_after_fetch = bool(refresh_time_after_fetch)
         self._scored = (
             self.overflow_margin is not None and overflow_policy != OverflowPolicy.EVICT_RANDOM
@@ -462,6 +462,7 @@ class RedisClusterStore(BackingStore):
     # -- BackingStore ---------------------------------------------------------------
 
     def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Write the vectors of found ``keys`` into ``out``; returns the found mask."""
         keys = check_keys(keys)
         m = keys.shape[0]
         found = np.zeros(m, dtype=bool)
@@ -486,6 +487,7 @@ class RedisClusterStore(BackingStore):
         return found
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """Insert or overwrite rows (last duplicate wins); returns the number of keys written."""
         keys, vectors = check_rows(keys, vectors, self.vec_size)
         idx = last_occurrence(keys)
         keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx], dtype="<f4")
@@ -496,7 +498,7 @@ class RedisClusterStore(BackingStore):
         touched = set()
         now = time.time()
 
-        def commands(pipe):
+        def commands(pipe) -> None:
             for p, sub in self._by_partition(keys):
                 touched.add(p)
                 items: List[bytes] = []
@@ -521,13 +523,16 @@ class RedisClusterStore(BackingStore):
         """Prune every partition of ``parts`` holding more than ``overflow_margin`` rows
         down to ``overflow_margin * overflow_resolution_target`` rows (HPS semantics)."""
 
+        margin, target = self.overflow_margin, self.overflow_target
+        assert margin is not None and target is not None  # only called with a margin
+
         def lens(pipe):
             for p in parts:
                 pipe.hlen(self.hash_keys[p])
 
         for p, n in zip(parts, self.run_commands("HLEN", lens)):
-            if int(n) > self.overflow_margin:
-                self._prune(p, int(n) - self.overflow_target)
+            if int(n) > margin:
+                self._prune(p, int(n) - target)
 
     def _prune(self, p: int, n: int) -> None:
         h, z = self.hash_keys[p], self.score_keys[p]
@@ -577,6 +582,7 @@ class RedisClusterStore(BackingStore):
             log.warning("%s", e)
 
     def delete(self, keys: np.ndarray) -> int:
+        """Remove ``keys`` from the table; returns how many were removed."""
         keys = np.unique(check_keys(keys))
         if keys.shape[0] == 0:
             return 0
@@ -623,10 +629,12 @@ class RedisClusterStore(BackingStore):
     # -- import bookkeeping ------------------------------------------------------------
 
     def get_meta(self, name: str) -> Optional[str]:
+        """The table's metadata value ``name``, or None if unset."""
         v = self.run_commands("HGET", lambda pipe: pipe.hget(self.meta_key, name))[0]
         return None if v is None else v.decode()
 
     def set_meta(self, name: str, value: str) -> None:
+        """Set the table's metadata value ``name``."""
         self.run_commands("HSET", lambda pipe: pipe.hset(self.meta_key, name, str(value)))
 
     @contextlib.contextmanager
@@ -674,6 +682,7 @@ class RedisClusterStore(BackingStore):
                 log.warning("%s", e)
 
     def close(self) -> None:
+        """Close the Redis connection."""
         self._conn.close()
 
     def hash_key_of(self, keys: np.ndarray) -> Sequence[bytes]:

@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -55,7 +55,7 @@ from triton_rec.util.procfs import flock_exclusive
 try:  # optional dependency (pip install rocksdict)
     import rocksdict
 except ImportError:  # pragma: no cover - exercised only without rocksdict
-    rocksdict = None
+    rocksdict = None  # type: ignore[assignment]  # optional module: None when absent
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +187,11 @@ class _ColumnFamilyReads(BackingStore):
     family), ``_where``, ``max_batch_size`` and ``default_value``, and implement
     :meth:`_get` (run a read, translating errors)."""
 
+    # Set by the subclasses (declared here for the type checker only).
+    _cf: Any
+    _where: str
+    max_batch_size: int
+
     @abc.abstractmethod
     def _get(self, what: str, fn, *args):
         """Run the read ``fn(*args)``, translating errors into StoreError naming the table.
@@ -205,7 +210,10 @@ class _ColumnFamilyReads(BackingStore):
     def _count_present(self, raw: List[bytes]) -> int:
         """How many of the encoded keys ``raw`` the table holds (RocksDB deletes do not say)."""
         return sum(
-            sum(v is not None for v in self._get("multi-get", lambda r: self._cf.get(r), raw[s:e]))
+            sum(
+                int(v is not None)
+                for v in self._get("multi-get", lambda r: self._cf.get(r), raw[s:e])
+            )
             for s, e in chunks(len(raw), self.max_batch_size)
         )
 
@@ -401,7 +409,7 @@ class _NodeWriter:
         self.users = 0
         self._lock = threading.RLock()  # serialises this process's writes
         # while writing: (lock fd, read-write handle, time acquired, column families)
-        self._held = None
+        self._held: Optional[Tuple[int, Any, float, Set[str]]] = None
         self._generation = 0
 
     @classmethod
@@ -545,6 +553,9 @@ class NodeRocksDBTable(_ColumnFamilyReads):
     tier = "rocksdb"
     read_only = False
     exact_num_rows = False
+    # The secondary handle and its column families; None while closed or being reopened.
+    _db: Any
+    _meta: Any
 
     def __init__(
         self,

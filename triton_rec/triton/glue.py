@@ -262,7 +262,8 @@ ORPHAN_GRACE_S = 5.0
 def prepare_process(pb_utils, model_name: str, config: dict):
     """What every instance does first, in ``initialize``: route the engine's logs to
     Triton's log, size this process's thread pools (``intra_op_threads``) and its
-    allocator (:mod:`triton_rec.triton.process_setup`), start the parent watchdog, log it all. Returns the
+    allocator (:mod:`triton_rec.triton.process_setup`), start the parent watchdog, log it all.
+    Returns the
     :class:`~triton_rec.config.model_config.InstanceSettings` (ConfigError if malformed)."""
     from triton_rec import _native
     from triton_rec.config.model_config import InstanceSettings

@@ -32,9 +32,12 @@ import sysconfig
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Callable, List, Optional, Sequence, Union
 
 from triton_rec.errors import RuntimeNotFound
+
+if TYPE_CHECKING:
+    from triton_rec.triton.supervisor import Supervisor
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BACKEND_SOURCES = REPO_ROOT / "backend"
@@ -155,7 +158,8 @@ class TritonServer:
         extra_args: more tritonserver flags.
         env: extra environment variables for the server and its backends
             (e.g. ``TRITON_REC_STORE``).
-        supervise: replace dead instance processes (:class:`~triton_rec.triton.supervisor.Supervisor`,
+        supervise: replace dead instance processes
+            (:class:`~triton_rec.triton.supervisor.Supervisor`,
             run by this object while the server runs). Needs explicit model control:
             without ``explicit`` the server runs in that mode with every model loaded
             at start (``--load-model=*``), which serves what the default mode would.
@@ -192,23 +196,27 @@ class TritonServer:
         self.supervise = supervise
         self.supervisor_log = supervisor_log
         self.inherit_output = inherit_output
-        self.supervisor = None
+        self.supervisor: Optional[Supervisor] = None
         self.process: Optional[subprocess.Popen] = None
-        self._log = None
+        self._log: Optional[IO[bytes]] = None
 
     @property
     def http_url(self) -> str:
+        """The server's HTTP endpoint, ``host:port``."""
         return f"127.0.0.1:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
+        """The server's gRPC endpoint, ``host:port``."""
         return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
+        """URL of the server's Prometheus metrics."""
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def command(self) -> List[str]:
+        """The ``tritonserver`` command line for this configuration."""
         cmd = [
             str(tritonserver_binary()),
             f"--model-repository={self.model_repository}",
@@ -232,6 +240,7 @@ class TritonServer:
         return cmd + self.extra_args
 
     def environment(self) -> dict:
+        """The environment the server runs with (library paths, Python, extra variables)."""
         env = dict(os.environ)
         libdir = str(runtime_library_dir())
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -253,7 +262,8 @@ class TritonServer:
         and, with ``supervise``, its supervisor; does not wait. ``die_with_parent``: the
         server gets SIGTERM (a graceful stop) if this process dies first."""
         prepare_backend_dir(self.backend_dir)
-        out, err = subprocess.DEVNULL, subprocess.STDOUT
+        out: Union[int, IO[bytes], None] = subprocess.DEVNULL
+        err: Optional[int] = subprocess.STDOUT
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "wb")
@@ -279,6 +289,7 @@ class TritonServer:
     def start(self, timeout: float = 120.0) -> TritonServer:
         """Start the server and wait until it reports ready (or raise with its log tail)."""
         self.launch()
+        assert self.process is not None  # set by launch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -293,6 +304,7 @@ class TritonServer:
         raise TimeoutError(f"tritonserver not ready after {timeout} s:\n{self.log_tail()}")
 
     def is_ready(self) -> bool:
+        """Whether the server answers ready on ``/v2/health/ready``."""
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
                 return r.status == 200
@@ -300,6 +312,7 @@ class TritonServer:
             return False
 
     def is_live(self) -> bool:
+        """Whether the server answers live on ``/v2/health/live``."""
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/live", timeout=2) as r:
                 return r.status == 200
@@ -307,6 +320,7 @@ class TritonServer:
             return False
 
     def log_tail(self, lines: int = 60) -> str:
+        """The last ``lines`` lines of the server log."""
         if not self.log_path or not self.log_path.exists():
             return "(no log file)"
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -347,6 +361,7 @@ class TritonServer:
     def _wait_group_gone(self, timeout: float) -> None:
         # Python-backend stub processes share the server's process group and clean up
         # their shared memory after the server itself has exited: wait for them.
+        assert self.process is not None  # stop() calls this only with a process
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -379,7 +394,7 @@ def serve(server: TritonServer) -> int:
     """Run ``server`` in the foreground until it exits; SIGINT/SIGTERM/SIGHUP of this
     process are forwarded to it (a graceful stop, once). Returns its exit status after
     its instance processes have gone."""
-    stopping = []
+    stopping: List[int] = []
 
     def forward(signum, _frame):
         if server.process is None or server.process.poll() is not None:
@@ -397,12 +412,14 @@ def serve(server: TritonServer) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
     server.launch(die_with_parent=True)
+    assert server.process is not None  # set by launch()
     code = server.process.wait()
     server.stop()  # the supervisor, then whatever is left of the server's process group
     return code if code >= 0 else 128 - code
 
 
 def main(argv=None) -> int:
+    """Command-line entry point (prepare / serve); returns the exit code."""
     p = argparse.ArgumentParser(
         prog="python -m triton_rec.runtime", description=__doc__.split("\n")[0]
     )

@@ -101,7 +101,7 @@ class UpdateConsumer:
         for what, v in (("group", group), ("consumer", consumer)):
             if not isinstance(v, str) or not v:
                 raise ValueError(f"{what} must be a non-empty string, got {v!r}")
-        for what, v, low in (
+        for what, n, low in (
             ("count", count, 1),
             ("read_count", read_count, 1),
             ("block_ms", block_ms, 0),
@@ -109,8 +109,8 @@ class UpdateConsumer:
             ("backoff_ms", backoff_ms, 0),
             ("prune_idle_ms", prune_idle_ms, 0),
         ):
-            if int(v) < low:
-                raise ValueError(f"{what} must be >= {low}, got {v}")
+            if int(n) < low:
+                raise ValueError(f"{what} must be >= {low}, got {n}")
         self.group = group.encode()
         self.consumer = consumer.encode()
         self.topics: Dict[str, Tuple[Tuple[str, str], int]] = {}
@@ -169,7 +169,8 @@ class UpdateConsumer:
     def stats(self) -> dict:
         """Counters: ``messages`` and ``vectors`` applied, ``malformed`` (dropped),
         ``apply_errors``, ``redis_errors``, ``claimed`` (entries taken over from other
-        consumers), ``pruned`` (idle consumers removed from the group), ``last_error`` (text of the last failure, "" if none)."""
+        consumers), ``pruned`` (idle consumers removed from the group), ``last_error`` (text
+        of the last failure, "" if none)."""
         with self._lock:
             return dict(self._stats)
 

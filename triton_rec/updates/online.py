@@ -47,6 +47,7 @@ class UpdateApplier:
         self.tables: Dict[str, CachedTable] = {t.name: t for t in tables}
 
     def __call__(self, model: str, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Apply one update to the table's tiers, then to its cache; ignores other models."""
         from triton_rec.updates.codec import topic_name
 
         ct = self.tables.get(table)
