@@ -166,10 +166,20 @@ class RedisConnection:
     Args:
         address: ``"host:port,host:port"``: some masters of the cluster (the others are
             discovered).
-        user_name, password, enable_tls, tls_ca_certificate, tls_client_certificate,
-            tls_client_key, tls_server_name_identification, num_node_connections,
-            connect_timeout, socket_timeout, retries, pool_timeout: as for
-            :class:`RedisClusterStore`.
+        user_name, password: ACL credentials; sent only when ``password`` is set (HPS's
+            default user name ``"default"`` with an empty password means no AUTH).
+        enable_tls, tls_ca_certificate (file or directory), tls_client_certificate,
+            tls_client_key, tls_server_name_identification: TLS as in HPS. The server
+            certificate is verified, and its name checked against
+            ``tls_server_name_identification`` if given, else against the address.
+        num_node_connections: connections per master (a request waits at most
+            ``pool_timeout`` for a free one).
+        connect_timeout, socket_timeout: seconds, per connection attempt / per reply.
+        retries: whole-pipeline retries after a connection error or timeout. A call to
+            a stalled master fails after about ``(retries + 1) x socket_timeout`` plus
+            one topology refresh (measured: 1.5 s with 0.5 s and 1 retry); a refused
+            connection (master down) fails at once.
+        pool_timeout: seconds to wait for a free connection.
         where: how error messages name what failed (default ``"Redis Cluster <address>"``).
 
     Attributes:
@@ -311,23 +321,12 @@ class RedisClusterStore(BackingStore):
             (:func:`~triton_rec.storage.backing_store.tier_table_name`).
         vec_size: floats per vector.
         default_value: value of every element of an unknown key's vector.
-        user_name, password: ACL credentials; sent only when ``password`` is set (HPS's
-            default user name ``"default"`` with an empty password means no AUTH).
         num_partitions: hashes per table (HPS default 8; more spreads a table over more
             masters). Must match the writer's: it decides where a key lives.
         max_batch_size: most keys per HMGET/HSET/HDEL command.
-        enable_tls, tls_ca_certificate (file or directory), tls_client_certificate,
-            tls_client_key, tls_server_name_identification: TLS as in HPS. The server
-            certificate is verified, and its name checked against
-            ``tls_server_name_identification`` if given, else against the address.
-        num_node_connections: connections per master (a request waits at most
-            ``pool_timeout`` for a free one).
-        connect_timeout, socket_timeout: seconds, per connection attempt / per reply.
-        retries: whole-pipeline retries after a connection error or timeout. A call to
-            a stalled master fails after about ``(retries + 1) x socket_timeout`` plus
-            one topology refresh (measured: 1.5 s with 0.5 s and 1 retry); a refused
-            connection (master down) fails at once.
-        pool_timeout: seconds to wait for a free connection.
+        connection: how to connect (credentials, TLS, connections per master, timeouts,
+            retries): the keyword arguments of :class:`RedisConnection`, which defines
+            them and their defaults once for the tier and the update streams.
 
     Raises:
         StoreUnavailableError: the cluster cannot be reached (names ``address``).
@@ -345,24 +344,14 @@ class RedisClusterStore(BackingStore):
         table_name: str,
         vec_size: int,
         default_value: float = 0.0,
-        user_name: Optional[str] = None,
-        password: Optional[str] = None,
+        *,
         num_partitions: int = 8,
         max_batch_size: int = 10000,
-        enable_tls: bool = False,
-        tls_ca_certificate: Optional[str] = None,
-        tls_client_certificate: Optional[str] = None,
-        tls_client_key: Optional[str] = None,
-        tls_server_name_identification: Optional[str] = None,
-        num_node_connections: int = 5,
-        connect_timeout: float = 2.0,
-        socket_timeout: float = 2.0,
-        retries: int = 2,
-        pool_timeout: float = 5.0,
         overflow_margin: Optional[int] = None,
         overflow_policy: str = OverflowPolicy.EVICT_OLDEST,
         overflow_resolution_target: float = 0.8,
         refresh_time_after_fetch: bool = False,
+        **connection: Any,
     ):
         if redis is None:
             raise StoreUnavailableError(
@@ -377,7 +366,6 @@ class RedisClusterStore(BackingStore):
             ("vec_size", vec_size),
             ("num_partitions", num_partitions),
             ("max_batch_size", max_batch_size),
-            ("num_node_connections", num_node_connections),
         ):
             if int(v) < 1:
                 raise ValueError(f"{what} must be >= 1, got {v}")
@@ -423,22 +411,7 @@ class RedisClusterStore(BackingStore):
         self.meta_key = f"hps_et{{{table_name}/meta}}".encode()
         self.evicted = 0  # rows removed by overflow handling (this process)
         self._where = f"Redis Cluster {address} table {table_name!r}"
-        self._conn = RedisConnection(
-            address,
-            user_name=user_name,
-            password=password,
-            enable_tls=enable_tls,
-            tls_ca_certificate=tls_ca_certificate,
-            tls_client_certificate=tls_client_certificate,
-            tls_client_key=tls_client_key,
-            tls_server_name_identification=tls_server_name_identification,
-            num_node_connections=num_node_connections,
-            connect_timeout=connect_timeout,
-            socket_timeout=socket_timeout,
-            retries=retries,
-            pool_timeout=pool_timeout,
-            where=self._where,
-        )
+        self._conn = RedisConnection(address, where=self._where, **connection)
         self._client = self._conn.client
 
     # -- plumbing -------------------------------------------------------------------
