@@ -36,7 +36,7 @@ triton: $(STAMP)
 
 # The demo DLRM is trained here (deterministic, CPU, seconds); retrained when its code changes.
 DLRM := model_repository/dlrm/1/dlrm_dense_0.model
-$(DLRM): model_repository/dlrm/train.py ps_loader/torch_dlrm.py | $(STAMP)
+$(DLRM): model_repository/dlrm/train.py examples/dlrm/torch_dlrm.py | $(STAMP)
 	$(PY) model_repository/dlrm/train.py
 
 demo: $(STAMP) $(DLRM)

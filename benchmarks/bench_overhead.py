@@ -202,7 +202,7 @@ def _config(name: str, backend: str, io: str, params: dict = None, scheduling: s
 
 def bench_dlrm_config():
     """The Criteo-shaped DLRM of this benchmark (26 slots, vec 32)."""
-    from ps_loader.torch_dlrm import DLRMConfig, TableSpec
+    from examples.dlrm.torch_dlrm import DLRMConfig, TableSpec
 
     return DLRMConfig(
         dense_dim=13,
@@ -273,7 +273,7 @@ def build_repository(repo: Path, groups) -> dict:
             flush=True,
         )
     if "dlrm" in groups or "ensemble" in groups:
-        from ps_loader import torch_dlrm as td
+        from examples.dlrm import torch_dlrm as td
 
         t0 = time.monotonic()
         config = bench_dlrm_config()
@@ -344,7 +344,7 @@ def write_inputs(meta: dict, groups, batches, requests: int, out: Path) -> dict:
         files[("hps", HPS_SAMPLES)] = out / "input_hps.json"
         files[("hps", HPS_SAMPLES)].write_text(json.dumps(data))
     if "dlrm" in meta:
-        from ps_loader.torch_dlrm import HiddenModel
+        from examples.dlrm.torch_dlrm import HiddenModel
 
         config, seed = meta["dlrm"]
         for n in batches:

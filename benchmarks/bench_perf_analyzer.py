@@ -166,7 +166,7 @@ def build_repository(repo: Path) -> dict:
 
 
 def held_out(meta: dict, n: int):
-    from ps_loader.torch_dlrm import DLRMConfig, HiddenModel
+    from examples.dlrm.torch_dlrm import DLRMConfig, HiddenModel
 
     config = DLRMConfig.from_meta(meta)
     return HiddenModel(config, meta["seed"]).sample(n, np.random.default_rng(HELD_OUT_SEED))

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 import tritonclient.http as tc  # noqa: E402
 
-from ps_loader.torch_dlrm import ClickData  # noqa: E402
+from examples.dlrm.torch_dlrm import ClickData  # noqa: E402
 from triton_rec.config.ps_json import load_ps_config  # noqa: E402
 from triton_rec.formats.tables import read_table  # noqa: E402
 

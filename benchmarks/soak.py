@@ -102,7 +102,7 @@ def build(repo: Path, cluster, rocks: Path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_overhead import bench_dlrm_config
 
-    from ps_loader import torch_dlrm as td
+    from examples.dlrm import torch_dlrm as td
 
     rng = np.random.default_rng(SEED)
     # hit_rate_threshold 1.0: misses are always fetched, so every answer must be exact.

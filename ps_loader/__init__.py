@@ -3,8 +3,7 @@
 - ``python -m ps_loader``: validate a ps.json, convert its tables to the node-local
   store ahead of serving, write the demo tables (:mod:`ps_loader.__main__`);
 - :mod:`ps_loader.synthetic`: the deterministic demo/synthetic tables;
-- :mod:`ps_loader.torch_import`: PyTorch state dicts to HugeCTR sparse tables;
-- :mod:`ps_loader.torch_dlrm`: the demo DLRM (training, export).
+- :mod:`ps_loader.torch_import`: PyTorch state dicts to HugeCTR sparse tables.
 
 The file formats themselves (readers and writers) are engine code:
 :mod:`triton_rec.formats`.

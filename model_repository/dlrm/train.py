@@ -7,7 +7,7 @@
 Writes into ``--out`` (default: ``1/`` beside this script) the HugeCTR sparse dirs, dense
 file and network JSON, the ONNX dense part, the PyTorch state dict, ``dlrm_meta.json`` and
 ``dlrm_ps_entry.json``; prints the held-out AUC and the ps.json entry. Everything is
-deterministic for a given ``--seed``. The model code is ``ps_loader/torch_dlrm.py``.
+deterministic for a given ``--seed``. The model code is ``examples/dlrm/torch_dlrm.py``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _import_torch_dlrm():
-    try:
-        from ps_loader import torch_dlrm
-    except ImportError:  # run from a checkout without `pip install -e .`
-        sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-        from ps_loader import torch_dlrm
+    # The model code lives in the checkout (examples/dlrm/), not in the installed package.
+    root = os.path.dirname(os.path.dirname(HERE))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from examples.dlrm import torch_dlrm
+
     return torch_dlrm
 
 

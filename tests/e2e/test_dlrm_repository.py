@@ -4,7 +4,7 @@
 - `dlrm_onnx`: fused, dense part as ONNX (onnxruntime);
 - `dlrm_ensemble`: hps lookup model -> dense model, a Triton ensemble.
 
-The reference is the PyTorch model rebuilt from its state dict (`ps_loader.torch_dlrm`),
+The reference is the PyTorch model rebuilt from its state dict (`examples.dlrm.torch_dlrm`),
 fed the same samples; held-out samples come from the generator the model was trained on.
 """
 
@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 
-from ps_loader.torch_dlrm import HiddenModel, auc, load_trained
+from examples.dlrm.torch_dlrm import HiddenModel, auc, load_trained
 from tests.e2e.conftest import DEMO_REPO, infer_raw
 
 N = 600  # held-out samples, sent in requests of various sizes

@@ -109,7 +109,7 @@ def test_the_load_log_names_the_thread_setting(hps_instance):
 @pytest.fixture(scope="module")
 def dlrm_repo(tmp_path_factory):
     """The tiny trained DLRM, exported as the hugectr backend serves it."""
-    from ps_loader import torch_dlrm as td
+    from examples.dlrm import torch_dlrm as td
 
     repo = tmp_path_factory.mktemp("dlrm_repo")
     _, entry = td.train_and_export(
@@ -121,7 +121,7 @@ def dlrm_repo(tmp_path_factory):
 
 
 def test_hugectr_execute_calls_no_metric_and_predicts(dlrm_repo, tmp_path):
-    from ps_loader import torch_dlrm as td
+    from examples.dlrm import torch_dlrm as td
 
     pb, model = start_instance(
         dlrm_repo,

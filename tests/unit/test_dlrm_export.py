@@ -1,4 +1,4 @@
-"""The example DLRM (model_repository/dlrm/train.py, ps_loader/torch_dlrm.py): a tiny
+"""The example DLRM (model_repository/dlrm/train.py, examples/dlrm/torch_dlrm.py): a tiny
 training run, and every exported file checked against the PyTorch model.
 
 The HugeCTR files are checked with a small numpy reading of the network JSON written
@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ps_loader import torch_dlrm as td  # noqa: E402
+from examples.dlrm import torch_dlrm as td  # noqa: E402
 from ps_loader.torch_import import find_tables, load_state_dict, write_tables  # noqa: E402
 from triton_rec.config.ps_json import parse_ps_config  # noqa: E402
 from triton_rec.formats.tables import read_table  # noqa: E402

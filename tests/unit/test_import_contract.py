@@ -37,7 +37,10 @@ LAYERS: Tuple[Set[str], ...] = (
 )
 
 #: top-level packages the engine must never import
-FORBIDDEN = ("ps_loader", "clients", "benchmarks", "tests")
+FORBIDDEN = ("ps_loader", "clients", "benchmarks", "tests", "examples")
+#: what the wheel ships (pyproject ``wheel.packages``): none of it may import ``examples``
+#: (the demo DLRM's training code, which stays in the checkout)
+WHEEL_PACKAGES = ("triton_rec", "ps_loader", "clients")
 
 
 def module_name(path: Path, package_root: Path) -> str:
@@ -125,6 +128,21 @@ def violations(
 
 def test_the_engine_keeps_its_import_contract():
     assert violations(ROOT / ENGINE) == []
+
+
+def test_the_wheel_ships_exactly_its_packages_and_none_imports_the_examples():
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert tuple(meta["tool"]["scikit-build"]["wheel"]["packages"]) == WHEEL_PACKAGES
+    bad = []
+    for package in WHEEL_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = module_name(path, ROOT / package)
+            for line, target in imported_modules(path, name, set()):
+                if target == "examples" or target.startswith("examples."):
+                    bad.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+    assert bad == []
 
 
 def test_every_layer_names_an_existing_package_or_module():

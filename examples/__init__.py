@@ -1,0 +1,1 @@
+"""Examples that live next to the repository, not in the wheel (importable from a checkout)."""
