@@ -34,8 +34,8 @@ from triton_rec.config.ps_json import (
 )
 from triton_rec.errors import TritonRecError
 from triton_rec.serving.deployment import InstanceSpec, open_session
-from triton_rec.triton.glue import MetricsPusher, RequestCounters, prepare_process, run_requests
-from triton_rec.triton.metrics import CacheMetrics
+from triton_rec.triton.glue import prepare_process, run_requests
+from triton_rec.triton.metrics import start_session_metrics
 
 
 def _supports_response_parameters():
@@ -75,17 +75,11 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         self.response_parameters = _supports_response_parameters()
         self.limits = self.session.input_limits()
-        self.counters = RequestCounters()
-        self.metrics = MetricsPusher(
+        self.counters, self.metrics = start_session_metrics(
             pb_utils,
             self.model_name,
-            CacheMetrics(
-                pb_utils,
-                self.model_name,
-                args["model_instance_name"],
-                self.session,
-                requests=self.counters,
-            ),
+            args["model_instance_name"],
+            self.session,
             settings.metrics_interval,
         )
         for line in config_warnings(ps_path, params):

@@ -30,8 +30,8 @@ from triton_rec.config.ps_json import (
 )
 from triton_rec.errors import TritonRecError
 from triton_rec.serving.deployment import InstanceSpec, open_ranking_session
-from triton_rec.triton.glue import MetricsPusher, RequestCounters, prepare_process, run_requests
-from triton_rec.triton.metrics import CacheMetrics
+from triton_rec.triton.glue import prepare_process, run_requests
+from triton_rec.triton.metrics import start_session_metrics
 
 
 class TritonPythonModel:
@@ -62,17 +62,11 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         cat = next(i for i in config["input"] if i["name"] == "CATCOLUMN")
         self.limits = self.session.input_limits(4 if cat.get("data_type") == "TYPE_UINT32" else 8)
-        self.counters = RequestCounters()
-        self.metrics = MetricsPusher(
+        self.counters, self.metrics = start_session_metrics(
             pb_utils,
             self.model_name,
-            CacheMetrics(
-                pb_utils,
-                self.model_name,
-                args["model_instance_name"],
-                self.session,
-                requests=self.counters,
-            ),
+            args["model_instance_name"],
+            self.session,
             settings.metrics_interval,
         )
         for line in config_warnings(ps_path, params):

@@ -49,6 +49,8 @@ from __future__ import annotations
 
 from typing import Dict, List
 
+from triton_rec.triton.glue import MetricsPusher, RequestCounters
+
 _COUNTERS = {
     "lookups": ("trec_cache_lookups_total", "Keys looked up"),
     "hits": ("trec_cache_hits_total", "Keys answered by the embedding cache"),
@@ -285,3 +287,13 @@ class CacheMetrics:
             if delta:
                 metric.increment(delta)
             entry["tier_last"][key] = value
+
+
+def start_session_metrics(pb_utils, model: str, instance: str, session, interval: float):
+    """``(counters, pusher)`` of an ``hps`` or ``hugectr`` instance: fresh
+    :class:`~triton_rec.triton.glue.RequestCounters` for its ``execute``, and a started
+    :class:`~triton_rec.triton.glue.MetricsPusher` publishing them with ``session``'s
+    statistics (:class:`CacheMetrics`) every ``interval`` seconds."""
+    counters = RequestCounters()
+    metrics = CacheMetrics(pb_utils, model, instance, session, requests=counters)
+    return counters, MetricsPusher(pb_utils, model, metrics, interval)
