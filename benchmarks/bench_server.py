@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE  # noqa: E402
 from triton_rec.storage import node_store  # noqa: E402
 from triton_rec.triton.runtime import TritonServer, prepare_backend_dir  # noqa: E402
+from triton_rec.util.procfs import smaps_rollup  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import evict_files, machine_info  # noqa: E402
@@ -286,16 +287,6 @@ def lookup(server: TritonServer, model: str, keys: np.ndarray) -> tuple:
         return res.as_numpy("OUTPUT0"), time.perf_counter() - t0
     finally:
         client.close()
-
-
-def smaps_rollup(pid: int) -> dict:
-    out = {}
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3 and parts[2] == "kB":
-                out[parts[0].rstrip(":")] = int(parts[1]) * 1024
-    return out
 
 
 def shm_segments(model: str) -> list:

@@ -53,6 +53,7 @@ from machine import machine_info  # noqa: E402  (benchmarks/ is on sys.path as t
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model  # noqa: E402
 from triton_rec.triton.runtime import TritonServer  # noqa: E402
+from triton_rec.util.procfs import smaps_rollup  # noqa: E402
 
 SEED = 71
 HPS_TABLE = SyntheticTable(
@@ -278,16 +279,11 @@ class Load:
 
 def memory(pid: int):
     """(RSS, PSS) in MiB of one process, or None when it is gone."""
-    vals = {}
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                k, _, rest = line.partition(":")
-                if k in ("Rss", "Pss"):
-                    vals[k] = int(rest.split()[0]) / 1024
+        vals = smaps_rollup(pid)
     except OSError:
         return None
-    return vals.get("Rss", 0.0), vals.get("Pss", 0.0)
+    return vals.get("Rss", 0) / 2**20, vals.get("Pss", 0) / 2**20
 
 
 def sample_memory(server: TritonServer):

@@ -17,6 +17,7 @@ from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, wr
 from tests.e2e.conftest import hps_config, infer_raw
 from triton_rec.formats.tables import write_table
 from triton_rec.triton.runtime import TritonServer
+from triton_rec.util.procfs import smaps_rollup
 
 SEED = 21
 TABLES = [
@@ -200,11 +201,7 @@ BIG_ROWS, BIG_VEC = 2_000_000, 256  # 2.0 GB of vectors
 
 
 def _pss_kb(pid):
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no Pss in /proc/{pid}/smaps_rollup")
+    return smaps_rollup(pid)["Pss"] // 1024
 
 
 def test_four_instances_hold_one_copy_of_a_large_table(

@@ -109,3 +109,13 @@ def test_flock_exclusive_waits_until_the_deadline_then_raises_the_callers_error(
         os.close(waiter)
         if holder >= 0:
             os.close(holder)
+
+
+def test_smaps_rollup_reports_bytes_and_raises_for_a_gone_process():
+    mem = procfs.smaps_rollup(os.getpid())
+    assert mem["Rss"] >= mem["Pss"] > 0 and mem["Rss"] % 1024 == 0
+    p = _child()
+    p.kill()
+    p.wait()
+    with pytest.raises(OSError):
+        procfs.smaps_rollup(p.pid)

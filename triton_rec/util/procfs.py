@@ -17,7 +17,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from typing import Callable, Iterator, List, NamedTuple, Optional
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional
 
 
 class ProcStat(NamedTuple):
@@ -208,3 +208,15 @@ def flock_exclusive(
             )
         time.sleep(delay)
         delay = min(delay * 2, max_delay)
+
+
+def smaps_rollup(pid: int) -> Dict[str, int]:
+    """The memory totals of ``pid`` from ``/proc/<pid>/smaps_rollup`` in bytes, by field
+    (``Rss``, ``Pss``, ``Shared_Clean``, ...). Raises OSError when the process is gone."""
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3 and parts[2] == "kB":
+                out[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    return out
