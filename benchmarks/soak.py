@@ -49,6 +49,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_overhead import DLRM_IO, HPS_IO, _config, bench_dlrm_config  # noqa: E402
 from machine import machine_info  # noqa: E402  (benchmarks/ is on sys.path as the script dir)
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model  # noqa: E402
@@ -68,41 +69,11 @@ UNKNOWN = 4  # keys per hps request that no table holds
 DLRM_TOL = 1e-5
 MODELS = ("soak_hps", "soak_tiers", "soak_dlrm")
 
-HPS_IO = """
-max_batch_size: 1024
-input [
-  { name: "KEYS" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true },
-  { name: "NUMKEYS" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true }
-]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-"""
-DLRM_IO = """
-max_batch_size: 1024
-input [
-  { name: "DES" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true },
-  { name: "CATCOLUMN" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true },
-  { name: "ROWINDEX" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true }
-]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-"""
-SCHEDULING = """
-instance_group [ { count: 2 kind: KIND_CPU } ]
-dynamic_batching { max_queue_delay_microseconds: 0 }
-"""
-
-
-def _config(name: str, backend: str, io: str) -> str:
-    return f'name: "{name}"\nbackend: "{backend}"\n{io.strip()}\n{SCHEDULING.strip()}\n'
-
-
 # ----------------------------------------------------------------------------- models
 
 
 def build(repo: Path, cluster, rocks: Path):
     """Write the three models; returns {model: [(inputs, truth, tolerance)]}."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_overhead import bench_dlrm_config
-
     from examples.dlrm import torch_dlrm as td
 
     rng = np.random.default_rng(SEED)
@@ -153,10 +124,9 @@ def build(repo: Path, cluster, rocks: Path):
         ("soak_dlrm", "hugectr", DLRM_IO),
     ):
         (repo / name).mkdir(parents=True, exist_ok=True)
-        extra = 'parameters { key: "ps" value: { string_value: "../ps_tiers.json" } }\n'
-        (repo / name / "config.pbtxt").write_text(
-            _config(name, backend, io) + (extra if name == "soak_tiers" else "")
-        )
+        params = {"ps": "../ps_tiers.json"} if name == "soak_tiers" else None
+        # the shipped scheduling (2 CPU instances, no queue delay), as bench_overhead's models
+        (repo / name / "config.pbtxt").write_text(_config(name, backend, io, params))
 
     pools = {"soak_hps": [], "soak_tiers": [], "soak_dlrm": []}
     for model, table, seed in (("soak_hps", HPS_TABLE, SEED), ("soak_tiers", TIER_TABLE, SEED + 1)):
