@@ -56,9 +56,10 @@ lint: $(STAMP)
 test: $(STAMP) demo
 	$(VENV)/bin/pytest tests
 
-# No Redis and no tritonserver: the tests marked redis/server (tests/conftest.py) are left out.
+# No Redis, no tritonserver, nothing slow by design: the tests marked redis/server
+# (tests/conftest.py) and slow are left out; `make test` runs them.
 unit: $(STAMP)
-	$(VENV)/bin/pytest -m "not redis and not server" tests/unit
+	$(VENV)/bin/pytest -m "not redis and not server and not slow" tests/unit
 
 e2e: $(STAMP) demo
 	$(VENV)/bin/pytest tests/e2e

@@ -331,7 +331,7 @@ def write_inputs(meta: dict, groups, batches, requests: int, out: Path) -> dict:
     """perf_analyzer --input-data files: {(group, batch): path}."""
     files = {}
     if "hps" in groups:
-        from clients.hps_requests import perf_analyzer_data
+        from triton_rec.clients.hps_requests import perf_analyzer_data
 
         data = perf_analyzer_data(
             [meta["hps_keys"]],

@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from clients.hps_requests import hps_inputs, split_output
+from triton_rec.clients.hps_requests import hps_inputs, split_output
 
 
 def lookup(

@@ -1,6 +1,6 @@
 """Write perf_analyzer ``--input-data`` JSON for an hps model, drawing real keys from its tables.
 
-    python -m clients.perf_inputs --ps-json model_repository/ps.json --model hps_demo \\
+    python -m triton_rec.clients.perf_inputs --ps-json model_repository/ps.json --model hps_demo \\
         --samples 8 --requests 32 --out build/hps_demo_input.json
     perf_analyzer -m hps_demo --input-data build/hps_demo_input.json
 
@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from clients.hps_requests import perf_analyzer_data
+from triton_rec.clients.hps_requests import perf_analyzer_data
 
 
 def main(argv=None) -> int:

@@ -104,7 +104,7 @@ def test_perf_analyzer_drives_the_demo_model_with_generated_inputs(demo_server, 
         [
             sys.executable,
             "-m",
-            "clients.perf_inputs",
+            "triton_rec.clients.perf_inputs",
             "--ps-json",
             str(DEMO_REPO / "ps.json"),
             "--model",

@@ -8,6 +8,8 @@ import os
 import sys
 import time
 
+import pytest
+
 _PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_tiers.py")
 
 
@@ -19,6 +21,7 @@ def _load():
     return mod
 
 
+@pytest.mark.slow  # the benchmark script end to end (RocksDB, several sizes)
 def test_bench_tiers_runs_on_tiny_sizes_with_sane_figures(capsys, tmp_path):
     bt = _load()
     paths = {k: tmp_path / f"bench_tiers.{k}" for k in ("json", "md", "png")}

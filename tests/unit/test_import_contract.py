@@ -4,7 +4,7 @@
 order is written down). A module may import its own layer and the layers inside it,
 never an outer one; packages that share a layer are independent and may not import each
 other. The engine never imports the project's tools or tests (:data:`FORBIDDEN`):
-``ps_loader``, ``clients`` and ``benchmarks`` import the engine, not the reverse.
+``ps_loader``, the clients and ``benchmarks`` import the engine, not the reverse.
 
 Checked by parsing every module with :mod:`ast` (nothing is imported, so optional
 dependencies do not matter), lazy imports inside functions included.
@@ -13,6 +13,7 @@ dependencies do not matter), lazy imports inside functions included.
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 from typing import Dict, Iterator, List, Sequence, Set, Tuple
 
@@ -36,11 +37,21 @@ LAYERS: Tuple[Set[str], ...] = (
     {"runtime"},  # the command line `python -m triton_rec.runtime`
 )
 
-#: top-level packages the engine must never import
-FORBIDDEN = ("ps_loader", "clients", "benchmarks", "tests", "examples")
-#: what the wheel ships (pyproject ``wheel.packages``): none of it may import ``examples``
-#: (the demo DLRM's training code, which stays in the checkout)
-WHEEL_PACKAGES = ("triton_rec", "ps_loader", "clients")
+#: packages the engine must never import (the clients install as ``triton_rec.clients``
+#: from the top-level clients/ folder, so they share the engine's name but not its layers)
+FORBIDDEN = ("ps_loader", "triton_rec.clients", "benchmarks", "tests", "examples")
+#: what the wheel ships (pyproject ``wheel.packages``, with the :data:`LINKED` folders inside
+#: triton_rec); none of it may import ``examples`` (the demo DLRM's training code, which
+#: stays in the checkout)
+WHEEL_PACKAGES = ("triton_rec", "ps_loader")
+
+
+def is_forbidden(target: str, forbidden: Sequence[str]) -> str:
+    """The entry of ``forbidden`` that the dotted module ``target`` is, or is inside ("")."""
+    for f in forbidden:
+        if target == f or target.startswith(f + "."):
+            return f
+    return ""
 
 
 def module_name(path: Path, package_root: Path) -> str:
@@ -82,15 +93,29 @@ def layer_of(module: str, layers: Sequence[Set[str]], package: str) -> Tuple[int
     raise KeyError(unit)
 
 
+#: symlinked folders inside the package: shipped in the wheel, outside every layer
+#: (README, "Architecture"); the engine never imports them
+LINKED = {"clients": "../clients", "triton/backend": "../../backend"}
+
+
+def engine_files(package_root: Path) -> List[Path]:
+    """The package's own ``.py`` files: the symlinked folders (:data:`LINKED`) left out."""
+    out = []
+    for folder, dirs, files in os.walk(package_root):  # followlinks=False
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+        out += [Path(folder) / f for f in files if f.endswith(".py")]
+    return sorted(out)
+
+
 def violations(
     package_root: Path, layers: Sequence[Set[str]] = LAYERS, forbidden: Sequence[str] = FORBIDDEN
 ) -> List[str]:
     """Every broken rule of the contract in the package at ``package_root``, as
     ``"file:line: what"`` (empty when the contract holds)."""
     package = package_root.name
-    files = sorted(package_root.rglob("*.py"))
+    files = engine_files(package_root)
     names: Dict[Path, str] = {f: module_name(f, package_root) for f in files}
-    known = set(names.values()) | {f"{package}._native"}
+    known = set(names.values()) | {f"{package}._native"} | set(forbidden)
     out = []
     for f, name in names.items():
         where = f.relative_to(package_root.parent)
@@ -100,12 +125,13 @@ def violations(
             out.append(f"{where}: {name} is in no layer ({e.args[0]!r}): add it to LAYERS")
             continue
         for line, target in imported_modules(f, name, known):
-            top = target.split(".")[0]
-            if top in forbidden:
+            bad = is_forbidden(target, forbidden)
+            if bad:
                 out.append(
-                    f"{where}:{line}: {name} imports {target} (the engine never imports {top})"
+                    f"{where}:{line}: {name} imports {target} (the engine never imports {bad})"
                 )
                 continue
+            top = target.split(".")[0]
             if top != package:
                 continue
             try:
@@ -130,6 +156,15 @@ def test_the_engine_keeps_its_import_contract():
     assert violations(ROOT / ENGINE) == []
 
 
+def test_the_package_links_exactly_the_clients_and_the_backends():
+    links = {
+        str(p.relative_to(ROOT / ENGINE)): os.readlink(p)
+        for p in (ROOT / ENGINE).rglob("*")
+        if p.is_symlink()
+    }
+    assert links == LINKED
+
+
 def test_the_wheel_ships_exactly_its_packages_and_none_imports_the_examples():
     import tomllib
 
@@ -137,11 +172,13 @@ def test_the_wheel_ships_exactly_its_packages_and_none_imports_the_examples():
     assert tuple(meta["tool"]["scikit-build"]["wheel"]["packages"]) == WHEEL_PACKAGES
     bad = []
     for package in WHEEL_PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            name = module_name(path, ROOT / package)
-            for line, target in imported_modules(path, name, set()):
-                if target == "examples" or target.startswith("examples."):
-                    bad.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+        # os.walk follows the linked folders here: they ship in the wheel too
+        for folder, _dirs, files in os.walk(ROOT / package, followlinks=True):
+            for path in (Path(folder) / f for f in files if f.endswith(".py")):
+                name = module_name(path, ROOT / package)
+                for line, target in imported_modules(path, name, set()):
+                    if target == "examples" or target.startswith("examples."):
+                        bad.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
     assert bad == []
 
 
@@ -188,7 +225,17 @@ def test_the_checker_accepts_a_package_that_keeps_the_contract(tmp_path):
         ("storage/node_store.py", "from ps_loader import node_store\n", "never imports ps_loader"),
         ("storage/x.py", "def f():\n    import benchmarks.cache_sim\n", "never imports benchmarks"),
         ("config/x.py", "import tests.fake_pb_utils\n", "never imports tests"),
-        ("serving/x.py", "from clients.hps_client import main\n", "never imports clients"),
+        (
+            "serving/x.py",
+            "from triton_rec.clients.hps_client import main\n",
+            "never imports triton_rec.clients",
+        ),
+        ("serving/y.py", "from triton_rec import clients\n", "never imports triton_rec.clients"),
+        (
+            "serving/z.py",
+            "from ..clients import hps_requests\n",
+            "never imports triton_rec.clients",
+        ),
         (
             "config/model_files.py",
             "from triton_rec.storage.table import T\n",

@@ -580,6 +580,7 @@ def test_processes_racing_to_create_one_name_all_end_up_on_one_segment(name):
 # concurrency and crashes
 
 
+@pytest.mark.slow  # runs for `seconds` by design
 def test_concurrent_processes_never_see_a_torn_or_wrong_vector(name):
     seconds, n_procs, d = 10, 4, 256
     with open_cache(name, capacity=256, vec_size=d, ways=8) as cache:

@@ -246,6 +246,7 @@ def test_cpu_cache_hits_equal_the_simulator_with_its_hash_functions(trace_name):
     assert production_hits(trace_name, "shm", "tinylfu") == sim_hits(ShmTinyLFU, trace)
 
 
+@pytest.mark.slow  # the numpy cache, one key per call: ~1-5 s per trace
 @pytest.mark.parametrize("trace_name", sorted(TRACES))
 def test_array_cache_hits_equal_the_simulator_with_its_hash_functions(trace_name):
     trace = TRACES[trace_name]()
@@ -273,8 +274,8 @@ TOLERANCE = 0.01
     [
         ("lru", "shm:lru"),
         ("tinylfu", "shm:tinylfu"),
-        ("tinylfu", "array:tinylfu"),
-        ("tinylfu_255", "array:tinylfu"),
+        pytest.param("tinylfu", "array:tinylfu", marks=pytest.mark.slow),
+        pytest.param("tinylfu_255", "array:tinylfu", marks=pytest.mark.slow),
     ],
 )
 def test_registry_policies_match_the_production_caches_up_to_hash_noise(

@@ -6,14 +6,15 @@ The server binary comes from the PyPI wheel ``nvidia-pytriton`` (Triton 2.51, CP
 - ``python/``: the Python backend (``libtriton_python.so`` and its utils, *copied*:
   Triton refuses a backend library whose real path escapes the backend directory) and
   the stub built for the running Python version (``triton_python_backend_stub``);
-- ``hps/`` (and any other directory of the repository's ``backend/`` folder): the
-  Python-based backends, each a ``model.py``.
+- ``hps/``, ``hugectr/``, ``dense/``: the Python-based backends, each a ``model.py``
+  (:data:`BACKEND_SOURCES`, package data of the wheel).
 
 :class:`TritonServer` starts it on given (or free) loopback ports with the stub's
 library path and this virtual environment first on ``PATH`` (the stub uses the
 site-packages of the first Python on ``PATH``), waits until it is ready and stops it.
 
-Command line: ``python -m triton_rec.runtime serve --model-repository DIR`` (used by
+Command line: ``triton-rec-server serve --model-repository DIR`` or
+``python -m triton_rec.runtime serve ...`` (used by
 ``make serve``: tritonserver in the foreground, its instance processes supervised by
 :mod:`triton_rec.triton.supervisor`) and ``python -m triton_rec.runtime prepare`` (backend
 directory only).
@@ -22,6 +23,7 @@ directory only).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import signal
@@ -39,9 +41,21 @@ from triton_rec.errors import RuntimeNotFound
 if TYPE_CHECKING:
     from triton_rec.triton.supervisor import Supervisor
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BACKEND_SOURCES = REPO_ROOT / "backend"
-DEFAULT_BACKEND_DIR = REPO_ROOT / "build" / "triton" / "backends"
+#: One ``<name>/model.py`` folder per Python-based backend. ``triton_rec/triton/backend`` is
+#: a symlink to the repository's top-level ``backend/`` folder, so the wheel ships the
+#: backends as package data and a checkout (or editable install) finds them at the same
+#: place.
+BACKEND_SOURCES = Path(__file__).resolve().parent / "backend"
+
+
+def default_backend_dir() -> Path:
+    """Where the launcher lays out Triton's backend directory when none is given: one per
+    Python environment (the stub it holds is built for this interpreter), under the
+    user's cache, ``~/.cache/triton-rec/backends/<env>`` (``$XDG_CACHE_HOME`` if set)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    env = hashlib.sha256(os.fsencode(sys.prefix)).hexdigest()[:12]
+    ver = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    return Path(cache) / "triton-rec" / "backends" / f"{ver}-{env}"
 
 
 def _pytriton_root() -> Path:
@@ -73,9 +87,10 @@ def _install(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def prepare_backend_dir(dest: Path = DEFAULT_BACKEND_DIR) -> Path:
-    """(Re)create the backend directory and return it. Cheap; safe to call every start,
-    also while another server runs from the same directory."""
+def prepare_backend_dir(dest: Optional[Path] = None) -> Path:
+    """(Re)create the backend directory (default: :func:`default_backend_dir`) and return
+    it. Cheap; safe to call every start, also while another server runs from it."""
+    dest = Path(dest) if dest is not None else default_backend_dir()
     root = _pytriton_root()
     py = dest / "python"
     py.mkdir(parents=True, exist_ok=True)
@@ -88,6 +103,8 @@ def prepare_backend_dir(dest: Path = DEFAULT_BACKEND_DIR) -> Path:
             f"no Triton Python backend stub for Python {ver} in {stub.parent.parent}"
         )
     _install(stub, py / "triton_python_backend_stub")
+    if not (BACKEND_SOURCES / "hps" / "model.py").is_file():
+        raise RuntimeNotFound(f"the backends' model.py files are missing in {BACKEND_SOURCES}")
     for src in sorted(BACKEND_SOURCES.iterdir()):
         if (src / "model.py").exists():
             (dest / src.name).mkdir(exist_ok=True)
@@ -177,7 +194,7 @@ class TritonServer:
         load_models: Sequence[str] = (),
         log_path: Optional[os.PathLike] = None,
         extra_args: Sequence[str] = (),
-        backend_dir: Path = DEFAULT_BACKEND_DIR,
+        backend_dir: Optional[os.PathLike] = None,
         env: Optional[dict] = None,
         supervise: bool = False,
         supervisor_log: Optional[Callable[[str], None]] = None,
@@ -191,7 +208,7 @@ class TritonServer:
         self.load_models = list(load_models)
         self.log_path = Path(log_path) if log_path else None
         self.extra_args = list(extra_args)
-        self.backend_dir = Path(backend_dir)
+        self.backend_dir = Path(backend_dir) if backend_dir else default_backend_dir()
         self.extra_env = dict(env or {})
         self.supervise = supervise
         self.supervisor_log = supervisor_log
@@ -420,12 +437,18 @@ def serve(server: TritonServer) -> int:
 
 def main(argv=None) -> int:
     """Command-line entry point (prepare / serve); returns the exit code."""
-    p = argparse.ArgumentParser(
-        prog="python -m triton_rec.runtime", description=__doc__.split("\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="triton-rec-server", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("prepare", help="create the backend directory and print its path")
+    prep = sub.add_parser("prepare", help="create the backend directory and print its path")
     s = sub.add_parser("serve", help="run tritonserver in the foreground until Ctrl-C")
+    for q in (prep, s):
+        q.add_argument(
+            "--backend-directory",
+            type=Path,
+            metavar="DIR",
+            help="Triton's backend directory to lay out (default: one per Python environment "
+            "under ~/.cache/triton-rec/backends)",
+        )
     s.add_argument("--model-repository", required=True)
     s.add_argument("--http-port", type=int, default=8000)
     s.add_argument("--grpc-port", type=int, default=8001)
@@ -444,7 +467,7 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     if args.cmd == "prepare":
-        print(prepare_backend_dir())
+        print(prepare_backend_dir(args.backend_directory))
         return 0
     from triton_rec.config.model_files import ALLOWED_ROOTS_ENV
 
@@ -457,6 +480,7 @@ def main(argv=None) -> int:
         supervise=not args.no_supervise,
         inherit_output=True,
         env=env,
+        backend_dir=args.backend_directory,
     )
     if args.print_command:
         print(" ".join(server.command()))
