@@ -123,6 +123,73 @@ def test_the_threshold_is_inclusive(table, make_cache):
         inserter.close()
 
 
+def test_a_cold_request_merged_with_warm_ones_is_judged_on_its_own(table, make_cache):
+    # HPS computes the hit rate per request: merged in one lookup (one execute), the cold
+    # request (0% hits) is fetched synchronously, the warm one (90%) gets defaults.
+    cache = make_cache(ROWS)
+    inserter = BackgroundInserter()
+    try:
+        ct = CachedTable(
+            "t", LocalTableStore(table), cache, hit_rate_threshold=0.8, inserter=inserter
+        )
+        ct.lookup(table.keys[:90].copy(), np.empty((90, VEC), np.float32))  # warm 90 keys
+        warm = table.keys[:100].copy()  # 90 cached + 10 not: 90%
+        cold = table.keys[500:510].copy()  # none cached: 0%
+        keys = np.concatenate([warm, cold])  # 90 / 110 = 82% over the merged batch
+        out = np.empty((110, VEC), np.float32)
+        ct.lookup(keys, out, segments=[100, 10])
+        np.testing.assert_array_equal(out[:90], _truth(warm[:90]))
+        assert np.all(out[90:100] == DEFAULT)  # warm request: its misses deferred
+        np.testing.assert_array_equal(out[100:], _truth(cold))  # cold one: fetched now
+        s = ct.stats.snapshot()
+        assert s["default_answered"] == 10 and s["sync_fetched"] == 10 + 90
+    finally:
+        inserter.close()
+
+
+def test_the_hit_rate_counts_each_key_of_a_request_once(table, make_cache):
+    # 1 cached key asked 9 times + 1 uncached key: 90% of the keys, 50% of the unique
+    # keys. HPS counts unique keys, so with threshold 0.6 the miss is fetched.
+    cache = make_cache(ROWS)
+    inserter = BackgroundInserter()
+    try:
+        ct = CachedTable(
+            "t", LocalTableStore(table), cache, hit_rate_threshold=0.6, inserter=inserter
+        )
+        ct.lookup(table.keys[:1].copy(), np.empty((1, VEC), np.float32))
+        keys = np.array([table.keys[0]] * 9 + [table.keys[1]], np.int64)
+        out = np.empty((10, VEC), np.float32)
+        ct.lookup(keys, out)
+        np.testing.assert_array_equal(out, _truth(keys))
+        assert ct.stats.snapshot()["default_answered"] == 0
+    finally:
+        inserter.close()
+
+
+def test_an_exact_table_never_answers_a_stored_key_with_the_default(table, make_cache):
+    # static tables (embedding_cache_type static): misses are always fetched, also with a
+    # hit rate far above the threshold
+    cache = make_cache(ROWS)
+    inserter = BackgroundInserter()
+    try:
+        ct = CachedTable(
+            "t",
+            LocalTableStore(table),
+            cache,
+            hit_rate_threshold=0.0,
+            inserter=inserter,
+            exact=True,
+        )
+        ct.lookup(table.keys[:99].copy(), np.empty((99, VEC), np.float32))
+        keys = table.keys[:100].copy()
+        out = np.empty((100, VEC), np.float32)
+        ct.lookup(keys, out)
+        np.testing.assert_array_equal(out, _truth(keys))
+        assert ct.stats.snapshot()["default_answered"] == 0
+    finally:
+        inserter.close()
+
+
 def test_unknown_keys_get_the_default_in_both_paths(table, make_cache):
     cache = make_cache(ROWS)
     ct = CachedTable("t", LocalTableStore(table), cache, hit_rate_threshold=1.1)
@@ -152,13 +219,13 @@ def test_refresh_rereads_cached_rows_from_the_store(table, make_cache):
     # Put stale vectors in the cache, as if the store had been updated since.
     cache.insert(keys, np.zeros((100, VEC), np.float32))
     ct = CachedTable("t", LocalTableStore(table), cache, hit_rate_threshold=1.1)
-    cursor = 0
-    for _ in range(4):  # 25% per iteration: four iterations cover every cached row
-        cursor = ct.refresh(0.25, cursor)
+    # one pass re-reads every cached row (HPS), in chunks of 25% of the cache
+    assert ct.refresh(0.25) == 100
     out = np.empty((100, VEC), np.float32)
     assert ct.lookup(keys, out) == 100
     np.testing.assert_array_equal(out, _truth(keys))
     assert ct.stats.snapshot()["refreshed"] == 100
+    assert ct.refresh(0.0) == 0  # <= 0 disables refresh (HPS)
 
 
 def test_the_refresher_thread_runs_on_its_interval(table, make_cache):

@@ -89,8 +89,17 @@ def test_a_new_table_content_gets_a_new_cache(params, tmp_path):
         s2.close()
 
 
+def test_init_ec_alone_leaves_a_dynamic_cache_empty_as_hps_does(params, tmp_path):
+    # HPS runs init_ec only with a refresh percentage > 0 (hier_parameter_server.cpp L221-232)
+    s = open_session(params(init_ec=True), InstanceSpec(store_dir=str(tmp_path / "store")))
+    try:
+        assert all(ct.cache.size() == 0 for ct in s.cached_tables)
+    finally:
+        s.close()
+
+
 def test_init_ec_fills_an_empty_shared_cache(params, tmp_path):
-    p = params(init_ec=True)
+    p = params(init_ec=True, cache_refresh_percentage_per_iteration=0.5)
     s = open_session(p, InstanceSpec(store_dir=str(tmp_path / "store")))
     try:
         for t, (ct, spec) in enumerate(zip(s.cached_tables, TABLES)):
@@ -128,3 +137,39 @@ def test_a_gpu_instance_without_cupy_fails_clearly_and_leaves_nothing(params, tm
         open_session(p, InstanceSpec(kind="GPU", device_id=0, store_dir=str(tmp_path / "store")))
     assert not [e for e in os.listdir("/dev/shm") if p.model in e]
     assert not glob.glob(f"/dev/shm/trec-ns-*/*{p.model}*")
+
+
+def test_a_static_table_caches_every_row_and_never_answers_a_stored_key_with_the_default(
+    params, tmp_path
+):
+    # HPS's static table: sized to the whole table (gpucacheper ignored), warmed at load,
+    # hit_rate_threshold ignored (static_table.cpp L28-106, hier_parameter_server.cpp L221-232)
+    p = params(embedding_cache_type="static", hit_rate_threshold=0.0, gpucacheper=0.01)
+    s = open_session(p, InstanceSpec(store_dir=str(tmp_path / "store")))
+    try:
+        for ct, spec in zip(s.cached_tables, TABLES):
+            assert ct.cache.capacity >= spec.rows and ct.inserter is None
+            assert ct.cache.size() >= 0.8 * spec.rows  # warmed at load
+        rng = np.random.default_rng(3)
+        for _ in range(3):
+            keys, req = _request(s, rng)
+            np.testing.assert_array_equal(s.lookup(req), _truth(keys))
+        assert all(ct.stats.snapshot()["default_answered"] == 0 for ct in s.cached_tables)
+    finally:
+        s.close()
+
+
+def test_requests_merged_in_one_execute_are_judged_each_by_its_own_hit_rate(params, tmp_path):
+    # HPS computes the hit rate per request (embedding_cache.cpp L349-456): a cold request
+    # batched with a warm one gets its real vectors, not the defaults
+    p = params(hit_rate_threshold=0.5)
+    s = open_session(p, InstanceSpec(store_dir=str(tmp_path / "store")))
+    try:
+        warm_keys, warm = _request(s, np.random.default_rng(1))
+        s.lookup(warm)  # 0% hits < 0.5: fetched and cached now
+        cold_keys, cold = _request(s, np.random.default_rng(2))
+        got_warm, got_cold = s.lookup_many([warm, cold])
+        np.testing.assert_array_equal(got_warm, _truth(warm_keys))
+        np.testing.assert_array_equal(got_cold, _truth(cold_keys))
+    finally:
+        s.close()

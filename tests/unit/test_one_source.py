@@ -55,7 +55,7 @@ def test_policy_members_are_their_value_wherever_a_string_is_expected():
 def test_parsed_policies_are_members_and_bad_ones_name_the_choices():
     p = _ps(cache_policy="tinylfu").models[0]
     assert p.cache_policy is CachePolicy.TINYLFU
-    assert _ps().models[0].volatile_db.overflow_policy is OverflowPolicy.EVICT_OLDEST
+    assert _ps().models[0].volatile_db.overflow_policy is OverflowPolicy.EVICT_RANDOM
     with pytest.raises(ConfigError, match=r"one of \['lru', 'tinylfu'\], got 'lfu'"):
         _ps(cache_policy="lfu")
 

@@ -95,7 +95,6 @@ def test_bad_model_values_name_the_model_and_key(override, needle):
         "sparse_files",
         "embedding_vecsize_per_table",
         "maxnum_catfeature_query_per_table_per_sample",
-        "max_batch_size",
     ],
 )
 def test_required_model_keys_are_required(key):
@@ -118,8 +117,8 @@ def test_top_level_rules():
 
 def test_cache_keys_are_parsed_with_hps_defaults():
     m = parse_ps_config(_doc()).model("m")
-    assert (m.cache_policy, m.cache_ways, m.init_ec, m.refresh_interval) == ("lru", 8, False, 0.0)
-    assert m.cache_refresh_percentage_per_iteration == 0.1 and m.gpucacheper == 0.2
+    assert (m.cache_policy, m.cache_ways, m.init_ec, m.refresh_interval) == ("lru", 8, True, 0.0)
+    assert m.cache_refresh_percentage_per_iteration == 0.0 and m.gpucacheper == 0.2
     m = parse_ps_config(
         _doc(
             _model(

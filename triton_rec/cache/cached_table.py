@@ -3,12 +3,17 @@
 Lookup (HPS semantics, ``hit_rate_threshold`` of ps.json):
 
 1. the cache answers the keys it holds;
-2. if the batch's hit rate is **at or above** the threshold, the misses are answered
-   with the table's default value right away and handed to a background inserter
-   that fetches them from the store and inserts them (later lookups hit);
-3. below the threshold the misses are fetched from the store synchronously, answered
-   correctly and inserted before returning. A threshold above 1.0 therefore means
-   "always synchronous", 0.0 "never wait".
+2. the hit rate is HPS's: per request and per table, over the request's *unique* keys
+   (a request without keys for the table counts as 1.0). Several requests merged into one
+   lookup (one ``execute``) are judged each on its own (``segments``), so a cold request
+   is never answered with defaults because warm ones were batched with it;
+3. a request whose hit rate is **at or above** the threshold gets its misses answered
+   with the table's default value right away; they go to a background inserter that
+   fetches them from the store and inserts them (later lookups hit);
+4. below the threshold the request's misses are fetched from the store synchronously,
+   answered correctly and inserted before returning. A threshold above 1.0 therefore
+   means "always synchronous", 0.0 "never wait". ``static`` tables (``exact=True``) always
+   fetch (HPS's static embedding cache never answers a stored key with the default).
 
 The cache is shared by every instance on the node (one per model, device and table);
 each instance has its own :class:`CachedTable`, statistics and background threads.
@@ -21,7 +26,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Protocol
+from typing import Dict, List, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -105,18 +110,26 @@ class CachedTable:
         cache: Optional[EmbeddingCache] = None,
         hit_rate_threshold: float = MODEL_DEFAULTS["hit_rate_threshold"],
         inserter: Optional[BackgroundInserter] = None,
+        exact: bool = False,
     ):
         self.name = name
         self.store = store
         self.cache = cache
         self.hit_rate_threshold = float(hit_rate_threshold)
-        self.inserter = inserter
+        # exact: every miss is fetched synchronously (static tables), whatever the threshold
+        self.inserter = None if exact else inserter
         self.vec_size = store.vec_size
         self.default_value = store.default_value
         self.stats = TableStats()
 
-    def lookup(self, keys: np.ndarray, out: np.ndarray) -> int:
-        """Fill ``out`` (float32 ``[M, D]``) with the vectors of ``keys``; returns cache hits."""
+    def lookup(
+        self, keys: np.ndarray, out: np.ndarray, segments: Optional[Sequence[int]] = None
+    ) -> int:
+        """Fill ``out`` (float32 ``[M, D]``) with the vectors of ``keys``; returns cache hits.
+
+        ``segments``: the number of keys of each request merged into ``keys``, in order
+        (None: one request); the hit rate is judged per request (module docstring).
+        """
         m = keys.shape[0]
         if m == 0:
             return 0
@@ -136,35 +149,61 @@ class CachedTable:
             self.stats.add(lookups=m, hits=hits, cache_ns=t1 - t0)
             return hits
         miss_idx = np.flatnonzero(hit == 0)
-        miss_keys = keys[miss_idx]
-        if hits / m >= self.hit_rate_threshold and self.inserter is not None:
-            out[miss_idx] = self.default_value
-            accepted = self.inserter.submit(self, miss_keys)
-            self.stats.add(
-                lookups=m,
-                hits=hits,
-                misses=misses,
-                default_answered=misses,
-                queued=misses if accepted else 0,
-                dropped=0 if accepted else misses,
-                cache_ns=t1 - t0,
+        counts = {"lookups": m, "hits": hits, "misses": misses}
+        defer = self._deferred(keys, hit, segments)
+        if defer is not None:
+            deferred = miss_idx[defer[miss_idx]]
+            miss_idx = miss_idx[~defer[miss_idx]]
+            out[deferred] = self.default_value
+            assert self.inserter is not None  # _deferred returns None without one
+            accepted = self.inserter.submit(self, keys[deferred])
+            n = int(deferred.shape[0])
+            counts.update(
+                default_answered=n, queued=n if accepted else 0, dropped=0 if accepted else n
             )
+        fetched_n = int(miss_idx.shape[0])
+        if fetched_n == 0:
+            self.stats.add(cache_ns=t1 - t0, **counts)
             return hits
-        fetched = np.empty((misses, self.vec_size), dtype=np.float32)
+        miss_keys = keys[miss_idx]
+        fetched = np.empty((fetched_n, self.vec_size), dtype=np.float32)
+        t1b = time.perf_counter_ns()
         self.store.fetch(miss_keys, fetched)
         out[miss_idx] = fetched
         t2 = time.perf_counter_ns()
         self.cache.insert(miss_keys, fetched)
         t3 = time.perf_counter_ns()
         self.stats.add(
-            lookups=m,
-            hits=hits,
-            misses=misses,
-            sync_fetched=misses,
+            sync_fetched=fetched_n,
             cache_ns=(t1 - t0) + (t3 - t2),
-            store_ns=t2 - t1,
+            store_ns=t2 - t1b,
+            **counts,
         )
         return hits
+
+    def _deferred(
+        self, keys: np.ndarray, hit: np.ndarray, segments: Optional[Sequence[int]]
+    ) -> Optional[np.ndarray]:
+        """Per key, whether its request's hit rate is at or above the threshold (its misses
+        are answered with the default and inserted in the background); None when every
+        miss is fetched now."""
+        if self.inserter is None or self.hit_rate_threshold > 1.0:
+            return None
+        if self.hit_rate_threshold <= 0.0:
+            return np.ones(keys.shape[0], dtype=bool)
+        defer = np.zeros(keys.shape[0], dtype=bool)
+        start = 0
+        for n in segments if segments is not None else (keys.shape[0],):
+            seg_hit = hit[start : start + n]
+            if n and seg_hit.all():
+                start += n
+                continue
+            # unique keys of this request: a key asked twice counts once (HPS)
+            _, first = np.unique(keys[start : start + n], return_index=True)
+            if first.shape[0] == 0 or seg_hit[first].sum() >= self.hit_rate_threshold * len(first):
+                defer[start : start + n] = True
+            start += n
+        return defer if defer.any() else None
 
     def fill_from_store(self, keys: np.ndarray) -> None:
         """Fetch ``keys`` from the store and insert them in the cache (background path)."""
@@ -174,24 +213,22 @@ class CachedTable:
         self.store.fetch(keys, vectors)
         self.cache.insert(keys, vectors)
 
-    def refresh(self, fraction: float, cursor: int) -> int:
-        """Re-read a ``fraction`` of the cached keys from the store, starting at ``cursor``.
-
-        Returns the next cursor. Only rows still cached are overwritten (``update``).
-        """
-        if self.cache is None:
+    def refresh(self, fraction: float) -> int:
+        """One refresh pass as HPS does it (hier_parameter_server.cpp L862-943): re-read
+        *every* cached row from the store, in chunks of ``fraction`` of the cache; only rows
+        still cached are overwritten (``update``). Returns the rows re-read."""
+        if self.cache is None or fraction <= 0:
             return 0
         cached = np.asarray(self.cache.keys())
-        if cached.shape[0] == 0:
-            return 0
-        n = max(1, int(np.ceil(cached.shape[0] * fraction)))
-        start = cursor % cached.shape[0]
-        batch = np.take(cached, np.arange(start, start + n), mode="wrap")
-        vectors = np.empty((batch.shape[0], self.vec_size), dtype=np.float32)
-        self.store.fetch(batch, vectors)
-        self.cache.update(batch, vectors)
-        self.stats.add(refreshed=int(batch.shape[0]))
-        return start + n
+        n = int(cached.shape[0])
+        chunk = max(1, int(np.ceil(n * fraction)))
+        for start in range(0, n, chunk):
+            batch = np.ascontiguousarray(cached[start : start + chunk])
+            vectors = np.empty((batch.shape[0], self.vec_size), dtype=np.float32)
+            self.store.fetch(batch, vectors)
+            self.cache.update(batch, vectors)
+        self.stats.add(refreshed=n)
+        return n
 
     def warm_up(self, max_rows: int) -> int:
         """``init_ec``: insert up to ``max_rows`` rows of the store into the cache."""
@@ -262,7 +299,8 @@ class BackgroundInserter:
 
 
 class Refresher:
-    """Every ``interval`` seconds, re-read ``fraction`` of each table's cached rows.
+    """Every ``interval`` seconds, re-read each table's cached rows (in chunks of
+    ``fraction`` of the cache, :meth:`CachedTable.refresh`).
 
     HPS's ``refresh_interval`` / ``cache_refresh_percentage_per_iteration``: keeps
     cached rows in step with a store that receives online updates.
@@ -275,17 +313,16 @@ class Refresher:
         self.interval = float(interval)
         self.delay = float(delay)
         self.fraction = float(fraction)
-        self._cursors = [0] * len(tables)
         self._throttle = LogThrottle()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trec-refresher", daemon=True)
         self._thread.start()
 
     def run_once(self) -> None:
-        """Refresh one ``fraction`` of each table's cached rows (what each interval does)."""
-        for i, t in enumerate(self.tables):
+        """One refresh pass over every table (what each interval does)."""
+        for t in self.tables:
             try:
-                self._cursors[i] = t.refresh(self.fraction, self._cursors[i])
+                t.refresh(self.fraction)
             except Exception:
                 allowed, held = self._throttle.allow()
                 if allowed:

@@ -23,7 +23,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from triton_rec import _native
 from triton_rec.config.model_files import ConfigFileError, read_json
@@ -52,16 +52,18 @@ _MODEL_KEYS_USED = {
     "cache_policy",
     "cache_ways",
     "freeze_sparse",
+    "embedding_cache_type",
+    "use_static_table",
 }
 _MODEL_KEYS_KNOWN = _MODEL_KEYS_USED | {
     "num_of_worker_buffer_in_pool",
     "num_of_refresher_buffer_in_pool",
-    "embedding_cache_type",
     "label_dim",
     "slot_num",
     "maxnum_des_feature_per_sample",
-    "use_static_table",
     "use_context_stream",
+    "fp8_quant",
+    "enable_pagelock",
     "fuse_embedding_table",
     "sparse_model_files",
     "use_mixed_precision",
@@ -76,6 +78,26 @@ _MODEL_KEYS_KNOWN = _MODEL_KEYS_USED | {
     "thread_pool_size",
     "use_hctr_cache_implementation",
     "gpucache_type",
+}
+#: Model keys that steer HPS's GPU machinery and what each means on this node; the
+#: backends log one line per key a model sets (:func:`config_warnings`).
+GPU_ONLY_OPTIONS = {
+    "num_of_worker_buffer_in_pool": "HPS's pool of GPU lookup workspaces; instances here "
+    "need none (each lookup writes straight into its response)",
+    "num_of_refresher_buffer_in_pool": "GPU workspaces of HPS's refresher; the refresher "
+    "here reads the store into host memory",
+    "use_context_stream": "CUDA stream selection; no CUDA stream is used on this node",
+    "thread_pool_size": "HPS's insert/lookup thread pool; here one background inserter "
+    "thread per instance (2-core nodes)",
+    "use_hctr_cache_implementation": "choice between HPS's two GPU cache kernels; the "
+    "cache here is the shared-memory CPU cache (or the CuPy cache with a GPU)",
+    "enable_pagelock": "pinned host memory for static GPU tables; tables here are "
+    "memory-mapped files in the node-local store",
+    "fp8_quant": "fp8 storage of static GPU tables; tables here stay fp32",
+    "use_cuda_graph": "CUDA graphs for the dense network; the dense part runs on the CPU",
+    "use_algorithm_search": "cuBLAS algorithm search; the dense part runs on the CPU",
+    "use_mixed_precision": "fp16 dense layers on the GPU; the dense part runs in fp32",
+    "scaler": "the loss scaler of mixed precision; unused at inference here",
 }
 #: Limits of ps.json values (docs/operations.md, "Configuration limits"). The cache
 #: limits are the native cache's own (src/native/shm_cache.hpp).
@@ -130,6 +152,31 @@ class OverflowPolicy(StrEnum):
     EVICT_OLDEST = "evict_oldest"
     EVICT_RANDOM = "evict_random"
     EVICT_LEAST_USED = "evict_least_used"
+
+
+class EmbeddingCacheType(StrEnum):
+    """``embedding_cache_type`` of a model (HPS names, inference_utils.cpp L930-960;
+    ``use_static_table: true`` forces ``static``, L656-658). What each means here
+    (docs/upstream-notes.md, "Embedding cache types"):
+
+    ``dynamic``: the cache with ``hit_rate_threshold`` semantics (HPS's default).
+    ``static``: HPS keeps the whole table on the GPU and never answers a stored key with
+    the default value; here the cache fetches every miss synchronously (``exact``).
+    ``uvm``: HPS keeps ``gpucacheper`` of the rows on the GPU, the rest in host memory,
+    every answer exact: the same as ``static`` here.
+    ``stochastic``: never selectable in HPS's backends (their lower-casing makes the
+    branch unreachable); served as ``dynamic``.
+    """
+
+    DYNAMIC = "dynamic"
+    STATIC = "static"
+    UVM = "uvm"
+    STOCHASTIC = "stochastic"
+
+    @property
+    def exact(self) -> bool:
+        """Whether every miss is fetched synchronously (no default answers for stored keys)."""
+        return self in (EmbeddingCacheType.STATIC, EmbeddingCacheType.UVM)
 
 
 #: Cache policies a model may choose with the ``cache_policy`` key (our extension).
@@ -202,17 +249,44 @@ def model_relative_path(model_dir: str, parameter: Optional[str]) -> Optional[st
 
 # ---- storage tiers (top-level volatile_db / persistent_db / update_source) -------------
 
-#: ``volatile_db.type`` values and what serves them here: every HPS in-memory hash map
-#: type is the node-local store (one memory-mapped copy per node, read-only).
+#: ``volatile_db.type`` spellings HPS accepts (HugeCTR v23.09 inference_utils.cpp L849-902,
+#: ``get_hps_database_type``; matched here without regard to case, as hugectr_backend's
+#: triton_helpers.cpp does) and what serves them here: every HPS in-memory hash map type
+#: is the node-local store (one memory-mapped copy per node, read-only).
 VOLATILE_TYPES = {
-    "hash_map": "hash_map",
-    "parallel_hash_map": "hash_map",
-    "multi_process_hash_map": "hash_map",
-    "redis_cluster": "redis_cluster",
-    "disabled": "disabled",
+    **dict.fromkeys(("disabled", "disable", "none"), "disabled"),
+    **dict.fromkeys(("hash_map", "hashmap", "hash", "map"), "hash_map"),
+    **dict.fromkeys(
+        ("parallel_hash_map", "parallel_hashmap", "parallel_hash", "parallel_map"), "hash_map"
+    ),
+    **dict.fromkeys(
+        (
+            "multi_process_hash_map",
+            "multi_process_hashmap",
+            "multi_process_hash",
+            "multi_process_map",
+        ),
+        "hash_map",
+    ),
+    **dict.fromkeys(("redis_cluster", "redis"), "redis_cluster"),
 }
-PERSISTENT_TYPES = {"rocks_db": "rocks_db", "rocksdb": "rocks_db", "disabled": "disabled"}
-UPDATE_SOURCE_TYPES = {"null": "null", "none": "null", "redis_stream": "redis_stream"}
+#: ``persistent_db.type`` spellings (the same upstream function).
+PERSISTENT_TYPES = {
+    **dict.fromkeys(("disabled", "disable", "none"), "disabled"),
+    **dict.fromkeys(("rocks_db", "rocksdb", "rocks"), "rocks_db"),
+}
+#: ``update_source.type`` spellings (HPS's, inference_utils.cpp L904-928, and ours).
+UPDATE_SOURCE_TYPES = {
+    **dict.fromkeys(("null", "none"), "null"),
+    **dict.fromkeys(("kafka_message_queue", "kafka_mq", "kafka"), "kafka_message_queue"),
+    "redis_stream": "redis_stream",
+}
+#: ``volatile_db.overflow_policy`` spellings (inference_utils.cpp L962-993).
+OVERFLOW_POLICY_NAMES = {
+    **dict.fromkeys(("evict_random", "random"), "evict_random"),
+    **dict.fromkeys(("evict_least_used", "least_used"), "evict_least_used"),
+    **dict.fromkeys(("evict_oldest", "oldest"), "evict_oldest"),
+}
 OVERFLOW_POLICIES = tuple(p.value for p in OverflowPolicy)
 #: what a lookup does when a tier cannot be reached: raise (the request fails with an
 #: error naming the tier) or go on with the next tier (then the default value).
@@ -311,9 +385,13 @@ class VolatileDBParams:
 
     Args:
         type: ``hash_map`` (every HPS hash map type: the node-local store), ``redis_cluster``
-            or ``disabled``.
+            or ``disabled``. HPS reads a ``volatile_db`` section without ``type`` as
+            ``disabled`` (and a missing section as ``parallel_hash_map``); so do we.
         redis: connection settings (``redis_cluster``).
-        num_partitions: Redis hashes per table (HPS default 8).
+        num_partitions: Redis hashes per table. None (the key absent): the count of a table
+            the cluster already holds, detected from its hashes
+            (:meth:`~triton_rec.storage.redis_store.RedisClusterStore`); for a new table
+            HPS's default, :func:`default_num_partitions`.
         max_batch_size: most keys per Redis command (``max_get/set_batch_size`` are read
             as its older spelling).
         overflow_margin: most rows per partition (None: unbounded). For
@@ -334,10 +412,10 @@ class VolatileDBParams:
 
     type: str = "hash_map"
     redis: RedisParams = field(default_factory=RedisParams)
-    num_partitions: int = 8
-    max_batch_size: int = 10000
+    num_partitions: Optional[int] = None
+    max_batch_size: int = 65536
     overflow_margin: Optional[int] = None
-    overflow_policy: OverflowPolicy = OverflowPolicy.EVICT_OLDEST
+    overflow_policy: OverflowPolicy = OverflowPolicy.EVICT_RANDOM
     overflow_resolution_target: float = 0.8
     initial_cache_rate: float = 1.0
     cache_missed_embeddings: bool = False
@@ -377,7 +455,7 @@ class PersistentDBParams:
     path: str = "/tmp/rocksdb"
     num_threads: int = 16
     read_only: bool = False
-    max_batch_size: int = 10000
+    max_batch_size: int = 65536
     update_filters: Tuple[str, ...] = _DEFAULT_UPDATE_FILTERS
     on_unavailable: str = "fail"
     unknown_keys: Tuple[str, ...] = ()
@@ -485,10 +563,19 @@ def _redis_params(sec: dict, where: str, base_dir: str) -> RedisParams:
     )
 
 
-def _parse_volatile(sec: dict, base_dir: str, source: str) -> VolatileDBParams:
+def default_num_partitions() -> int:
+    """HPS's ``num_partitions`` when ps.json has none: min(16, hardware threads)
+    (HugeCTR v23.09 inference_utils.cpp L83-86), at least 1."""
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+def _parse_volatile(sec: Optional[dict], base_dir: str, source: str) -> VolatileDBParams:
     where = f"{source}: volatile_db"
     d = VolatileDBParams()
-    typ = _choice(sec.get("type", "parallel_hash_map"), VOLATILE_TYPES, f"{where}.type")
+    if sec is None:  # no volatile_db section: HPS's struct default (parallel_hash_map)
+        return d
+    # A section without "type" is "disabled" in HPS (inference_utils.cpp L439-441).
+    typ = _choice(sec["type"], VOLATILE_TYPES, f"{where}.type") if "type" in sec else "disabled"
     margin = sec.get("overflow_margin")
     if margin is not None:
         margin = _as_int(margin, f"{where}.overflow_margin", 1)
@@ -508,18 +595,15 @@ def _parse_volatile(sec: dict, base_dir: str, source: str) -> VolatileDBParams:
     return VolatileDBParams(
         type=typ,
         redis=_redis_params(sec, where, base_dir),
-        num_partitions=_as_int(
-            sec.get("num_partitions", d.num_partitions),
-            f"{where}.num_partitions",
-            1,
-            MAX_TIER_COUNT,
-        ),
+        num_partitions=None
+        if sec.get("num_partitions") is None
+        else _as_int(sec["num_partitions"], f"{where}.num_partitions", 1, MAX_TIER_COUNT),
         max_batch_size=_batch_size(sec, where, d.max_batch_size),
         overflow_margin=margin,
         overflow_policy=OverflowPolicy(
             _choice(
                 sec.get("overflow_policy", d.overflow_policy),
-                OVERFLOW_POLICIES,
+                OVERFLOW_POLICY_NAMES,
                 f"{where}.overflow_policy",
             )
         ),
@@ -684,21 +768,25 @@ class ModelParams:
         hit_rate_threshold: below it, misses are fetched synchronously.
         cache_policy: ``lru`` (HPS) or ``tinylfu`` (LRU eviction + TinyLFU admission).
         cache_ways: ways per set of the set-associative cache.
-        init_ec: fill the cache from the table when it is created.
+        init_ec: fill the cache from the table when it is created; as in HPS only with a
+            refresh percentage > 0, or for a non-dynamic ``embedding_cache_type``.
         refresh_interval: seconds between cache refreshes (0 = never).
         refresh_delay: seconds before the first refresh.
-        cache_refresh_percentage_per_iteration: fraction of cached rows per refresh.
+        cache_refresh_percentage_per_iteration: each refresh re-reads every cached row, in
+            chunks of this fraction of the cache; 0 (HPS's default) disables refresh.
+        embedding_cache_type: see :class:`EmbeddingCacheType`.
         freeze_sparse: keep what the writable tiers hold when the model is loaded again
             (no re-import of changed sparse files; online updates stay).
         volatile_db, persistent_db, update_source: the file's tier sections (shared by
             every model of the file).
         extra: documented keys this version does not act on, as given.
         unknown_keys: keys that nobody documented (kept for warnings).
+        notes: what the parser did that the file does not say (logged at load).
     """
 
     model: str
     tables: Tuple[TableParams, ...]
-    max_batch_size: int
+    max_batch_size: int = 64
     dense_file: Optional[str] = None
     network_file: Optional[str] = None
     non_trainable_params_file: Optional[str] = None
@@ -708,16 +796,18 @@ class ModelParams:
     hit_rate_threshold: float = 0.9
     cache_policy: CachePolicy = CachePolicy.LRU
     cache_ways: int = 8
-    init_ec: bool = False
+    init_ec: bool = True
     refresh_interval: float = 0.0
     refresh_delay: float = 0.0
-    cache_refresh_percentage_per_iteration: float = 0.1
+    cache_refresh_percentage_per_iteration: float = 0.0
     freeze_sparse: bool = False
+    embedding_cache_type: EmbeddingCacheType = EmbeddingCacheType.DYNAMIC
     volatile_db: VolatileDBParams = field(default_factory=VolatileDBParams)
     persistent_db: PersistentDBParams = field(default_factory=PersistentDBParams)
     update_source: UpdateSourceParams = field(default_factory=UpdateSourceParams)
     extra: Dict[str, Any] = field(default_factory=dict)
     unknown_keys: Tuple[str, ...] = ()
+    notes: Tuple[str, ...] = ()
 
     @property
     def num_tables(self) -> int:
@@ -830,18 +920,13 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
             _per_table(obj, "maxnum_catfeature_query_per_table_per_sample", n, where)
         )
     ]
-    defaults = [
-        _as_float(v, table_key("default_value_for_each_table", i))
-        for i, v in enumerate(
-            _per_table(
-                obj, "default_value_for_each_table", n, where, [TABLE_DEFAULTS["default_value"]] * n
-            )
-        )
-    ]
-
-    if "max_batch_size" not in obj:
-        raise _fail(where, "missing required key 'max_batch_size'")
-    max_batch = _as_int(obj["max_batch_size"], f"{where}.max_batch_size", 1, MAX_BATCH_SIZE)
+    defaults, notes = _default_values(obj, n, where, table_key)
+    max_batch = _as_int(
+        obj.get("max_batch_size", dft["max_batch_size"]),
+        f"{where}.max_batch_size",
+        1,
+        MAX_BATCH_SIZE,
+    )
     if max_batch * sum(maxnum) > MAX_KEYS_PER_REQUEST:
         raise _fail(
             f"{where}.max_batch_size",
@@ -893,6 +978,15 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
             "'cache_refresh_percentage_per_iteration' must be within [0, 1], "
             f"got {refresh_fraction}",
         )
+    cache_type = EmbeddingCacheType(
+        _choice(
+            obj.get("embedding_cache_type", dft["embedding_cache_type"]),
+            {t.value: t.value for t in EmbeddingCacheType},
+            f"{where}.embedding_cache_type",
+        )
+    )
+    if _as_bool(obj.get("use_static_table", False), f"{where}.use_static_table"):
+        cache_type = EmbeddingCacheType.STATIC  # HPS: use_static_table forces static (L656-658)
     seconds = {}
     for key in ("refresh_interval", "refresh_delay"):
         seconds[key] = _as_float(obj.get(key, dft[key]), f"{where}.{key}")
@@ -922,9 +1016,35 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
         freeze_sparse=_as_bool(
             obj.get("freeze_sparse", dft["freeze_sparse"]), f"{where}.freeze_sparse"
         ),
+        embedding_cache_type=cache_type,
         extra={k: v for k, v in obj.items() if k in _MODEL_KEYS_KNOWN - _MODEL_KEYS_USED},
         unknown_keys=tuple(sorted(k for k in obj if k not in _MODEL_KEYS_KNOWN)),
+        notes=tuple(notes),
     )
+
+
+def _default_values(obj: dict, n: int, where: str, table_key) -> Tuple[List[float], List[str]]:
+    """``default_value_for_each_table`` as HPS reads it (inference_utils.cpp L590-605): a
+    short list is padded with 0, entries past the number of tables are ignored; both are
+    noted for the load log. Absent: every table's default is 0 (HPS requires the key)."""
+    key = "default_value_for_each_table"
+    if key not in obj:
+        return [TABLE_DEFAULTS["default_value"]] * n, []
+    given = _as_list(obj[key], f"{where}.{key}")
+    values = [_as_float(v, table_key(key, i)) for i, v in enumerate(given[:n])]
+    notes = []
+    if len(given) < n:
+        notes.append(
+            f"{where}: '{key}' has {len(given)} entries for {n} tables: the last "
+            f"{n - len(given)} tables default to 0.0 (as HPS pads it)"
+        )
+        values += [0.0] * (n - len(given))
+    elif len(given) > n:
+        notes.append(
+            f"{where}: '{key}' has {len(given)} entries for {n} tables: the extra "
+            f"{len(given) - n} are ignored (as in HPS)"
+        )
+    return values, notes
 
 
 def _section(obj: dict, key: str, source: str) -> Dict[str, Any]:
@@ -960,9 +1080,19 @@ def parse_ps_config(obj: Any, base_dir: str = ".", source: str = "<memory>") -> 
         if m.model in seen:
             raise _fail(source, f"model {m.model!r} appears twice in 'models'")
         seen.add(m.model)
-    vol = _parse_volatile(_section(obj, "volatile_db", source), base_dir, source)
+    vol_section = (
+        _section(obj, "volatile_db", source) if obj.get("volatile_db") is not None else None
+    )
+    vol = _parse_volatile(vol_section, base_dir, source)
     per = _parse_persistent(_section(obj, "persistent_db", source), base_dir, source)
     upd = _parse_update_source(_section(obj, "update_source", source), base_dir, source)
+    if vol_section is not None and "type" not in vol_section and per.type == "disabled":
+        raise _fail(
+            f"{source}: volatile_db",
+            "has no 'type': HPS reads that as disabled, and with persistent_db disabled too no "
+            'tier would hold the embeddings: add "type": "parallel_hash_map" (the node-local '
+            'store) or "redis_cluster"',
+        )
     _check_tiers(vol, per, upd, source)
     models = tuple(
         dataclasses.replace(m, volatile_db=vol, persistent_db=per, update_source=upd)
@@ -1008,6 +1138,18 @@ def config_warnings(source: str, params: ModelParams) -> Tuple[str, ...]:
     out = [
         f"{source}: model '{params.model}': unknown key '{k}' ignored" for k in params.unknown_keys
     ]
+    out += list(params.notes)
+    out += [
+        f"{source}: model '{params.model}': '{k}' has no effect on this node: {meaning}"
+        for k, meaning in GPU_ONLY_OPTIONS.items()
+        if k in params.extra
+    ]
+    if params.embedding_cache_type in (EmbeddingCacheType.UVM, EmbeddingCacheType.STOCHASTIC):
+        served = "static (every miss fetched)" if params.embedding_cache_type.exact else "dynamic"
+        out.append(
+            f"{source}: model '{params.model}': embedding_cache_type "
+            f"'{params.embedding_cache_type}' is served as {served}"
+        )
     for section, keys in (
         ("volatile_db", params.volatile_db.unknown_keys),
         ("persistent_db", params.persistent_db.unknown_keys),

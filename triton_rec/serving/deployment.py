@@ -27,7 +27,12 @@ from typing import List, Optional
 
 from triton_rec.config.model_config import InstanceSettings
 from triton_rec.config.model_files import confine
-from triton_rec.config.ps_json import ModelParams, TableParams, model_relative_path
+from triton_rec.config.ps_json import (
+    EmbeddingCacheType,
+    ModelParams,
+    TableParams,
+    model_relative_path,
+)
 from triton_rec.serving.session import LookupSession, TableSet
 from triton_rec.storage import node_store
 from triton_rec.storage.backing_store import BackingStore, LocalTableStore, tier_table_name
@@ -66,7 +71,11 @@ class InstanceSpec:
 
 
 def cache_capacity(params: ModelParams, table: EmbeddingTable) -> int:
-    """Rows of a table's cache: ``gpucacheper`` of its rows (0 means no cache)."""
+    """Rows of a table's cache: ``gpucacheper`` of its rows (0 means no cache); a
+    ``static`` table's cache holds all of them, as HPS's static table does (gpucacheper
+    ignored, static_table.cpp L28-106)."""
+    if params.gpucache and params.embedding_cache_type == EmbeddingCacheType.STATIC:
+        return max(1, table.num_rows)
     if not params.gpucache or params.gpucacheper <= 0:
         return 0
     return max(1, math.ceil(params.gpucacheper * table.num_rows))

@@ -115,7 +115,9 @@ class RankingSession:
         embeddings = []
         for t, table in enumerate(self.cached_tables):
             vectors = np.empty((keys[t].shape[0], table.vec_size), dtype=np.float32)
-            table.lookup(keys[t], vectors)
+            # the cache's hit rate is judged per request (None: one request)
+            segments = [r.keys[t].shape[0] for r in requests] if len(requests) > 1 else None
+            table.lookup(keys[t], vectors, segments)
             embeddings.append(
                 combine_slots(vectors, ptrs[t], self.combiners[t], slot_num=self.slots[t])
             )

@@ -14,7 +14,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from triton_rec.cache.cached_table import BackgroundInserter, CachedTable, EmbeddingCache, Refresher
-from triton_rec.config.ps_json import ModelParams, TableParams
+from triton_rec.config.ps_json import EmbeddingCacheType, ModelParams, TableParams
 from triton_rec.errors import RequestError
 from triton_rec.formats.tables import read_table
 from triton_rec.storage.backing_store import BackingStore, LocalTableStore
@@ -27,6 +27,15 @@ TableLoader = Callable[[TableParams], EmbeddingTable]
 #: ``(table params, loaded table) -> BackingStore``: what the cache of a table sits in
 #: front of (default: the loaded table itself).
 StoreOpener = Callable[[TableParams, EmbeddingTable], BackingStore]
+
+
+def warm_up_at_load(params: ModelParams) -> bool:
+    """Whether a model's caches are filled at load: HPS runs ``init_ec`` only with a
+    refresh percentage > 0, and always for a non-dynamic cache type
+    (hier_parameter_server.cpp L221-232)."""
+    if params.embedding_cache_type != EmbeddingCacheType.DYNAMIC:
+        return True
+    return params.init_ec and params.cache_refresh_percentage_per_iteration > 0
 
 
 def read_table_privately(t: TableParams) -> EmbeddingTable:
@@ -80,9 +89,16 @@ class TableSet:
                 except BaseException:
                     store.close()
                     raise
-                ct = CachedTable(tp.name, store, cache, params.hit_rate_threshold, inserter)
+                ct = CachedTable(
+                    tp.name,
+                    store,
+                    cache,
+                    params.hit_rate_threshold,
+                    inserter,
+                    exact=params.embedding_cache_type.exact,
+                )
                 cached.append(ct)
-                if cache is not None and params.init_ec and cache.size() == 0:
+                if cache is not None and warm_up_at_load(params) and cache.size() == 0:
                     # init_ec: the first instance to find the shared cache empty fills it
                     # (two instances starting together may both do it; same rows).
                     ct.warm_up(int(cache.capacity))
@@ -90,7 +106,12 @@ class TableSet:
             cls(cached, inserter).close()
             raise
         refresher = None
-        if use_cache and params.refresh_interval > 0:
+        # HPS refreshes only with a percentage > 0 (hier_parameter_server.cpp L875-881)
+        if (
+            use_cache
+            and params.refresh_interval > 0
+            and params.cache_refresh_percentage_per_iteration > 0
+        ):
             refresher = Refresher(
                 cached,
                 params.refresh_interval,
@@ -277,7 +298,8 @@ class LookupSession:
         """Answer several requests with one native lookup per table.
 
         The keys every request holds for table t are gathered into one array and looked
-        up in one call; each request's answer is then assembled from its slices.
+        up in one call (the cache's hit rate still judged per request); each request's
+        answer is then assembled from its slices.
         """
         if not requests:
             return []
@@ -291,7 +313,7 @@ class LookupSession:
                 [r.keys[offsets[i, t] : offsets[i, t + 1]] for i, r in enumerate(requests)]
             )
             buf = np.empty((keys.shape[0], table.vec_size), dtype=np.float32)
-            table.lookup(keys, buf)
+            table.lookup(keys, buf, segments=[r.counts[t] for r in requests])
             per_table.append(buf)
         answers = []
         starts = np.zeros(self.params.num_tables, dtype=np.int64)

@@ -40,10 +40,18 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from triton_rec.config.ps_json import OVERFLOW_POLICIES, OverflowPolicy
+from triton_rec.config.ps_json import (
+    MAX_TIER_COUNT,
+    OVERFLOW_POLICIES,
+    OverflowPolicy,
+    VolatileDBParams,
+    default_num_partitions,
+    field_defaults,
+)
 from triton_rec.errors import ConfigError
 from triton_rec.storage.backing_store import (
     BackingStore,
+    StoreDataError,
     StoreError,
     StoreUnavailableError,
     check_keys,
@@ -97,6 +105,14 @@ def mix64(keys: np.ndarray) -> np.ndarray:
         x = x ^ _rotr(x, 24) ^ _rotr(x, 49)
         x = x * _C2
         return x ^ (x >> np.uint64(28))
+
+
+#: field of the table's metadata hash that records its partition count
+PARTITIONS_META = "num_partitions"
+#: keys sampled per partition hash to detect the partition count of a table HPS wrote
+PARTITION_SAMPLE = 64
+#: the volatile_db defaults (one source: the ps.json dataclass)
+_DEFAULTS = field_defaults(VolatileDBParams)
 
 
 def partition_of(keys: np.ndarray, num_partitions: int) -> np.ndarray:
@@ -321,8 +337,12 @@ class RedisClusterStore(BackingStore):
             (:func:`~triton_rec.storage.backing_store.tier_table_name`).
         vec_size: floats per vector.
         default_value: value of every element of an unknown key's vector.
-        num_partitions: hashes per table (HPS default 8; more spreads a table over more
-            masters). Must match the writer's: it decides where a key lives.
+        num_partitions: hashes per table; it decides where a key lives, so it must be the
+            writer's. None: the count of the table the cluster holds (recorded by this
+            project, else found from where its keys are, :meth:`_detect_partitions`; an
+            ambiguous layout is refused), and for a new table HPS's default
+            (:func:`~triton_rec.config.ps_json.default_num_partitions`). A count that
+            contradicts the one recorded for the table is refused.
         max_batch_size: most keys per HMGET/HSET/HDEL command.
         connection: how to connect (credentials, TLS, connections per master, timeouts,
             retries): the keyword arguments of :class:`RedisConnection`, which defines
@@ -345,11 +365,11 @@ class RedisClusterStore(BackingStore):
         vec_size: int,
         default_value: float = 0.0,
         *,
-        num_partitions: int = 8,
-        max_batch_size: int = 10000,
-        overflow_margin: Optional[int] = None,
-        overflow_policy: str = OverflowPolicy.EVICT_OLDEST,
-        overflow_resolution_target: float = 0.8,
+        num_partitions: Optional[int] = _DEFAULTS["num_partitions"],
+        max_batch_size: int = _DEFAULTS["max_batch_size"],
+        overflow_margin: Optional[int] = _DEFAULTS["overflow_margin"],
+        overflow_policy: str = _DEFAULTS["overflow_policy"],
+        overflow_resolution_target: float = _DEFAULTS["overflow_resolution_target"],
         refresh_time_after_fetch: bool = False,
         **connection: Any,
     ):
@@ -364,7 +384,7 @@ class RedisClusterStore(BackingStore):
             )
         for what, v in (
             ("vec_size", vec_size),
-            ("num_partitions", num_partitions),
+            ("num_partitions", 1 if num_partitions is None else num_partitions),
             ("max_batch_size", max_batch_size),
         ):
             if int(v) < 1:
@@ -373,8 +393,16 @@ class RedisClusterStore(BackingStore):
         self.table_name = table_name
         self.vec_size = int(vec_size)
         self.default_value = float(default_value)
-        self.num_partitions = int(num_partitions)
         self.max_batch_size = int(max_batch_size)
+        self.meta_key = f"hps_et{{{table_name}/meta}}".encode()
+        self._where = f"Redis Cluster {address} table {table_name!r}"
+        self._conn = RedisConnection(address, where=self._where, **connection)
+        self._client = self._conn.client
+        try:
+            self.num_partitions = self._resolve_partitions(num_partitions)
+        except BaseException:
+            self._conn.close()
+            raise
         # HPS's value hashes: hps_et{<table>/p<i>}v, the {...} hash tag puts a partition
         # (and its bookkeeping below) in one slot
         self.hash_keys = [
@@ -408,11 +436,64 @@ class RedisClusterStore(BackingStore):
         )
         # "z", not HPS's "t": HPS keeps plain hashes of times / counts there
         self.score_keys = [h[:-1] + b"z" for h in self.hash_keys]
-        self.meta_key = f"hps_et{{{table_name}/meta}}".encode()
         self.evicted = 0  # rows removed by overflow handling (this process)
-        self._where = f"Redis Cluster {address} table {table_name!r}"
-        self._conn = RedisConnection(address, where=self._where, **connection)
-        self._client = self._conn.client
+
+    # -- partitions -------------------------------------------------------------------
+
+    def _resolve_partitions(self, given: Optional[int]) -> int:
+        """The table's partition count (see ``num_partitions`` in the class docstring); the
+        count is recorded in the table's metadata the first time."""
+        recorded = self.get_meta(PARTITIONS_META)
+        if recorded is not None and given is not None and int(recorded) != int(given):
+            raise StoreDataError(
+                f"{self._where}: volatile_db.num_partitions is {given} but the table was "
+                f"written with {recorded} partitions: every key would be looked for in the "
+                f"wrong hash; remove num_partitions or set it to {recorded}"
+            )
+        if recorded is not None:
+            return int(recorded)
+        n = int(given) if given is not None else self._detect_partitions()
+        self.run_commands("HSETNX", lambda pipe: pipe.hsetnx(self.meta_key, PARTITIONS_META, n))
+        return n
+
+    def _detect_partitions(self) -> int:
+        """The partition count of a table HPS wrote (its count is min(16, hardware
+        threads) of the machine that wrote it): the hashes present give a lower bound, and
+        the count is the one under which every sampled key sits in its own partition.
+        A new table gets :func:`default_num_partitions`; a layout that fits no count, or
+        several, is refused (StoreDataError) rather than answered with default values."""
+        names = [f"hps_et{{{self.table_name}/p{i}}}v".encode() for i in range(MAX_TIER_COUNT)]
+        exists = self.run_commands("EXISTS", lambda pipe: [pipe.exists(h) for h in names])
+        present = [i for i, e in enumerate(exists) if e]
+        if not present:
+            return default_num_partitions()
+        samples = self.run_commands(
+            "HRANDFIELD",
+            lambda pipe: [pipe.hrandfield(names[i], PARTITION_SAMPLE) for i in present],
+        )
+        parts = np.concatenate(
+            [np.full(len(raw), p, dtype=np.uint64) for p, raw in zip(present, samples)]
+        )
+        hashed = mix64(decode_keys([k for raw in samples for k in raw], self._where))
+        fits = [
+            n
+            for n in range(max(present) + 1, MAX_TIER_COUNT + 1)
+            if np.array_equal(hashed % np.uint64(n), parts)
+        ]
+        if len(fits) == 1:
+            return fits[0]
+        fix = "set volatile_db.num_partitions in ps.json to the count the writer used"
+        if not fits:
+            raise StoreDataError(
+                f"{self._where}: the table's hashes p{min(present)}..p{max(present)} hold keys "
+                f"that no partition count (up to {MAX_TIER_COUNT}) places where they are: it "
+                f"was not written with HPS's layout; {fix}"
+            )
+        shown = ", ".join(map(str, fits[:8])) + (", ..." if len(fits) > 8 else "")
+        raise StoreDataError(
+            f"{self._where}: the table's keys fit {len(fits)} partition counts ({shown}): "
+            f"too few keys to tell which one HPS used; {fix}"
+        )
 
     # -- plumbing -------------------------------------------------------------------
 
