@@ -187,7 +187,14 @@ CACHE_POLICIES = tuple(p.value for p in CachePolicy)
 NAME_PATTERN = r"[A-Za-z0-9_-]{1,120}"
 NAME_RE = re.compile(NAME_PATTERN)
 _NAME_RE = NAME_RE
-_TOP_KEYS_KNOWN = {"supportlonglong", "volatile_db", "persistent_db", "update_source", "models"}
+_TOP_KEYS_KNOWN = {
+    "supportlonglong",
+    "volatile_db",
+    "persistent_db",
+    "update_source",
+    "models",
+    "fuse_embedding_table",
+}
 
 
 def _fail(where: str, msg: str) -> ConfigError:
@@ -741,6 +748,9 @@ class TableParams:
         vec_size: floats per embedding vector.
         max_keys_per_sample: ``maxnum_catfeature_query_per_table_per_sample[i]``.
         default_value: value of every element of a vector whose key is unknown.
+        fused_into: with HPS's table fusion (top-level ``fuse_embedding_table``), the
+            fused table ``fused_embedding<k>`` whose Redis/RocksDB table and update topic
+            hold this table's rows (:func:`fused_table_names`); None otherwise.
     """
 
     name: str
@@ -748,6 +758,13 @@ class TableParams:
     vec_size: int
     max_keys_per_sample: int
     default_value: float = 0.0
+    fused_into: Optional[str] = None
+
+    @property
+    def tier_name(self) -> str:
+        """The table's name in the Redis/RocksDB tiers and update topics: the fused
+        table's with table fusion, else its own."""
+        return self.fused_into or self.name
 
 
 @dataclass(frozen=True)
@@ -1023,6 +1040,15 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
     )
 
 
+def fused_table_names(vec_sizes: Sequence[int]) -> List[str]:
+    """HPS's table fusion (inference_utils.cpp L260-364): the tables of a model are grouped
+    by vector size, groups in ascending vector size, the k-th named ``fused_embedding<k>``;
+    returns each table's fused name. (HPS then looks the keys of every member up in the
+    one fused table: keys must not repeat across its members.)"""
+    order = {v: k for k, v in enumerate(sorted(set(vec_sizes)))}
+    return [f"fused_embedding{order[v]}" for v in vec_sizes]
+
+
 def _default_values(obj: dict, n: int, where: str, table_key) -> Tuple[List[float], List[str]]:
     """``default_value_for_each_table`` as HPS reads it (inference_utils.cpp L590-605): a
     short list is padded with 0, entries past the number of tables are ignored; both are
@@ -1056,6 +1082,16 @@ def _section(obj: dict, key: str, source: str) -> Dict[str, Any]:
     return dict(v)
 
 
+def _fused(m: ModelParams, where: str) -> ModelParams:
+    if not _as_bool(m.extra.get("fuse_embedding_table", True), where):
+        return m
+    names = fused_table_names([t.vec_size for t in m.tables])
+    return dataclasses.replace(
+        m,
+        tables=tuple(dataclasses.replace(t, fused_into=f) for t, f in zip(m.tables, names)),
+    )
+
+
 def parse_ps_config(obj: Any, base_dir: str = ".", source: str = "<memory>") -> PSConfig:
     """Validate a decoded ps.json document.
 
@@ -1075,6 +1111,12 @@ def parse_ps_config(obj: Any, base_dir: str = ".", source: str = "<memory>") -> 
     if not isinstance(models_raw, list) or not models_raw:
         raise _fail(source, "'models' must be a non-empty list")
     models = tuple(_parse_model(m, i, base_dir, source) for i, m in enumerate(models_raw))
+    # top-level fuse_embedding_table (HPS default false); a model opts out with its own
+    # fuse_embedding_table: false (default true), inference_utils.cpp L376-381, L635-647
+    if _as_bool(obj.get("fuse_embedding_table", False), f"{source}: fuse_embedding_table"):
+        models = tuple(
+            _fused(m, f"{source}: model {m.model!r}.fuse_embedding_table") for m in models
+        )
     seen = set()
     for m in models:
         if m.model in seen:

@@ -23,7 +23,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from triton_rec.config.model_config import InstanceSettings
 from triton_rec.config.model_files import confine
@@ -39,7 +39,7 @@ from triton_rec.storage.backing_store import BackingStore, LocalTableStore, tier
 from triton_rec.storage.redis_store import RedisClusterStore
 from triton_rec.storage.rocksdb_store import NodeRocksDBTable, RocksDBStore
 from triton_rec.storage.table import EmbeddingTable
-from triton_rec.storage.tiers import Tier, TieredStore, import_table
+from triton_rec.storage.tiers import SOURCE_META, Tier, TieredStore, import_table
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +138,18 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
     vol, per = params.volatile_db, params.persistent_db
     if not uses_tiers(params):
         return LocalTableStore(table)
-    name = tier_table_name(params.model, tp.name)
+    name = tier_table_name(params.model, tp.tier_name)
     digest = content_digest(table)
+    # tables fused into one tier table (HPS fuse_embedding_table) import each its own rows
+    marker: str = SOURCE_META
+    siblings: Tuple[str, ...] = ()
+    if tp.fused_into is not None:
+        marker = f"{SOURCE_META}.{tp.name}"
+        siblings = tuple(
+            f"{SOURCE_META}.{t.name}"
+            for t in params.tables
+            if t.fused_into == tp.fused_into and t.name != tp.name
+        )
     row_bytes = 4 * tp.vec_size
     opened: List[Tier] = []
     persistent: Optional[Tier] = None
@@ -154,6 +164,8 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
             fraction=fraction,
             freeze=params.freeze_sparse,
             progress=lambda d, t: progress(d * row_bytes, t * row_bytes),
+            marker=marker,
+            sibling_markers=siblings,
         )
         log.info("%s: %s tier %r: %s", name, role, store, result)
 

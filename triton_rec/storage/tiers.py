@@ -258,6 +258,8 @@ def import_table(
     batch: int = 65536,
     lock_timeout: float = 600.0,
     progress: Optional[Callable[[int, int], None]] = None,
+    marker: str = SOURCE_META,
+    sibling_markers: Sequence[str] = (),
 ) -> str:
     """Import a table's rows into a writable tier once per content.
 
@@ -272,6 +274,10 @@ def import_table(
         batch: rows per upsert.
         lock_timeout: seconds to wait for another importer of the same table.
         progress: ``progress(done, total)`` after every batch.
+        marker: the metadata field holding the digest. Tables fused into one tier table
+            (HPS's ``fuse_embedding_table``) each import their own rows under their own
+            marker; ``sibling_markers`` are the other members' (with ``freeze``, rows in the
+            table count as "HPS filled it" only while no member has a marker).
 
     Returns:
         ``"present"`` (marker equal: skipped), ``"frozen"`` (skipped by ``freeze``) or
@@ -279,12 +285,15 @@ def import_table(
     """
 
     def skip() -> Optional[str]:
-        have = store.get_meta(SOURCE_META)
+        have = store.get_meta(marker)
         if have == digest:
             return "present"
         # freeze keeps what the tier holds: our import, or rows put there by others
         # (e.g. a database HPS filled, which has no marker)
-        if freeze and (have is not None or store.num_rows() > 0):
+        if freeze and (
+            have is not None
+            or (store.num_rows() > 0 and all(store.get_meta(m) is None for m in sibling_markers))
+        ):
             return "frozen"
         return None
 
@@ -308,6 +317,6 @@ def import_table(
         compact = getattr(store, "compact", None)
         if compact is not None:  # RocksDB: one sorted run instead of a file per batch
             compact()
-        store.set_meta(SOURCE_META, digest)
+        store.set_meta(marker, digest)
         log.info("%r: imported %d row(s) in %.1f s", store, n, time.monotonic() - t0)
         return "imported"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Dict, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -39,31 +39,43 @@ class UpdateApplier:
 
     Args:
         model: the model whose tables are updated.
-        tables: the instance's tables, by name.
+        tables: the instance's tables.
+        tier_names: each table's name in the tiers and topics (default: its own name;
+            with HPS's table fusion several tables share one, ``fused_embedding<k>``).
     """
 
-    def __init__(self, model: str, tables: Sequence[CachedTable]):
+    def __init__(
+        self,
+        model: str,
+        tables: Sequence[CachedTable],
+        tier_names: Optional[Sequence[str]] = None,
+    ):
         self.model = model
-        self.tables: Dict[str, CachedTable] = {t.name: t for t in tables}
+        self.tables: Dict[str, List[CachedTable]] = {}
+        for t, name in zip(tables, tier_names or [t.name for t in tables]):
+            self.tables.setdefault(name, []).append(t)
 
     def __call__(self, model: str, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
-        """Apply one update to the table's tiers, then to its cache; ignores other models."""
+        """Apply one update to the table's tiers, then to its cache(s); ignores other
+        models. ``table`` is the tier name (a fused table's update reaches every member's
+        cache: only rows a cache holds are overwritten, and keys are unique across members)."""
         from triton_rec.updates.codec import topic_name
 
-        ct = self.tables.get(table)
-        if model != self.model or ct is None:
+        members = self.tables.get(table)
+        if model != self.model or not members:
             return  # not ours (the consumer only subscribes to our topics)
         topic = topic_name(model, table)
-        apply_update = getattr(ct.store, "apply_update", None)
+        apply_update = getattr(members[0].store, "apply_update", None)
         if apply_update is None:
             raise ConfigError(f"{topic}: table {table!r} has no writable tier")
         if apply_update(keys, vectors, topic) == 0:
             return  # no tier's update_filters take this topic: the cache follows the tiers
-        if ct.cache is not None:
-            ct.cache.update(
-                np.ascontiguousarray(keys, dtype=np.int64),
-                np.ascontiguousarray(vectors, dtype=np.float32),
-            )
+        for ct in members:
+            if ct.cache is not None:
+                ct.cache.update(
+                    np.ascontiguousarray(keys, dtype=np.int64),
+                    np.ascontiguousarray(vectors, dtype=np.float32),
+                )
 
 
 def consumer_name() -> str:
@@ -78,13 +90,13 @@ def start_update_consumer(params: ModelParams, tables: Sequence[CachedTable]):
     from triton_rec.updates.consumer import UpdateConsumer
 
     src = params.update_source
-    topics = {topic_name(params.model, tp.name): tp.vec_size for tp in params.tables}
+    topics = {topic_name(params.model, tp.tier_name): tp.vec_size for tp in params.tables}
     consumer = UpdateConsumer(
         src.redis.address,
         group=src.group or socket.gethostname(),
         consumer=consumer_name(),
         topics=topics,
-        apply=UpdateApplier(params.model, tables),
+        apply=UpdateApplier(params.model, tables, [tp.tier_name for tp in params.tables]),
         count=src.max_batch_size,
         block_ms=src.poll_timeout_ms,
         backoff_ms=src.failure_backoff_ms,
