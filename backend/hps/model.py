@@ -17,7 +17,6 @@ file reads tensors, reports errors, builds responses and publishes metrics.
 
 import json
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from triton_rec.config.model_config import (
@@ -34,18 +33,8 @@ from triton_rec.config.ps_json import (
 )
 from triton_rec.errors import TritonRecError
 from triton_rec.serving.deployment import InstanceSpec, open_session
-from triton_rec.triton.glue import prepare_process, run_requests
+from triton_rec.triton.glue import Responder, prepare_process, run_requests
 from triton_rec.triton.metrics import start_session_metrics
-
-
-def _supports_response_parameters():
-    # The Python backend of Triton 2.51 (the PyPI runtime) has no response parameters;
-    # newer ones take InferenceResponse(..., parameters=...).
-    try:
-        pb_utils.InferenceResponse(output_tensors=[], parameters={"probe": 1})
-        return True
-    except TypeError:
-        return False
 
 
 class TritonPythonModel:
@@ -58,7 +47,7 @@ class TritonPythonModel:
         self.device_id = int(args.get("model_instance_device_id") or 0)
         try:
             settings = prepare_process(pb_utils, self.model_name, config)
-            self.output_name, self.extra_outputs = check_hps_model_config(config)
+            output_name, info_outputs = check_hps_model_config(config)
             ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
             params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
             spec = InstanceSpec(
@@ -73,7 +62,7 @@ class TritonPythonModel:
             self.session = open_session(params, spec)
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
-        self.response_parameters = _supports_response_parameters()
+        self.respond = Responder(pb_utils, output_name, info_outputs, self.device_id)
         self.limits = self.session.input_limits()
         self.counters, self.metrics = start_session_metrics(
             pb_utils,
@@ -96,19 +85,11 @@ class TritonPythonModel:
             ("KEYS", "NUMKEYS"),
             self.session.parse_request,
             self.session.lookup_many,
-            self._response,
+            self.respond,
             limits=self.limits,
             counters=self.counters,
         )
         return responses
-
-    def _response(self, request, out):
-        info = {"NumSample": request.num_samples, "DeviceID": self.device_id}
-        tensors = [pb_utils.Tensor(self.output_name, out)]
-        tensors += [pb_utils.Tensor(n, np.array([info[n]], np.int32)) for n in self.extra_outputs]
-        if self.response_parameters:
-            return pb_utils.InferenceResponse(output_tensors=tensors, parameters=info)
-        return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def finalize(self):
         """Stop the metrics thread and close the session (tables, caches, threads)."""

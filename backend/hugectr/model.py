@@ -2,8 +2,12 @@
 
 Select it with ``backend: "hugectr"``. Interface of NVIDIA's HugeCTR backend: inputs
 ``DES`` (FP32, samples x dense_dim), ``CATCOLUMN`` (UINT32 or INT64, keys sample-major),
-``ROWINDEX`` (INT32, per-table CSR row pointers); one FP32 output with one prediction
-per sample (x label_dim).
+``ROWINDEX`` (INT32, per-table CSR row pointers); one FP32 output, shape
+``[num_samples]`` as upstream (``[num_samples, label_dim]`` for label_dim > 1), and
+``NumSample`` / ``DeviceID`` as response parameters where the runtime allows, else as
+optional INT32 outputs (as for ``hps``). The config.pbtxt parameters NVIDIA's backend
+read are honoured or checked against ps.json and the network (``hugectr_cache_parameters``
+and ``check_hugectr_parameters`` in triton_rec.config.model_config).
 
 The model's ps.json entry (found like the ``hps`` backend's: parameter ``ps`` or
 ``ps.json`` at the repository root) names the sparse files and the dense model: a
@@ -18,6 +22,8 @@ import triton_python_backend_utils as pb_utils
 
 from triton_rec.config.model_config import (
     check_hugectr_model_config,
+    check_hugectr_parameters,
+    hugectr_cache_parameters,
     model_flag,
     model_parameter,
     with_model_parameters,
@@ -30,7 +36,7 @@ from triton_rec.config.ps_json import (
 )
 from triton_rec.errors import TritonRecError
 from triton_rec.serving.deployment import InstanceSpec, open_ranking_session
-from triton_rec.triton.glue import prepare_process, run_requests
+from triton_rec.triton.glue import Responder, prepare_process, run_requests
 from triton_rec.triton.metrics import start_session_metrics
 
 
@@ -41,14 +47,16 @@ class TritonPythonModel:
         """Open the model's tables and dense network from ps.json; set up limits and metrics."""
         config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
+        device_id = int(args.get("model_instance_device_id") or 0)
         try:
             settings = prepare_process(pb_utils, self.model_name, config)
-            self.output_name = check_hugectr_model_config(config)
+            output_name, info_outputs = check_hugectr_model_config(config)
             ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
             params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
+            params = hugectr_cache_parameters(config, params)
             spec = InstanceSpec(
                 kind=args.get("model_instance_kind", "CPU"),
-                device_id=int(args.get("model_instance_device_id") or 0),
+                device_id=device_id,
                 store_dir=model_relative_path(
                     args["model_repository"], model_parameter(config, "store_dir")
                 ),
@@ -57,6 +65,20 @@ class TritonPythonModel:
             )
             self.session = open_ranking_session(
                 params, spec, args["model_repository"], model_parameter(config, "config")
+            )
+            notes = check_hugectr_parameters(
+                config,
+                self.model_name,
+                dense_dim=self.session.dense.dense_dim,
+                slots=sum(self.session.slots),
+                label_dim=self.session.dense.label_dim,
+                embedding_vector_size=sum(t.vec_size for t in params.tables),
+                keys_per_sample=params.keys_per_sample,
+                paths={
+                    "sparse_files": tuple(t.sparse_file for t in params.tables),
+                    **({"dense_file": (params.dense_file,)} if params.dense_file else {}),
+                },
+                model_dir=args["model_repository"],
             )
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
@@ -69,8 +91,9 @@ class TritonPythonModel:
             self.session,
             settings.metrics_interval,
         )
-        for line in config_warnings(ps_path, params):
+        for line in (*config_warnings(ps_path, params), *notes):
             pb_utils.Logger.log_warn(line)
+        self.respond = Responder(pb_utils, output_name, info_outputs, device_id)
         pb_utils.Logger.log_info(f"hugectr model '{self.model_name}' ready: {self.session.dense!r}")
 
     def execute(self, requests):
@@ -83,9 +106,7 @@ class TritonPythonModel:
             ("DES", "CATCOLUMN", "ROWINDEX"),
             self.session.parse_request,
             self.session.predict_many,
-            lambda req, out: pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(self.output_name, out)]
-            ),
+            self.respond,
             limits=self.limits,
             counters=self.counters,
         )

@@ -146,3 +146,33 @@ def test_hugectr_execute_calls_no_metric_and_predicts(dlrm_repo, tmp_path):
         )
     finally:
         model.finalize()
+
+
+def test_hugectr_answers_with_num_sample_and_device_id_like_hps(dlrm_repo, tmp_path):
+    # hugectr_backend src/hugectr.cc L2470-2480 sends NumSample and DeviceID; the 2.51
+    # Python backend has no response parameters, so they are the declared INT32 outputs
+    from examples.dlrm import torch_dlrm as td
+
+    cfg = triton_config("dlrm", "hugectr", HUGECTR_INPUTS, store_dir=tmp_path / "store")
+    cfg["output"] += [
+        {"name": "NumSample", "data_type": "TYPE_INT32", "dims": [1]},
+        {"name": "DeviceID", "data_type": "TYPE_INT32", "dims": [1]},
+    ]
+    pb, model = start_instance(dlrm_repo, cfg)
+    try:
+        data = td.HiddenModel(td.TINY_CONFIG, 5).sample(3, np.random.default_rng(4))
+        req = data.hugectr_request(0, 3)
+        resp = model.execute([Request(**{k: v[None, :] for k, v in req.items()})])[0]
+        assert not resp.has_error()
+        assert resp.output("OUTPUT0").shape == (3,)  # upstream's [num_samples]
+        assert resp.output("NumSample").tolist() == [3] and resp.output("DeviceID").tolist() == [0]
+    finally:
+        model.finalize()
+
+
+def test_a_hugectr_parameter_that_contradicts_the_network_fails_the_load(dlrm_repo, tmp_path):
+    cfg = triton_config(
+        "dlrm", "hugectr", HUGECTR_INPUTS, store_dir=tmp_path / "store", des_feature_num=999
+    )
+    with pytest.raises(Exception, match="des_feature_num is 999 but the network's dense input"):
+        start_instance(dlrm_repo, cfg)

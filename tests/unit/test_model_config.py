@@ -1,10 +1,14 @@
 """config.pbtxt checks of the hps backend (run once in initialize)."""
 
+import re
+
 import pytest
 
 from triton_rec.config.model_config import (
     check_hps_model_config,
     check_hugectr_model_config,
+    check_hugectr_parameters,
+    hugectr_cache_parameters,
     model_parameter,
 )
 from triton_rec.errors import ConfigError
@@ -100,8 +104,8 @@ def _hugectr(cat="TYPE_UINT32", outputs=None):
 
 
 def test_the_hugectr_interface_takes_uint32_or_int64_keys():
-    assert check_hugectr_model_config(_hugectr("TYPE_UINT32")) == "OUTPUT0"
-    assert check_hugectr_model_config(_hugectr("TYPE_INT64")) == "OUTPUT0"
+    assert check_hugectr_model_config(_hugectr("TYPE_UINT32")) == ("OUTPUT0", ())
+    assert check_hugectr_model_config(_hugectr("TYPE_INT64")) == ("OUTPUT0", ())
     with pytest.raises(
         ConfigError, match="input 'CATCOLUMN' must be TYPE_UINT32 or TYPE_INT64, got TYPE_INT32"
     ):
@@ -217,3 +221,103 @@ def test_an_absurd_max_batch_size_is_refused_naming_the_model_and_field():
         check_hps_model_config(config)
     config["max_batch_size"] = MAX_BATCH_SIZE_LIMIT
     assert check_hps_model_config(config) == ("OUTPUT0", ())
+
+
+# ---- the HugeCTR backend's config.pbtxt parameters (hugectr_backend src/hugectr.cc) ------
+
+
+def test_the_hugectr_interface_may_declare_the_info_outputs_like_hps():
+    outs = [
+        {"name": "OUTPUT0", "data_type": "TYPE_FP32"},
+        {"name": "NumSample", "data_type": "TYPE_INT32"},
+        {"name": "DeviceID", "data_type": "TYPE_INT32"},
+    ]
+    assert check_hugectr_model_config(_hugectr(outputs=outs)) == (
+        "OUTPUT0",
+        ("NumSample", "DeviceID"),
+    )
+    outs[1]["data_type"] = "TYPE_FP32"
+    with pytest.raises(ConfigError, match="output 'NumSample' must be TYPE_INT32"):
+        check_hugectr_model_config(_hugectr(outputs=outs))
+
+
+def _with(config, **params):
+    return {**config, "parameters": {k: {"string_value": v} for k, v in params.items()}}
+
+
+def _ps_model(**over):
+    from triton_rec.config.ps_json import parse_ps_config
+
+    entry = {
+        "model": "dcn",
+        "sparse_files": ["a"],
+        "embedding_vecsize_per_table": [16],
+        "maxnum_catfeature_query_per_table_per_sample": [26],
+        "max_batch_size": 64,
+        "gpucacheper": 0.5,
+        "hit_rate_threshold": 0.9,
+        **over,
+    }
+    return parse_ps_config({"supportlonglong": True, "models": [entry]}, "/m").models[0]
+
+
+def test_hugectr_cache_parameters_may_only_lower_ps_json_and_gpucache_must_agree():
+    p = hugectr_cache_parameters(
+        _with(_hugectr(), gpucacheper="0.25", hit_rate_threshold="0.5"), _ps_model()
+    )
+    assert (p.gpucacheper, p.hit_rate_threshold) == (0.25, 0.5)
+    with pytest.raises(ConfigError, match="gpucacheper 0.75 is above ps.json's 0.5"):
+        hugectr_cache_parameters(_with(_hugectr(), gpucacheper="0.75"), _ps_model())
+    with pytest.raises(ConfigError, match="gpucache is false but ps.json says true"):
+        hugectr_cache_parameters(_with(_hugectr(), gpucache="false"), _ps_model())
+
+
+_NET = dict(
+    dense_dim=13,
+    slots=26,
+    label_dim=1,
+    embedding_vector_size=16,
+    keys_per_sample=26,
+    paths={"sparse_files": ("/m/1/a",), "dense_file": ("/m/1/d",)},
+    model_dir="/m",
+)
+
+
+def test_hugectr_parameters_that_agree_pass_and_the_unused_ones_are_named():
+    cfg = _with(
+        _hugectr("TYPE_INT64"),
+        des_feature_num="13",
+        slots="26",
+        label_dim="1",
+        cat_feature_num="26",
+        embedding_vector_size="16",
+        embeddingkey_long_type="true",
+        sparse_files="1/a",
+        dense_file="/m/1/d",
+        max_nnz="2",
+        mixed_precision="true",
+    )
+    notes = check_hugectr_parameters(cfg, "dcn", **_NET)
+    assert any("'max_nnz' has no effect here" in n for n in notes)
+    assert any("'mixed_precision' has no effect here" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    "params, needle",
+    [
+        ({"des_feature_num": "12"}, "des_feature_num is 12 but the network's dense input gives 13"),
+        ({"slots": "27"}, "slots is 27"),
+        ({"label_dim": "2"}, "label_dim is 2"),
+        ({"cat_feature_num": "20"}, "cat_feature_num is 20"),
+        ({"embedding_vector_size": "8"}, "embedding_vector_size is 8"),
+        (
+            {"embeddingkey_long_type": "false"},
+            "embeddingkey_long_type is false but input CATCOLUMN",
+        ),
+        ({"sparse_files": "1/b"}, "sparse_files '1/b' differs from ps.json's /m/1/a"),
+        ({"slots": "many"}, "an integer >= 1"),
+    ],
+)
+def test_hugectr_parameters_that_contradict_the_network_or_ps_json_are_refused(params, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        check_hugectr_parameters(_with(_hugectr("TYPE_INT64"), **params), "dcn", **_NET)

@@ -81,12 +81,7 @@ def check_hps_model_config(config: Dict[str, Any]) -> Tuple[str, Tuple[str, ...]
     """
     name = _check_inputs(config, {"KEYS": ("TYPE_INT64",), "NUMKEYS": ("TYPE_INT32",)})
     outputs = _io(config, "output")
-    info = tuple(o["name"] for o in outputs if o["name"] in HPS_INFO_OUTPUTS)
-    for o in outputs:
-        if o["name"] in HPS_INFO_OUTPUTS and o.get("data_type") != "TYPE_INT32":
-            raise ConfigError(
-                f"model '{name}' config.pbtxt: output '{o['name']}' must be TYPE_INT32"
-            )
+    info = _info_outputs(name, outputs)
     main = [o for o in outputs if o["name"] not in HPS_INFO_OUTPUTS]
     if len(main) != 1:
         raise ConfigError(
@@ -101,11 +96,13 @@ def check_hps_model_config(config: Dict[str, Any]) -> Tuple[str, Tuple[str, ...]
     return main[0]["name"], info
 
 
-def check_hugectr_model_config(config: Dict[str, Any]) -> str:
-    """Validate the inputs/outputs of a ``hugectr`` (whole model) config; the output name.
+def check_hugectr_model_config(config: Dict[str, Any]) -> Tuple[str, Tuple[str, ...]]:
+    """Validate the inputs/outputs of a ``hugectr`` (whole model) config.
 
     Inputs ``DES`` (TYPE_FP32), ``CATCOLUMN`` (TYPE_UINT32 or TYPE_INT64), ``ROWINDEX``
-    (TYPE_INT32); one TYPE_FP32 output (predictions).
+    (TYPE_INT32); one TYPE_FP32 output (predictions) and optionally the INT32 outputs
+    ``NumSample`` / ``DeviceID`` (:data:`HPS_INFO_OUTPUTS`). Returns ``(prediction output
+    name, declared info outputs)``.
     """
     name = _check_inputs(
         config,
@@ -115,13 +112,119 @@ def check_hugectr_model_config(config: Dict[str, Any]) -> str:
             "ROWINDEX": ("TYPE_INT32",),
         },
     )
-    outputs = _io(config, "output")
+    info = _info_outputs(name, _io(config, "output"))
+    outputs = [o for o in _io(config, "output") if o["name"] not in HPS_INFO_OUTPUTS]
     if len(outputs) != 1 or outputs[0].get("data_type") != "TYPE_FP32":
         raise ConfigError(
             f"model '{name}' config.pbtxt: expected one TYPE_FP32 output, got "
             f"{[(o['name'], o.get('data_type')) for o in outputs]}"
         )
-    return outputs[0]["name"]
+    return outputs[0]["name"], info
+
+
+def _info_outputs(name: str, outputs: List[Dict[str, Any]]) -> Tuple[str, ...]:
+    """The declared :data:`HPS_INFO_OUTPUTS` (each must be TYPE_INT32)."""
+    for o in outputs:
+        if o["name"] in HPS_INFO_OUTPUTS and o.get("data_type") != "TYPE_INT32":
+            raise ConfigError(
+                f"model '{name}' config.pbtxt: output '{o['name']}' must be TYPE_INT32"
+            )
+    return tuple(o["name"] for o in outputs if o["name"] in HPS_INFO_OUTPUTS)
+
+
+_MAXNUM = "maxnum_catfeature_query_per_table_per_sample"
+
+#: config.pbtxt parameters of NVIDIA's HugeCTR backend (hugectr_backend src/hugectr.cc,
+#: ParseModelConfig L1156-1398) that change nothing on this node, and why.
+HUGECTR_IGNORED_PARAMETERS = {
+    "max_nnz": "unused by the HugeCTR backend too (parsed, never read)",
+    "mixed_precision": "fp16 dense layers on the GPU; the dense part runs in fp32 here",
+}
+
+
+def hugectr_cache_parameters(config: Dict[str, Any], params):
+    """``params`` (a ModelParams) with the cache parameters of config.pbtxt applied as the
+    HugeCTR backend applies them (src/hugectr.cc L1297-1363): ``gpucache`` must equal
+    ps.json's; ``gpucacheper`` and ``hit_rate_threshold`` may only lower ps.json's values
+    and then replace them. ConfigError names a contradiction."""
+    import dataclasses
+
+    model = params.model
+    gpucache = model_flag(config, "gpucache", params.gpucache)
+    if gpucache != params.gpucache:
+        raise ConfigError(
+            f"model '{model}' config.pbtxt: gpucache is {str(gpucache).lower()} but ps.json "
+            f"says {str(params.gpucache).lower()} (the HugeCTR backend requires them equal)"
+        )
+    over = {}
+    for key in ("gpucacheper", "hit_rate_threshold"):
+        value = _number_parameter(config, key, float, lambda x: x >= 0, "a number >= 0")
+        if value is None or not gpucache:
+            continue
+        if value > getattr(params, key):
+            raise ConfigError(
+                f"model '{model}' config.pbtxt: {key} {value} is above ps.json's "
+                f"{getattr(params, key)} (the HugeCTR backend allows only a lower value)"
+            )
+        over[key] = value
+    return dataclasses.replace(params, **over)
+
+
+def check_hugectr_parameters(
+    config: Dict[str, Any],
+    model: str,
+    *,
+    dense_dim: int,
+    slots: int,
+    label_dim: int,
+    embedding_vector_size: int,
+    keys_per_sample: int,
+    paths: Mapping[str, Tuple[str, ...]],
+    model_dir: str,
+) -> Tuple[str, ...]:
+    """Check the HugeCTR backend's config.pbtxt parameters against what the network and
+    ps.json say (src/hugectr.cc L1203-1381): each that is given must agree; ConfigError
+    names the parameter, both values and where the other one comes from. Returns the load
+    log lines for parameters that have no effect here (:data:`HUGECTR_IGNORED_PARAMETERS`).
+
+    ``paths``: ``{"sparse_files": (...), "dense_file": (...)}`` as ps.json resolves them;
+    the parameters of those names (comma-separated, relative to ``model_dir``) may only
+    name the same files."""
+    where = f"model '{model}' config.pbtxt"
+    for key, actual, source in (
+        ("des_feature_num", dense_dim, "the network's dense input"),
+        ("slots", slots, "the network's slots (sum over its embedding inputs)"),
+        ("label_dim", label_dim, "the network's label"),
+        ("embedding_vector_size", embedding_vector_size, "ps.json embedding_vecsize_per_table"),
+        ("cat_feature_num", keys_per_sample, f"ps.json {_MAXNUM}"),
+    ):
+        given = _number_parameter(config, key, int, lambda x: x >= 1, "an integer >= 1")
+        if given is not None and given != actual:
+            raise ConfigError(f"{where}: {key} is {given} but {source} gives {actual}")
+    long_keys = model_flag(config, "embeddingkey_long_type", True)
+    cat = next((i for i in _io(config, "input") if i["name"] == "CATCOLUMN"), {})
+    if model_parameter(config, "embeddingkey_long_type") is not None and long_keys != (
+        cat.get("data_type") == "TYPE_INT64"
+    ):
+        raise ConfigError(
+            f"{where}: embeddingkey_long_type is {str(long_keys).lower()} but input "
+            f"CATCOLUMN is {cat.get('data_type')}"
+        )
+    for key, expected in paths.items():
+        given = model_parameter(config, key)
+        if given is None:
+            continue
+        named = [os.path.join(model_dir, p.strip()) for p in given.split(",")]
+        if [os.path.realpath(p) for p in named] != [os.path.realpath(p) for p in expected]:
+            raise ConfigError(
+                f"{where}: {key} {given!r} differs from ps.json's {', '.join(expected)}: "
+                "name the files in ps.json only"
+            )
+    return tuple(
+        f"{where}: parameter '{key}' has no effect here: {why}"
+        for key, why in HUGECTR_IGNORED_PARAMETERS.items()
+        if model_parameter(config, key) is not None
+    )
 
 
 def model_flag(config: Dict[str, Any], key: str, default: bool) -> bool:

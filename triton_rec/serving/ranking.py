@@ -93,7 +93,8 @@ class RankingSession:
         )
 
     def predict_many(self, requests: Sequence[HugeCTRRequest]) -> List[np.ndarray]:
-        """Predictions (float32 ``[num_samples * label_dim]``) for each request."""
+        """Predictions for each request: float32 ``[num_samples]``, or
+        ``[num_samples, label_dim]`` for label_dim > 1."""
         if not requests:
             return []
         if len(requests) == 1:  # the usual case at low load: nothing to concatenate
@@ -122,11 +123,15 @@ class RankingSession:
                 combine_slots(vectors, ptrs[t], self.combiners[t], slot_num=self.slots[t])
             )
         out = np.asarray(self.dense.predict(dense, embeddings), dtype=np.float32)
+        # upstream's shape [num_samples] (hugectr_backend src/hugectr.cc L2352-2373); with
+        # label_dim > 1 [num_samples, label_dim] (upstream returns the first num_samples
+        # floats of the sample-major buffer there, which mixes samples)
+        shape = (-1,) if self.dense.label_dim == 1 else (-1, self.dense.label_dim)
         if len(requests) == 1:
-            return [out.reshape(-1)]
+            return [out.reshape(shape)]
         answers, pos = [], 0
         for r in requests:
-            answers.append(np.ascontiguousarray(out[pos : pos + r.num_samples]).reshape(-1))
+            answers.append(np.ascontiguousarray(out[pos : pos + r.num_samples]).reshape(shape))
             pos += r.num_samples
         return answers
 

@@ -15,6 +15,8 @@ import mmap
 import threading
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
 from triton_rec.errors import RequestError, RequestTooLarge  # noqa: F401  (re-exported)
 
 #: Per input name: (most elements a valid request of the model holds, bytes per element,
@@ -188,6 +190,46 @@ def run_requests(
     for i, req, out in zip(slots, parsed, answers):
         responses[i] = respond(req, out)
     return responses
+
+
+def supports_response_parameters(pb_utils) -> bool:
+    """Whether this Triton's Python backend attaches response parameters (newer ones take
+    ``InferenceResponse(..., parameters=...)``; the PyPI runtime, Triton 2.51, does not)."""
+    try:
+        pb_utils.InferenceResponse(output_tensors=[], parameters={"probe": 1})
+        return True
+    except TypeError:
+        return False
+
+
+class Responder:
+    """Builds the response of the ``hps`` and ``hugectr`` backends: the answer tensor and
+    HPS's ``NumSample`` / ``DeviceID``, as response parameters where the runtime allows
+    (as both NVIDIA backends send them) and as the INT32 outputs config.pbtxt declares.
+
+    Args:
+        pb_utils: the Python backend's module.
+        output_name: the answer's output.
+        info_outputs: the declared info outputs (``NumSample``, ``DeviceID``).
+        device_id: the instance's device id (``DeviceID``).
+    """
+
+    def __init__(self, pb_utils, output_name: str, info_outputs, device_id: int):
+        self.pb_utils = pb_utils
+        self.output_name = output_name
+        self.info_outputs = tuple(info_outputs)
+        self.device_id = int(device_id)
+        self.parameters = supports_response_parameters(pb_utils)
+
+    def __call__(self, request, out):
+        """The response to ``request`` (anything with ``num_samples``) answered by ``out``."""
+        pb = self.pb_utils
+        info = {"NumSample": int(request.num_samples), "DeviceID": self.device_id}
+        tensors = [pb.Tensor(self.output_name, out)]
+        tensors += [pb.Tensor(n, np.array([info[n]], np.int32)) for n in self.info_outputs]
+        if self.parameters:
+            return pb.InferenceResponse(output_tensors=tensors, parameters=info)
+        return pb.InferenceResponse(output_tensors=tensors)
 
 
 def update_metrics(pb_utils, model_name: str, metrics) -> None:
