@@ -72,7 +72,6 @@ class TritonPythonModel:
                 dense_dim=self.session.dense.dense_dim,
                 slots=sum(self.session.slots),
                 label_dim=self.session.dense.label_dim,
-                embedding_vector_size=sum(t.vec_size for t in params.tables),
                 keys_per_sample=params.keys_per_sample,
                 paths={
                     "sparse_files": tuple(t.sparse_file for t in params.tables),

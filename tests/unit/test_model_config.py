@@ -276,7 +276,6 @@ _NET = dict(
     dense_dim=13,
     slots=26,
     label_dim=1,
-    embedding_vector_size=16,
     keys_per_sample=26,
     paths={"sparse_files": ("/m/1/a",), "dense_file": ("/m/1/d",)},
     model_dir="/m",
@@ -300,6 +299,7 @@ def test_hugectr_parameters_that_agree_pass_and_the_unused_ones_are_named():
     notes = check_hugectr_parameters(cfg, "dcn", **_NET)
     assert any("'max_nnz' has no effect here" in n for n in notes)
     assert any("'mixed_precision' has no effect here" in n for n in notes)
+    assert any("'embedding_vector_size' has no effect here" in n for n in notes)
 
 
 @pytest.mark.parametrize(
@@ -309,7 +309,6 @@ def test_hugectr_parameters_that_agree_pass_and_the_unused_ones_are_named():
         ({"slots": "27"}, "slots is 27"),
         ({"label_dim": "2"}, "label_dim is 2"),
         ({"cat_feature_num": "20"}, "cat_feature_num is 20"),
-        ({"embedding_vector_size": "8"}, "embedding_vector_size is 8"),
         (
             {"embeddingkey_long_type": "false"},
             "embeddingkey_long_type is false but input CATCOLUMN",
