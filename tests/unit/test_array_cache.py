@@ -124,23 +124,68 @@ def shm_name():
 
 
 # ---------------------------------------------------------------- geometry and hashing
-def test_the_set_count_is_the_next_power_of_two_holding_the_capacity():
-    for capacity, ways, sets in [(100, 4, 32), (64, 8, 8), (65, 8, 16), (1, 8, 1), (7, 1, 8)]:
+def test_the_set_count_is_the_capacity_over_the_ways_rounded_up_to_one_set():
+    # gpucacheper sizes the cache: the slots exceed the request by less than one set (the
+    # old rounding to a power of two of sets nearly doubled 65 x 8-way: 128 slots)
+    for capacity, ways, sets in [(100, 4, 25), (64, 8, 8), (65, 8, 9), (1, 8, 1), (7, 1, 7)]:
         c = ArrayEmbeddingCache(capacity, 4, ways=ways)
-        assert (c.num_sets, c.ways, c.slots) == (sets, ways, sets * ways)
-        assert c.slots >= capacity
+        assert (c.num_sets, c.ways, c.slots, c.capacity) == (sets, ways, sets * ways, sets * ways)
+        assert capacity <= c.slots < capacity + ways
         layout = ArrayEmbeddingCache.state_layout(capacity, 4, ways)
         shapes = {n: a.shape for n, a in c.state_arrays().items()}
         assert shapes == {n: s for n, (s, _) in layout.items()}
 
 
-def test_set_of_is_splitmix64_of_the_key_masked_to_the_set_count():
-    c = ArrayEmbeddingCache(1000, 4, ways=8)
+def fastrange_ref(keys, n):
+    """(splitmix64(key) * n) >> 64 with Python's unbounded ints."""
+    return np.array([(int(h) * n) >> 64 for h in splitmix64(keys)], dtype=np.int64)
+
+
+@pytest.mark.parametrize("capacity,ways", [(1000, 8), (100, 4), (65, 8), (64, 8), (1, 8)])
+def test_set_of_is_the_multiply_shift_of_splitmix64_by_the_set_count(capacity, ways):
+    c = ArrayEmbeddingCache(capacity, 4, ways=ways)
     i64 = np.iinfo(np.int64)
     rand = np.random.default_rng(0).integers(i64.min, i64.max, 1000, dtype=np.int64)
     keys = np.concatenate([np.array([i64.min, -1, 0, 1, i64.max]), rand])
-    want = (splitmix64(keys) & np.uint64(c.num_sets - 1)).astype(np.int64)
-    np.testing.assert_array_equal(c.set_of(keys), want)
+    np.testing.assert_array_equal(c.set_of(keys), fastrange_ref(keys, c.num_sets))
+    assert ((c.set_of(keys) >= 0) & (c.set_of(keys) < c.num_sets)).all()
+
+
+def test_the_fastrange_is_exact_up_to_the_largest_set_count():
+    from triton_rec.cache.array_cache import MAX_SETS, fastrange
+
+    h = splitmix64(np.arange(-500, 500))
+    for n in (1, 3, 1000, 2**31 + 11, MAX_SETS):
+        want = np.array([(int(x) * n) >> 64 for x in h], dtype=np.uint64)
+        np.testing.assert_array_equal(fastrange(h, n), want)
+    top = np.array([np.iinfo(np.uint64).max], dtype=np.uint64)
+    assert int(fastrange(top, MAX_SETS)[0]) == MAX_SETS - 1
+
+
+def test_a_set_count_that_is_not_a_power_of_two_uses_every_set_evenly():
+    c = ArrayEmbeddingCache(25 * 4, 4, ways=4)  # 25 sets
+    counts = np.bincount(c.set_of(np.arange(100_000)), minlength=25)
+    assert counts.shape == (25,) and counts.min() > 0.9 * 4000 and counts.max() < 1.1 * 4000
+
+
+def test_an_lru_cache_allocates_no_frequency_sketch():
+    lru = ArrayEmbeddingCache(1000, 4, ways=8, policy="lru")
+    tiny = ArrayEmbeddingCache(1000, 4, ways=8, policy="tinylfu")
+    assert "sketch" not in lru.state_arrays() and lru.sketch is None
+    assert "sketch" not in ArrayEmbeddingCache.state_layout(1000, 4, 8, "lru")
+    assert tiny.state_arrays()["sketch"].shape == (4, 8192)
+    sketch_bytes = tiny.state_arrays()["sketch"].nbytes
+    nbytes = {c.policy: sum(a.nbytes for a in c.state_arrays().values()) for c in (lru, tiny)}
+    assert nbytes["tinylfu"] - nbytes["lru"] == sketch_bytes
+    with pytest.raises(Exception, match="sketch"):
+        lru.estimate(np.arange(3))
+    keys = np.arange(40)  # the lru cache works without one
+    lru.insert(keys, true_vec(keys, 4))
+    assert lru.query(keys)[1].all()
+    lru.clear()
+    assert lru.size() == 0
+    again = ArrayEmbeddingCache.from_arrays(tiny.state_arrays())
+    assert again.sketch_width == 8192
 
 
 # ---------------------------------------------------------------- LRU against the reference
@@ -412,10 +457,10 @@ def test_a_set_left_odd_by_a_dead_writer_is_dropped_by_the_next_write_to_it():
 
 # ---------------------------------------------------------------- attach / share
 def test_from_arrays_attaches_with_the_creators_geometry_policy_and_contents():
-    a = ArrayEmbeddingCache(100, D, ways=4, policy="tinylfu")
+    a = ArrayEmbeddingCache(98, D, ways=4, policy="tinylfu")
     a.insert(np.arange(10), true_vec(np.arange(10)))
     b = ArrayEmbeddingCache.from_arrays(a.state_arrays())
-    assert (b.requested_capacity, b.capacity, b.vec_size, b.ways) == (100, 128, D, 4)
+    assert (b.requested_capacity, b.capacity, b.vec_size, b.ways) == (98, 100, D, 4)
     assert (b.policy, b.xp) == ("tinylfu", np)
     out, hit = b.query(np.arange(10))
     assert hit.all()

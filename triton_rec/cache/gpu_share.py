@@ -533,7 +533,7 @@ def open_shared_cache(
         # A writer that died mid-write left its sets odd; drop their (maybe torn) data.
         # Takes the writer lock, so only after the creation lock above is released.
         shared.cache.repair()
-    want = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways)
+    want = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy)
     c = shared.cache
     got = {n: (tuple(a.shape), np.dtype(a.dtype)) for n, a in c.state_arrays().items()}
     if got != {n: (tuple(s), np.dtype(d)) for n, (s, d) in want.items()} or c.policy != policy:
@@ -554,7 +554,7 @@ def _create_or_attach_cpu(name, capacity, vec_size, ways, policy, directory, loc
         return SharedCache(cache, False, name, "cpu", lock, [], keepalive=sa)
     except FileNotFoundError:
         pass
-    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways)
+    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy)
     sa = share_numpy_arrays(name, layout, directory)
     cache = ArrayEmbeddingCache(
         capacity, vec_size, ways, policy, xp=np, arrays=sa.arrays, lock=lock
@@ -591,7 +591,7 @@ def _create_or_attach_cuda(name, capacity, vec_size, ways, policy, device, direc
         pass
     except StaleHandlesError:
         os.unlink(hpath)  # its owner is gone and so is the memory: start over
-    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways)
+    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy)
     arrays = allocate_device_arrays(layout, device)
     with cupy.cuda.Device(device):
         cache = ArrayEmbeddingCache(
