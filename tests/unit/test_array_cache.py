@@ -6,6 +6,7 @@ test needs it absent on any machine)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import subprocess
@@ -23,6 +24,7 @@ from triton_rec.cache.array_cache import (
     CupyUnavailableError,
     resolve_xp,
 )
+from triton_rec.util.procfs import start_time
 
 D = 8
 
@@ -536,6 +538,126 @@ def test_two_processes_attach_to_the_same_shared_arrays_by_name_and_see_each_oth
     finally:
         shared.close()
     assert [f for f in os.listdir(gpu_share.shm_dir()) if shm_name in f] == []
+
+
+# ---------------------------------------------------------------- owner lifetime
+def _child_attached_until_told(name, keys, attached, go, results):
+    """Spawned process: attach, report, wait for ``go``, read ``keys``, detach."""
+    from triton_rec.cache import gpu_share as gs
+
+    shared = gs.open_shared_cache(name, 256, D, ways=8, policy="lru")
+    attached.put(os.getpid())
+    go.wait(60)
+    out, hit = shared.cache.query(keys)
+    results.put(bool(hit.all()) and bool(np.array_equal(out, true_vec(keys))))
+    shared.close()
+
+
+def _spawn_attached(name, keys):
+    ctx = multiprocessing.get_context("spawn")
+    attached, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_child_attached_until_told, args=(name, keys, attached, go, results))
+    p.start()
+    return p, attached.get(timeout=60), go, results
+
+
+def test_the_owner_retains_the_memory_while_another_process_is_attached(shm_name):
+    keys = np.arange(30)
+    owner = gpu_share.open_shared_cache(shm_name, 256, D, ways=8, policy="lru")
+    p = None
+    try:
+        owner.cache.insert(keys, true_vec(keys))
+        p, child_pid, go, results = _spawn_attached(shm_name, keys)
+        assert sorted(pid for pid, _ in owner.attached()) == sorted([os.getpid(), child_pid])
+        # close while the child is attached: unpublished at once, memory retained
+        assert owner.close(linger=0) is False
+        assert gpu_share.retained_caches() == [shm_name]
+        assert [f for f in os.listdir(gpu_share.shm_dir()) if shm_name in f] == []
+        assert gpu_share.release_retained() == 0  # still attached
+        go.set()
+        assert results.get(timeout=60) is True  # the child still reads the owner's data
+        p.join(timeout=60)
+        assert p.exitcode == 0
+        assert gpu_share.release_retained() == 1 and gpu_share.retained_caches() == []
+    finally:
+        owner.close(linger=0)
+        if p is not None and p.is_alive():
+            p.kill()
+        gpu_share.release_retained()
+
+
+def test_the_owner_waits_for_attached_processes_before_freeing(shm_name):
+    keys = np.arange(10)
+    owner = gpu_share.open_shared_cache(shm_name, 256, D, ways=8, policy="lru")
+    owner.cache.insert(keys, true_vec(keys))
+    p, _, go, results = _spawn_attached(shm_name, keys)
+    go.set()  # the child reads and detaches while the owner waits
+    t0 = time.monotonic()
+    assert owner.close(linger=60) is True
+    assert time.monotonic() - t0 < 60 and gpu_share.retained_caches() == []
+    assert results.get(timeout=60) is True
+    p.join(timeout=60)
+    assert p.exitcode == 0
+
+
+def test_attachments_of_processes_that_are_gone_do_not_hold_the_memory(shm_name):
+    owner = gpu_share.open_shared_cache(shm_name, 256, D)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    me, started = os.getpid(), start_time(os.getpid())
+    with owner.lock:
+        owner.lock.register((gone.pid, 1))  # exited
+        owner.lock.register((me, started + 1))  # our pid, another start time: a reused pid
+        owner.lock.register((me, 0))  # no start time: cannot be verified
+    assert owner.attached() == [(me, started)]
+    assert owner.close(linger=0) is True and gpu_share.retained_caches() == []
+
+
+def _rewrite_owner_start_time(path, starttime):
+    with open(path, "r+b") as f:
+        head = f.read(4096)
+        n = int.from_bytes(head[8:16], "little")
+        manifest = json.loads(head[16 : 16 + n])
+        manifest["starttime"] = starttime
+        blob = json.dumps(manifest).encode()
+        f.seek(0)
+        f.write(head[:8] + len(blob).to_bytes(8, "little") + blob)
+
+
+def test_state_published_by_a_recycled_pid_is_stale_and_replaced(shm_name):
+    # The owner check is pid + start time (as for the CPU segments): a process now running
+    # under the owner's pid with another start time is not the owner.
+    first = gpu_share.open_shared_cache(shm_name, 256, D)
+    first.cache.insert(np.arange(5), true_vec(np.arange(5)))
+    path = gpu_share.shared_path(shm_name)
+    _rewrite_owner_start_time(path, start_time(os.getpid()) + 1)
+    second = gpu_share.open_shared_cache(shm_name, 256, D)
+    try:
+        assert second.owner and second.cache.size() == 0  # a fresh cache, not the stale one
+        assert gpu_share.attach_numpy_arrays(shm_name).owner_alive()
+    finally:
+        second.close(linger=0)
+        first.close(linger=0)
+
+
+def test_handles_without_the_owners_start_time_are_stale(shm_name):
+    hpath = gpu_share.shared_path(shm_name, ".cudaipc.json")
+    me, started = os.getpid(), start_time(os.getpid())
+    try:
+        for starttime, stale in ((started, False), (started + 1, True), (None, True)):
+            doc = {"format": gpu_share.HANDLES_FORMAT, "pid": me, "arrays": {}}
+            if starttime is not None:
+                doc["starttime"] = starttime
+            with open(hpath, "w") as f:
+                json.dump(doc, f)
+            os.chmod(hpath, 0o600)
+            if stale:
+                with pytest.raises(gpu_share.StaleHandlesError):
+                    gpu_share.read_handles(hpath)
+            else:
+                assert gpu_share.read_handles(hpath) == {}
+    finally:
+        os.unlink(hpath)
 
 
 def test_attaching_with_another_geometry_is_refused_and_removes_nothing(shm_name):
