@@ -69,6 +69,7 @@ class TritonPythonModel:
                 ),
                 prefault=model_flag(config, "prefault", True),
                 intra_op_threads=settings.intra_op_threads,
+                model_version=str(args.get("model_version") or ""),
             )
             self.session = open_session(params, spec)
         except TritonRecError as e:

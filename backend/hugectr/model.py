@@ -54,6 +54,7 @@ class TritonPythonModel:
                 ),
                 prefault=model_flag(config, "prefault", True),
                 intra_op_threads=settings.intra_op_threads,
+                model_version=str(args.get("model_version") or ""),
             )
             self.session = open_ranking_session(
                 params, spec, args["model_repository"], model_parameter(config, "config")

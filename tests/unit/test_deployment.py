@@ -128,3 +128,24 @@ def test_a_gpu_instance_without_cupy_fails_clearly_and_leaves_nothing(params, tm
         open_session(p, InstanceSpec(kind="GPU", device_id=0, store_dir=str(tmp_path / "store")))
     assert not [e for e in os.listdir("/dev/shm") if p.model in e]
     assert not glob.glob(f"/dev/shm/trec-ns-*/*{p.model}*")
+
+
+def test_a_device_cache_is_named_after_the_model_version_and_the_server(params, monkeypatch):
+    from triton_rec.serving import deployment
+
+    p = params()
+
+    class T:
+        path = "/store/layouts/0123456789abcdef0123.tbl"
+
+    tp = p.tables[0]
+    cpu = deployment.cache_name(p, InstanceSpec(model_version="1"), tp, T)
+    assert cpu == deployment.cache_name(p, InstanceSpec(model_version="2"), tp, T)
+    gpu = {
+        v: deployment.cache_name(p, InstanceSpec(kind="GPU", model_version=v), tp, T)
+        for v in ("1", "2")
+    }
+    assert gpu["1"] != gpu["2"] and ".v1.gpu0." in gpu["1"] and ".v2.gpu0." in gpu["2"]
+    assert gpu["1"].endswith("." + deployment.server_token())
+    monkeypatch.setattr(deployment, "server_token", lambda: "another-server")
+    assert deployment.cache_name(p, InstanceSpec(kind="GPU", model_version="1"), tp, T) != gpu["1"]

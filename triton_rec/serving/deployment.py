@@ -14,7 +14,10 @@ Every Triton model instance is its own process. For one model on one node:
 The cache of a table is named ``<model>.<device>.<table>.<content digest prefix>``, so
 a new model version with new table content gets a fresh cache; it lives in the private
 shared-memory namespace of the node store holding the table (:func:`shm_namespace`), so
-servers with the same store share it and servers with different stores never do.
+servers with the same store share it and servers with different stores never do. A
+device (GPU) cache's name also carries the model version and the server process
+(:func:`cache_name`): its memory belongs to the instance process that created it and is
+freed when that one exits, so another version or another server must never attach to it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from triton_rec.storage.redis_store import RedisClusterStore
 from triton_rec.storage.rocksdb_store import NodeRocksDBTable, RocksDBStore
 from triton_rec.storage.table import EmbeddingTable
 from triton_rec.storage.tiers import Tier, TieredStore, import_table
+from triton_rec.util.procfs import start_time
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,8 @@ class InstanceSpec:
         prefault: make every page of the tables resident before serving.
         cache_dir: directory of the CPU cache segments (``/dev/shm``).
         intra_op_threads: threads of the dense executor's own pool (onnxruntime).
+        model_version: the version being loaded (Triton's ``model_version``); part of
+            a device cache's name.
     """
 
     kind: str = "CPU"
@@ -58,6 +64,7 @@ class InstanceSpec:
     prefault: bool = True
     cache_dir: str = "/dev/shm"
     intra_op_threads: int = InstanceSettings.intra_op_threads
+    model_version: str = ""
 
     @property
     def device(self) -> str:
@@ -72,13 +79,32 @@ def cache_capacity(params: ModelParams, table: EmbeddingTable) -> int:
     return max(1, math.ceil(params.gpucacheper * table.num_rows))
 
 
+def server_token() -> str:
+    """The serving process, as a name part: ``<pid>-<start time>`` (hex) of this process's
+    parent, the Triton server for a Python-backend instance. Every instance of one
+    server agrees on it; another server, or the same one restarted, differs."""
+    ppid = os.getppid()
+    return f"{ppid:x}-{start_time(ppid):x}"
+
+
 def cache_name(
     params: ModelParams, spec: InstanceSpec, tp: TableParams, table: EmbeddingTable
 ) -> str:
-    """Name of a table's shared cache: model, device, table and the digest of its layout file."""
+    """Name of a table's shared cache: model, device, table and the digest of its layout file.
+
+    A device cache (GPU) is owned by the instance process that created it and its memory
+    goes with that process (:mod:`triton_rec.cache.gpu_share`), so its name also carries
+    the model version and the server (:func:`server_token`):
+    ``<model>.v<version>.<device>.<table>.<digest>.<server>``. A new version loaded next
+    to an old one, or another server sharing the store, never attaches to memory that the
+    old one's unload frees. (The CPU segment is reference-counted and outlives any one
+    process: versions with the same content share it.)"""
     layout = getattr(table, "layout_path", None) or table.path
     digest = os.path.splitext(os.path.basename(layout))[0][:16]
-    return f"{params.model}.{spec.device}.{tp.name}.{digest}"
+    if spec.device == "cpu":
+        return f"{params.model}.{spec.device}.{tp.name}.{digest}"
+    version = spec.model_version or "0"
+    return f"{params.model}.v{version}.{spec.device}.{tp.name}.{digest}.{server_token()}"
 
 
 def shm_namespace(table: EmbeddingTable, parent: str) -> str:
