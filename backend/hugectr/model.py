@@ -29,7 +29,12 @@ from triton_rec.config.ps_json import (
     model_relative_path,
 )
 from triton_rec.errors import TritonRecError
-from triton_rec.serving.deployment import InstanceSpec, open_ranking_session
+from triton_rec.serving.deployment import (
+    InstanceSpec,
+    dense_placement,
+    gpu_placement,
+    open_ranking_session,
+)
 from triton_rec.triton.glue import prepare_process, run_requests
 from triton_rec.triton.metrics import start_session_metrics
 
@@ -56,9 +61,11 @@ class TritonPythonModel:
                 intra_op_threads=settings.intra_op_threads,
                 model_version=str(args.get("model_version") or ""),
             )
+            dense = dense_placement(params, spec)
             self.session = open_ranking_session(
-                params, spec, args["model_repository"], model_parameter(config, "config")
+                params, spec, args["model_repository"], model_parameter(config, "config"), dense
             )
+            placement = gpu_placement(params, spec, dense)
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         cat = next(i for i in config["input"] if i["name"] == "CATCOLUMN")
@@ -72,6 +79,8 @@ class TritonPythonModel:
         )
         for line in config_warnings(ps_path, params):
             pb_utils.Logger.log_warn(line)
+        if placement is not None:
+            pb_utils.Logger.log_info(f"model '{self.model_name}': {placement}")
         pb_utils.Logger.log_info(f"hugectr model '{self.model_name}' ready: {self.session.dense!r}")
 
     def execute(self, requests):
