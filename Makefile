@@ -56,10 +56,10 @@ lint: $(STAMP)
 test: $(STAMP) demo
 	$(VENV)/bin/pytest tests
 
-# No Redis, no tritonserver, nothing slow by design: the tests marked redis/server
+# No Redis, no Kafka, no tritonserver, nothing slow by design: the tests marked redis/kafka/server
 # (tests/conftest.py) and slow are left out; `make test` runs them.
 unit: $(STAMP)
-	$(VENV)/bin/pytest -m "not redis and not server and not slow" tests/unit
+	$(VENV)/bin/pytest -m "not redis and not kafka and not server and not slow" tests/unit
 
 e2e: $(STAMP) demo
 	$(VENV)/bin/pytest tests/e2e

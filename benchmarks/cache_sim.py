@@ -32,12 +32,14 @@ Registry (``POLICIES``, by name, like Caffeine's simulator Registry):
 
 mix64 is the splitmix64 finalizer, the one src/native/hash_index.hpp uses. The real
 caches pick sets and sketch counters with other bits/seeds of the same mixer
-(shm_cache.hpp: the high bits for the set); with a strong mixer that only reshuffles
-which keys collide, so hit rates agree up to noise.
+(shm_cache.hpp: the high bits for the set; array_cache.py: ``(mix64 * num_sets) >> 64``,
+the high bits too); with a strong mixer that only reshuffles which keys collide, so hit
+rates agree up to noise.
 
 Sizes: a requested size (fraction of N) is rounded to a capacity every policy can have
-(the real caches round num_sets UP to a power of two, up to 2x the request; here the
-nearest one, so that the rows stay near the asked size):
+(the CPU cache rounds num_sets UP to a power of two, up to 2x the request, the array/GPU
+cache up to a whole set; here the nearest power of two, so that the rows stay near the
+asked size):
 ``ways x num_sets`` with num_sets the power of two nearest (in log scale) to
 ``fraction x N / ways``; all policies of one row of the table get that same capacity, and
 the table reports it. With the default N = 163840 = 5 x 2^15, 5/10/20 % are exact and

@@ -3,9 +3,11 @@
 - ``redis``: the test uses the ``redis_cluster`` fixture (tests that call
   ``start_redis_cluster``/``start_tls_redis_cluster`` or use a Redis-backed parameter
   carry the marker themselves);
+- ``kafka``: the test uses the ``kafka_broker`` fixture (a Kafka-protocol broker);
 - ``server``: every test under ``tests/e2e`` (they start a tritonserver).
 
-``make unit`` runs ``-m "not redis and not server"``; ``make test`` runs everything.
+``make unit`` runs ``-m "not redis and not kafka and not server and not slow"``; ``make
+test`` runs everything.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ E2E = Path(__file__).parent / "e2e"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Add the ``redis`` and ``server`` markers (see the module docstring)."""
+    """Add the ``redis``, ``kafka`` and ``server`` markers (see the module docstring)."""
     for item in items:
-        if "redis_cluster" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "redis_cluster" in fixtures:
             item.add_marker(pytest.mark.redis)
+        if "kafka_broker" in fixtures:
+            item.add_marker(pytest.mark.kafka)
         if E2E in Path(item.path).parents:
             item.add_marker(pytest.mark.server)

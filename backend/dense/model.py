@@ -17,7 +17,12 @@ import triton_python_backend_utils as pb_utils
 from triton_rec.config.model_config import check_max_batch_size, model_parameter
 from triton_rec.config.ps_json import find_ps_config, load_ps_config
 from triton_rec.errors import ConfigError, TritonRecError
-from triton_rec.serving.deployment import load_dense_model
+from triton_rec.serving.deployment import (
+    InstanceSpec,
+    dense_placement,
+    gpu_placement,
+    load_dense_model,
+)
 from triton_rec.serving.ranking import DenseSession
 from triton_rec.triton.glue import MetricsPusher, RequestCounters, prepare_process, run_requests
 from triton_rec.triton.metrics import RequestMetrics
@@ -43,11 +48,17 @@ class TritonPythonModel:
             params = load_ps_config(ps_path).model(
                 model_parameter(config, "ps_model") or self.model_name
             )
+            spec = InstanceSpec(
+                kind=args.get("model_instance_kind", "CPU"),
+                device_id=int(args.get("model_instance_device_id") or 0),
+            )
+            placement = dense_placement(params, spec)
             dense = load_dense_model(
                 params,
                 args["model_repository"],
                 model_parameter(config, "config"),
                 settings.intra_op_threads,
+                placement.xp,
             )
             self.session = DenseSession(self.model_name, dense, params.max_batch_size, params)
         except TritonRecError as e:
@@ -60,6 +71,9 @@ class TritonPythonModel:
             RequestMetrics(pb_utils, self.model_name, self.counters),
             settings.metrics_interval,
         )
+        line = gpu_placement(None, spec, placement)
+        if line is not None:
+            pb_utils.Logger.log_info(f"model '{self.model_name}': {line}")
         pb_utils.Logger.log_info(f"dense model '{self.model_name}' ready: {dense!r}")
 
     def execute(self, requests):

@@ -32,7 +32,7 @@ from triton_rec.config.ps_json import (
     model_relative_path,
 )
 from triton_rec.errors import TritonRecError
-from triton_rec.serving.deployment import InstanceSpec, open_session
+from triton_rec.serving.deployment import InstanceSpec, gpu_placement, open_session
 from triton_rec.triton.glue import Responder, prepare_process, run_requests
 from triton_rec.triton.metrics import start_session_metrics
 
@@ -58,8 +58,10 @@ class TritonPythonModel:
                 ),
                 prefault=model_flag(config, "prefault", True),
                 intra_op_threads=settings.intra_op_threads,
+                model_version=str(args.get("model_version") or ""),
             )
             self.session = open_session(params, spec)
+            placement = gpu_placement(params, spec)
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         self.respond = Responder(pb_utils, output_name, info_outputs, self.device_id)
@@ -73,6 +75,8 @@ class TritonPythonModel:
         )
         for line in config_warnings(ps_path, params):
             pb_utils.Logger.log_warn(line)
+        if placement is not None:
+            pb_utils.Logger.log_info(f"model '{self.model_name}': {placement}")
         pb_utils.Logger.log_info(f"hps model '{self.model_name}' ready: {self.session.describe()}")
 
     def execute(self, requests):

@@ -35,7 +35,12 @@ from triton_rec.config.ps_json import (
     model_relative_path,
 )
 from triton_rec.errors import TritonRecError
-from triton_rec.serving.deployment import InstanceSpec, open_ranking_session
+from triton_rec.serving.deployment import (
+    InstanceSpec,
+    dense_placement,
+    gpu_placement,
+    open_ranking_session,
+)
 from triton_rec.triton.glue import Responder, prepare_process, run_requests
 from triton_rec.triton.metrics import start_session_metrics
 
@@ -62,9 +67,11 @@ class TritonPythonModel:
                 ),
                 prefault=model_flag(config, "prefault", True),
                 intra_op_threads=settings.intra_op_threads,
+                model_version=str(args.get("model_version") or ""),
             )
+            dense = dense_placement(params, spec)
             self.session = open_ranking_session(
-                params, spec, args["model_repository"], model_parameter(config, "config")
+                params, spec, args["model_repository"], model_parameter(config, "config"), dense
             )
             notes = check_hugectr_parameters(
                 config,
@@ -79,6 +86,7 @@ class TritonPythonModel:
                 },
                 model_dir=args["model_repository"],
             )
+            placement = gpu_placement(params, spec, dense)
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         cat = next(i for i in config["input"] if i["name"] == "CATCOLUMN")
@@ -93,6 +101,8 @@ class TritonPythonModel:
         for line in (*config_warnings(ps_path, params), *notes):
             pb_utils.Logger.log_warn(line)
         self.respond = Responder(pb_utils, output_name, info_outputs, device_id)
+        if placement is not None:
+            pb_utils.Logger.log_info(f"model '{self.model_name}': {placement}")
         pb_utils.Logger.log_info(f"hugectr model '{self.model_name}' ready: {self.session.dense!r}")
 
     def execute(self, requests):

@@ -6,6 +6,7 @@ test needs it absent on any machine)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import subprocess
@@ -23,6 +24,7 @@ from triton_rec.cache.array_cache import (
     CupyUnavailableError,
     resolve_xp,
 )
+from triton_rec.util.procfs import start_time
 
 D = 8
 
@@ -124,23 +126,68 @@ def shm_name():
 
 
 # ---------------------------------------------------------------- geometry and hashing
-def test_the_set_count_is_the_next_power_of_two_holding_the_capacity():
-    for capacity, ways, sets in [(100, 4, 32), (64, 8, 8), (65, 8, 16), (1, 8, 1), (7, 1, 8)]:
+def test_the_set_count_is_the_capacity_over_the_ways_rounded_up_to_one_set():
+    # gpucacheper sizes the cache: the slots exceed the request by less than one set (the
+    # old rounding to a power of two of sets nearly doubled 65 x 8-way: 128 slots)
+    for capacity, ways, sets in [(100, 4, 25), (64, 8, 8), (65, 8, 9), (1, 8, 1), (7, 1, 7)]:
         c = ArrayEmbeddingCache(capacity, 4, ways=ways)
-        assert (c.num_sets, c.ways, c.slots) == (sets, ways, sets * ways)
-        assert c.slots >= capacity
+        assert (c.num_sets, c.ways, c.slots, c.capacity) == (sets, ways, sets * ways, sets * ways)
+        assert capacity <= c.slots < capacity + ways
         layout = ArrayEmbeddingCache.state_layout(capacity, 4, ways)
         shapes = {n: a.shape for n, a in c.state_arrays().items()}
         assert shapes == {n: s for n, (s, _) in layout.items()}
 
 
-def test_set_of_is_splitmix64_of_the_key_masked_to_the_set_count():
-    c = ArrayEmbeddingCache(1000, 4, ways=8)
+def fastrange_ref(keys, n):
+    """(splitmix64(key) * n) >> 64 with Python's unbounded ints."""
+    return np.array([(int(h) * n) >> 64 for h in splitmix64(keys)], dtype=np.int64)
+
+
+@pytest.mark.parametrize("capacity,ways", [(1000, 8), (100, 4), (65, 8), (64, 8), (1, 8)])
+def test_set_of_is_the_multiply_shift_of_splitmix64_by_the_set_count(capacity, ways):
+    c = ArrayEmbeddingCache(capacity, 4, ways=ways)
     i64 = np.iinfo(np.int64)
     rand = np.random.default_rng(0).integers(i64.min, i64.max, 1000, dtype=np.int64)
     keys = np.concatenate([np.array([i64.min, -1, 0, 1, i64.max]), rand])
-    want = (splitmix64(keys) & np.uint64(c.num_sets - 1)).astype(np.int64)
-    np.testing.assert_array_equal(c.set_of(keys), want)
+    np.testing.assert_array_equal(c.set_of(keys), fastrange_ref(keys, c.num_sets))
+    assert ((c.set_of(keys) >= 0) & (c.set_of(keys) < c.num_sets)).all()
+
+
+def test_the_fastrange_is_exact_up_to_the_largest_set_count():
+    from triton_rec.cache.array_cache import MAX_SETS, fastrange
+
+    h = splitmix64(np.arange(-500, 500))
+    for n in (1, 3, 1000, 2**31 + 11, MAX_SETS):
+        want = np.array([(int(x) * n) >> 64 for x in h], dtype=np.uint64)
+        np.testing.assert_array_equal(fastrange(h, n), want)
+    top = np.array([np.iinfo(np.uint64).max], dtype=np.uint64)
+    assert int(fastrange(top, MAX_SETS)[0]) == MAX_SETS - 1
+
+
+def test_a_set_count_that_is_not_a_power_of_two_uses_every_set_evenly():
+    c = ArrayEmbeddingCache(25 * 4, 4, ways=4)  # 25 sets
+    counts = np.bincount(c.set_of(np.arange(100_000)), minlength=25)
+    assert counts.shape == (25,) and counts.min() > 0.9 * 4000 and counts.max() < 1.1 * 4000
+
+
+def test_an_lru_cache_allocates_no_frequency_sketch():
+    lru = ArrayEmbeddingCache(1000, 4, ways=8, policy="lru")
+    tiny = ArrayEmbeddingCache(1000, 4, ways=8, policy="tinylfu")
+    assert "sketch" not in lru.state_arrays() and lru.sketch is None
+    assert "sketch" not in ArrayEmbeddingCache.state_layout(1000, 4, 8, "lru")
+    assert tiny.state_arrays()["sketch"].shape == (4, 8192)
+    sketch_bytes = tiny.state_arrays()["sketch"].nbytes
+    nbytes = {c.policy: sum(a.nbytes for a in c.state_arrays().values()) for c in (lru, tiny)}
+    assert nbytes["tinylfu"] - nbytes["lru"] == sketch_bytes
+    with pytest.raises(Exception, match="sketch"):
+        lru.estimate(np.arange(3))
+    keys = np.arange(40)  # the lru cache works without one
+    lru.insert(keys, true_vec(keys, 4))
+    assert lru.query(keys)[1].all()
+    lru.clear()
+    assert lru.size() == 0
+    again = ArrayEmbeddingCache.from_arrays(tiny.state_arrays())
+    assert again.sketch_width == 8192
 
 
 # ---------------------------------------------------------------- LRU against the reference
@@ -412,10 +459,10 @@ def test_a_set_left_odd_by_a_dead_writer_is_dropped_by_the_next_write_to_it():
 
 # ---------------------------------------------------------------- attach / share
 def test_from_arrays_attaches_with_the_creators_geometry_policy_and_contents():
-    a = ArrayEmbeddingCache(100, D, ways=4, policy="tinylfu")
+    a = ArrayEmbeddingCache(98, D, ways=4, policy="tinylfu")
     a.insert(np.arange(10), true_vec(np.arange(10)))
     b = ArrayEmbeddingCache.from_arrays(a.state_arrays())
-    assert (b.requested_capacity, b.capacity, b.vec_size, b.ways) == (100, 128, D, 4)
+    assert (b.requested_capacity, b.capacity, b.vec_size, b.ways) == (98, 100, D, 4)
     assert (b.policy, b.xp) == ("tinylfu", np)
     out, hit = b.query(np.arange(10))
     assert hit.all()
@@ -491,6 +538,126 @@ def test_two_processes_attach_to_the_same_shared_arrays_by_name_and_see_each_oth
     finally:
         shared.close()
     assert [f for f in os.listdir(gpu_share.shm_dir()) if shm_name in f] == []
+
+
+# ---------------------------------------------------------------- owner lifetime
+def _child_attached_until_told(name, keys, attached, go, results):
+    """Spawned process: attach, report, wait for ``go``, read ``keys``, detach."""
+    from triton_rec.cache import gpu_share as gs
+
+    shared = gs.open_shared_cache(name, 256, D, ways=8, policy="lru")
+    attached.put(os.getpid())
+    go.wait(60)
+    out, hit = shared.cache.query(keys)
+    results.put(bool(hit.all()) and bool(np.array_equal(out, true_vec(keys))))
+    shared.close()
+
+
+def _spawn_attached(name, keys):
+    ctx = multiprocessing.get_context("spawn")
+    attached, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_child_attached_until_told, args=(name, keys, attached, go, results))
+    p.start()
+    return p, attached.get(timeout=60), go, results
+
+
+def test_the_owner_retains_the_memory_while_another_process_is_attached(shm_name):
+    keys = np.arange(30)
+    owner = gpu_share.open_shared_cache(shm_name, 256, D, ways=8, policy="lru")
+    p = None
+    try:
+        owner.cache.insert(keys, true_vec(keys))
+        p, child_pid, go, results = _spawn_attached(shm_name, keys)
+        assert sorted(pid for pid, _ in owner.attached()) == sorted([os.getpid(), child_pid])
+        # close while the child is attached: unpublished at once, memory retained
+        assert owner.close(linger=0) is False
+        assert gpu_share.retained_caches() == [shm_name]
+        assert [f for f in os.listdir(gpu_share.shm_dir()) if shm_name in f] == []
+        assert gpu_share.release_retained() == 0  # still attached
+        go.set()
+        assert results.get(timeout=60) is True  # the child still reads the owner's data
+        p.join(timeout=60)
+        assert p.exitcode == 0
+        assert gpu_share.release_retained() == 1 and gpu_share.retained_caches() == []
+    finally:
+        owner.close(linger=0)
+        if p is not None and p.is_alive():
+            p.kill()
+        gpu_share.release_retained()
+
+
+def test_the_owner_waits_for_attached_processes_before_freeing(shm_name):
+    keys = np.arange(10)
+    owner = gpu_share.open_shared_cache(shm_name, 256, D, ways=8, policy="lru")
+    owner.cache.insert(keys, true_vec(keys))
+    p, _, go, results = _spawn_attached(shm_name, keys)
+    go.set()  # the child reads and detaches while the owner waits
+    t0 = time.monotonic()
+    assert owner.close(linger=60) is True
+    assert time.monotonic() - t0 < 60 and gpu_share.retained_caches() == []
+    assert results.get(timeout=60) is True
+    p.join(timeout=60)
+    assert p.exitcode == 0
+
+
+def test_attachments_of_processes_that_are_gone_do_not_hold_the_memory(shm_name):
+    owner = gpu_share.open_shared_cache(shm_name, 256, D)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    me, started = os.getpid(), start_time(os.getpid())
+    with owner.lock:
+        owner.lock.register((gone.pid, 1))  # exited
+        owner.lock.register((me, started + 1))  # our pid, another start time: a reused pid
+        owner.lock.register((me, 0))  # no start time: cannot be verified
+    assert owner.attached() == [(me, started)]
+    assert owner.close(linger=0) is True and gpu_share.retained_caches() == []
+
+
+def _rewrite_owner_start_time(path, starttime):
+    with open(path, "r+b") as f:
+        head = f.read(4096)
+        n = int.from_bytes(head[8:16], "little")
+        manifest = json.loads(head[16 : 16 + n])
+        manifest["starttime"] = starttime
+        blob = json.dumps(manifest).encode()
+        f.seek(0)
+        f.write(head[:8] + len(blob).to_bytes(8, "little") + blob)
+
+
+def test_state_published_by_a_recycled_pid_is_stale_and_replaced(shm_name):
+    # The owner check is pid + start time (as for the CPU segments): a process now running
+    # under the owner's pid with another start time is not the owner.
+    first = gpu_share.open_shared_cache(shm_name, 256, D)
+    first.cache.insert(np.arange(5), true_vec(np.arange(5)))
+    path = gpu_share.shared_path(shm_name)
+    _rewrite_owner_start_time(path, start_time(os.getpid()) + 1)
+    second = gpu_share.open_shared_cache(shm_name, 256, D)
+    try:
+        assert second.owner and second.cache.size() == 0  # a fresh cache, not the stale one
+        assert gpu_share.attach_numpy_arrays(shm_name).owner_alive()
+    finally:
+        second.close(linger=0)
+        first.close(linger=0)
+
+
+def test_handles_without_the_owners_start_time_are_stale(shm_name):
+    hpath = gpu_share.shared_path(shm_name, ".cudaipc.json")
+    me, started = os.getpid(), start_time(os.getpid())
+    try:
+        for starttime, stale in ((started, False), (started + 1, True), (None, True)):
+            doc = {"format": gpu_share.HANDLES_FORMAT, "pid": me, "arrays": {}}
+            if starttime is not None:
+                doc["starttime"] = starttime
+            with open(hpath, "w") as f:
+                json.dump(doc, f)
+            os.chmod(hpath, 0o600)
+            if stale:
+                with pytest.raises(gpu_share.StaleHandlesError):
+                    gpu_share.read_handles(hpath)
+            else:
+                assert gpu_share.read_handles(hpath) == {}
+    finally:
+        os.unlink(hpath)
 
 
 def test_attaching_with_another_geometry_is_refused_and_removes_nothing(shm_name):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -173,3 +176,174 @@ def test_requests_merged_in_one_execute_are_judged_each_by_its_own_hit_rate(para
         np.testing.assert_array_equal(got_cold, _truth(cold_keys))
     finally:
         s.close()
+
+
+def test_a_device_cache_is_named_after_the_model_version_and_the_server(params, monkeypatch):
+    from triton_rec.serving import deployment
+
+    p = params()
+
+    class T:
+        path = "/store/layouts/0123456789abcdef0123.tbl"
+
+    tp = p.tables[0]
+    cpu = deployment.cache_name(p, InstanceSpec(model_version="1"), tp, T)
+    assert cpu == deployment.cache_name(p, InstanceSpec(model_version="2"), tp, T)
+    gpu = {
+        v: deployment.cache_name(p, InstanceSpec(kind="GPU", model_version=v), tp, T)
+        for v in ("1", "2")
+    }
+    assert gpu["1"] != gpu["2"] and ".v1.gpu0." in gpu["1"] and ".v2.gpu0." in gpu["2"]
+    assert gpu["1"].endswith("." + deployment.server_token())
+    monkeypatch.setattr(deployment, "server_token", lambda: "another-server")
+    assert deployment.cache_name(p, InstanceSpec(kind="GPU", model_version="1"), tp, T) != gpu["1"]
+
+
+# ---------------------------------------------------------------- the GPU path, numpy as xp
+class NumpyAsDevice:
+    """numpy standing in for CuPy as a dense executor's array module (counts its calls)."""
+
+    def __init__(self):
+        self.calls: dict = {}
+
+    def __getattr__(self, name):
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return getattr(np, name)
+
+
+class DeviceArray:
+    """Stands in for a CuPy array: ``np.asarray`` refuses it (as CuPy does), ``.get()``
+    copies it to the host."""
+
+    def __init__(self, a):
+        self._a = np.asarray(a)
+
+    def get(self):
+        return self._a.copy()
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed")
+
+
+def _small_network(tmp_path, dense_dim=2, vec=4):
+    """A HugeCTR network (dense + one 1-slot table -> concat -> 1 output) and its weights."""
+    layers = [
+        {
+            "name": "data",
+            "type": "Data",
+            "label": {"top": "label", "label_dim": 1},
+            "dense": {"top": "dense", "dense_dim": dense_dim},
+            "sparse": [{"top": "d0", "type": "DistributedSlot", "slot_num": 1}],
+        },
+        {
+            "name": "emb0",
+            "type": "DistributedSlotSparseEmbeddingHash",
+            "bottom": "d0",
+            "top": "emb0",
+            "sparse_embedding_hparam": {"embedding_vec_size": vec, "combiner": "sum"},
+        },
+        {"name": "r", "type": "Reshape", "bottom": "emb0", "top": "r", "leading_dim": vec},
+        {"name": "c", "type": "Concat", "bottom": ["dense", "r"], "top": "c"},
+        {
+            "name": "fc",
+            "type": "InnerProduct",
+            "bottom": "c",
+            "top": "fc",
+            "fc_param": {"num_output": 1},
+        },
+    ]
+    net = tmp_path / "net.json"
+    net.write_text(json.dumps({"layers": layers}))
+    weights = np.arange(dense_dim + vec + 1, dtype="<f4")  # W [dense_dim + vec, 1], then b
+    dense_file = tmp_path / "_dense_0.model"
+    weights.tofile(str(dense_file))
+    return str(net), str(dense_file), weights
+
+
+def test_load_dense_model_runs_the_network_in_the_array_module_it_is_given(params, tmp_path):
+    from triton_rec.serving.deployment import load_dense_model
+
+    net, dense_file, w = _small_network(tmp_path)
+    p = dataclasses.replace(params(), dense_file=dense_file, network_file=net)
+    xp = NumpyAsDevice()
+    dense = load_dense_model(p, str(tmp_path), xp=xp)
+    assert dense.xp is xp and xp.calls.get("asarray", 0) > 0  # weights went through xp
+    before = xp.calls["asarray"]
+    x, e = np.ones((3, 2), np.float32), np.ones((3, 1, 4), np.float32)
+    out = dense.predict(x, [e])
+    assert xp.calls["asarray"] > before  # the inputs are moved with xp.asarray
+    np.testing.assert_allclose(out, np.full((3, 1), w[:6].sum() + w[6]))
+
+
+def test_sessions_bring_a_device_prediction_back_to_the_host():
+    from triton_rec.dense import DenseModel, TableSpec, to_host
+    from triton_rec.serving.ranking import DenseSession
+
+    class OnDevice(DenseModel):
+        dense_dim, label_dim = 2, 1
+        tables = (TableSpec("t", 1, 3),)
+
+        def predict(self, dense, embeddings):
+            return DeviceArray(np.asarray(dense).sum(axis=1, keepdims=True))
+
+    with pytest.raises(TypeError):
+        np.asarray(DeviceArray([1.0]), dtype=np.float32)  # what the sessions did before
+    np.testing.assert_array_equal(to_host(DeviceArray([1.0, 2.0])), [1.0, 2.0])
+    a = np.ones(2)
+    assert to_host(a) is a
+    s = DenseSession("m", OnDevice(), max_batch_size=8)
+    req = (2, np.array([[1, 2], [3, 4]], np.float32), [np.ones((2, 3), np.float32)], [[0, 1, 2]])
+    (out,) = s.predict_many([req])
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, [3.0, 7.0])
+
+
+def test_dense_placement_puts_a_hugectr_network_of_a_gpu_instance_on_its_device(
+    params, monkeypatch
+):
+    from triton_rec.cache import array_cache
+    from triton_rec.serving.deployment import dense_placement
+
+    p = params()
+    gpu = InstanceSpec(kind="GPU", device_id=1)
+    cpu_side = dense_placement(p, InstanceSpec())
+    assert (cpu_side.xp, cpu_side.on_device) == (np, False)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # CuPy absent here anyway
+    no_cupy = dense_placement(p, gpu)
+    assert (no_cupy.xp, no_cupy.on_device) == (np, False) and "CuPy" in no_cupy.why
+
+    used = []
+
+    class FakeCupy:
+        class cuda:
+            class Device:
+                def __init__(self, i):
+                    self.i = i
+
+                def use(self):
+                    used.append(self.i)
+
+    monkeypatch.setattr(array_cache, "resolve_xp", lambda xp: FakeCupy)
+    on_gpu = dense_placement(p, gpu)
+    assert (on_gpu.xp, on_gpu.on_device, used) == (FakeCupy, True, [1])
+    onnx = dense_placement(dataclasses.replace(p, dense_file="/m/dense.onnx"), gpu)
+    assert not onnx.on_device and "onnxruntime" in onnx.why
+
+
+def test_a_gpu_instance_logs_what_it_puts_on_the_gpu(params):
+    from triton_rec.serving.deployment import DensePlacement, gpu_placement
+
+    gpu = InstanceSpec(kind="GPU", device_id=0)
+    assert gpu_placement(params(), InstanceSpec()) is None  # KIND_CPU: no line
+    off = gpu_placement(params(gpucache=False), gpu)
+    assert (
+        "embedding cache on the GPU: no" in off and "nothing of this instance is on the GPU" in off
+    )
+    host = DensePlacement(np, False, "runs on the host with numpy: no CuPy")
+    line = gpu_placement(params(), gpu, host)
+    assert "embedding cache on the GPU: yes" in line
+    assert "dense executor on the GPU: no, runs on the host" in line and "nothing" not in line
+    device = DensePlacement(np, True, "CuPy on GPU 0")
+    both_off = gpu_placement(params(gpucache=False), gpu, device)
+    assert "dense executor on the GPU: yes" in both_off and "nothing" not in both_off
+    assert "embedding cache on the GPU: none" in gpu_placement(None, gpu, device)

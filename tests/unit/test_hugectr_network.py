@@ -1022,3 +1022,40 @@ def test_an_empty_batch_gives_an_empty_prediction(tmp_path):
 def test_table_spec_rejects_nonsense_sizes():
     with pytest.raises(ConfigError):
         TableSpec(name="t", slot_num=0, vec_size=4)
+
+
+def test_a_ranking_session_answers_num_samples_rows_of_label_dim(tmp_path):
+    # upstream's output is [num_samples] (hugectr_backend src/hugectr.cc L2352-2373); with
+    # label_dim > 1 each sample's label_dim predictions form a row
+    from ps_loader.synthetic import SyntheticTable, table_keys, write_model
+    from triton_rec.config.ps_json import parse_ps_config
+    from triton_rec.serving.ranking import RankingSession
+    from triton_rec.serving.session import TableSet
+
+    lin = _linear(6, 2, 0)
+    doc = _net(
+        [_layer("fc", "InnerProduct", "dense", "fc", fc_param={"num_output": 2})],
+        label_dim=2,
+        sparse=((3, 4),),
+    )
+    model = _load(tmp_path, doc, _fc_params(lin))
+    entry = write_model(str(tmp_path / "repo"), "r", [SyntheticTable("t", 100, 4, 6, 0.0)], 1)
+    doc = {"supportlonglong": True, "models": [{**entry, "gpucache": False}]}
+    params = parse_ps_config(doc, str(tmp_path / "repo")).models[0]
+    session = RankingSession(params, TableSet.open(params), model)
+    try:
+        rng = _rng(3)
+        requests, dense = [], []
+        for n in (2, 3):
+            d = rng.standard_normal((n, 6)).astype(np.float32)
+            keys = rng.choice(table_keys(1, 0, 100), n * 3)
+            rows = np.arange(n * 3 + 1, dtype=np.int32)
+            requests.append(session.parse_request(d.reshape(-1), keys, rows))
+            dense.append(d)
+        answers = session.predict_many(requests)
+        for d, got in zip(dense, answers):
+            assert got.shape == (d.shape[0], 2)
+            want = lin(_t(d)).detach().numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=ATOL)
+    finally:
+        session.close()

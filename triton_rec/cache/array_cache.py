@@ -19,14 +19,18 @@ State (all arrays; names as in :meth:`ArrayEmbeddingCache.state_arrays`)::
     ticks    int64   [num_sets, ways]            clock value of the way's last access
     vectors  float32 [num_sets, ways, vec_size]  the cached vectors
     seq      int64   [num_sets]                  per-set version: odd while being written
-    sketch   uint8   [4, width]                  TinyLFU count-min sketch (4 rows)
+    sketch   uint8   [4, width]                  TinyLFU count-min sketch (4 rows;
+                                                 policy ``tinylfu`` only)
     meta     int64   [16]                        clock, sketch increments, geometry, magic,
                                                  node-wide writer counters
 
-``num_sets`` is the smallest power of two >= ``ceil(capacity / ways)``; a key lives in set
-``splitmix64(key) & (num_sets - 1)`` (:meth:`ArrayEmbeddingCache.set_of`). As for the CPU
-cache (:mod:`triton_rec.cache.shm_cache`), ``capacity`` afterwards means the real slot count
-``num_sets * ways`` (the requested figure is ``requested_capacity``), and the sketch has
+``num_sets`` is ``ceil(capacity / ways)`` (any integer: the slot count is what was asked
+for, rounded up to a whole set, never to a power of two); a key lives in set
+``(splitmix64(key) * num_sets) >> 64`` (multiply-shift, "fastrange":
+:meth:`ArrayEmbeddingCache.set_of`). As for the CPU cache (:mod:`triton_rec.cache.shm_cache`,
+which does round ``num_sets`` up to a power of two), ``capacity`` afterwards means the real
+slot count ``num_sets * ways`` (the requested figure is ``requested_capacity``). The sketch
+(``tinylfu`` only: an ``lru`` cache has no ``sketch`` array) has
 ``max(64, next power of two >= 8 * capacity)`` counters per row.
 
 Policies: ``lru`` (HPS): a new key takes a free way of its set, else evicts the least
@@ -124,6 +128,10 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
 _I64_MIN = np.int64(np.iinfo(np.int64).min)
 _I64_MAX = np.int64(np.iinfo(np.int64).max)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_SHIFT32 = np.uint64(32)
+#: most sets a cache may have: :func:`fastrange` is exact for ``n < 2**32``
+MAX_SETS = (1 << 32) - 1
 
 
 def resolve_xp(xp: Any = None):
@@ -181,6 +189,15 @@ def splitmix64(keys, xp=np):
     return z ^ (z >> np.uint64(31))
 
 
+def fastrange(h, n: int):
+    """``floor(h * n / 2**64)`` of uint64 ``h``: an index in ``[0, n)`` from the high bits of
+    ``h`` for any ``1 <= n <= MAX_SETS`` (no power of two needed). Exact in uint64
+    arithmetic (numpy and CuPy have no 128-bit product): with ``h = hi * 2**32 + lo``,
+    it is ``(hi * n + (lo * n >> 32)) >> 32``, and neither term overflows for ``n < 2**32``."""
+    m = np.uint64(n)
+    return ((h >> _SHIFT32) * m + (((h & _LOW32) * m) >> _SHIFT32)) >> _SHIFT32
+
+
 def _on_device(method):
     """Run a method with the cache's device current (CuPy); no-op for numpy."""
 
@@ -211,7 +228,8 @@ class ArrayEmbeddingCache:
 
     Args:
         capacity: vectors the cache should hold; the real slot count is
-            ``num_sets * ways`` (>= capacity).
+            ``num_sets * ways`` with ``num_sets = ceil(capacity / ways)``: at least
+            ``capacity``, less than ``capacity + ways``.
         vec_size: floats per vector.
         ways: ways per set.
         policy: ``"lru"`` or ``"tinylfu"``.
@@ -227,7 +245,7 @@ class ArrayEmbeddingCache:
             :class:`triton_rec.cache.gpu_share.FileLock`).
 
     Attributes:
-        capacity: slots, ``num_sets * ways`` (>= the requested capacity, as in the CPU cache).
+        capacity: slots, ``num_sets * ways`` (>= the requested capacity, by less than one set).
         requested_capacity, num_sets, ways, vec_size, policy, xp, lock.
 
     Thread-safety: any number of threads may :meth:`query` while one writes; writes are
@@ -253,7 +271,7 @@ class ArrayEmbeddingCache:
         if policy not in POLICIES:
             raise ConfigError(f"cache policy must be one of {list(POLICIES)}, got {policy!r}")
         self.xp = resolve_xp(xp)
-        layout = self.state_layout(capacity, vec_size, ways)
+        layout = self.state_layout(capacity, vec_size, ways, policy)
         if arrays is None:
             arrays = {n: self.xp.zeros(shape, dtype=dt) for n, (shape, dt) in layout.items()}
         else:
@@ -270,19 +288,37 @@ class ArrayEmbeddingCache:
 
     # ----------------------------------------------------------------- construction
     @staticmethod
-    def state_layout(capacity: int, vec_size: int, ways: int = 8) -> Dict[str, Tuple[tuple, Any]]:
-        """``name -> (shape, dtype)`` of the state arrays of such a cache."""
-        num_sets = _next_pow2(-(-int(capacity) // int(ways)))
-        width = max(64, _next_pow2(SKETCH_WIDTH_FACTOR * num_sets * int(ways)))
-        return {
+    def num_sets_for(capacity: int, ways: int) -> int:
+        """Sets of a cache asked to hold ``capacity`` vectors: ``ceil(capacity / ways)``
+        (the slots, ``num_sets * ways``, exceed ``capacity`` by less than one set).
+
+        Raises:
+            ConfigError: more than :data:`MAX_SETS` sets.
+        """
+        num_sets = max(1, -(-int(capacity) // int(ways)))
+        if num_sets > MAX_SETS:
+            raise ConfigError(f"cache of {capacity} vectors needs more than {MAX_SETS} sets")
+        return num_sets
+
+    @staticmethod
+    def state_layout(
+        capacity: int, vec_size: int, ways: int = 8, policy: str = CachePolicy.LRU
+    ) -> Dict[str, Tuple[tuple, Any]]:
+        """``name -> (shape, dtype)`` of the state arrays of such a cache (``sketch`` only
+        for ``tinylfu``)."""
+        num_sets = ArrayEmbeddingCache.num_sets_for(capacity, ways)
+        layout = {
             "keys": ((num_sets, ways), np.dtype(np.int64)),
             "valid": ((num_sets, ways), np.dtype(np.bool_)),
             "ticks": ((num_sets, ways), np.dtype(np.int64)),
             "vectors": ((num_sets, ways, vec_size), np.dtype(np.float32)),
             "seq": ((num_sets,), np.dtype(np.int64)),
-            "sketch": ((SKETCH_ROWS, width), np.dtype(np.uint8)),
             "meta": ((META_LEN,), np.dtype(np.int64)),
         }
+        if policy == CachePolicy.TINYLFU:
+            width = max(64, _next_pow2(SKETCH_WIDTH_FACTOR * num_sets * int(ways)))
+            layout["sketch"] = ((SKETCH_ROWS, width), np.dtype(np.uint8))
+        return layout
 
     @classmethod
     def from_arrays(
@@ -304,7 +340,8 @@ class ArrayEmbeddingCache:
             raise ConfigError(f"state arrays carry an unknown policy code {m[_POLICY]}")
         self = cls.__new__(cls)
         self.xp = xp
-        cls._check_layout(arrays, cls.state_layout(m[_CAPACITY], m[_VEC], m[_WAYS]))
+        policy = POLICIES[m[_POLICY]]
+        cls._check_layout(arrays, cls.state_layout(m[_CAPACITY], m[_VEC], m[_WAYS], policy))
         self._attach(arrays, lock)
         return self
 
@@ -329,7 +366,7 @@ class ArrayEmbeddingCache:
         self.ticks = arrays["ticks"]
         self.vectors = arrays["vectors"]
         self.seq = arrays["seq"]
-        self.sketch = arrays["sketch"]
+        self.sketch = arrays.get("sketch")  # None for lru
         self.meta = arrays["meta"]
         m = self.meta.get() if _is_cupy(self.xp) else self.meta
         self.requested_capacity = int(m[_CAPACITY])
@@ -337,7 +374,7 @@ class ArrayEmbeddingCache:
         self.num_sets, self.ways = (int(v) for v in self.slot_keys.shape)
         self.capacity = self.num_sets * self.ways
         self.vec_size = int(self.vectors.shape[2])
-        self.sketch_width = int(self.sketch.shape[1])
+        self.sketch_width = int(self.sketch.shape[1]) if self.sketch is not None else 0
         self.lock = lock if lock is not None else threading.Lock()
         # CuPy: the device holding the arrays, made current around every operation
         self._device_id = int(self.meta.device.id) if _is_cupy(self.xp) else None
@@ -377,9 +414,9 @@ class ArrayEmbeddingCache:
 
     @_on_device
     def set_of(self, keys):
-        """Set index (int64) of each key: ``splitmix64(key) & (num_sets - 1)``."""
-        h = splitmix64(self._keys(keys), self.xp) & np.uint64(self.num_sets - 1)
-        return h.astype(np.int64)
+        """Set index (int64) of each key: ``(splitmix64(key) * num_sets) >> 64``
+        (:func:`fastrange`)."""
+        return fastrange(splitmix64(self._keys(keys), self.xp), self.num_sets).astype(np.int64)
 
     def _sketch_index(self, k):
         """Flat sketch indices ``[M, 4]``; row r:
@@ -396,7 +433,13 @@ class ArrayEmbeddingCache:
 
     @_on_device
     def estimate(self, keys):
-        """TinyLFU frequency estimate of each key (min over the sketch rows), int64."""
+        """TinyLFU frequency estimate of each key (min over the sketch rows), int64.
+
+        Raises:
+            ConfigError: the cache's policy is not ``tinylfu`` (it has no sketch).
+        """
+        if self.sketch is None:
+            raise ConfigError(f"a {self.policy} cache keeps no frequency sketch")
         k = self._keys(keys)
         flat = self.sketch.reshape(-1)
         return flat[self._sketch_index(k)].min(axis=1).astype(np.int64)
@@ -650,7 +693,8 @@ class ArrayEmbeddingCache:
             self._begin_write(every)
             try:
                 self.valid[...] = False
-                self.sketch[...] = 0
+                if self.sketch is not None:
+                    self.sketch[...] = 0
                 self.meta[_INCS] = 0
             finally:
                 self._end_write(every)

@@ -19,21 +19,38 @@ Two implementations of the same publish/attach flow:
 :func:`open_shared_cache` runs the whole flow for one cache (create or attach, plus a
 process-shared writer lock) on either kind of memory.
 
-Ownership and lifetime:
+Ownership and lifetime (the same conventions as the CPU segment,
+:mod:`triton_rec.cache.shm_cache`):
 
-- GPU: the creating process **owns** the device memory. It must stay alive as long as
-  any other process uses the cache: when it exits (or calls ``close``) the memory is
-  freed, and what attached processes then read or write through their mappings is
-  undefined (typically CUDA errors or garbage; nothing checks it for them). Attached
-  processes should therefore be torn down together with the owner, which is what Triton
-  does when it unloads a model. Handles published by a process that is gone are
-  *stale*: :func:`read_handles` detects that (the file records the owner's pid) and
-  :func:`open_shared_cache` then creates a fresh cache and publishes it instead.
-  CUDA IPC needs all processes on the same node; a handle can be opened once per
+- **owner**: the creating process. Its identity is its pid **and start time**
+  (:func:`triton_rec.util.procfs.process_alive`): a recycled pid is another process, a
+  zombie is gone. Both are recorded in what it publishes (the handles file, the numpy
+  file's manifest); state whose owner is gone (or whose record has no start time) is
+  *stale*: :func:`open_shared_cache` removes it and creates a fresh cache.
+- **attachments**: every process that opens the cache (the owner included) registers
+  its (pid, start time) in the cache's writer-lock file, under that file's ``flock``;
+  ``close`` removes it. Entries of processes that no longer exist are dropped whenever
+  the table is read. The table lives in the lock file's inode, which every attached
+  process holds open, so it outlives the lock file's name.
+- **close of the owner**: it unpublishes the cache at once (handles / numpy file and
+  lock file are unlinked: no process attaches any more), then frees the memory only
+  once no other live process is attached: it waits up to ``linger`` seconds
+  (:data:`OWNER_LINGER_S`) for them to detach, and if some are still attached it
+  *retains* the memory instead of freeing it (logged), until :func:`release_retained`
+  finds them gone. Ownership cannot pass to another process: device memory exported
+  through CUDA IPC belongs to the exporting process and is freed when it **exits**,
+  whatever is still attached (CUDA has no way to keep it); retaining only helps while
+  the owner's process lives on. Attached processes should therefore be torn down
+  together with the owner, which is what Triton does when it unloads a model.
+- **names**: the deployment names a device cache after the model *version* and the
+  server process (:func:`triton_rec.serving.deployment.cache_name`), so a new version
+  of a model, or another server sharing the store, never attaches to the memory of an
+  old one whose unload will free it.
+- CUDA IPC needs all processes on the same node; a handle can be opened once per
   process, and not in the process that exported it.
-- CPU: the data lives in the ``/dev/shm`` file, not in a process; it survives the
-  creator. The creator (owner) unlinks the file on ``close``; mappings already open keep
-  working, later processes would create a new cache.
+- CPU twin: the data lives in the ``/dev/shm`` file, not in a process: unlinking it on
+  the owner's ``close`` leaves the mappings working; "freeing" is closing the owner's
+  mapping. Everything above is otherwise the same, which is how the tests exercise it.
 
 .. warning::
    The CUDA IPC half of this module has **not run on GPU hardware**: the machines it was
@@ -43,15 +60,18 @@ Ownership and lifetime:
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
+import logging
 import mmap
 import os
 import re
 import secrets
 import tempfile
 import threading
-from typing import Any, Callable, Dict, Optional, Tuple, Union, cast
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
 
@@ -66,7 +86,10 @@ from triton_rec.config.ps_json import CachePolicy
 from triton_rec.errors import ConfigError, StaleHandlesError
 from triton_rec.util.procfs import process_alive, start_time
 
+log = logging.getLogger(__name__)
+
 __all__ = [
+    "OWNER_LINGER_S",
     "CupyUnavailableError",
     "FileLock",
     "SharedArrays",
@@ -78,6 +101,8 @@ __all__ = [
     "import_arrays",
     "open_shared_cache",
     "read_handles",
+    "release_retained",
+    "retained_caches",
     "share_numpy_arrays",
     "shared_path",
     "shm_dir",
@@ -89,6 +114,26 @@ SHM_MAGIC = b"TRECSHM1"
 _HEADER = 4096  # bytes before the first array: magic, JSON length, JSON manifest
 _ALIGN = 256
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+#: seconds the owner's ``close`` waits for the other attached processes to detach before
+#: it retains the memory instead of freeing it (Triton finalizes a model's instances
+#: together: the others normally detach within this time)
+OWNER_LINGER_S = 10.0
+_POLL_S = 0.05
+
+#: a process as the attachment table and the owner records know it: (pid, start time)
+ProcessToken = Tuple[int, int]
+
+
+def _self_token() -> ProcessToken:
+    pid = os.getpid()
+    return pid, start_time(pid)
+
+
+def _token_alive(pid: int, starttime: int) -> bool:
+    """The owner / attachment check: the process ``pid`` that started at ``starttime``
+    still runs. Without a start time the recorded process cannot be told apart from a
+    later one under the same pid (the bare-pid check), so it counts as gone."""
+    return starttime > 0 and process_alive(pid, starttime)
 
 
 def shm_dir(directory: Optional[str] = None) -> str:
@@ -177,6 +222,50 @@ class FileLock:
             os.close(self._fd)
             self._fd = -1
 
+    def is_published(self) -> bool:
+        """Whether ``path`` still names the file this lock holds open (the owner's
+        ``close`` unlinks it: a lock taken on the old file guards nothing new)."""
+        try:
+            a, b = os.fstat(self._fd), os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+    # The attachment table: int64 (pid, start time) pairs, the whole content of the lock
+    # file. Read and written only while the lock is held.
+    def _read_tokens(self) -> List[ProcessToken]:
+        data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
+        pairs = np.frombuffer(data[: len(data) // 16 * 16], dtype="<i8").reshape(-1, 2)
+        return [(int(p), int(t)) for p, t in pairs]
+
+    def _write_tokens(self, tokens: List[ProcessToken]) -> None:
+        blob = np.asarray(tokens, dtype="<i8").reshape(-1, 2).tobytes()
+        os.pwrite(self._fd, blob, 0)
+        os.ftruncate(self._fd, len(blob))
+
+    def attached(self) -> List[ProcessToken]:
+        """Live processes attached (one entry per open, duplicates included); drops the
+        entries of processes that are gone. Caller holds the lock."""
+        tokens = self._read_tokens()
+        live = [t for t in tokens if _token_alive(*t)]
+        if len(live) != len(tokens):
+            self._write_tokens(live)
+        return live
+
+    def register(self, token: ProcessToken, fresh: bool = False) -> None:
+        """Add an attachment (``fresh``: a new cache, the table restarts with it).
+        Caller holds the lock."""
+        self._write_tokens([token] if fresh else self.attached() + [token])
+
+    def unregister(self, token: ProcessToken) -> List[ProcessToken]:
+        """Remove one attachment of ``token``; returns the live ones left. Caller holds
+        the lock."""
+        live = self.attached()
+        if token in live:
+            live.remove(token)
+            self._write_tokens(live)
+        return live
+
     def unlink(self) -> None:
         """Remove the lock file, if it still exists."""
         try:
@@ -193,7 +282,7 @@ class SharedArrays:
         name, path: the published name and its file.
         arrays: ``name -> np.ndarray`` views of the mapping.
         owner: True in the process that created it (its :meth:`close` unlinks the file).
-        pid: the creator's pid (from the file).
+        pid, starttime: the creator's identity (from the file; starttime 0 if unrecorded).
     """
 
     _mm: Optional[mmap.mmap]  # None once closed
@@ -206,9 +295,14 @@ class SharedArrays:
         arrays: Dict[str, np.ndarray],
         owner: bool,
         pid: int,
+        starttime: int = 0,
     ):
         self.name, self.path, self._mm, self.arrays = name, path, mm, arrays
-        self.owner, self.pid = owner, pid
+        self.owner, self.pid, self.starttime = owner, pid, starttime
+
+    def owner_alive(self) -> bool:
+        """Whether the creating process (pid + start time) still runs."""
+        return _token_alive(self.pid, self.starttime)
 
     def close(self) -> None:
         """Drop this process's mapping; the owner also unlinks the file. Arrays still
@@ -265,7 +359,8 @@ def share_numpy_arrays(
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         specs[n] = {"dtype": dt.str, "shape": list(shape), "offset": offset}
         offset += -(-max(nbytes, 1) // _ALIGN) * _ALIGN
-    manifest = {"pid": os.getpid(), "arrays": specs}
+    pid, starttime = _self_token()
+    manifest = {"pid": pid, "starttime": starttime, "arrays": specs}
     blob = json.dumps(manifest).encode()
     if len(blob) + 16 > _HEADER:
         raise ConfigError(f"too many arrays to share under {name!r}")
@@ -287,7 +382,9 @@ def share_numpy_arrays(
             holder.pop("views")
             holder.pop("mm").close()
         raise
-    return SharedArrays(name, path, holder["mm"], holder["views"], owner=True, pid=os.getpid())
+    return SharedArrays(
+        name, path, holder["mm"], holder["views"], owner=True, pid=pid, starttime=starttime
+    )
 
 
 def attach_numpy_arrays(name: str, directory: Optional[str] = None) -> SharedArrays:
@@ -312,7 +409,15 @@ def attach_numpy_arrays(name: str, directory: Optional[str] = None) -> SharedArr
         raise ConfigError(f"{path}: not a triton-rec shared-array file (bad magic)")
     n = int.from_bytes(mm[8:16], "little")
     manifest = json.loads(mm[16 : 16 + n].decode())
-    return SharedArrays(name, path, mm, _views(mm, manifest), owner=False, pid=int(manifest["pid"]))
+    return SharedArrays(
+        name,
+        path,
+        mm,
+        _views(mm, manifest),
+        owner=False,
+        pid=int(manifest["pid"]),
+        starttime=int(manifest.get("starttime") or 0),
+    )
 
 
 # ============================================================ GPU: CUDA IPC through CuPy
@@ -406,9 +511,9 @@ def write_handles(path: str, handles: Dict[str, Dict[str, Any]], exclusive: bool
     """Publish ``handles`` (of :func:`export_arrays`) as JSON at ``path``, atomically,
     with this process (pid and start time) as the owner. ``exclusive``: FileExistsError
     if ``path`` exists (else it is replaced)."""
-    pid = os.getpid()
+    pid, starttime = _self_token()
     doc = json.dumps(
-        {"format": HANDLES_FORMAT, "pid": pid, "starttime": start_time(pid), "arrays": handles}
+        {"format": HANDLES_FORMAT, "pid": pid, "starttime": starttime, "arrays": handles}
     ).encode()
     _publish_file(path, lambda fd: os.write(fd, doc), exclusive=exclusive)
 
@@ -420,7 +525,8 @@ def read_handles(path: str, check_owner: bool = True) -> Dict[str, Dict[str, Any
         FileNotFoundError: nothing published there.
         StaleHandlesError: ``check_owner`` and the publishing process is gone (its device
             memory is freed: the handles must not be opened): exited, a zombie, or its
-            pid now belongs to another process (:func:`triton_rec.util.procfs.process_alive`).
+            pid now belongs to another process (:func:`triton_rec.util.procfs.process_alive`),
+            or the file records no start time (the owner cannot be verified).
         ConfigError: not a handles file.
         SharedMemorySecurityError: the file is not private to our user (never read).
     """
@@ -428,18 +534,74 @@ def read_handles(path: str, check_owner: bool = True) -> Dict[str, Dict[str, Any
         doc = json.loads(f.read().decode())
     if not isinstance(doc, dict) or doc.get("format") != HANDLES_FORMAT:
         raise ConfigError(f"{path}: not a triton-rec CUDA IPC handles file")
-    if check_owner and not process_alive(int(doc["pid"]), int(doc.get("starttime") or 0)):
-        raise StaleHandlesError(f"{path}: published by pid {doc['pid']}, which has exited")
+    if check_owner and not _token_alive(int(doc["pid"]), int(doc.get("starttime") or 0)):
+        raise StaleHandlesError(
+            f"{path}: published by pid {doc['pid']} (start time {doc.get('starttime')}), "
+            "which is no longer running"
+        )
     return doc["arrays"]
 
 
 # ============================================================ one shared cache, create or attach
+class _Retained:
+    """State a closed owner keeps because other processes were still attached."""
+
+    def __init__(self, name: str, lock: FileLock, state: Any):
+        self.name, self.lock, self.state = name, lock, state
+
+    def free(self) -> None:
+        if hasattr(self.state, "close"):
+            self.state.close()  # numpy twin: the owner's mapping
+        self.state = None  # device arrays: freed (cudaFree) with the last reference
+        self.lock.close()
+
+
+_RETAINED: List[_Retained] = []
+_RETAINED_LOCK = threading.Lock()
+
+
+def retained_caches() -> List[str]:
+    """Names of the caches this process created and closed whose memory it still holds
+    because other processes were attached (see :func:`release_retained`)."""
+    with _RETAINED_LOCK:
+        return [r.name for r in _RETAINED]
+
+
+def release_retained() -> int:
+    """Free the retained memory of every cache no live process is attached to any more;
+    returns how many were freed. Called by every :func:`open_shared_cache` and
+    :meth:`SharedCache.close`; safe at any time."""
+    with _RETAINED_LOCK:
+        keep, freed = [], 0
+        for r in _RETAINED:
+            with r.lock:
+                users = r.lock.attached()
+            if users:
+                keep.append(r)
+            else:
+                r.free()
+                freed += 1
+        _RETAINED[:] = keep
+    return freed
+
+
+@atexit.register
+def _warn_retained_at_exit() -> None:  # pragma: no cover - exercised by process exit
+    release_retained()
+    for r in _RETAINED:
+        log.warning(
+            "shared cache %s: this process (its owner) exits while other processes are "
+            "still attached; on a GPU its memory is freed now and their reads become undefined",
+            r.name,
+        )
+
+
 class SharedCache(HostCacheView):
     """One process's handle on a shared cache (see :func:`open_shared_cache`).
 
     It is the cache as :class:`triton_rec.cache.cached_table.CachedTable` uses it (numpy in
     and out: ``query(keys, out, hit_mask)``, ``insert``, ``update``, ``keys``, ``size``,
-    ``stats``, ``capacity``, ``vec_size``), plus :meth:`close`.
+    ``stats``, ``capacity``, ``vec_size``), plus :meth:`attached` and :meth:`close`.
 
     Attributes:
         cache: the :class:`ArrayEmbeddingCache` (writes take the shared ``lock``).
@@ -454,24 +616,61 @@ class SharedCache(HostCacheView):
         self.owner, self.name, self.kind, self.lock = owner, name, kind, lock
         self.files = list(files)
         self._keepalive = keepalive
+        self._token = _self_token()
+        self._closed = False
 
-    def close(self) -> None:
-        """Detach. The owner also removes the published files (and, on a GPU, frees the
-        memory once the cache object is gone: other processes must be done by then), and
-        the namespace directory if that left it empty."""
+    def attached(self) -> List[ProcessToken]:
+        """The live processes attached to this cache, as (pid, start time), one entry per
+        open (this one included until :meth:`close`)."""
+        with self.lock:
+            return self.lock.attached()
+
+    def close(self, linger: Optional[float] = None) -> bool:
+        """Detach (idempotent). Returns True once this process holds none of the
+        cache's memory any more, False if it retains it.
+
+        The owner also unpublishes the cache (removes its files, and the namespace
+        directory if that left it empty) and frees the memory (on a GPU: drops its
+        device arrays, freed with their last reference) only when no other live process
+        is attached: it waits up to ``linger`` seconds (default :data:`OWNER_LINGER_S`)
+        for them, then, if some remain, retains the memory (logged) until
+        :func:`release_retained` finds them gone."""
+        if self._closed:
+            return True
+        self._closed = True
+        with self.lock:
+            others = self.lock.unregister(self._token)
+            if self.owner:
+                for p in self.files:
+                    _LOCAL_DEVICE_STATES.pop(p, None)
+                    try:
+                        os.unlink(p)
+                    except FileNotFoundError:
+                        pass
+        if self.owner and self.files:
+            remove_namespace_dir(os.path.dirname(self.files[0]))
+        if self.owner and others:
+            deadline = time.monotonic() + (OWNER_LINGER_S if linger is None else linger)
+            while others and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+                others = self.attached()
+        if self.owner and others:
+            log.warning(
+                "shared cache %s: closed by its owner while processes %s are still attached; "
+                "its memory is retained until they detach",
+                self.name,
+                sorted({pid for pid, _ in others}),
+            )
+            with _RETAINED_LOCK:
+                _RETAINED.append(_Retained(self.name, self.lock, self._keepalive))
+            self._keepalive = None
+            return False
         if self._keepalive is not None and hasattr(self._keepalive, "close"):
             self._keepalive.close()
         self._keepalive = None
         self.lock.close()
-        if self.owner:
-            for p in self.files:
-                _LOCAL_DEVICE_STATES.pop(p, None)
-                try:
-                    os.unlink(p)
-                except FileNotFoundError:
-                    pass
-            if self.files:
-                remove_namespace_dir(os.path.dirname(self.files[0]))
+        release_retained()
+        return True
 
     def __enter__(self) -> SharedCache:
         return self
@@ -495,45 +694,56 @@ def open_shared_cache(
     ``device="cpu"``: numpy arrays in ``<dir>/<name>``; an int: cupy arrays on that
     CUDA device, IPC handles in ``<dir>/<name>.cudaipc.json``. Creation is serialized by
     the writer lock file ``<dir>/<name>.lock``, which every process then passes to its
-    cache as the process-shared writer lock.
+    cache as the process-shared writer lock, and which holds the attachment table.
 
     With a ``namespace`` (the node store's token) ``<dir>`` is that store's private
     directory ``<shm_dir>/trec-ns-<namespace>`` (mode 0700). Every file is used only if
     private to our user (:mod:`triton_rec.cache.shm_security`).
 
-    An attached cache must have the same geometry and policy (ConfigError otherwise).
+    State whose owner is gone (pid + start time, see the module docstring) is removed
+    and a fresh cache created. An attached cache must have the same geometry and policy
+    (ConfigError otherwise).
     """
     if device != "cpu":
         _cupy()  # fail before leaving any file behind
+    release_retained()
     if namespace is not None:
         dfd, directory = open_segment_dir(shm_dir(directory), namespace)
         os.close(dfd)
-    try:
-        lock = FileLock(_path(name, directory, ".lock"))
-    except BaseException:
-        if namespace is not None:
-            remove_namespace_dir(cast(str, directory))  # set by open_segment_dir above
-        raise
-    try:
-        with lock:
-            if device == "cpu":
-                shared = _create_or_attach_cpu(
-                    name, capacity, vec_size, ways, policy, directory, lock
-                )
-            else:
-                shared = _create_or_attach_cuda(
-                    name, capacity, vec_size, ways, policy, int(device), directory, lock
-                )
-    except BaseException:
+    while True:
+        try:
+            lock = FileLock(_path(name, directory, ".lock"))
+        except BaseException:
+            if namespace is not None:
+                remove_namespace_dir(cast(str, directory))  # set by open_segment_dir above
+            raise
+        try:
+            with lock:
+                # False if the owner closed the cache between our open and our flock
+                published = lock.is_published()
+                if published:
+                    if device == "cpu":
+                        shared = _create_or_attach_cpu(
+                            name, capacity, vec_size, ways, policy, directory, lock
+                        )
+                    else:
+                        shared = _create_or_attach_cuda(
+                            name, capacity, vec_size, ways, policy, int(device), directory, lock
+                        )
+                    lock.register(shared._token, fresh=shared.owner)
+        except BaseException:
+            lock.close()
+            if namespace is not None:
+                remove_namespace_dir(cast(str, directory))  # if this left it empty
+            raise
+        if published:
+            break
         lock.close()
-        if namespace is not None:
-            remove_namespace_dir(cast(str, directory))  # if this left it empty
-        raise
     if not shared.owner:
         # A writer that died mid-write left its sets odd; drop their (maybe torn) data.
         # Takes the writer lock, so only after the creation lock above is released.
         shared.cache.repair()
-    want = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways)
+    want = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy)
     c = shared.cache
     got = {n: (tuple(a.shape), np.dtype(a.dtype)) for n, a in c.state_arrays().items()}
     if got != {n: (tuple(s), np.dtype(d)) for n, (s, d) in want.items()} or c.policy != policy:
@@ -550,11 +760,15 @@ def _create_or_attach_cpu(name, capacity, vec_size, ways, policy, directory, loc
     path = _path(name, directory)
     try:
         sa = attach_numpy_arrays(name, directory)
+    except FileNotFoundError:
+        sa = None
+    if sa is not None and not sa.owner_alive():
+        sa.close()
+        os.unlink(path)  # its owner is gone (on a GPU: and the memory): start over
+    elif sa is not None:
         cache = ArrayEmbeddingCache.from_arrays(sa.arrays, lock=lock)
         return SharedCache(cache, False, name, "cpu", lock, [], keepalive=sa)
-    except FileNotFoundError:
-        pass
-    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways)
+    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy)
     sa = share_numpy_arrays(name, layout, directory)
     cache = ArrayEmbeddingCache(
         capacity, vec_size, ways, policy, xp=np, arrays=sa.arrays, lock=lock
@@ -580,18 +794,19 @@ def _create_or_attach_cuda(name, capacity, vec_size, ways, policy, device, direc
             "cuda",
             lock,
             [],
+            keepalive=local,
         )
     try:
         handles = read_handles(hpath)
         arrays = import_arrays(handles)
         with cupy.cuda.Device(device):
             cache = ArrayEmbeddingCache.from_arrays(arrays, xp=cupy, lock=lock)
-        return SharedCache(cache, False, name, "cuda", lock, [])
+        return SharedCache(cache, False, name, "cuda", lock, [], keepalive=arrays)
     except FileNotFoundError:
         pass
     except StaleHandlesError:
         os.unlink(hpath)  # its owner is gone and so is the memory: start over
-    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways)
+    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy)
     arrays = allocate_device_arrays(layout, device)
     with cupy.cuda.Device(device):
         cache = ArrayEmbeddingCache(
@@ -599,4 +814,4 @@ def _create_or_attach_cuda(name, capacity, vec_size, ways, policy, device, direc
         )
     write_handles(hpath, export_arrays(arrays))
     _LOCAL_DEVICE_STATES[hpath] = arrays
-    return SharedCache(cache, True, name, "cuda", lock, [hpath, lock.path])
+    return SharedCache(cache, True, name, "cuda", lock, [hpath, lock.path], keepalive=arrays)

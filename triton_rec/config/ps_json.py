@@ -112,8 +112,11 @@ MAX_KEYS_PER_REQUEST = 2**31 - 1
 MAX_TIER_BATCH_SIZE = 1 << 20
 #: ``num_partitions``, ``num_threads`` and ``num_node_connections`` of the tier sections.
 MAX_TIER_COUNT = 4096
-#: ``poll_timeout_ms`` and ``failure_backoff_ms`` of ``update_source`` (one hour).
+#: Millisecond settings of ``update_source`` (poll, backoff, Kafka timeouts): one hour at most.
 MAX_TIER_MS = 3_600_000
+#: ``update_source.receive_buffer_size``: librdkafka's largest ``message.max.bytes``
+#: (1e9) less the 1024 bytes HPS adds to it.
+MAX_KAFKA_MESSAGE_BYTES = 1_000_000_000 - 1024
 
 
 class StrEnum(str, enum.Enum):
@@ -345,21 +348,29 @@ _PERSISTENT_KEYS_USED = {
     "on_unavailable",
 }
 _PERSISTENT_KEYS_KNOWN = _PERSISTENT_KEYS_USED | {"max_get_batch_size", "max_set_batch_size"}
-_UPDATE_KEYS_USED = _REDIS_KEYS | {
-    "type",
-    "group",
-    "poll_timeout_ms",
-    "max_batch_size",
-    "failure_backoff_ms",
-    "start",
-}
-_UPDATE_KEYS_KNOWN = _UPDATE_KEYS_USED | {
+#: ``update_source`` keys of the Kafka consumer (HPS's, plus two group timeouts of ours).
+_KAFKA_KEYS = {
     "brokers",
     "metadata_refresh_interval_ms",
     "receive_buffer_size",
     "max_commit_interval",
-    "send_buffer_size",
+    "session_timeout_ms",
+    "max_poll_interval_ms",
 }
+_UPDATE_KEYS_USED = (
+    _REDIS_KEYS
+    | _KAFKA_KEYS
+    | {
+        "type",
+        "group",
+        "poll_timeout_ms",
+        "max_batch_size",
+        "failure_backoff_ms",
+        "start",
+    }
+)
+# send_buffer_size: HPS's producer (KafkaMessageSink) setting; the consumer has no use for it.
+_UPDATE_KEYS_KNOWN = _UPDATE_KEYS_USED | {"send_buffer_size"}
 _DEFAULT_UPDATE_FILTERS = ("^hps_.+$",)
 
 
@@ -473,15 +484,30 @@ class UpdateSourceParams:
     """``update_source``: where online updates come from.
 
     Args:
-        type: ``null`` (none) or ``redis_stream`` (Redis Streams in a Redis Cluster, HPS
-            message format, one stream per ``hps_et.<model>.<table>`` topic). HPS's
-            ``kafka_message_queue`` is not supported (a ConfigError says so).
-        redis: connection settings of the cluster holding the streams.
-        group: consumer group; one per inference node (default: the host name), so
-            every node sees every update.
+        type: ``null`` (none), ``kafka_message_queue`` (HPS's: Kafka topics
+            ``hps_et.<model>.<table>`` on ``brokers``; spellings ``kafka_mq``, ``kafka``) or
+            ``redis_stream`` (Redis Streams in a Redis Cluster, one stream per topic). Both
+            carry HPS's message format.
+        redis: connection settings of the cluster holding the streams (``redis_stream``).
+        group: consumer group; one per inference node, so every node sees every update.
+            Default: the host name (``redis_stream``); ``hps.persistent.<host>`` with a
+            writable ``persistent_db``, else ``hps.volatile.<host>`` (``kafka_message_queue``,
+            :func:`triton_rec.updates.online.default_group`).
         poll_timeout_ms, max_batch_size, failure_backoff_ms: HPS names and defaults.
-        start: where a new group starts: ``earliest`` (everything the stream holds) or
-            ``latest`` (only what is published from now on).
+        start: where a new group starts: ``earliest`` (everything the topic or stream
+            holds; HPS's ``auto.offset.reset=smallest``) or ``latest`` (only what is
+            published from now on).
+        brokers: Kafka bootstrap servers, ``host:port[,host:port...]`` (HPS's default).
+        metadata_refresh_interval_ms: how often the Kafka consumer re-reads the topic
+            list (librdkafka ``topic.metadata.refresh.interval.ms``; a topic created later
+            is followed from then on).
+        receive_buffer_size: largest Kafka message accepted, in bytes (HPS sets
+            ``message.max.bytes`` to this + 1024).
+        max_commit_interval: most Kafka messages read, applied and then committed at once.
+        session_timeout_ms, max_poll_interval_ms: the Kafka group's timeouts (librdkafka
+            ``session.timeout.ms``, HPS's 30 s; ``max.poll.interval.ms``, librdkafka's
+            5 min). Not HPS keys: a consumer that joins a group waits up to about half
+            the session timeout, and tests shorten both.
     """
 
     type: str = "null"
@@ -491,6 +517,12 @@ class UpdateSourceParams:
     max_batch_size: int = 8192
     failure_backoff_ms: int = 50
     start: str = "earliest"
+    brokers: str = "127.0.0.1:9092"
+    metadata_refresh_interval_ms: int = 30000
+    receive_buffer_size: int = 262144
+    max_commit_interval: int = 32
+    session_timeout_ms: int = 30000
+    max_poll_interval_ms: int = 300000
     unknown_keys: Tuple[str, ...] = ()
 
     @property
@@ -665,38 +697,53 @@ def _parse_update_source(sec: dict, base_dir: str, source: str) -> UpdateSourceP
     raw = sec.get("type", "null")
     if raw is None:
         raw = "null"
-    if isinstance(raw, str) and raw.lower() in ("kafka", "kafka_message_queue"):
-        raise _fail(
-            f"{where}.type",
-            "Kafka is not supported by this backend: publish updates to Redis Streams "
-            'and set "type": "redis_stream" (see README, online updates)',
-        )
     group = sec.get("group")
     if group is not None and (not isinstance(group, str) or not group):
         raise _fail(f"{where}.group", f"expected a non-empty string, got {group!r}")
+    brokers = sec.get("brokers", d.brokers)
+    if not isinstance(brokers, str) or not brokers.strip():
+        raise _fail(f"{where}.brokers", f"expected 'host:port[,host:port...]', got {brokers!r}")
+
+    def ms(key: str, low: int, high: int = MAX_TIER_MS) -> int:
+        return _as_int(sec.get(key, getattr(d, key)), f"{where}.{key}", low, high)
+
+    session = ms("session_timeout_ms", 1)
+    max_poll = ms("max_poll_interval_ms", 1, 2**31 - 1)
+    if max_poll < session:  # librdkafka refuses this combination
+        raise _fail(
+            f"{where}.max_poll_interval_ms",
+            f"must be >= session_timeout_ms ({session}), got {max_poll}",
+        )
     return UpdateSourceParams(
         type=_choice(raw, UPDATE_SOURCE_TYPES, f"{where}.type"),
         redis=_redis_params(sec, where, base_dir),
         group=group,
-        poll_timeout_ms=_as_int(
-            sec.get("poll_timeout_ms", d.poll_timeout_ms),
-            f"{where}.poll_timeout_ms",
-            1,
-            MAX_TIER_MS,
-        ),
+        poll_timeout_ms=ms("poll_timeout_ms", 1),
         max_batch_size=_as_int(
             sec.get("max_batch_size", d.max_batch_size),
             f"{where}.max_batch_size",
             1,
             MAX_TIER_BATCH_SIZE,
         ),
-        failure_backoff_ms=_as_int(
-            sec.get("failure_backoff_ms", d.failure_backoff_ms),
-            f"{where}.failure_backoff_ms",
-            1,
-            MAX_TIER_MS,
-        ),
+        failure_backoff_ms=ms("failure_backoff_ms", 1),
         start=_choice(sec.get("start", d.start), ("earliest", "latest"), f"{where}.start"),
+        brokers=brokers.strip(),
+        # HPS's sanity checks (kafka_message.cpp L437-445)
+        metadata_refresh_interval_ms=ms("metadata_refresh_interval_ms", 10),
+        receive_buffer_size=_as_int(
+            sec.get("receive_buffer_size", d.receive_buffer_size),
+            f"{where}.receive_buffer_size",
+            1024,
+            MAX_KAFKA_MESSAGE_BYTES,
+        ),
+        max_commit_interval=_as_int(
+            sec.get("max_commit_interval", d.max_commit_interval),
+            f"{where}.max_commit_interval",
+            1,
+            MAX_TIER_BATCH_SIZE,
+        ),
+        session_timeout_ms=session,
+        max_poll_interval_ms=max_poll,
         unknown_keys=tuple(sorted(k for k in sec if k not in _UPDATE_KEYS_KNOWN)),
     )
 

@@ -11,8 +11,11 @@ Implementations:
   dense file, executed with numpy (or CuPy: same code, ``xp`` argument).
 
 The array code here and in the executors is written once over the array API that numpy
-and CuPy share (``xp``). CuPy is an optional import and is **untested**: these machines
-have no GPU; every test runs with numpy.
+and CuPy share (``xp``). A KIND_GPU instance runs a HugeCTR network with CuPy when it can
+import it (:func:`triton_rec.serving.deployment.dense_placement`): inputs go to the device
+in ``predict`` (``xp.asarray``), the prediction comes back with :func:`to_host`. CuPy is
+an optional import and is **untested**: these machines have no GPU; every test runs with
+numpy (standing in for CuPy where the wiring is tested).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ __all__ = [
     "TableSpec",
     "array_module",
     "combine_slots",
+    "to_host",
 ]
 
 
@@ -180,6 +184,15 @@ class DenseModel(abc.ABC):
                 )
             out.append(emb)
         return batch, dense, out
+
+
+def to_host(array) -> np.ndarray:
+    """``array`` as a host (numpy) array: a CuPy (device) array is copied back with its
+    ``.get()`` (CuPy refuses ``np.asarray`` on purpose), a numpy array is returned as it is."""
+    if isinstance(array, np.ndarray):
+        return array
+    get = getattr(array, "get", None)
+    return np.asarray(get() if callable(get) else array)
 
 
 def array_module(array):

@@ -14,7 +14,10 @@ Every Triton model instance is its own process. For one model on one node:
 The cache of a table is named ``<model>.<device>.<table>.<content digest prefix>``, so
 a new model version with new table content gets a fresh cache; it lives in the private
 shared-memory namespace of the node store holding the table (:func:`shm_namespace`), so
-servers with the same store share it and servers with different stores never do.
+servers with the same store share it and servers with different stores never do. A
+device (GPU) cache's name also carries the model version and the server process
+(:func:`cache_name`): its memory belongs to the instance process that created it and is
+freed when that one exits, so another version or another server must never attach to it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
 
 from triton_rec.config.model_config import InstanceSettings
 from triton_rec.config.model_files import confine
@@ -40,6 +45,7 @@ from triton_rec.storage.redis_store import RedisClusterStore
 from triton_rec.storage.rocksdb_store import NodeRocksDBTable, RocksDBStore
 from triton_rec.storage.table import EmbeddingTable
 from triton_rec.storage.tiers import SOURCE_META, Tier, TieredStore, import_table
+from triton_rec.util.procfs import start_time
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,8 @@ class InstanceSpec:
         prefault: make every page of the tables resident before serving.
         cache_dir: directory of the CPU cache segments (``/dev/shm``).
         intra_op_threads: threads of the dense executor's own pool (onnxruntime).
+        model_version: the version being loaded (Triton's ``model_version``); part of
+            a device cache's name.
     """
 
     kind: str = "CPU"
@@ -63,6 +71,7 @@ class InstanceSpec:
     prefault: bool = True
     cache_dir: str = "/dev/shm"
     intra_op_threads: int = InstanceSettings.intra_op_threads
+    model_version: str = ""
 
     @property
     def device(self) -> str:
@@ -70,24 +79,53 @@ class InstanceSpec:
         return f"gpu{self.device_id}" if self.kind.upper() == "GPU" else "cpu"
 
 
+def caches_enabled(params: ModelParams) -> bool:
+    """Whether the model's tables get an embedding cache (``gpucache`` and a positive
+    ``gpucacheper``, or a ``static`` cache, which ignores ``gpucacheper``); on a KIND_GPU
+    instance that cache is the device cache."""
+    if not params.gpucache:
+        return False
+    return params.gpucacheper > 0 or params.embedding_cache_type == EmbeddingCacheType.STATIC
+
+
 def cache_capacity(params: ModelParams, table: EmbeddingTable) -> int:
     """Rows of a table's cache: ``gpucacheper`` of its rows (0 means no cache); a
     ``static`` table's cache holds all of them, as HPS's static table does (gpucacheper
     ignored, static_table.cpp L28-106)."""
-    if params.gpucache and params.embedding_cache_type == EmbeddingCacheType.STATIC:
+    if not caches_enabled(params):
+        return 0
+    if params.embedding_cache_type == EmbeddingCacheType.STATIC:
         return max(1, table.num_rows)
-    if not params.gpucache or params.gpucacheper <= 0:
         return 0
     return max(1, math.ceil(params.gpucacheper * table.num_rows))
+
+
+def server_token() -> str:
+    """The serving process, as a name part: ``<pid>-<start time>`` (hex) of this process's
+    parent, the Triton server for a Python-backend instance. Every instance of one
+    server agrees on it; another server, or the same one restarted, differs."""
+    ppid = os.getppid()
+    return f"{ppid:x}-{start_time(ppid):x}"
 
 
 def cache_name(
     params: ModelParams, spec: InstanceSpec, tp: TableParams, table: EmbeddingTable
 ) -> str:
-    """Name of a table's shared cache: model, device, table and the digest of its layout file."""
+    """Name of a table's shared cache: model, device, table and the digest of its layout file.
+
+    A device cache (GPU) is owned by the instance process that created it and its memory
+    goes with that process (:mod:`triton_rec.cache.gpu_share`), so its name also carries
+    the model version and the server (:func:`server_token`):
+    ``<model>.v<version>.<device>.<table>.<digest>.<server>``. A new version loaded next
+    to an old one, or another server sharing the store, never attaches to memory that the
+    old one's unload frees. (The CPU segment is reference-counted and outlives any one
+    process: versions with the same content share it.)"""
     layout = getattr(table, "layout_path", None) or table.path
     digest = os.path.splitext(os.path.basename(layout))[0][:16]
-    return f"{params.model}.{spec.device}.{tp.name}.{digest}"
+    if spec.device == "cpu":
+        return f"{params.model}.{spec.device}.{tp.name}.{digest}"
+    version = spec.model_version or "0"
+    return f"{params.model}.v{version}.{spec.device}.{tp.name}.{digest}.{server_token()}"
 
 
 def shm_namespace(table: EmbeddingTable, parent: str) -> str:
@@ -300,14 +338,80 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
     return ts
 
 
+@dataclass(frozen=True)
+class DensePlacement:
+    """Where an instance runs its dense executor (:func:`dense_placement`).
+
+    Attributes:
+        xp: the array module of a HugeCTR network (numpy, or CuPy on the device).
+        on_device: the executor runs on the instance's GPU.
+        why: the reason, for the load log.
+    """
+
+    xp: Any
+    on_device: bool
+    why: str
+
+
+def dense_placement(params: ModelParams, spec: InstanceSpec) -> DensePlacement:
+    """Where the instance ``spec`` runs the model's dense network: a KIND_GPU instance
+    runs a HugeCTR network on its GPU with CuPy (the device made current for this
+    process), if CuPy and the device are there; anything else runs on the host (numpy,
+    or onnxruntime for an ONNX file)."""
+    if spec.device == "cpu":
+        return DensePlacement(np, False, "KIND_CPU instance")
+    if params.dense_file and params.dense_file.endswith(".onnx"):
+        return DensePlacement(np, False, "ONNX models run in onnxruntime on the host")
+    from triton_rec.cache.array_cache import resolve_xp
+    from triton_rec.errors import CupyUnavailableError
+
+    try:
+        cupy = resolve_xp("cupy")
+    except CupyUnavailableError as e:
+        return DensePlacement(np, False, f"runs on the host with numpy: {e}")
+    cupy.cuda.Device(spec.device_id).use()  # this process's arrays go to its GPU
+    return DensePlacement(cupy, True, f"CuPy on GPU {spec.device_id}")
+
+
+def gpu_placement(
+    params: Optional[ModelParams],
+    spec: InstanceSpec,
+    dense: Optional[DensePlacement] = None,
+) -> Optional[str]:
+    """The load-log line of a KIND_GPU instance: what it actually puts on its GPU
+    (None for a CPU instance). ``params`` None: the instance has no tables (the dense
+    backend); ``dense`` None: no dense executor (the hps backend)."""
+    if spec.device == "cpu":
+        return None
+    if params is None:
+        cache = "none (no tables)"
+    elif caches_enabled(params):
+        cache = "yes (one per table, shared through CUDA IPC)"
+    else:
+        cache = "no (gpucache is false or gpucacheper is 0)"
+    if dense is None:
+        executor = "none (embedding lookup only)"
+    else:
+        executor = ("yes, " if dense.on_device else "no, ") + dense.why
+    line = (
+        f"KIND_GPU instance on GPU {spec.device_id}: embedding cache on the GPU: {cache}; "
+        f"dense executor on the GPU: {executor}"
+    )
+    if not (params is not None and caches_enabled(params)) and not (dense and dense.on_device):
+        line += "; nothing of this instance is on the GPU"
+    return line
+
+
 def load_dense_model(
     params: ModelParams,
     model_dir: str,
     config_network: Optional[str] = None,
     threads: int = InstanceSettings.intra_op_threads,
+    xp: Any = None,
 ):
     """The dense part of a whole model, from its ps.json entry (``threads``: onnxruntime's
-    intra-op pool; the numpy executor runs in BLAS's pool, sized per process).
+    intra-op pool; the numpy executor runs in BLAS's pool, sized per process; ``xp``:
+    the array module of a HugeCTR network, :attr:`DensePlacement.xp`, default numpy).
 
     - ``dense_file`` ending in ``.onnx``: run with onnxruntime (tables' layout from the
       ONNX inputs, combiners from ``network_file`` if given, else ``sum``);
@@ -331,16 +435,24 @@ def load_dense_model(
         )
     from triton_rec.dense.hugectr_network import HugeCTRNetwork
 
-    return HugeCTRNetwork.load(network, params.dense_file, params.non_trainable_params_file)
+    return HugeCTRNetwork.load(
+        network, params.dense_file, params.non_trainable_params_file, xp=np if xp is None else xp
+    )
 
 
 def open_ranking_session(
-    params: ModelParams, spec: InstanceSpec, model_dir: str, config_network: Optional[str] = None
+    params: ModelParams,
+    spec: InstanceSpec,
+    model_dir: str,
+    config_network: Optional[str] = None,
+    placement: Optional[DensePlacement] = None,
 ):
-    """A ``hugectr`` whole-model session: the dense model + :func:`open_tables`."""
+    """A ``hugectr`` whole-model session: the dense model (where ``placement`` says,
+    default :func:`dense_placement`) + :func:`open_tables`."""
     from triton_rec.serving.ranking import RankingSession
 
-    dense = load_dense_model(params, model_dir, config_network, spec.intra_op_threads)
+    xp = (placement or dense_placement(params, spec)).xp
+    dense = load_dense_model(params, model_dir, config_network, spec.intra_op_threads, xp)
     tables = open_tables(params, spec)
     try:
         return RankingSession(params, tables, dense)

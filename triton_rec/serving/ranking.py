@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from triton_rec.config.ps_json import ModelParams
-from triton_rec.dense import DenseModel, combine_slots
+from triton_rec.dense import DenseModel, combine_slots, to_host
 from triton_rec.errors import ConfigError
 from triton_rec.serving.hugectr_request import (
     HugeCTRRequest,
@@ -122,7 +122,8 @@ class RankingSession:
             embeddings.append(
                 combine_slots(vectors, ptrs[t], self.combiners[t], slot_num=self.slots[t])
             )
-        out = np.asarray(self.dense.predict(dense, embeddings), dtype=np.float32)
+        # the dense model's array module may be CuPy: bring the prediction back to the host
+        out = to_host(self.dense.predict(dense, embeddings)).astype(np.float32, copy=False)
         # upstream's shape [num_samples] (hugectr_backend src/hugectr.cc L2352-2373); with
         # label_dim > 1 [num_samples, label_dim] (upstream returns the first num_samples
         # floats of the sample-major buffer there, which mixes samples)
@@ -254,7 +255,7 @@ class DenseSession:
             ]
             combined.append(np.concatenate(per_request, axis=0))
         dense = np.concatenate([r[1] for r in requests], axis=0)
-        out = np.asarray(self.dense.predict(dense, combined), dtype=np.float32)
+        out = to_host(self.dense.predict(dense, combined)).astype(np.float32, copy=False)
         answers, pos = [], 0
         for r in requests:
             answers.append(np.ascontiguousarray(out[pos : pos + r[0]]).reshape(-1))

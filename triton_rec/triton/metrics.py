@@ -36,7 +36,7 @@ trec_tier_promoted_total               counter rows copied into the volatile tie
 trec_updates_vectors_total             counter online-update vectors applied (label ``model``)
 trec_updates_messages_total            counter online-update messages applied
 trec_updates_malformed_total           counter malformed update messages dropped
-trec_updates_errors_total              counter failed update batches (retried) and Redis errors
+trec_updates_errors_total              counter failed update batches (retried), Redis/Kafka errors
 trec_requests_rejected_total           counter requests answered with an error (labels
                                                ``model``, ``reason``: ``invalid``,
                                                ``too_large``, ``internal``); Triton's own
@@ -75,7 +75,7 @@ _UPDATE_COUNTERS = {
     "malformed": ("trec_updates_malformed_total", "Malformed update messages dropped"),
     "errors": (
         "trec_updates_errors_total",
-        "Update batches that failed (retried later) and Redis errors of the consumer",
+        "Update batches that failed (retried later) and Redis or Kafka errors of the consumer",
     ),
 }
 _GAUGES = {
@@ -266,7 +266,10 @@ class CacheMetrics:
                 totals["vectors"] += st["vectors"]
                 totals["messages"] += st["messages"]
                 totals["malformed"] += st["malformed"]
-                totals["errors"] += st["apply_errors"] + st["redis_errors"]
+                # the transport's own errors: redis_errors (Redis Streams), kafka_errors
+                totals["errors"] += (
+                    st["apply_errors"] + st.get("redis_errors", 0) + st.get("kafka_errors", 0)
+                )
             for key, metric in self._update_metrics.items():
                 delta = totals[key] - self._update_last[key]
                 if delta:

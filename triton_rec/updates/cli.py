@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     """Run the command line with ``argv`` (default: sys.argv); returns the exit code."""
     ap = argparse.ArgumentParser(
         prog="python -m triton_rec.updates",
-        description="Publish HPS embedding updates to Redis Streams (hps_et.<model>.<table>), "
-        "or show a stream's state.",
+        description="Publish HPS embedding updates to Redis Streams or Kafka topics "
+        "(hps_et.<model>.<table>), or show a stream's or topic's state.",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name, what in (
@@ -51,11 +51,21 @@ def main(argv=None) -> int:
         ("info", "length, consumer groups and pending entries of a topic"),
     ):
         p = sub.add_parser(name, help=what, description=what)
-        p.add_argument("--address", required=True, help="host:port[,host:port...] of the cluster")
+        where = p.add_mutually_exclusive_group(required=True)
+        where.add_argument(
+            "--address", help="host:port[,host:port...] of the Redis Cluster (Redis Streams)"
+        )
+        where.add_argument(
+            "--brokers", help="host:port[,host:port...] of Kafka brokers (HPS's Kafka topics)"
+        )
         p.add_argument("--model", required=True)
         p.add_argument("--table", required=True)
-        p.add_argument("--user-name", default=None)
-        p.add_argument("--password", default=None)
+        p.add_argument("--user-name", default=None, help="Redis only")
+        p.add_argument("--password", default=None, help="Redis only")
+        if name == "info":
+            p.add_argument(
+                "--group", default=None, help="Kafka only: show this group's committed offsets"
+            )
         if name == "publish":
             src = p.add_mutually_exclusive_group(required=True)
             src.add_argument(
@@ -72,18 +82,23 @@ def main(argv=None) -> int:
             )
             p.add_argument("--batch-size", type=int, default=8192, help="pairs per message")
             p.add_argument(
-                "--maxlen", type=int, default=None, help="trim the stream to about N entries"
+                "--maxlen",
+                type=int,
+                default=None,
+                help="Redis only: trim the stream to about N entries",
             )
     args = ap.parse_args(argv)
     conn = dict(user_name=args.user_name, password=args.password)
     try:
         topic = topic_name(args.model, args.table)
         if args.cmd == "info":
-            print(
-                json.dumps(
-                    stream_info(args.address, args.model, args.table, **conn), indent=1, default=str
-                )
-            )
+            if args.brokers:
+                from triton_rec.updates.kafka import kafka_info
+
+                info = kafka_info(args.brokers, args.model, args.table, group=args.group)
+            else:
+                info = stream_info(args.address, args.model, args.table, **conn)
+            print(json.dumps(info, indent=1, default=str))
             return 0
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -109,16 +124,23 @@ def main(argv=None) -> int:
             if args.vec_size is not None and args.vec_size < 1:
                 raise ValueError(f"--vec-size must be >= 1, got {args.vec_size}")
             keys, vectors = _sparse_dir_rows(args.sparse_dir, args.vec_size)
-        with UpdateProducer(
-            args.address, maxlen=args.maxlen, max_batch_size=args.batch_size, **conn
-        ) as producer:
+        producer: Any
+        if args.brokers:
+            from triton_rec.updates.kafka import KafkaUpdateProducer
+
+            producer = KafkaUpdateProducer(args.brokers, max_batch_size=args.batch_size)
+        else:
+            producer = UpdateProducer(
+                args.address, maxlen=args.maxlen, max_batch_size=args.batch_size, **conn
+            )
+        with producer:
             n = producer.publish(args.model, args.table, keys, vectors)
         print(
             f"published {len(keys)} vector(s) of size {vectors.shape[1]} in {n} message(s) "
             f"to {topic}"
         )
         return 0
-    except StoreError as e:  # Redis unreachable or refusing: not the input's fault
+    except StoreError as e:  # Redis or Kafka unreachable or refusing: not the input's fault
         print(f"error: {e}", file=sys.stderr)
         return 1
     except (ValueError, OSError, ConfigError, TritonRecError) as e:

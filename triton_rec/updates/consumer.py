@@ -1,12 +1,19 @@
 """The serving side: :class:`UpdateConsumer` reads topics in a consumer group and applies
-them (delivery and take-over: :mod:`triton_rec.updates.transport`)."""
+them (delivery and take-over: :mod:`triton_rec.updates.transport`).
+
+:class:`ConsumerCore` is what every transport's consumer shares (this Redis Streams one and
+:class:`triton_rec.updates.kafka.KafkaUpdateConsumer`): the topics, decoding, merging
+consecutive messages into ``apply`` calls, dropping and counting malformed messages,
+counting and logging failures, the backoff, and the counters of :meth:`ConsumerCore.stats`.
+A transport reads messages, hands them to :meth:`ConsumerCore._apply_messages` and
+acknowledges (Redis ``XACK``, Kafka offset commit) only what that reports done."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -31,8 +38,179 @@ PRUNE_EVERY = 60.0  # seconds between two looks for idle consumers of a topic's 
 ApplyFn = Callable[[str, str, np.ndarray, np.ndarray], None]
 
 
-class UpdateConsumer:
-    """Consumes topics in a consumer group and applies them.
+class ConsumerCore:
+    """What the consumers of every transport share (see the module docstring).
+
+    Args:
+        topics: ``{topic: vec_size}`` to follow (``hps_et.<model>.<table>``).
+        apply: called with the rows of one or more consecutive messages of a topic (at
+            most ``count`` rows, a key that repeats keeps its last row). If it raises,
+            nothing of that call is done: the transport delivers it again after a backoff
+            (``backoff_ms``, doubled per failure in a row, at most ``MAX_BACKOFF`` s;
+            counted in ``apply_errors``, logged once per ``LOG_EVERY`` s).
+        count: most rows per ``apply`` call (HPS ``update_source.max_batch_size``).
+        backoff_ms: first wait after a failure.
+        counters: the transport's own counters (e.g. ``redis_errors``), starting at 0.
+
+    Raises:
+        ValueError: no topics, a vec_size < 1, ``count`` < 1 or ``backoff_ms`` < 0;
+        UpdateMessageError: a topic that is not ``hps_et.<model>.<table>``.
+    """
+
+    def __init__(
+        self,
+        topics: Dict[str, int],
+        apply: ApplyFn,
+        count: int,
+        backoff_ms: int,
+        counters: Tuple[str, ...] = (),
+    ):
+        if not topics:
+            raise ValueError("no topics to consume")
+        for what, n, low in (("count", count, 1), ("backoff_ms", backoff_ms, 0)):
+            if int(n) < low:
+                raise ValueError(f"{what} must be >= {low}, got {n}")
+        self.topics: Dict[str, Tuple[Tuple[str, str], int]] = {}
+        for t, d in topics.items():
+            if int(d) < 1:
+                raise ValueError(f"{t}: vec_size must be >= 1, got {d}")
+            self.topics[t] = (parse_topic(t), int(d))
+        self.apply = apply
+        self.count = int(count)
+        self.backoff = int(backoff_ms) / 1000.0
+        self._apply_failures: Dict[str, int] = {}  # topic -> apply failures in a row
+        self._apply_log = LogThrottle(LOG_EVERY)
+        self._malformed_log = LogThrottle(LOG_EVERY)
+        self._stats: Dict[str, Any] = dict(messages=0, vectors=0, malformed=0, apply_errors=0)
+        self._stats.update(dict.fromkeys(counters, 0))
+        self._stats["last_error"] = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def stats(self) -> dict:
+        """Counters: ``messages`` and ``vectors`` applied, ``malformed`` (dropped),
+        ``apply_errors``, the transport's own (see its class), ``last_error`` (text of the
+        last failure, "" if none)."""
+        with self._lock:
+            return dict(self._stats)
+
+    def _count(self, error: str = "", **deltas) -> None:
+        with self._lock:
+            for k, v in deltas.items():
+                self._stats[k] += v
+            if error:
+                self._stats["last_error"] = error
+
+    def _backoff(self, failures: int) -> float:
+        return min(MAX_BACKOFF, self.backoff * 2 ** min(failures - 1, 16))
+
+    def _drop_malformed(self, topic: str, msg_id: Any, e: Exception) -> None:
+        """Count and log (throttled) a message that is dropped as malformed."""
+        self._count(error=f"{topic} {msg_id!r}: {e}", malformed=1)
+        allowed, held = self._malformed_log.allow()
+        if allowed:
+            log.warning(
+                "update %s %r dropped%s: %s",
+                topic,
+                msg_id,
+                f" ({held} more dropped, not logged)" if held else "",
+                e,
+            )
+
+    def _apply_messages(
+        self, topic: str, messages: Iterable[Tuple[Any, Optional[bytes]]], missing: str = ""
+    ) -> Tuple[List[Any], int, int]:
+        """Decode and apply ``messages`` (``(id, data)`` in order) of ``topic``, merging
+        consecutive ones into calls of at most ``count`` rows.
+
+        ``data`` None is malformed, with the reason ``missing``. Malformed messages are
+        dropped (counted, logged) and beacons skipped: both are done. The first ``apply``
+        that raises stops the pass.
+
+        Returns:
+            ``(done, vectors applied, failures)``: the ids that were applied, dropped or
+            skipped (in order), and 0, or the number of failed ``apply`` passes of the
+            topic in a row (the transport waits :meth:`_backoff` of it and delivers the
+            ids not done again).
+        """
+        (model, table), vec_size = self.topics[topic]
+        done: List[Any] = []
+        applied = 0
+        failures = 0
+        ids: List[Any] = []
+        keys_parts: List[np.ndarray] = []
+        vec_parts: List[np.ndarray] = []
+        rows = 0
+
+        def flush() -> bool:
+            nonlocal ids, keys_parts, vec_parts, rows, applied, failures
+            if not ids:
+                return True
+            if rows:
+                keys = keys_parts[0] if len(keys_parts) == 1 else np.concatenate(keys_parts)
+                vecs = vec_parts[0] if len(vec_parts) == 1 else np.concatenate(vec_parts)
+                if len(keys_parts) > 1:  # a key in several messages: the last one wins
+                    keep = last_occurrence(keys)
+                    if keep.shape[0] != keys.shape[0]:
+                        keys, vecs = keys[keep], vecs[keep]
+                try:
+                    # a message larger than count rows is applied in count-row slices
+                    for lo, hi in chunks(keys.shape[0], self.count):
+                        self.apply(model, table, keys[lo:hi], vecs[lo:hi])
+                except Exception as e:  # delivered again later: not done
+                    failures = self._apply_failed_count(topic, len(ids), e)
+                    return False
+            self._apply_failures.pop(topic, None)
+            done.extend(ids)
+            applied += rows
+            self._count(messages=len(ids), vectors=rows)
+            ids, keys_parts, vec_parts, rows = [], [], [], 0
+            return True
+
+        for msg_id, data in messages:
+            try:
+                if data is None:
+                    raise UpdateMessageError(missing or "message without a value")
+                keys, vecs = decode_message(data, vec_size)
+            except UpdateMessageError as e:
+                self._drop_malformed(topic, msg_id, e)
+                done.append(msg_id)
+                continue
+            if keys.shape[0] == 0:  # beacon: nothing to apply
+                done.append(msg_id)
+                continue
+            if rows and rows + keys.shape[0] > self.count and not flush():
+                break
+            ids.append(msg_id)
+            keys_parts.append(keys)
+            vec_parts.append(vecs)
+            rows += keys.shape[0]
+        else:
+            flush()
+        return done, applied, failures
+
+    def _apply_failed_count(self, topic: str, n: int, e: Exception) -> int:
+        """Count and log (throttled) a failed ``apply`` of ``n`` messages; returns the
+        topic's failures in a row."""
+        failures = self._apply_failures.get(topic, 0) + 1
+        self._apply_failures[topic] = failures
+        self._count(error=f"{topic}: apply failed: {e}", apply_errors=1)
+        allowed, held = self._apply_log.allow()
+        if allowed:
+            log.warning(
+                "updates from %s: %d message(s) not applied (failure %d in a row%s; retried): %s",
+                topic,
+                n,
+                failures,
+                f", {held} more not logged" if held else "",
+                e,
+            )
+        return failures
+
+
+class UpdateConsumer(ConsumerCore):
+    """Consumes Redis Streams topics in a consumer group and applies them.
 
     Args:
         address: the Redis Cluster (``host:port[,host:port...]``).
@@ -96,34 +274,29 @@ class UpdateConsumer:
     ):
         if start not in ("earliest", "latest"):
             raise ValueError(f"start must be 'earliest' or 'latest', got {start!r}")
-        if not topics:
-            raise ValueError("no topics to consume")
+        super().__init__(
+            topics,
+            apply,
+            count,
+            backoff_ms,
+            counters=("redis_errors", "claimed", "pruned"),
+        )
         for what, v in (("group", group), ("consumer", consumer)):
             if not isinstance(v, str) or not v:
                 raise ValueError(f"{what} must be a non-empty string, got {v!r}")
         for what, n, low in (
-            ("count", count, 1),
             ("read_count", read_count, 1),
             ("block_ms", block_ms, 0),
             ("claim_idle_ms", claim_idle_ms, 0),
-            ("backoff_ms", backoff_ms, 0),
             ("prune_idle_ms", prune_idle_ms, 0),
         ):
             if int(n) < low:
                 raise ValueError(f"{what} must be >= {low}, got {n}")
         self.group = group.encode()
         self.consumer = consumer.encode()
-        self.topics: Dict[str, Tuple[Tuple[str, str], int]] = {}
-        for t, d in topics.items():
-            if int(d) < 1:
-                raise ValueError(f"{t}: vec_size must be >= 1, got {d}")
-            self.topics[t] = (parse_topic(t), int(d))
-        self.apply = apply
-        self.count = int(count)
         self.read_count = int(read_count)
         self.block_ms = int(block_ms)
         self.claim_idle_ms = int(claim_idle_ms)
-        self.backoff = int(backoff_ms) / 1000.0
         self.start_id = b"0" if start == "earliest" else b"$"
         # BLOCK longer than the socket timeout would look like a dead connection
         socket_timeout = float(kwargs.get("socket_timeout", 2.0))
@@ -141,23 +314,7 @@ class UpdateConsumer:
         self._next_claim: Dict[str, float] = {}
         self._retry_at: Dict[str, float] = {}  # topic -> monotonic time of the next try
         self._redis_failures: Dict[str, int] = {}  # topic -> Redis failures in a row
-        self._apply_failures: Dict[str, int] = {}  # topic -> apply failures in a row
         self._redis_log = LogThrottle(LOG_EVERY)
-        self._apply_log = LogThrottle(LOG_EVERY)
-        self._malformed_log = LogThrottle(LOG_EVERY)
-        self._stats = dict(
-            messages=0,
-            vectors=0,
-            malformed=0,
-            apply_errors=0,
-            redis_errors=0,
-            claimed=0,
-            pruned=0,
-            last_error="",
-        )
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
         try:  # connect now if we can; if not, poll_once keeps trying
             self._redis._get()
         except StoreUnavailableError as e:
@@ -171,18 +328,7 @@ class UpdateConsumer:
         ``apply_errors``, ``redis_errors``, ``claimed`` (entries taken over from other
         consumers), ``pruned`` (idle consumers removed from the group), ``last_error`` (text
         of the last failure, "" if none)."""
-        with self._lock:
-            return dict(self._stats)
-
-    def _count(self, error: str = "", **deltas) -> None:
-        with self._lock:
-            for k, v in deltas.items():
-                self._stats[k] += v
-            if error:
-                self._stats["last_error"] = error
-
-    def _backoff(self, failures: int) -> float:
-        return min(MAX_BACKOFF, self.backoff * 2 ** min(failures - 1, 16))
+        return super().stats()
 
     def _redis_failed(self, topic: str, e: BaseException) -> None:
         n = self._redis_failures.get(topic, 0) + 1
@@ -353,93 +499,19 @@ class UpdateConsumer:
         )
 
     def _apply_entries(self, topic: str, entries) -> int:
-        """Apply ``entries`` in order, merging consecutive ones into calls of at most
-        ``count`` rows; acknowledge what was applied or dropped. Returns vectors applied."""
-        (model, table), vec_size = self.topics[topic]
-        ack: List[bytes] = []
-        applied = 0
-        ids: List[bytes] = []
-        keys_parts: List[np.ndarray] = []
-        vec_parts: List[np.ndarray] = []
-        rows = 0
-
-        def flush() -> bool:
-            nonlocal ids, keys_parts, vec_parts, rows, applied
-            if not ids:
-                return True
-            if rows:
-                keys = keys_parts[0] if len(keys_parts) == 1 else np.concatenate(keys_parts)
-                vecs = vec_parts[0] if len(vec_parts) == 1 else np.concatenate(vec_parts)
-                if len(keys_parts) > 1:  # a key in several entries: the last one wins
-                    keep = last_occurrence(keys)
-                    if keep.shape[0] != keys.shape[0]:
-                        keys, vecs = keys[keep], vecs[keep]
-                try:
-                    # a message larger than count rows is applied in count-row slices
-                    for lo, hi in chunks(keys.shape[0], self.count):
-                        self.apply(model, table, keys[lo:hi], vecs[lo:hi])
-                except Exception as e:  # retried later: the entries stay pending
-                    self._apply_failed(topic, ids, e)
-                    return False
-            self._apply_failures.pop(topic, None)
-            ack.extend(ids)
-            applied += rows
-            self._count(messages=len(ids), vectors=rows)
-            ids, keys_parts, vec_parts, rows = [], [], [], 0
-            return True
-
-        for entry_id, fields in entries:
-            data = fields.get(FIELD) if fields else None
-            try:
-                if data is None:
-                    raise UpdateMessageError(
-                        "entry has no field 'v' (deleted or trimmed while pending?)"
-                    )
-                keys, vecs = decode_message(data, vec_size)
-            except UpdateMessageError as e:
-                self._count(error=f"{topic} {entry_id!r}: {e}", malformed=1)
-                allowed, held = self._malformed_log.allow()
-                if allowed:
-                    log.warning(
-                        "update %s %r dropped%s: %s",
-                        topic,
-                        entry_id,
-                        f" ({held} more dropped, not logged)" if held else "",
-                        e,
-                    )
-                ack.append(entry_id)
-                continue
-            if keys.shape[0] == 0:  # beacon: nothing to apply
-                ack.append(entry_id)
-                continue
-            if rows and rows + keys.shape[0] > self.count and not flush():
-                break
-            ids.append(entry_id)
-            keys_parts.append(keys)
-            vec_parts.append(vecs)
-            rows += keys.shape[0]
-        else:
-            flush()
-        if ack:
-            self._redis.run("XACK", lambda p: p.xack(topic.encode(), self.group, *ack))
+        """Apply ``entries`` in order (:meth:`ConsumerCore._apply_messages`); acknowledge
+        what was applied or dropped. Returns vectors applied."""
+        done, applied, failures = self._apply_messages(
+            topic,
+            [(entry_id, fields.get(FIELD) if fields else None) for entry_id, fields in entries],
+            missing="entry has no field 'v' (deleted or trimmed while pending?)",
+        )
+        if failures:
+            self._retry_at[topic] = time.monotonic() + self._backoff(failures)
+            self._own_pending_done.discard(topic)  # re-read them from our pending entries
+        if done:
+            self._redis.run("XACK", lambda p: p.xack(topic.encode(), self.group, *done))
         return applied
-
-    def _apply_failed(self, topic: str, ids: List[bytes], e: Exception) -> None:
-        n = self._apply_failures.get(topic, 0) + 1
-        self._apply_failures[topic] = n
-        self._retry_at[topic] = time.monotonic() + self._backoff(n)
-        self._own_pending_done.discard(topic)  # re-read them from our pending entries
-        self._count(error=f"{topic}: apply failed: {e}", apply_errors=1)
-        allowed, held = self._apply_log.allow()
-        if allowed:
-            log.warning(
-                "updates from %s: %d entries not applied (failure %d in a row%s; retried): %s",
-                topic,
-                len(ids),
-                n,
-                f", {held} more not logged" if held else "",
-                e,
-            )
 
     def start(self) -> UpdateConsumer:
         """Poll in a daemon thread until :meth:`close`; returns self."""

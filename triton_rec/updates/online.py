@@ -2,8 +2,9 @@
 the tiers, refresh the shared cache.
 
 Every instance of a model runs one consumer of the node's consumer group
-(``update_source.group``, default: the host name), so each node sees every update once
-and its instances share the work. An update of table T of model M (topic
+(``update_source.group``, default :func:`default_group`), reading Redis Streams or Kafka
+topics (``update_source.type``), so each node sees every update once and its instances
+share the work. An update of table T of model M (topic
 ``hps_et.M.T``) is
 
 1. written to the tiers whose ``update_filters`` match the topic, persistent tier
@@ -23,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -83,25 +84,68 @@ def consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def default_group(params: ModelParams) -> str:
+    """The node's consumer group when ``update_source.group`` is not set.
+
+    ``redis_stream``: the host name. ``kafka_message_queue``: the group HPS gives the
+    node's last writable tier (the one that holds every row), always with ``.<host>``:
+    ``hps.persistent.<host>`` with a writable ``persistent_db``, else
+    ``hps.volatile.<host>``. HPS shares ``hps.volatile`` among the nodes of one Redis;
+    here every node reads every update, because every node's cache must follow it.
+    """
+    src = params.update_source
+    host = socket.gethostname()
+    if src.group:
+        return src.group
+    if src.type != "kafka_message_queue":
+        return host
+    per = params.persistent_db
+    tier = "persistent" if per.type != "disabled" and not per.read_only else "volatile"
+    return f"hps.{tier}.{host}"
+
+
 def start_update_consumer(params: ModelParams, tables: Sequence[CachedTable]):
-    """Start consuming the model's topics in the background; returns the consumer
-    (``close()`` stops it)."""
+    """Start consuming the model's topics in the background (Redis Streams or Kafka, by
+    ``update_source.type``); returns the consumer (``close()`` stops it)."""
     from triton_rec.updates.codec import topic_name
-    from triton_rec.updates.consumer import UpdateConsumer
 
     src = params.update_source
     topics = {topic_name(params.model, tp.tier_name): tp.vec_size for tp in params.tables}
-    consumer = UpdateConsumer(
-        src.redis.address,
-        group=src.group or socket.gethostname(),
-        consumer=consumer_name(),
-        topics=topics,
-        apply=UpdateApplier(params.model, tables, [tp.tier_name for tp in params.tables]),
-        count=src.max_batch_size,
-        block_ms=src.poll_timeout_ms,
-        backoff_ms=src.failure_backoff_ms,
-        start=src.start,
-        **src.redis.client_kwargs(),
-    )
+    apply = UpdateApplier(params.model, tables, [tp.tier_name for tp in params.tables])
+    consumer: Any
+    if src.type == "kafka_message_queue":
+        from triton_rec.updates.kafka import KafkaUpdateConsumer
+
+        consumer = KafkaUpdateConsumer(
+            src.brokers,
+            group=default_group(params),
+            topics=topics,
+            apply=apply,
+            count=src.max_batch_size,
+            poll_timeout_ms=src.poll_timeout_ms,
+            backoff_ms=src.failure_backoff_ms,
+            max_commit_interval=src.max_commit_interval,
+            start=src.start,
+            metadata_refresh_interval_ms=src.metadata_refresh_interval_ms,
+            receive_buffer_size=src.receive_buffer_size,
+            session_timeout_ms=src.session_timeout_ms,
+            max_poll_interval_ms=src.max_poll_interval_ms,
+        )
+    else:
+        from triton_rec.updates.consumer import UpdateConsumer
+
+        consumer = UpdateConsumer(
+            src.redis.address,
+            group=default_group(params),
+            consumer=consumer_name(),
+            topics=topics,
+            apply=apply,
+            count=src.max_batch_size,
+            block_ms=src.poll_timeout_ms,
+            backoff_ms=src.failure_backoff_ms,
+            start=src.start,
+            read_count=src.max_commit_interval,
+            **src.redis.client_kwargs(),
+        )
     consumer.start()
     return consumer
