@@ -73,20 +73,25 @@ class TritonPythonModel:
             self.session = open_ranking_session(
                 params, spec, args["model_repository"], model_parameter(config, "config"), dense
             )
-            notes = check_hugectr_parameters(
-                config,
-                self.model_name,
-                dense_dim=self.session.dense.dense_dim,
-                slots=sum(self.session.slots),
-                label_dim=self.session.dense.label_dim,
-                keys_per_sample=params.keys_per_sample,
-                paths={
-                    "sparse_files": tuple(t.sparse_file for t in params.tables),
-                    **({"dense_file": (params.dense_file,)} if params.dense_file else {}),
-                },
-                model_dir=args["model_repository"],
-            )
-            placement = gpu_placement(params, spec, dense)
+            try:  # the checks need the network; a refused load leaves no cache behind
+                notes = check_hugectr_parameters(
+                    config,
+                    self.model_name,
+                    dense_dim=self.session.dense.dense_dim,
+                    slots=sum(self.session.slots),
+                    label_dim=self.session.dense.label_dim,
+                    keys_per_sample=params.keys_per_sample,
+                    paths={
+                        "sparse_files": tuple(t.sparse_file for t in params.tables),
+                        **({"dense_file": (params.dense_file,)} if params.dense_file else {}),
+                    },
+                    model_dir=args["model_repository"],
+                )
+                placement = gpu_placement(params, spec, dense)
+            except BaseException:
+                self.session.close()
+                self.session = None
+                raise
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         cat = next(i for i in config["input"] if i["name"] == "CATCOLUMN")

@@ -50,6 +50,29 @@ def parse_topic(topic: str) -> Tuple[str, str]:
     return m.group(1), m.group(2)
 
 
+def check_update_rows(keys, vectors) -> Tuple[np.ndarray, np.ndarray]:
+    """The rows a producer publishes, checked: ``keys`` 1-D integers in the int64 range,
+    ``vectors`` ``[len(keys), D >= 1]`` floats (ValueError naming what is wrong otherwise).
+    Returns them as arrays (keys not yet converted, so a caller can chunk a large mapped
+    table without copying it whole)."""
+    keys = np.asarray(keys)
+    vectors = np.asarray(vectors)
+    if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
+        raise ValueError(f"keys must be a 1-D integer array, got {keys.dtype} {keys.shape}")
+    if keys.dtype == np.uint64 and keys.size and int(keys.max()) >= 2**63:
+        raise ValueError("keys must fit in int64")
+    if (
+        vectors.ndim != 2
+        or not np.issubdtype(vectors.dtype, np.floating)
+        or vectors.shape[0] != keys.shape[0]
+        or vectors.shape[1] < 1
+    ):
+        raise ValueError(
+            f"vectors must be floats [{keys.shape[0]}, D >= 1], got {vectors.dtype} {vectors.shape}"
+        )
+    return keys, vectors
+
+
 def encode_message(keys: np.ndarray, vectors: np.ndarray) -> bytes:
     """One HPS update message of ``keys`` (int64 ``[M]``) and ``vectors`` (float32 ``[M, D]``).
 

@@ -88,6 +88,39 @@ class ConsumerCore:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
+    def poll_once(self, timeout_ms: Optional[int] = None) -> int:
+        """Read and apply what is there (the transport's); returns the rows applied."""
+        raise NotImplementedError
+
+    def _poll_failed(self, e: Exception) -> None:
+        """Count a failure of :meth:`poll_once` in the polling thread (the transport's)."""
+        raise NotImplementedError
+
+    def _polling_ended(self) -> None:
+        """Release the transport when the polling thread ends (the transport's)."""
+
+    def _start_polling(self, name: str, describe: str) -> None:
+        """Run :meth:`poll_once` in a daemon thread until :meth:`close`. The thread never
+        dies of a failure: it is counted (:meth:`_poll_failed`), logged and waited out
+        (``backoff``); :meth:`_polling_ended` runs when it ends."""
+        if self._thread is not None:
+            return
+
+        def run():
+            try:
+                while not self._stop.is_set():
+                    try:
+                        self.poll_once()
+                    except Exception as e:  # never let the thread die
+                        self._poll_failed(e)
+                        log.exception(describe)
+                        self._stop.wait(max(self.backoff, 0.1))
+            finally:
+                self._polling_ended()
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
     def stats(self) -> dict:
         """Counters: ``messages`` and ``vectors`` applied, ``malformed`` (dropped),
         ``apply_errors``, the transport's own (see its class), ``last_error`` (text of the
@@ -515,25 +548,15 @@ class UpdateConsumer(ConsumerCore):
 
     def start(self) -> UpdateConsumer:
         """Poll in a daemon thread until :meth:`close`; returns self."""
-        if self._thread is not None:
-            return self
-
-        def run():
-            try:
-                while not self._stop.is_set():
-                    try:
-                        self.poll_once()
-                    except Exception as e:  # never let the thread die
-                        self._count(error=repr(e), redis_errors=1)
-                        log.exception("update consumer %s", self.consumer.decode())
-                        self._stop.wait(max(self.backoff, 0.1))
-            finally:
-                if self._stop.is_set():
-                    self._redis.close()
-
-        self._thread = threading.Thread(target=run, name="trec-updates", daemon=True)
-        self._thread.start()
+        self._start_polling("trec-updates", f"update consumer {self.consumer.decode()}")
         return self
+
+    def _poll_failed(self, e: Exception) -> None:
+        self._count(error=repr(e), redis_errors=1)
+
+    def _polling_ended(self) -> None:
+        if self._stop.is_set():
+            self._redis.close()
 
     def close(self) -> None:
         """Stop and close the connection; returns within about ``block_ms`` + 1 s.

@@ -32,7 +32,7 @@ from triton_rec.config.ps_json import UpdateSourceParams, field_defaults
 from triton_rec.errors import ConfigError
 from triton_rec.storage.backing_store import StoreError, StoreUnavailableError, chunks
 from triton_rec.storage.redis_store import partition_of
-from triton_rec.updates.codec import HEADER_SIZE, encode_message, topic_name
+from triton_rec.updates.codec import HEADER_SIZE, check_update_rows, encode_message, topic_name
 from triton_rec.updates.consumer import LOG_EVERY, ApplyFn, ConsumerCore
 from triton_rec.util.log_throttle import LogThrottle
 
@@ -137,22 +137,7 @@ class KafkaUpdateProducer:
         ``FLUSH_TIMEOUT`` s (messages delivered before stay).
         """
         topic = topic_name(model, table)
-        keys = np.asarray(keys)
-        vectors = np.asarray(vectors)
-        if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
-            raise ValueError(f"keys must be a 1-D integer array, got {keys.dtype} {keys.shape}")
-        if keys.dtype == np.uint64 and keys.size and int(keys.max()) >= 2**63:
-            raise ValueError("keys must fit in int64")
-        if (
-            vectors.ndim != 2
-            or not np.issubdtype(vectors.dtype, np.floating)
-            or vectors.shape[0] != keys.shape[0]
-            or vectors.shape[1] < 1
-        ):
-            raise ValueError(
-                f"vectors must be floats [{keys.shape[0]}, D >= 1], got "
-                f"{vectors.dtype} {vectors.shape}"
-            )
+        keys, vectors = check_update_rows(keys, vectors)
         keys = keys.astype(np.int64, copy=False)
         pair = 8 + 4 * vectors.shape[1]
         per_message = min(self.max_batch_size, (self.send_buffer_size - HEADER_SIZE) // pair)
@@ -445,24 +430,14 @@ class KafkaUpdateConsumer(ConsumerCore):
 
     def start(self) -> KafkaUpdateConsumer:
         """Poll in a daemon thread until :meth:`close`; returns self."""
-        if self._thread is not None:
-            return self
-
-        def run():
-            try:
-                while not self._stop.is_set():
-                    try:
-                        self.poll_once()
-                    except Exception as e:  # never let the thread die
-                        self._kafka_error(repr(e))
-                        log.exception("update consumer of group %s", self.group)
-                        self._stop.wait(max(self.backoff, 0.1))
-            finally:
-                self._close_consumer()
-
-        self._thread = threading.Thread(target=run, name="trec-kafka-updates", daemon=True)
-        self._thread.start()
+        self._start_polling("trec-kafka-updates", f"update consumer of group {self.group}")
         return self
+
+    def _poll_failed(self, e: Exception) -> None:
+        self._kafka_error(repr(e))
+
+    def _polling_ended(self) -> None:
+        self._close_consumer()
 
     def _close_consumer(self) -> None:
         with self._lock:

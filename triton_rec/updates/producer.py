@@ -7,7 +7,7 @@ from typing import List, Optional
 import numpy as np
 
 from triton_rec.storage.backing_store import chunks
-from triton_rec.updates.codec import encode_message, topic_name
+from triton_rec.updates.codec import check_update_rows, encode_message, topic_name
 from triton_rec.updates.transport import FIELD, StreamConnection
 
 #: most bytes of messages sent in one pipeline by :meth:`UpdateProducer.publish`
@@ -60,22 +60,7 @@ class UpdateProducer:
         names, StoreError if Redis fails (entries sent before the failure stay).
         """
         topic = topic_name(model, table).encode()
-        keys = np.asarray(keys)
-        vectors = np.asarray(vectors)
-        if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
-            raise ValueError(f"keys must be a 1-D integer array, got {keys.dtype} {keys.shape}")
-        if keys.dtype == np.uint64 and keys.size and int(keys.max()) >= 2**63:
-            raise ValueError("keys must fit in int64")
-        if (
-            vectors.ndim != 2
-            or not np.issubdtype(vectors.dtype, np.floating)
-            or vectors.shape[0] != keys.shape[0]
-            or vectors.shape[1] < 1
-        ):
-            raise ValueError(
-                f"vectors must be floats [{keys.shape[0]}, D >= 1], got "
-                f"{vectors.dtype} {vectors.shape}"
-            )
+        keys, vectors = check_update_rows(keys, vectors)
         sent = 0
         group: List[bytes] = []
         group_bytes = 0
