@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -202,6 +203,40 @@ bool combine_segments(const py::handle& vectors_obj, const py::handle& ptr_obj, 
   return tr::combine_segments(v, rows, dim, p, segments, mean, o);
 }
 
+// Per segment [bounds[j], bounds[j+1]) of keys: (distinct keys, distinct keys that hit).
+py::array_t<int64_t> distinct_hit_counts(const py::handle& keys_obj, const py::handle& hit_obj,
+                                         const py::handle& bounds_obj) {
+  py::array keys = require_array(keys_obj, "keys", kInt64, 1, false);
+  py::array hit = require_array(hit_obj, "hit", kMask, 1, false);
+  py::array bounds = require_array(bounds_obj, "bounds", kInt64, 1, false);
+  const py::ssize_t n = keys.shape(0);
+  require_shape(hit, "hit", {n});
+  if (bounds.shape(0) < 1) throw py::value_error("bounds must hold at least one value");
+  const auto* b = static_cast<const int64_t*>(bounds.data());
+  const py::ssize_t segments = bounds.shape(0) - 1;
+  int64_t longest = 0;
+  if (b[0] != 0 || b[segments] != n) throw py::value_error("bounds must run from 0 to len(keys)");
+  for (py::ssize_t j = 0; j < segments; ++j) {
+    if (b[j + 1] < b[j]) throw py::value_error("bounds must not decrease");
+    longest = std::max<int64_t>(longest, b[j + 1] - b[j]);
+  }
+  py::array_t<int64_t> out({segments, py::ssize_t(2)});
+  auto* o = out.mutable_data();
+  const auto* k = static_cast<const int64_t*>(keys.data());
+  const auto* h = static_cast<const uint8_t*>(hit.data());
+  const uint64_t capacity = tr::index_capacity(static_cast<uint64_t>(longest));
+  {
+    py::gil_scoped_release release;
+    std::vector<int64_t> scratch(capacity);
+    std::vector<uint8_t> used(capacity);
+    for (py::ssize_t j = 0; j < segments; ++j) {
+      tr::count_distinct_hits(k + b[j], h + b[j], b[j + 1] - b[j], scratch.data(), used.data(),
+                              capacity, o + 2 * j, o + 2 * j + 1);
+    }
+  }
+  return out;
+}
+
 bool regroup_hugectr(const py::handle& cat_obj, const py::handle& rowindex_obj,
                      const py::handle& slots_obj, int64_t samples, const py::handle& out_keys_obj,
                      const py::handle& key_offsets_obj, const py::handle& out_ptrs_obj) {
@@ -310,6 +345,10 @@ PYBIND11_MODULE(_native, m) {
         "empty segment. Returns False, writing nothing, unless row_ptr is non-decreasing "
         "within [0, N] (the caller then explains the error).");
 
+  m.def("distinct_hit_counts", &distinct_hit_counts, py::arg("keys"), py::arg("hit"),
+        py::arg("bounds"),
+        "Per segment [bounds[j], bounds[j+1]) of keys: (distinct keys, distinct keys whose hit "
+        "flag is set), as int64 [segments, 2]; HPS's hit rate counts each key once.");
   m.def("regroup_hugectr", &regroup_hugectr, py::arg("catcolumn"), py::arg("rowindex"),
         py::arg("slots"), py::arg("samples"), py::arg("out_keys"), py::arg("key_offsets"),
         py::arg("out_ptrs"),

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "hash_index.hpp"
+
 namespace triton_rec {
 
 // HugeCTR's combiner over CSR segments (embedding_feature_combiner.cu): out[s] = sum of
@@ -84,6 +86,31 @@ bool regroup_hugectr(const Key* cat, int64_t keys, const int32_t* rowindex, cons
     }
   }
   return true;
+}
+
+// HPS's hit rate of one lookup counts each key once (embedding_cache.cpp, UniqueOp):
+// writes the number of distinct keys of keys[0..n) to *distinct and how many of them
+// hit (hit[i] != 0; a key's copies share one hit flag) to *distinct_hits. One pass
+// over an open-addressing set in `scratch` (capacity: a power of two >= 2n, given as
+// `capacity`; its words are overwritten); slot emptiness is kept in `used`.
+inline void count_distinct_hits(const int64_t* keys, const uint8_t* hit, int64_t n,
+                                int64_t* scratch, uint8_t* used, uint64_t capacity,
+                                int64_t* distinct, int64_t* distinct_hits) {
+  const uint64_t mask = capacity - 1;
+  std::memset(used, 0, capacity);
+  int64_t d = 0, dh = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t s = mix64(static_cast<uint64_t>(keys[i])) & mask;
+    while (used[s] && scratch[s] != keys[i]) s = (s + 1) & mask;
+    if (!used[s]) {
+      used[s] = 1;
+      scratch[s] = keys[i];
+      ++d;
+      dh += hit[i] != 0;
+    }
+  }
+  *distinct = d;
+  *distinct_hits = dh;
 }
 
 }  // namespace triton_rec

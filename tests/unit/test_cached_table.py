@@ -264,3 +264,27 @@ def test_no_cache_means_the_store_answers_everything(table):
     out = np.empty((10, VEC), np.float32)
     assert ct.lookup(keys, out) == 0
     np.testing.assert_array_equal(out, _truth(keys))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_distinct_hit_counts_match_numpy_unique_per_request(seed):
+    # the native kernel behind the per-request hit rate: (distinct keys, distinct hits)
+    from triton_rec import _native
+
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(-50, 50, 3000).astype(np.int64)  # many repeats, negative keys too
+    flags = rng.random(101) < 0.7
+    hit = flags[keys + 50].astype(np.uint8)  # a key's copies share one flag
+    lengths = rng.integers(0, 400, 12)
+    lengths[-1] = 0  # an empty request
+    keys, hit = keys[: lengths.sum()], hit[: lengths.sum()]
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    got = _native.distinct_hit_counts(keys, hit, bounds)
+    for j in range(len(lengths)):
+        seg = slice(bounds[j], bounds[j + 1])
+        _, first = np.unique(keys[seg], return_index=True)
+        assert got[j].tolist() == [first.size, int(hit[seg][first].sum())]
+    past_the_end = bounds.copy()
+    past_the_end[-1] += 1
+    with pytest.raises(ValueError, match="bounds must run from 0 to len"):
+        _native.distinct_hit_counts(keys, hit, past_the_end)

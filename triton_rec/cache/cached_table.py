@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Protocol, Sequence
 
 import numpy as np
 
+from triton_rec import _native
 from triton_rec.config.ps_json import MODEL_DEFAULTS
 from triton_rec.storage.backing_store import BackingStore
 from triton_rec.util.log_throttle import LogThrottle
@@ -191,18 +192,14 @@ class CachedTable:
             return None
         if self.hit_rate_threshold <= 0.0:
             return np.ones(keys.shape[0], dtype=bool)
-        defer = np.zeros(keys.shape[0], dtype=bool)
-        start = 0
-        for n in segments if segments is not None else (keys.shape[0],):
-            seg_hit = hit[start : start + n]
-            if n and seg_hit.all():
-                start += n
-                continue
-            # unique keys of this request: a key asked twice counts once (HPS)
-            _, first = np.unique(keys[start : start + n], return_index=True)
-            if first.shape[0] == 0 or seg_hit[first].sum() >= self.hit_rate_threshold * len(first):
-                defer[start : start + n] = True
-            start += n
+        lengths = np.asarray(segments if segments is not None else (keys.shape[0],), np.int64)
+        bounds = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=bounds[1:])
+        # (distinct keys, distinct keys that hit) per request: a key asked twice counts once
+        counts = _native.distinct_hit_counts(keys, hit, bounds)
+        # at or above the threshold (an empty request counts as 1.0): misses deferred
+        per_request = counts[:, 1] >= self.hit_rate_threshold * counts[:, 0]
+        defer = np.repeat(per_request, lengths)
         return defer if defer.any() else None
 
     def fill_from_store(self, keys: np.ndarray) -> None:
