@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp)
+NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp src/triton_backend/*.cpp src/triton_backend/*.h)
 # Debian packages: libpython3.11 (the Triton Python stub links it), libb64-0d (perf_analyzer),
 # redis-server + openssl (the Redis Cluster tier and its tests).
 APT_PACKAGES ?= libpython3.11 libb64-0d redis-server openssl
@@ -45,7 +45,7 @@ demo: $(STAMP) $(DLRM)
 serve: triton demo
 	$(PY) -m triton_rec.runtime serve --model-repository model_repository
 
-# ruff (rules and formatting: [tool.ruff] in pyproject.toml), clang-format (src/native/.clang-format),
+# ruff (rules and formatting: [tool.ruff] in pyproject.toml), clang-format (src/.clang-format),
 # mypy over the engine ([tool.mypy]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -6,6 +6,7 @@ instances, the shipped dynamic-batching settings). Models, grouped by interface:
 
 - ``KEYS``/``NUMKEYS`` (64 samples x 26 Zipf(1.05) keys per request, one 2M x 16 table):
   ``floor_hps`` (Python backend, reads both inputs, returns zeros of the answer's size),
+  ``floor_native_hps`` (the same in C++: backend ``trec_floor``, the native floor),
   ``naive_hps`` (what a user writes in an afternoon: a private copy of the table per
   instance and a Python dict from key to row), ``hps`` (our backend, ps.json entry with
   only the required keys, i.e. every default: cache on) and ``hps_nocache``
@@ -257,6 +258,12 @@ def build_repository(repo: Path, groups) -> dict:
             _config("floor_hps", "python", HPS_IO, {"floor": "hps", "vec_sizes": HPS_VEC}),
         )
         _write(repo / "floor_hps" / "1" / "model.py", FLOOR_MODEL)
+        # the native floor (C++ backend trec_floor, issue 14): what Triton alone costs
+        _write(
+            repo / "floor_native_hps" / "config.pbtxt",
+            _config("floor_native_hps", "trec_floor", HPS_IO, {"vec_sizes": HPS_VEC}),
+        )
+        (repo / "floor_native_hps" / "1").mkdir(parents=True, exist_ok=True)
         _write(
             repo / "naive_hps" / "config.pbtxt",
             _config(
@@ -374,7 +381,7 @@ def write_inputs(meta: dict, groups, batches, requests: int, out: Path) -> dict:
 
 
 GROUP_MODELS = {
-    "hps": ["floor_hps", "naive_hps", "hps", "hps_nocache"],
+    "hps": ["floor_hps", "floor_native_hps", "naive_hps", "hps", "hps_nocache"],
     "dlrm": ["floor_dlrm", "dlrm", "dlrm_onnx"],
     "ensemble": ["floor_ensemble", "dlrm_ensemble"],
 }

@@ -73,6 +73,7 @@ def test_the_wheel_ships_the_engine_tools_clients_and_backends_and_nothing_else(
         assert shipped.read_bytes() == (ROOT / "backend" / name / "model.py").read_bytes()
     assert (pkg / "clients" / "hps_client.py").is_file()
     assert list(pkg.glob("_native*.so"))
+    assert (pkg / "triton" / "native_backends" / "libtriton_trec_floor.so").is_file()
     assert not any((pkg / sub).is_symlink() for sub in ("clients", "triton/backend"))
 
 

@@ -7,7 +7,9 @@ The server binary comes from the PyPI wheel ``nvidia-pytriton`` (Triton 2.51, CP
   Triton refuses a backend library whose real path escapes the backend directory) and
   the stub built for the running Python version (``triton_python_backend_stub``);
 - ``hps/``, ``hugectr/``, ``dense/``: the Python-based backends, each a ``model.py``
-  (:data:`BACKEND_SOURCES`, package data of the wheel).
+  (:data:`BACKEND_SOURCES`, package data of the wheel);
+- ``trec_floor/``: the native backends (:data:`NATIVE_BACKENDS`), each a
+  ``libtriton_<name>.so`` built by CMake.
 
 :class:`TritonServer` starts it on given (or free) loopback ports with the stub's
 library path and this virtual environment first on ``PATH`` (the stub uses the
@@ -46,6 +48,22 @@ if TYPE_CHECKING:
 #: backends as package data and a checkout (or editable install) finds them at the same
 #: place.
 BACKEND_SOURCES = Path(__file__).resolve().parent / "backend"
+#: The native (C++) backends CMakeLists.txt builds: ``libtriton_<name>.so`` in the folder
+#: ``triton_rec/triton/native_backends`` of the installed package (site-packages, also
+#: for an editable install, whose package path lists both).
+NATIVE_BACKENDS = ("trec_floor",)
+
+
+def native_backend_library(name: str) -> Path:
+    """The built ``libtriton_<name>.so`` of a native backend (RuntimeNotFound if absent)."""
+    import triton_rec
+
+    lib = f"libtriton_{name}.so"
+    for root in triton_rec.__path__:
+        candidate = Path(root) / "triton" / "native_backends" / lib
+        if candidate.is_file():
+            return candidate
+    raise RuntimeNotFound(f"native backend {lib} not built: reinstall triton-rec (pip install .)")
 
 
 def default_backend_dir() -> Path:
@@ -105,6 +123,10 @@ def prepare_backend_dir(dest: Optional[Path] = None) -> Path:
     _install(stub, py / "triton_python_backend_stub")
     if not (BACKEND_SOURCES / "hps" / "model.py").is_file():
         raise RuntimeNotFound(f"the backends' model.py files are missing in {BACKEND_SOURCES}")
+    for name in NATIVE_BACKENDS:
+        # a real file (Triton refuses a library whose real path is outside the directory)
+        (dest / name).mkdir(exist_ok=True)
+        _install(native_backend_library(name), dest / name / f"libtriton_{name}.so")
     for src in sorted(BACKEND_SOURCES.iterdir()):
         if (src / "model.py").exists():
             (dest / src.name).mkdir(exist_ok=True)

@@ -1,0 +1,79 @@
+"""The native floor backend ``trec_floor`` (src/triton_backend/floor_backend.cpp, issue 14):
+a C++ Triton backend built by CMake, placed by the launcher and loaded by the wheel's
+tritonserver. It answers the ``hps`` interface with zeros of the answer's size and
+refuses malformed requests by name; the server stays ready."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tests.e2e.conftest import HPS_IO, client_module, make_client
+from triton_rec.triton.runtime import TritonServer
+
+CONFIG = (
+    'name: "{name}"\nbackend: "trec_floor"\nmax_batch_size: 1024\n'
+    + HPS_IO
+    + 'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+    "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
+    'parameters { key: "vec_sizes" value: { string_value: "{sizes}" } }\n'
+)
+
+
+@pytest.fixture(scope="module")
+def floor_server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("floor_repo")
+    for name, sizes in (("floor", "16,8"), ("floor_bad", "16,x")):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(
+            CONFIG.replace("{name}", name).replace("{sizes}", sizes)
+        )
+    log = tmp_path_factory.mktemp("floor_logs") / "tritonserver.log"
+    srv = TritonServer(repo, explicit=True, load_models=["floor"], log_path=log)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def _infer(server, protocol, keys, numkeys):
+    tc = client_module(protocol)
+    with make_client(server, protocol) as client:
+        k = tc.InferInput("KEYS", list(keys.shape), "INT64")
+        k.set_data_from_numpy(keys)
+        n = tc.InferInput("NUMKEYS", list(numkeys.shape), "INT32")
+        n.set_data_from_numpy(numkeys)
+        return client.infer("floor", [k, n]).as_numpy("OUTPUT0")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_native_floor_answers_zeros_of_the_answers_size(floor_server, protocol):
+    keys = np.arange(50, dtype=np.int64)[None, :]
+    out = _infer(floor_server, protocol, keys, np.array([[30, 20]], np.int32))
+    assert out.dtype == np.float32 and out.size == 30 * 16 + 20 * 8 and not out.any()
+
+
+@pytest.mark.parametrize(
+    "numkeys, needle",
+    [
+        (np.array([[30, 21]], np.int32), "NUMKEYS sums to 51 but KEYS has 50 keys"),
+        (np.array([[50]], np.int32), "NUMKEYS has 1 counts but the model has 2 tables"),
+        (np.array([[60, -10]], np.int32), "NUMKEYS[1] is negative"),
+    ],
+)
+def test_malformed_requests_get_an_error_naming_the_problem(floor_server, numkeys, needle):
+    keys = np.arange(50, dtype=np.int64)[None, :]
+    with pytest.raises(Exception, match=re.escape(needle)):
+        _infer(floor_server, "grpc", keys, numkeys)
+    with make_client(floor_server, "http") as client:
+        assert client.is_server_ready() and client.is_model_ready("floor")
+    out = _infer(floor_server, "http", keys, np.array([[25, 25]], np.int32))
+    assert out.size == 25 * 16 + 25 * 8
+
+
+def test_a_bad_vec_sizes_parameter_fails_the_load_with_its_name(floor_server):
+    with make_client(floor_server, "http") as client:
+        with pytest.raises(Exception, match="vec_sizes must be a list"):
+            client.load_model("floor_bad")
+        assert client.is_server_ready()
