@@ -13,7 +13,8 @@ instances, the shipped dynamic-batching settings). Models, grouped by interface:
   (``gpucache: false``);
 - ``DES``/``CATCOLUMN``/``ROWINDEX`` (a Criteo-shaped DLRM: 13 dense features, 26 slots
   in two tables, vec 32, bottom MLP 64-48-32, top MLP 64-32-1, trained here for a few
-  seconds; requests of 1, 64 and 1,024 held-out samples): ``floor_dlrm``, ``dlrm``
+  seconds; requests of 1, 64 and 1,024 held-out samples): ``floor_dlrm``,
+  ``floor_native_dlrm`` (the native floor), ``dlrm``
   (HugeCTR dense file run by numpy) and ``dlrm_onnx`` (the same network in onnxruntime);
 - the ensemble interface (``DES``/``KEYS``/``NUMKEYS``/``ROWINDEX``): ``floor_ensemble``
   and ``dlrm_ensemble`` (``dlrm_hps`` -> ``dlrm_dense``).
@@ -310,6 +311,12 @@ def build_repository(repo: Path, groups) -> dict:
             repo / "floor_dlrm" / "config.pbtxt", _config("floor_dlrm", "python", DLRM_IO, floor_p)
         )
         _write(repo / "floor_dlrm" / "1" / "model.py", FLOOR_MODEL)
+        native_p = {"tables": tables, "slots": slots}  # the native floor (trec_floor)
+        _write(
+            repo / "floor_native_dlrm" / "config.pbtxt",
+            _config("floor_native_dlrm", "trec_floor", DLRM_IO, native_p),
+        )
+        (repo / "floor_native_dlrm" / "1").mkdir(parents=True, exist_ok=True)
         # The ensemble as model_repository/ ships it (its steps' configs are copied).
         for step in ("dlrm_hps", "dlrm_dense", "dlrm_ensemble"):
             _write(
@@ -382,7 +389,7 @@ def write_inputs(meta: dict, groups, batches, requests: int, out: Path) -> dict:
 
 GROUP_MODELS = {
     "hps": ["floor_hps", "floor_native_hps", "naive_hps", "hps", "hps_nocache"],
-    "dlrm": ["floor_dlrm", "dlrm", "dlrm_onnx"],
+    "dlrm": ["floor_dlrm", "floor_native_dlrm", "dlrm", "dlrm_onnx"],
     "ensemble": ["floor_ensemble", "dlrm_ensemble"],
 }
 FLOOR = {g: m[0] for g, m in GROUP_MODELS.items()}

@@ -1,10 +1,11 @@
-// Backend "trec_floor": the native floor of the served-overhead benchmark
-// (issue 14). It has the `hps` interface (KEYS INT64, NUMKEYS INT32 [T] or [1,
-// T]; one FP32 output OUTPUT0 of sum_t NUMKEYS[t] * vec_sizes[t] floats) and
-// does no lookup: it reads the inputs' metadata and counts, checks them and
-// answers zeros. What a request costs in it is what Triton plus a C++ backend
-// cost, the lowest a native `hps` can reach. config.pbtxt: parameters { key:
-// "vec_sizes" value: { string_value: "16,8" } }.
+// Backend "trec_floor": the native floor of the served-overhead benchmark (issue 14). It
+// does no lookup: it reads the inputs' metadata and counts, checks them and answers zeros
+// of the answer's size in OUTPUT0 (FP32). What a request costs in it is what Triton plus a
+// C++ backend cost, the lowest a native backend can reach. Two interfaces, by parameter:
+// - `vec_sizes` ("16,8"): the `hps` interface, KEYS INT64 and NUMKEYS INT32 [T] or
+//   [1, T]; sum_t NUMKEYS[t] * vec_sizes[t] floats;
+// - `tables` and `slots` (total slots): the `hugectr` interface, DES, CATCOLUMN and
+//   ROWINDEX INT32 with tables + samples x slots values; one float per sample.
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -15,7 +16,8 @@
 namespace {
 
 struct FloorModel {
-  std::vector<int64_t> vec_sizes;
+  std::vector<int64_t> vec_sizes;  // the hps interface
+  int64_t tables = 0, slots = 0;   // the hugectr interface (when vec_sizes is empty)
 };
 
 uint64_t now_ns() {
@@ -75,17 +77,47 @@ TRITONSERVER_Error* read_input(TRITONBACKEND_Input* input, uint32_t buffers, uin
   return done == bytes ? nullptr : invalid("input buffers hold fewer bytes than the tensor");
 }
 
+// The request's input `name`, or an error naming it (the server's own error is freed).
+TRITONSERVER_Error* find_input(TRITONBACKEND_Request* request, const char* name,
+                               TRITONBACKEND_Input** input) {
+  *input = nullptr;
+  if (auto* e = TRITONBACKEND_RequestInput(request, name, input)) TRITONSERVER_ErrorDelete(e);
+  return *input != nullptr ? nullptr : invalid(std::string("missing input ") + name);
+}
+
+// One float per sample of a whole-model request: (len(ROWINDEX) - tables) / slots.
+TRITONSERVER_Error* samples(TRITONBACKEND_Request* request, const FloorModel& m, int64_t* floats) {
+  TRITONBACKEND_Input* input = nullptr;
+  for (const char* name : {"DES", "CATCOLUMN", "ROWINDEX"}) {  // ROWINDEX last: kept
+    if (auto* e = find_input(request, name, &input)) return e;
+  }
+  const char* name = nullptr;
+  TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
+  const int64_t* shape = nullptr;
+  uint32_t dims = 0, buffers = 0;
+  uint64_t bytes = 0;
+  if (auto* e =
+          TRITONBACKEND_InputProperties(input, &name, &type, &shape, &dims, &bytes, &buffers)) {
+    return e;
+  }
+  if (type != TRITONSERVER_TYPE_INT32) return invalid("ROWINDEX must be INT32");
+  const int64_t rows = static_cast<int64_t>(bytes / 4);
+  if (rows <= m.tables || (rows - m.tables) % m.slots != 0) {
+    return invalid("ROWINDEX has " + std::to_string(rows) + " values, not " +
+                   std::to_string(m.tables) + " + samples x " + std::to_string(m.slots));
+  }
+  *floats = (rows - m.tables) / m.slots;
+  return nullptr;
+}
+
 // The floats of the answer to one request, or an error naming what is wrong.
 TRITONSERVER_Error* answer_size(TRITONBACKEND_Request* request, const FloorModel& m,
                                 int64_t* floats) {
+  if (m.vec_sizes.empty()) return samples(request, m, floats);
   TRITONBACKEND_Input* keys = nullptr;
   TRITONBACKEND_Input* numkeys = nullptr;
-  if (TRITONBACKEND_RequestInput(request, "KEYS", &keys) != nullptr || keys == nullptr) {
-    return invalid("model 'trec_floor': missing input KEYS");
-  }
-  if (TRITONBACKEND_RequestInput(request, "NUMKEYS", &numkeys) != nullptr || numkeys == nullptr) {
-    return invalid("model 'trec_floor': missing input NUMKEYS");
-  }
+  if (auto* e = find_input(request, "KEYS", &keys)) return e;
+  if (auto* e = find_input(request, "NUMKEYS", &numkeys)) return e;
   const char* name = nullptr;
   TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
   const int64_t* shape = nullptr;
@@ -127,7 +159,10 @@ TRITONSERVER_Error* answer_size(TRITONBACKEND_Request* request, const FloorModel
 // Sends the zeros (or the error) for one request; false if the request failed.
 bool respond(TRITONBACKEND_Request* request, const FloorModel& m) {
   TRITONBACKEND_Response* response = nullptr;
-  if (TRITONBACKEND_ResponseNew(&response, request) != nullptr) return false;
+  if (auto* e = TRITONBACKEND_ResponseNew(&response, request)) {
+    TRITONSERVER_ErrorDelete(e);
+    return false;
+  }
   int64_t floats = 0;
   TRITONSERVER_Error* err = answer_size(request, m, &floats);
   if (err == nullptr) {
@@ -167,12 +202,19 @@ __attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelIn
   TRITONSERVER_MessageDelete(message);
   if (e != nullptr) return e;
   auto* state = new FloorModel();
-  if (!parse_sizes(parameter(json, "vec_sizes"), &state->vec_sizes)) {
+  std::vector<int64_t> tables, slots;
+  const bool hps = !parameter(json, "vec_sizes").empty();
+  const bool ok = hps ? parse_sizes(parameter(json, "vec_sizes"), &state->vec_sizes)
+                      : parse_sizes(parameter(json, "tables"), &tables) &&
+                            parse_sizes(parameter(json, "slots"), &slots) && tables.size() == 1 &&
+                            slots.size() == 1;
+  if (!ok) {
     delete state;
     return invalid(
-        "trec_floor: config.pbtxt parameter vec_sizes must be a "
-        "list like \"16,8\"");
+        "trec_floor: config.pbtxt parameter vec_sizes must be a list like \"16,8\" (hps "
+        "interface), or tables and slots numbers (hugectr interface)");
   }
+  if (!hps) state->tables = tables[0], state->slots = slots[0];
   return TRITONBACKEND_ModelSetState(model, state);
 }
 

@@ -22,6 +22,21 @@ CONFIG = (
 )
 
 
+# the hugectr interface: 2 tables, 26 slots in all
+RANKING = """name: "floor_ranking"
+backend: "trec_floor"
+max_batch_size: 1024
+input [
+  { name: "DES" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true },
+  { name: "CATCOLUMN" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true },
+  { name: "ROWINDEX" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true }
+]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+parameters { key: "tables" value: { string_value: "2" } }
+parameters { key: "slots" value: { string_value: "26" } }
+"""
+
+
 @pytest.fixture(scope="module")
 def floor_server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("floor_repo")
@@ -30,8 +45,10 @@ def floor_server(tmp_path_factory):
         (repo / name / "config.pbtxt").write_text(
             CONFIG.replace("{name}", name).replace("{sizes}", sizes)
         )
+    (repo / "floor_ranking" / "1").mkdir(parents=True)
+    (repo / "floor_ranking" / "config.pbtxt").write_text(RANKING)
     log = tmp_path_factory.mktemp("floor_logs") / "tritonserver.log"
-    srv = TritonServer(repo, explicit=True, load_models=["floor"], log_path=log)
+    srv = TritonServer(repo, explicit=True, load_models=["floor", "floor_ranking"], log_path=log)
     srv.start()
     yield srv
     srv.stop()
@@ -76,4 +93,30 @@ def test_a_bad_vec_sizes_parameter_fails_the_load_with_its_name(floor_server):
     with make_client(floor_server, "http") as client:
         with pytest.raises(Exception, match="vec_sizes must be a list"):
             client.load_model("floor_bad")
+        assert client.is_server_ready()
+
+
+def test_the_native_floor_answers_one_zero_per_sample_on_the_hugectr_interface(floor_server):
+    tc = client_module("grpc")
+    n = 3
+    arrays = {
+        "DES": (np.zeros((1, n * 13), np.float32), "FP32"),
+        "CATCOLUMN": (np.arange(n * 26, dtype=np.int64)[None, :], "INT64"),
+        "ROWINDEX": (np.zeros((1, n * 26 + 2), np.int32), "INT32"),
+    }
+    with make_client(floor_server, "grpc") as client:
+        inputs = []
+        for name, (a, dtype) in arrays.items():
+            i = tc.InferInput(name, list(a.shape), dtype)
+            i.set_data_from_numpy(a)
+            inputs.append(i)
+        out = client.infer("floor_ranking", inputs).as_numpy("OUTPUT0")
+        assert out.shape == (n,) and not out.any()
+        arrays["ROWINDEX"] = (np.zeros((1, n * 26 + 3), np.int32), "INT32")
+        inputs[2] = tc.InferInput("ROWINDEX", [1, n * 26 + 3], "INT32")
+        inputs[2].set_data_from_numpy(arrays["ROWINDEX"][0])
+        with pytest.raises(
+            Exception, match=re.escape("ROWINDEX has 81 values, not 2 + samples x 26")
+        ):
+            client.infer("floor_ranking", inputs)
         assert client.is_server_ready()
