@@ -566,22 +566,29 @@ class ArrayEmbeddingCache:
             return res
         pos = self._dedupe_last(k)
         uk, uv = k[pos], v[pos]
+        with self._writing(uk) as s:
+            res = self._insert_locked(uk, uv, s)
+            self._count_writes(
+                inserts=res["inserted"],
+                updates=res["updated"],
+                evictions=res["evicted"],
+                rejected=res["rejected"],
+                overflow=res["overflow"],
+            )
+        return res
+
+    @contextlib.contextmanager
+    def _writing(self, uk):
+        """Hold the writer lock with the sets of the (distinct) keys ``uk`` marked as being
+        written (their sequence counters odd, so readers retry); yields the keys' sets."""
         s = self.set_of(uk)
         touched = self.xp.unique(s)
         with self.lock:
             self._begin_write(touched)
             try:
-                res = self._insert_locked(uk, uv, s)
-                self._count_writes(
-                    inserts=res["inserted"],
-                    updates=res["updated"],
-                    evictions=res["evicted"],
-                    rejected=res["rejected"],
-                    overflow=res["overflow"],
-                )
+                yield s
             finally:
                 self._end_write(touched)
-        return res
 
     def _insert_locked(self, uk, uv, s) -> Dict[str, int]:
         xp = self.xp
@@ -650,18 +657,12 @@ class ArrayEmbeddingCache:
             return 0
         pos = self._dedupe_last(k)
         uk, uv = k[pos], v[pos]
-        s = self.set_of(uk)
-        touched = self.xp.unique(s)
-        with self.lock:
-            self._begin_write(touched)
-            try:
-                found, way = self._find(uk, s)
-                f = self.xp.flatnonzero(found)
-                self.vectors[s[f], way[f]] = uv[f]
-                n = int(f.shape[0])
-                self._count_writes(updates=n)
-            finally:
-                self._end_write(touched)
+        with self._writing(uk) as s:
+            found, way = self._find(uk, s)
+            f = self.xp.flatnonzero(found)
+            self.vectors[s[f], way[f]] = uv[f]
+            n = int(f.shape[0])
+            self._count_writes(updates=n)
         return n
 
     @_on_device
@@ -671,18 +672,12 @@ class ArrayEmbeddingCache:
         if k.shape[0] == 0:
             return 0
         uk = k[self._dedupe_last(k)]
-        s = self.set_of(uk)
-        touched = self.xp.unique(s)
-        with self.lock:
-            self._begin_write(touched)
-            try:
-                found, way = self._find(uk, s)
-                f = self.xp.flatnonzero(found)
-                self.valid[s[f], way[f]] = False
-                n = int(f.shape[0])
-                self._count_writes(erased=n)
-            finally:
-                self._end_write(touched)
+        with self._writing(uk) as s:
+            found, way = self._find(uk, s)
+            f = self.xp.flatnonzero(found)
+            self.valid[s[f], way[f]] = False
+            n = int(f.shape[0])
+            self._count_writes(erased=n)
         return n
 
     @_on_device
