@@ -345,24 +345,11 @@ def test_the_cli_publishes_npz_files_and_sparse_directories(redis_cluster, names
         base[:-1] + ["a.b", "--npz", str(tmp_path / "d.npz")], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "'a.b'" in bad.stderr
-    info = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "triton_rec.updates",
-            "info",
-            "--address",
-            redis_cluster.address,
-            "--model",
-            model,
-            "--table",
-            table,
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert info.returncode == 0, info.stderr
-    assert json.loads(info.stdout) == {"topic": topic, "length": 4, "groups": []}
+    info_cmd = [sys.executable, "-m", "triton_rec.updates", "info", "--address"]
+    info_cmd += [redis_cluster.address, "--model", model, "--table", table]
+    r = subprocess.run(info_cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"topic": topic, "length": 4, "groups": []}
     c = UpdateConsumer(redis_cluster.address, "g", "c", {topic: 4}, Collector())
     try:
         consume_until(c, lambda: len(c.apply.rows) == 30)
@@ -371,25 +358,9 @@ def test_the_cli_publishes_npz_files_and_sparse_directories(redis_cluster, names
     np.testing.assert_array_equal(
         np.stack([c.apply.rows[(model, table, k)] for k in keys.tolist()]), vecs
     )
-    info = json.loads(
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "triton_rec.updates",
-                "info",
-                "--address",
-                redis_cluster.address,
-                "--model",
-                model,
-                "--table",
-                table,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
+    r = subprocess.run(info_cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
     assert [(g["name"], g["pending"]) for g in info["groups"]] == [("g", 0)]
 
 
