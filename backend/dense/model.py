@@ -24,7 +24,13 @@ from triton_rec.serving.deployment import (
     load_dense_model,
 )
 from triton_rec.serving.ranking import DenseSession
-from triton_rec.triton.glue import MetricsPusher, RequestCounters, prepare_process, run_requests
+from triton_rec.triton.glue import (
+    MetricsPusher,
+    RequestCounters,
+    log_load,
+    prepare_process,
+    run_requests,
+)
 from triton_rec.triton.metrics import RequestMetrics
 
 
@@ -71,10 +77,13 @@ class TritonPythonModel:
             RequestMetrics(pb_utils, self.model_name, self.counters),
             settings.metrics_interval,
         )
-        line = gpu_placement(None, spec, placement)
-        if line is not None:
-            pb_utils.Logger.log_info(f"model '{self.model_name}': {line}")
-        pb_utils.Logger.log_info(f"dense model '{self.model_name}' ready: {dense!r}")
+        log_load(
+            pb_utils,
+            self.model_name,
+            "dense",
+            repr(dense),
+            placement=gpu_placement(None, spec, placement),
+        )
 
     def execute(self, requests):
         """Answer a batch of requests: one forward pass over all valid requests."""

@@ -33,7 +33,7 @@ from triton_rec.config.ps_json import (
 )
 from triton_rec.errors import TritonRecError
 from triton_rec.serving.deployment import InstanceSpec, gpu_placement, open_session
-from triton_rec.triton.glue import Responder, prepare_process, run_requests
+from triton_rec.triton.glue import Responder, log_load, prepare_process, run_requests
 from triton_rec.triton.metrics import start_session_metrics
 
 
@@ -73,11 +73,14 @@ class TritonPythonModel:
             self.session,
             settings.metrics_interval,
         )
-        for line in config_warnings(ps_path, params):
-            pb_utils.Logger.log_warn(line)
-        if placement is not None:
-            pb_utils.Logger.log_info(f"model '{self.model_name}': {placement}")
-        pb_utils.Logger.log_info(f"hps model '{self.model_name}' ready: {self.session.describe()}")
+        log_load(
+            pb_utils,
+            self.model_name,
+            "hps",
+            self.session.describe(),
+            config_warnings(ps_path, params),
+            placement,
+        )
 
     def execute(self, requests):
         """Answer a batch of requests: one lookup per table for all valid requests."""

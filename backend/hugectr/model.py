@@ -41,7 +41,7 @@ from triton_rec.serving.deployment import (
     gpu_placement,
     open_ranking_session,
 )
-from triton_rec.triton.glue import Responder, prepare_process, run_requests
+from triton_rec.triton.glue import Responder, log_load, prepare_process, run_requests
 from triton_rec.triton.metrics import start_session_metrics
 
 
@@ -103,12 +103,15 @@ class TritonPythonModel:
             self.session,
             settings.metrics_interval,
         )
-        for line in (*config_warnings(ps_path, params), *notes):
-            pb_utils.Logger.log_warn(line)
         self.respond = Responder(pb_utils, output_name, info_outputs, device_id)
-        if placement is not None:
-            pb_utils.Logger.log_info(f"model '{self.model_name}': {placement}")
-        pb_utils.Logger.log_info(f"hugectr model '{self.model_name}' ready: {self.session.dense!r}")
+        log_load(
+            pb_utils,
+            self.model_name,
+            "hugectr",
+            repr(self.session.dense),
+            (*config_warnings(ps_path, params), *notes),
+            placement,
+        )
 
     def execute(self, requests):
         """Answer a batch of requests: one lookup per table, one dense forward pass."""

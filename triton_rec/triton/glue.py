@@ -192,6 +192,17 @@ def run_requests(
     return responses
 
 
+def log_load(pb_utils, model_name: str, kind: str, ready: str, warnings=(), placement=None):
+    """What every backend says once a model instance is loaded: the configuration
+    warnings, where a KIND_GPU instance put its parts (``placement``, if any) and
+    ``<kind> model '<name>' ready: <ready>``."""
+    for line in warnings:
+        pb_utils.Logger.log_warn(line)
+    if placement is not None:
+        pb_utils.Logger.log_info(f"model '{model_name}': {placement}")
+    pb_utils.Logger.log_info(f"{kind} model '{model_name}' ready: {ready}")
+
+
 def supports_response_parameters(pb_utils) -> bool:
     """Whether this Triton's Python backend attaches response parameters (newer ones take
     ``InferenceResponse(..., parameters=...)``; the PyPI runtime, Triton 2.51, does not)."""
