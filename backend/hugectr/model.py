@@ -69,17 +69,16 @@ class TritonPythonModel:
                 intra_op_threads=settings.intra_op_threads,
                 model_version=str(args.get("model_version") or ""),
             )
-            dense = dense_placement(params, spec)
-            self.session = open_ranking_session(
-                params, spec, args["model_repository"], model_parameter(config, "config"), dense
-            )
-            try:  # the checks need the network; a refused load leaves no cache behind
+            notes: tuple = ()
+
+            def check(network):  # needs the network; runs before any table is opened
+                nonlocal notes
                 notes = check_hugectr_parameters(
                     config,
                     self.model_name,
-                    dense_dim=self.session.dense.dense_dim,
-                    slots=sum(self.session.slots),
-                    label_dim=self.session.dense.label_dim,
+                    dense_dim=network.dense_dim,
+                    slots=sum(int(t.slot_num) for t in network.tables),
+                    label_dim=network.label_dim,
                     keys_per_sample=params.keys_per_sample,
                     paths={
                         "sparse_files": tuple(t.sparse_file for t in params.tables),
@@ -87,11 +86,17 @@ class TritonPythonModel:
                     },
                     model_dir=args["model_repository"],
                 )
-                placement = gpu_placement(params, spec, dense)
-            except BaseException:
-                self.session.close()
-                self.session = None
-                raise
+
+            dense = dense_placement(params, spec)
+            self.session = open_ranking_session(
+                params,
+                spec,
+                args["model_repository"],
+                model_parameter(config, "config"),
+                dense,
+                check_dense=check,
+            )
+            placement = gpu_placement(params, spec, dense)
         except TritonRecError as e:
             raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         cat = next(i for i in config["input"] if i["name"] == "CATCOLUMN")

@@ -26,7 +26,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -446,13 +446,17 @@ def open_ranking_session(
     model_dir: str,
     config_network: Optional[str] = None,
     placement: Optional[DensePlacement] = None,
+    check_dense: Optional[Callable[[Any], None]] = None,
 ):
     """A ``hugectr`` whole-model session: the dense model (where ``placement`` says,
-    default :func:`dense_placement`) + :func:`open_tables`."""
+    default :func:`dense_placement`) + :func:`open_tables`. ``check_dense(dense)`` runs
+    between the two, so a model refused for what its network says opens no table."""
     from triton_rec.serving.ranking import RankingSession
 
     xp = (placement or dense_placement(params, spec)).xp
     dense = load_dense_model(params, model_dir, config_network, spec.intra_op_threads, xp)
+    if check_dense is not None:
+        check_dense(dense)
     tables = open_tables(params, spec)
     try:
         return RankingSession(params, tables, dense)
