@@ -150,6 +150,7 @@ def test_a_static_table_caches_every_row_and_never_answers_a_stored_key_with_the
     p = params(embedding_cache_type="static", hit_rate_threshold=0.0, gpucacheper=0.01)
     s = open_session(p, InstanceSpec(store_dir=str(tmp_path / "store")))
     try:
+        assert s.inserter is None  # every miss fetched: no background inserter thread
         for ct, spec in zip(s.cached_tables, TABLES):
             assert ct.cache.capacity >= spec.rows and ct.inserter is None
             assert ct.cache.size() >= 0.8 * spec.rows  # warmed at load

@@ -78,7 +78,9 @@ class TableSet:
             open_store: what the cache sits in front of (default: the loaded table).
         """
         use_cache = params.gpucache and open_cache is not None
-        inserter = BackgroundInserter() if use_cache else None
+        # static/uvm tables fetch every miss themselves: no background inserter thread
+        exact = params.embedding_cache_type.exact
+        inserter = BackgroundInserter() if use_cache and not exact else None
         cached: List[CachedTable] = []
         try:
             for tp in params.tables:
@@ -95,7 +97,7 @@ class TableSet:
                     cache,
                     params.hit_rate_threshold,
                     inserter,
-                    exact=params.embedding_cache_type.exact,
+                    exact=exact,
                 )
                 cached.append(ct)
                 if cache is not None and warm_up_at_load(params) and cache.size() == 0:
