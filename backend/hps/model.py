@@ -82,6 +82,18 @@ class TritonPythonModel:
             placement,
         )
 
+    def native_plan(self):
+        """For the native backend (``triton_rec.triton.inprocess``): the addresses and
+        limits its hot path answers this instance's requests with, or None."""
+        plan = self.session.native_plan()
+        if plan is not None:
+            plan.update(
+                output=self.respond.output_name,
+                info_outputs=list(self.respond.info_outputs),
+                device_id=self.device_id,
+            )
+        return plan
+
     def execute(self, requests):
         """Answer a batch of requests: one lookup per table for all valid requests."""
         # Every valid request of this call is looked up together, one pass per table.

@@ -444,6 +444,11 @@ class ShmCacheView {
   ShmCacheView(const ShmCacheView&) = delete;
   ShmCacheView& operator=(const ShmCacheView&) = delete;
 
+  std::pair<uintptr_t, int64_t> address() const {
+    if (released_) throw py::value_error("ShmCacheView is released");
+    return {reinterpret_cast<uintptr_t>(buf_.buf), static_cast<int64_t>(buf_.len)};
+  }
+
   static std::unique_ptr<ShmCacheView> initialize(py::object obj, int64_t num_sets, int64_t ways,
                                                   int64_t vec_size, const std::string& policy,
                                                   uint64_t checksum) {
@@ -770,6 +775,11 @@ void register_shm_cache(py::module_& m) {
            py::arg("all") = false,
            "_unregister_token(token: int, all: bool = False) -> int: free one (or every) slot "
            "holding token; returns slots freed")
+      .def(
+          "_address",
+          [](const ShmCacheView& v) { return v.address(); },
+          "_address() -> (int, int): base address and length of the mapped cache, for the "
+          "native backend's hot path (valid while this view is not released)")
       .def("_tokens", &ShmCacheView::tokens, "_tokens() -> list[int]: attachment tokens in use")
       .def("_set_of", &ShmCacheView::set_of, py::arg("keys"),
            "_set_of(keys: int64[M]) -> int64[M]: set index of each key")

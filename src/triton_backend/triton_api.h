@@ -60,6 +60,26 @@ enum TRITONSERVER_Error_Code : int {
   TRITONSERVER_ERROR_UNSUPPORTED = 5,
 };
 
+enum TRITONSERVER_InstanceGroupKind : int {
+  TRITONSERVER_INSTANCEGROUPKIND_AUTO = 0,
+  TRITONSERVER_INSTANCEGROUPKIND_CPU = 1,
+  TRITONSERVER_INSTANCEGROUPKIND_GPU = 2,
+  TRITONSERVER_INSTANCEGROUPKIND_MODEL = 3,
+};
+
+enum TRITONBACKEND_ArtifactType : int {
+  TRITONBACKEND_ARTIFACT_FILESYSTEM = 0,
+};
+
+struct TRITONBACKEND_Backend;
+
+enum TRITONSERVER_LogLevel : int {
+  TRITONSERVER_LOG_INFO = 0,
+  TRITONSERVER_LOG_WARN = 1,
+  TRITONSERVER_LOG_ERROR = 2,
+  TRITONSERVER_LOG_VERBOSE = 3,
+};
+
 constexpr uint32_t TRITONSERVER_REQUEST_RELEASE_ALL = 1;
 constexpr uint32_t TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1;
 
@@ -68,6 +88,41 @@ void TRITONSERVER_ErrorDelete(TRITONSERVER_Error* error);
 TRITONSERVER_Error* TRITONSERVER_MessageSerializeToJson(TRITONSERVER_Message* message,
                                                         const char** base, size_t* byte_size);
 TRITONSERVER_Error* TRITONSERVER_MessageDelete(TRITONSERVER_Message* message);
+
+TRITONSERVER_Error* TRITONBACKEND_BackendName(TRITONBACKEND_Backend* backend, const char** name);
+TRITONSERVER_Error* TRITONBACKEND_BackendArtifacts(TRITONBACKEND_Backend* backend,
+                                                   TRITONBACKEND_ArtifactType* artifact_type,
+                                                   const char** location);
+TRITONSERVER_Error* TRITONBACKEND_ModelName(TRITONBACKEND_Model* model, const char** name);
+TRITONSERVER_Error* TRITONBACKEND_ModelVersion(TRITONBACKEND_Model* model, uint64_t* version);
+TRITONSERVER_Error* TRITONBACKEND_ModelRepository(TRITONBACKEND_Model* model,
+                                                  TRITONBACKEND_ArtifactType* artifact_type,
+                                                  const char** location);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceName(TRITONBACKEND_ModelInstance* instance,
+                                                    const char** name);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceKind(TRITONBACKEND_ModelInstance* instance,
+                                                    TRITONSERVER_InstanceGroupKind* kind);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceDeviceId(TRITONBACKEND_ModelInstance* instance,
+                                                        int32_t* device_id);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceState(TRITONBACKEND_ModelInstance* instance,
+                                                     void** state);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceSetState(TRITONBACKEND_ModelInstance* instance,
+                                                        void* state);
+TRITONSERVER_Error* TRITONBACKEND_RequestInputCount(TRITONBACKEND_Request* request,
+                                                    uint32_t* count);
+TRITONSERVER_Error* TRITONBACKEND_RequestInputByIndex(TRITONBACKEND_Request* request,
+                                                      uint32_t index, TRITONBACKEND_Input** input);
+TRITONSERVER_Error* TRITONBACKEND_ResponseSetIntParameter(TRITONBACKEND_Response* response,
+                                                          const char* name, int64_t value);
+TRITONSERVER_Error* TRITONBACKEND_ResponseSetBoolParameter(TRITONBACKEND_Response* response,
+                                                           const char* name, bool value);
+TRITONSERVER_Error* TRITONBACKEND_ResponseSetStringParameter(TRITONBACKEND_Response* response,
+                                                             const char* name, const char* value);
+TRITONSERVER_Error* TRITONBACKEND_ResponseSetDoubleParameter(TRITONBACKEND_Response* response,
+                                                             const char* name, double value);
+const char* TRITONSERVER_ErrorMessage(TRITONSERVER_Error* error);
+TRITONSERVER_Error* TRITONSERVER_LogMessage(TRITONSERVER_LogLevel level, const char* filename,
+                                            int line, const char* msg);
 
 TRITONSERVER_Error* TRITONBACKEND_ModelConfig(TRITONBACKEND_Model* model, uint32_t config_version,
                                               TRITONSERVER_Message** model_config);

@@ -63,6 +63,10 @@ class EmbeddingCache(Protocol):
         """The cache's counters (lookups, hits, inserts, evictions, ...)."""
 
 
+#: The counters the native backend's hot path keeps (``TableStats.native``), in order.
+NATIVE_FIELDS = ("lookups", "hits", "misses", "sync_fetched", "cache_ns", "store_ns")
+
+
 @dataclass
 class TableStats:
     """Per-instance counters of one table (monotonic; exported as Triton metrics)."""
@@ -78,6 +82,11 @@ class TableStats:
     cache_ns: int = 0  # time spent in the cache
     store_ns: int = 0  # time spent in the backing store (synchronous path)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    #: what the native backend's hot path counted (it adds to these atomically, without
+    #: the GIL; :data:`NATIVE_FIELDS` order); :meth:`snapshot` adds them in
+    native: np.ndarray = field(
+        default_factory=lambda: np.zeros(len(NATIVE_FIELDS), np.int64), repr=False, compare=False
+    )
 
     def add(self, **deltas: int) -> None:
         """Add ``deltas`` to the named counters (under the lock)."""
@@ -86,9 +95,12 @@ class TableStats:
                 setattr(self, k, getattr(self, k) + v)
 
     def snapshot(self) -> Dict[str, int]:
-        """A consistent copy of every counter."""
+        """A copy of every counter (the native hot path's counts added in)."""
         with self.lock:
-            return {k: v for k, v in self.__dict__.items() if k != "lock"}
+            snap = {k: v for k, v in self.__dict__.items() if k not in ("lock", "native")}
+        for k, v in zip(NATIVE_FIELDS, self.native.tolist()):
+            snap[k] += v
+        return snap
 
 
 class CachedTable:
@@ -144,10 +156,25 @@ class CachedTable:
         hit = np.empty(m, dtype=np.uint8)  # query writes every entry
         t0 = time.perf_counter_ns()
         hits = int(self.cache.query(keys, out, hit))
-        t1 = time.perf_counter_ns()
+        return self.finish_query(keys, out, hit, hits, time.perf_counter_ns() - t0, segments)
+
+    def finish_query(
+        self,
+        keys: np.ndarray,
+        out: np.ndarray,
+        hit: np.ndarray,
+        hits: int,
+        query_ns: int,
+        segments: Optional[Sequence[int]] = None,
+    ) -> int:
+        """The rest of :meth:`lookup` once the cache has answered: count the lookup and
+        answer the misses (``hit[i] == 0``) by the rules of the module docstring. The
+        native backend queries the cache itself and calls this only when a key missed.
+        Returns ``hits``."""
+        m = keys.shape[0]
         misses = m - hits
         if misses == 0:
-            self.stats.add(lookups=m, hits=hits, cache_ns=t1 - t0)
+            self.stats.add(lookups=m, hits=hits, cache_ns=query_ns)
             return hits
         miss_idx = np.flatnonzero(hit == 0)
         counts = {"lookups": m, "hits": hits, "misses": misses}
@@ -164,11 +191,11 @@ class CachedTable:
             )
         fetched_n = int(miss_idx.shape[0])
         if fetched_n == 0:
-            self.stats.add(cache_ns=t1 - t0, **counts)
+            self.stats.add(cache_ns=query_ns, **counts)
             return hits
         miss_keys = keys[miss_idx]
         fetched = np.empty((fetched_n, self.vec_size), dtype=np.float32)
-        t1b = time.perf_counter_ns()
+        t1 = time.perf_counter_ns()
         self.store.fetch(miss_keys, fetched)
         out[miss_idx] = fetched
         t2 = time.perf_counter_ns()
@@ -176,8 +203,8 @@ class CachedTable:
         t3 = time.perf_counter_ns()
         self.stats.add(
             sync_fetched=fetched_n,
-            cache_ns=(t1 - t0) + (t3 - t2),
-            store_ns=t2 - t1b,
+            cache_ns=query_ns + (t3 - t2),
+            store_ns=t2 - t1,
             **counts,
         )
         return hits

@@ -58,7 +58,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -496,6 +496,11 @@ class SharedEmbeddingCache:
         if self._closed:
             raise CacheError(f"{self.path}: cache is closed")
         return self._view
+
+    def native_address(self) -> Tuple[int, int]:
+        """``(base address, bytes)`` of the mapped cache: the native backend queries it
+        there directly (valid until :meth:`close`)."""
+        return tuple(self._native()._address())
 
     # ---- data ---------------------------------------------------------------------------
 

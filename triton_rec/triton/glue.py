@@ -325,8 +325,13 @@ def prepare_process(pb_utils, model_name: str, config: dict):
     route_engine_logs(pb_utils, model_name)
     settings = InstanceSettings.from_config(config)
     pools = limit_thread_pools(settings.intra_op_threads)
-    malloc = tune_allocator()
-    _native.start_parent_watchdog(ORPHAN_GRACE_S)
+    if getattr(pb_utils, "IN_PROCESS", False):
+        # hosted by the native backend inside the server: the server's allocator and its
+        # parent are not this model's to change or watch
+        malloc = "in-process (native backend)"
+    else:
+        malloc = tune_allocator()
+        _native.start_parent_watchdog(ORPHAN_GRACE_S)
     line = f"model '{model_name}': {settings.describe(config)}; pools: {pools}; {malloc}"
     log = pb_utils.Logger.log_warn if settings.oversubscribes(config) else pb_utils.Logger.log_info
     log(line)
@@ -345,7 +350,10 @@ class TritonLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         """Send ``record`` to Triton's log at the matching level."""
         try:
-            msg = f"model '{self.model_name}': {record.name}: {self.format(record)}"
+            # in-process, one handler serves every model: the one this thread works for
+            model = getattr(CURRENT_MODEL, "name", None) or self.model_name
+            prefix = f"model '{model}': " if model else ""
+            msg = f"{prefix}{record.name}: {self.format(record)}"
             log = self.pb_utils.Logger
             if record.levelno >= logging.ERROR:
                 log.log_error(msg)
@@ -357,10 +365,18 @@ class TritonLogHandler(logging.Handler):
             self.handleError(record)
 
 
+#: The model a thread is loading or answering for, when several models share a process
+#: (the native backend hosts them all in the server): ``CURRENT_MODEL.name``.
+CURRENT_MODEL = threading.local()
+
+
 def route_engine_logs(pb_utils, model_name: str) -> None:
-    """Send INFO and above of the engine's loggers to Triton's log (once per process)."""
+    """Send INFO and above of the engine's loggers to Triton's log (once per process).
+    In-process (the native backend) lines name the model of :data:`CURRENT_MODEL`, or
+    none (a background thread's line names its logger only)."""
+    in_process = getattr(pb_utils, "IN_PROCESS", False)
     for name in ("triton_rec", "ps_loader"):
         logger = logging.getLogger(name)
         if not any(isinstance(h, TritonLogHandler) for h in logger.handlers):
-            logger.addHandler(TritonLogHandler(pb_utils, model_name))
+            logger.addHandler(TritonLogHandler(pb_utils, None if in_process else model_name))
         logger.setLevel(logging.INFO)

@@ -52,6 +52,24 @@ BACKEND_SOURCES = Path(__file__).resolve().parent / "backend"
 #: ``triton_rec/triton/native_backends`` of the installed package (site-packages, also
 #: for an editable install, whose package path lists both).
 NATIVE_BACKENDS = ("trec_floor",)
+#: Backends whose requests take the native path (``src/triton_backend/python_host.cpp``):
+#: one library, installed as ``<name>/libtriton_<name>.so``, which hosts ``<name>/model.py``
+#: in the server process. Without it, Triton runs the same model.py in the Python backend.
+HOSTED_BACKENDS = ("hps", "hugectr")
+HOSTED_LIBRARY = "trec"
+#: How ``hps`` and ``hugectr`` requests are served: ``native`` (C++ backend, Python hosted
+#: in-process) or ``python`` (Triton's Python backend, one process per instance).
+REQUEST_PATHS = ("native", "python")
+#: Environment variable choosing the request path of servers this launcher starts.
+REQUEST_PATH_ENV = "TRITON_REC_REQUEST_PATH"
+
+
+def resolve_request_path(path: Optional[str] = None) -> str:
+    """The request path to use: ``path``, else ``$TRITON_REC_REQUEST_PATH``, else native."""
+    path = path or os.environ.get(REQUEST_PATH_ENV) or REQUEST_PATHS[0]
+    if path not in REQUEST_PATHS:
+        raise ValueError(f"request path must be one of {', '.join(REQUEST_PATHS)}, got {path!r}")
+    return path
 
 
 def native_backend_library(name: str) -> Path:
@@ -66,14 +84,15 @@ def native_backend_library(name: str) -> Path:
     raise RuntimeNotFound(f"native backend {lib} not built: reinstall triton-rec (pip install .)")
 
 
-def default_backend_dir() -> Path:
+def default_backend_dir(path: Optional[str] = None) -> Path:
     """Where the launcher lays out Triton's backend directory when none is given: one per
-    Python environment (the stub it holds is built for this interpreter), under the
-    user's cache, ``~/.cache/triton-rec/backends/<env>`` (``$XDG_CACHE_HOME`` if set)."""
+    Python environment (the stub it holds is built for this interpreter) and request path
+    (:func:`resolve_request_path`), under the user's cache,
+    ``~/.cache/triton-rec/backends/<env>-<path>`` (``$XDG_CACHE_HOME`` if set)."""
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     env = hashlib.sha256(os.fsencode(sys.prefix)).hexdigest()[:12]
     ver = f"py{sys.version_info[0]}{sys.version_info[1]}"
-    return Path(cache) / "triton-rec" / "backends" / f"{ver}-{env}"
+    return Path(cache) / "triton-rec" / "backends" / f"{ver}-{env}-{resolve_request_path(path)}"
 
 
 def _pytriton_root() -> Path:
@@ -105,10 +124,12 @@ def _install(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def prepare_backend_dir(dest: Optional[Path] = None) -> Path:
-    """(Re)create the backend directory (default: :func:`default_backend_dir`) and return
-    it. Cheap; safe to call every start, also while another server runs from it."""
-    dest = Path(dest) if dest is not None else default_backend_dir()
+def prepare_backend_dir(dest: Optional[Path] = None, path: Optional[str] = None) -> Path:
+    """(Re)create the backend directory (default: :func:`default_backend_dir`) for request
+    path ``path`` (:func:`resolve_request_path`) and return it. Cheap; safe to call every start,
+    also while another server runs from it."""
+    path = resolve_request_path(path)
+    dest = Path(dest) if dest is not None else default_backend_dir(path)
     root = _pytriton_root()
     py = dest / "python"
     py.mkdir(parents=True, exist_ok=True)
@@ -133,6 +154,14 @@ def prepare_backend_dir(dest: Optional[Path] = None) -> Path:
             for f in src.iterdir():
                 if f.is_file() and f.suffix == ".py":
                     _install(f, dest / src.name / f.name)
+    for name in HOSTED_BACKENDS:
+        lib = dest / name / f"libtriton_{name}.so"
+        if path == "native":
+            _install(native_backend_library(HOSTED_LIBRARY), lib)
+            # the interpreter the library embeds: this environment's (its site-packages)
+            (dest / name / "trec_python").write_text(sys.executable + "\n")
+        else:  # Triton picks the library over model.py when both are there
+            lib.unlink(missing_ok=True)
     return dest
 
 
@@ -204,6 +233,8 @@ class TritonServer:
             at start (``--load-model=*``), which serves what the default mode would.
         supervisor_log: receives the supervisor's lines (default: stderr).
         inherit_output: the server writes to this process's stdout/stderr (no log_path).
+        request_path: ``native`` or ``python`` (:func:`resolve_request_path`; default
+            ``$TRITON_REC_REQUEST_PATH``, else native).
     """
 
     def __init__(
@@ -221,6 +252,7 @@ class TritonServer:
         supervise: bool = False,
         supervisor_log: Optional[Callable[[str], None]] = None,
         inherit_output: bool = False,
+        request_path: Optional[str] = None,
     ):
         self.model_repository = Path(model_repository).resolve()
         self.http_port = http_port or free_port()
@@ -230,7 +262,10 @@ class TritonServer:
         self.load_models = list(load_models)
         self.log_path = Path(log_path) if log_path else None
         self.extra_args = list(extra_args)
-        self.backend_dir = Path(backend_dir) if backend_dir else default_backend_dir()
+        self.request_path = resolve_request_path(request_path)
+        self.backend_dir = (
+            Path(backend_dir) if backend_dir else default_backend_dir(self.request_path)
+        )
         self.extra_env = dict(env or {})
         self.supervise = supervise
         self.supervisor_log = supervisor_log
@@ -300,7 +335,7 @@ class TritonServer:
         """Start the server process (in its own session: its process group is its pid)
         and, with ``supervise``, its supervisor; does not wait. ``die_with_parent``: the
         server gets SIGTERM (a graceful stop) if this process dies first."""
-        prepare_backend_dir(self.backend_dir)
+        prepare_backend_dir(self.backend_dir, self.request_path)
         out: Union[int, IO[bytes], None] = subprocess.DEVNULL
         err: Optional[int] = subprocess.STDOUT
         if self.log_path:
@@ -471,6 +506,13 @@ def main(argv=None) -> int:
             help="Triton's backend directory to lay out (default: one per Python environment "
             "under ~/.cache/triton-rec/backends)",
         )
+    for q in (prep, s):
+        q.add_argument(
+            "--request-path",
+            choices=REQUEST_PATHS,
+            help="serve hps/hugectr models through the native backend (Python hosted in the "
+            f"server) or Triton's Python backend (default: ${REQUEST_PATH_ENV}, else native)",
+        )
     s.add_argument("--model-repository", required=True)
     s.add_argument("--http-port", type=int, default=8000)
     s.add_argument("--grpc-port", type=int, default=8001)
@@ -489,7 +531,7 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     if args.cmd == "prepare":
-        print(prepare_backend_dir(args.backend_directory))
+        print(prepare_backend_dir(args.backend_directory, args.request_path))
         return 0
     from triton_rec.config.model_files import ALLOWED_ROOTS_ENV
 
@@ -503,6 +545,7 @@ def main(argv=None) -> int:
         inherit_output=True,
         env=env,
         backend_dir=args.backend_directory,
+        request_path=args.request_path,
     )
     if args.print_command:
         print(" ".join(server.command()))

@@ -1,0 +1,836 @@
+// The native backend of `hps` and `hugectr` (issue 14): one library, installed by the
+// launcher as <backend-dir>/hps/libtriton_hps.so and <backend-dir>/hugectr/libtriton_hugectr.so.
+//
+// Control plane: it embeds the interpreter of the project's environment once per server
+// and hosts each model instance's TritonPythonModel (the backend's own model.py) through
+// triton_rec.triton.inprocess, which plays triton_python_backend_utils in-process. So the
+// engine stays the single place of the semantics (ps.json, stores, caches, tiers, refresh,
+// updates, metrics, every error text), and no request crosses a process boundary.
+//
+// Data plane: when the hosted model hands over a native plan (an `hps` model whose tables
+// are node-local: a CPU shared cache, or the mapped table without a cache), a request is
+// validated and answered here without the GIL: the shared cache (shm_cache.hpp) or the
+// table index (hash_index.hpp) writes the vectors straight into Triton's response buffer.
+// Python is entered only for what is not the hot path: a request the checks here do not
+// accept (Python then names what is wrong, with today's messages), the misses of a cache
+// query (CachedTable.finish_query: HPS's hit-rate rules, the store, the inserter), and
+// every request of a model without a plan.
+#include <Python.h>
+#include <dlfcn.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hash_index.hpp"
+#include "shm_cache.hpp"
+#include "triton_api.h"
+
+namespace {
+
+namespace tr = triton_rec;
+
+// -- small helpers ----------------------------------------------------------------------
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+TRITONSERVER_Error* error(TRITONSERVER_Error_Code code, const std::string& msg) {
+  return TRITONSERVER_ErrorNew(code, msg.c_str());
+}
+
+void drop(TRITONSERVER_Error* e) {
+  if (e != nullptr) TRITONSERVER_ErrorDelete(e);
+}
+
+// Holds the GIL for a scope.
+class Gil {
+ public:
+  Gil() : state_(PyGILState_Ensure()) {}
+  ~Gil() { PyGILState_Release(state_); }
+  Gil(const Gil&) = delete;
+  Gil& operator=(const Gil&) = delete;
+
+ private:
+  PyGILState_STATE state_;
+};
+
+// Owns one reference.
+struct Ref {
+  PyObject* p = nullptr;
+  explicit Ref(PyObject* o = nullptr) : p(o) {}
+  ~Ref() { Py_XDECREF(p); }
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  explicit operator bool() const { return p != nullptr; }
+};
+
+// The text of the pending Python exception (cleared): str(e), or its type's name.
+std::string python_error() {
+  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  std::string text = "unknown Python error";
+  if (value != nullptr) {
+    Ref s(PyObject_Str(value));
+    const char* c = s ? PyUnicode_AsUTF8(s.p) : nullptr;
+    if (c != nullptr && *c) {
+      text = c;
+    } else if (type != nullptr) {
+      text = reinterpret_cast<PyTypeObject*>(type)->tp_name;
+    }
+  }
+  PyErr_Clear();
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  return text;
+}
+
+const char* dtype_name(TRITONSERVER_DataType t) {
+  switch (t) {
+    case TRITONSERVER_TYPE_BOOL: return "BOOL";
+    case TRITONSERVER_TYPE_UINT8: return "UINT8";
+    case TRITONSERVER_TYPE_UINT16: return "UINT16";
+    case TRITONSERVER_TYPE_UINT32: return "UINT32";
+    case TRITONSERVER_TYPE_UINT64: return "UINT64";
+    case TRITONSERVER_TYPE_INT8: return "INT8";
+    case TRITONSERVER_TYPE_INT16: return "INT16";
+    case TRITONSERVER_TYPE_INT32: return "INT32";
+    case TRITONSERVER_TYPE_INT64: return "INT64";
+    case TRITONSERVER_TYPE_FP16: return "FP16";
+    case TRITONSERVER_TYPE_FP32: return "FP32";
+    case TRITONSERVER_TYPE_FP64: return "FP64";
+    case TRITONSERVER_TYPE_BYTES: return "BYTES";
+    case TRITONSERVER_TYPE_BF16: return "BF16";
+    default: return "INVALID";
+  }
+}
+
+// The Triton type of a buffer-protocol element (struct format character and size).
+TRITONSERVER_DataType triton_type(const char* format, Py_ssize_t itemsize) {
+  char f = format != nullptr ? format[0] : 'B';
+  if (f == '<' || f == '=' || f == '@' || f == '!') f = format[1];
+  switch (f) {
+    case '?': return TRITONSERVER_TYPE_BOOL;
+    case 'e': return TRITONSERVER_TYPE_FP16;
+    case 'f': return TRITONSERVER_TYPE_FP32;
+    case 'd': return TRITONSERVER_TYPE_FP64;
+    case 'b': return TRITONSERVER_TYPE_INT8;
+    case 'B': return TRITONSERVER_TYPE_UINT8;
+    case 'h': return TRITONSERVER_TYPE_INT16;
+    case 'H': return TRITONSERVER_TYPE_UINT16;
+    case 'i': case 'l': case 'q':
+      return itemsize == 4 ? TRITONSERVER_TYPE_INT32 : TRITONSERVER_TYPE_INT64;
+    case 'I': case 'L': case 'Q':
+      return itemsize == 4 ? TRITONSERVER_TYPE_UINT32 : TRITONSERVER_TYPE_UINT64;
+    default: return TRITONSERVER_TYPE_INVALID;
+  }
+}
+
+// -- the process: one interpreter, one inprocess module ---------------------------------
+
+std::string g_backend_name;  // "hps", "hugectr": which model.py this library hosts
+std::string g_backend_dir;   // <backend-dir>/<name>
+PyObject* g_inprocess = nullptr;
+
+// The interpreter of the project's environment: the launcher writes its path to
+// <backend-dir>/<name>/trec_python; else $TRITON_REC_PYTHON; else python3 on PATH.
+std::string python_executable() {
+  std::ifstream f(g_backend_dir + "/trec_python");
+  std::string line;
+  if (f && std::getline(f, line) && !line.empty()) return line;
+  const char* env = std::getenv("TRITON_REC_PYTHON");
+  return env != nullptr && *env ? env : "python3";
+}
+
+TRITONSERVER_Error* start_python() {
+  // libpython came in as this library's dependency, with local symbols; extension
+  // modules (numpy, triton_rec._native) need its symbols global.
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&Py_InitializeFromConfig), &info) != 0 &&
+      info.dli_fname != nullptr) {
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);
+  }
+  if (!Py_IsInitialized()) {
+    PyConfig config;
+    PyConfig_InitPythonConfig(&config);
+    config.install_signal_handlers = 0;  // SIGINT/SIGTERM stay the server's
+    config.parse_argv = 0;
+    const std::string exe = python_executable();
+    PyStatus st = PyConfig_SetBytesString(&config, &config.program_name, exe.c_str());
+    if (!PyStatus_Exception(st)) st = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(st)) {
+      return error(TRITONSERVER_ERROR_INTERNAL,
+                   "triton-rec native backend: cannot start Python (" + exe + "): " +
+                       (st.err_msg != nullptr ? st.err_msg : "unknown error"));
+    }
+    PyEval_SaveThread();  // the GIL is taken per call from here on
+  }
+  Gil gil;
+  g_inprocess = PyImport_ImportModule("triton_rec.triton.inprocess");
+  if (g_inprocess == nullptr) {
+    return error(TRITONSERVER_ERROR_INTERNAL,
+                 "triton-rec native backend: cannot import triton_rec (is the server started "
+                 "from the project's environment?): " +
+                     python_error());
+  }
+  return nullptr;
+}
+
+// -- the native plan of an hps instance -------------------------------------------------
+
+// NATIVE_FIELDS of triton_rec/cache/cached_table.py
+enum Stat { kLookups = 0, kHits, kMisses, kSyncFetched, kCacheNs, kStoreNs };
+
+struct NativeTable {
+  int64_t dim = 0;
+  float default_value = 0;
+  int64_t* stats = nullptr;
+  std::optional<tr::ShmCache> cache;  // the shared cache, when the table has one
+  tr::IndexView index{nullptr, 0};
+  tr::TableView vectors{nullptr, 0, 0};
+
+  void count(Stat s, int64_t v) const { __atomic_fetch_add(stats + s, v, __ATOMIC_RELAXED); }
+};
+
+struct NativePlan {
+  std::vector<NativeTable> tables;
+  std::vector<int64_t> maxnum;
+  int64_t max_batch_size = 0;
+  int64_t max_keys = 0;  // KEYS elements of the largest valid request
+  std::string output;
+  std::vector<std::string> info_outputs;
+  int32_t device_id = 0;
+};
+
+int64_t as_int(PyObject* o) { return o != nullptr ? PyLong_AsLongLong(o) : -1; }
+
+// (address, size) tuple -> its two integers
+bool pair(PyObject* t, uintptr_t* a, int64_t* b) {
+  if (t == nullptr || !PyTuple_Check(t) || PyTuple_Size(t) != 2) return false;
+  *a = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(PyTuple_GetItem(t, 0)));
+  *b = PyLong_AsLongLong(PyTuple_GetItem(t, 1));
+  return !PyErr_Occurred();
+}
+
+// Reads the dict of HostedModel.native_plan() (GIL held); nullptr if None. Throws a
+// message on a malformed plan (a bug on the Python side).
+std::unique_ptr<NativePlan> read_plan(PyObject* d) {
+  if (d == Py_None) return nullptr;
+  auto plan = std::make_unique<NativePlan>();
+  auto get = [&](const char* k) {
+    PyObject* v = PyDict_GetItemString(d, k);
+    if (v == nullptr) throw std::runtime_error(std::string("native plan has no '") + k + "'");
+    return v;
+  };
+  plan->max_batch_size = as_int(get("max_batch_size"));
+  plan->device_id = static_cast<int32_t>(as_int(get("device_id")));
+  plan->output = PyUnicode_AsUTF8(get("output"));
+  PyObject* info = get("info_outputs");
+  for (Py_ssize_t i = 0; i < PyList_Size(info); ++i) {
+    plan->info_outputs.emplace_back(PyUnicode_AsUTF8(PyList_GetItem(info, i)));
+  }
+  PyObject* maxnum = get("maxnum");
+  int64_t per_sample = 0;
+  for (Py_ssize_t i = 0; i < PyList_Size(maxnum); ++i) {
+    plan->maxnum.push_back(as_int(PyList_GetItem(maxnum, i)));
+    per_sample += plan->maxnum.back();
+  }
+  plan->max_keys = plan->max_batch_size * per_sample;
+  PyObject* tables = get("tables");
+  for (Py_ssize_t i = 0; i < PyList_Size(tables); ++i) {
+    PyObject* t = PyList_GetItem(tables, i);
+    NativeTable nt;
+    nt.dim = as_int(PyDict_GetItemString(t, "vec_size"));
+    nt.default_value = static_cast<float>(PyFloat_AsDouble(PyDict_GetItemString(t, "default_value")));
+    nt.stats = reinterpret_cast<int64_t*>(
+        static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(PyDict_GetItemString(t, "stats"))));
+    uintptr_t addr = 0;
+    int64_t n = 0;
+    if (PyObject* c = PyDict_GetItemString(t, "cache")) {
+      if (!pair(c, &addr, &n)) throw std::runtime_error("native plan: bad cache address");
+      nt.cache = tr::ShmCache::attach(reinterpret_cast<void*>(addr), static_cast<size_t>(n));
+      if (static_cast<int64_t>(nt.cache->vec_size()) != nt.dim) {
+        throw std::runtime_error("native plan: cache vec_size differs from the table's");
+      }
+    } else {
+      if (!pair(PyDict_GetItemString(t, "index"), &addr, &n)) {
+        throw std::runtime_error("native plan: bad index address");
+      }
+      nt.index = tr::IndexView{reinterpret_cast<const int64_t*>(addr), static_cast<uint64_t>(n)};
+      if (!pair(PyDict_GetItemString(t, "vectors"), &addr, &n)) {
+        throw std::runtime_error("native plan: bad vectors address");
+      }
+      nt.vectors = tr::TableView{reinterpret_cast<const float*>(addr), n, static_cast<size_t>(nt.dim)};
+    }
+    if (PyErr_Occurred()) throw std::runtime_error(python_error());
+    plan->tables.push_back(nt);
+  }
+  if (plan->tables.size() != plan->maxnum.size()) {
+    throw std::runtime_error("native plan: tables and maxnum differ in length");
+  }
+  return plan;
+}
+
+// -- model and instance state -----------------------------------------------------------
+
+struct ModelState {
+  std::string name, config_json, repository;
+  uint64_t version = 0;
+};
+
+struct InstanceState {
+  std::string model_name;
+  PyObject* hosted = nullptr;  // inprocess.HostedModel
+  std::unique_ptr<NativePlan> plan;
+};
+
+// -- the Python path: any request, through the hosted model's execute ----------------------
+
+// Copies of split inputs, kept until the Python call returns.
+struct InputStore {
+  std::vector<std::unique_ptr<std::vector<char>>> copies;
+};
+
+// The request as inprocess.RawRequest: {name: (dtype, shape, memoryview)}; nullptr with
+// `why` set when an input cannot be read (not in CPU memory).
+PyObject* raw_request(TRITONBACKEND_Request* request, InputStore* store, std::string* why) {
+  Ref dict(PyDict_New());
+  uint32_t count = 0;
+  if (auto* e = TRITONBACKEND_RequestInputCount(request, &count)) {
+    *why = TRITONSERVER_ErrorMessage(e);
+    drop(e);
+    return nullptr;
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    TRITONBACKEND_Input* input = nullptr;
+    const char* name = nullptr;
+    TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
+    const int64_t* shape = nullptr;
+    uint32_t dims = 0, buffers = 0;
+    uint64_t bytes = 0;
+    TRITONSERVER_Error* e = TRITONBACKEND_RequestInputByIndex(request, i, &input);
+    if (e == nullptr) {
+      e = TRITONBACKEND_InputProperties(input, &name, &type, &shape, &dims, &bytes, &buffers);
+    }
+    if (e != nullptr) {
+      *why = TRITONSERVER_ErrorMessage(e);
+      drop(e);
+      return nullptr;
+    }
+    static char empty = 0;
+    char* data = &empty;
+    if (buffers == 1) {
+      const void* b = nullptr;
+      uint64_t size = 0;
+      TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+      int64_t mt_id = 0;
+      e = TRITONBACKEND_InputBuffer(input, 0, &b, &size, &mt, &mt_id);
+      if (e == nullptr && mt == TRITONSERVER_MEMORY_GPU) {
+        e = error(TRITONSERVER_ERROR_UNSUPPORTED, std::string("input ") + name + " is in GPU memory");
+      }
+      if (e != nullptr) {
+        *why = TRITONSERVER_ErrorMessage(e);
+        drop(e);
+        return nullptr;
+      }
+      if (b != nullptr) data = const_cast<char*>(static_cast<const char*>(b));
+      bytes = size;
+    } else if (buffers > 1) {
+      auto copy = std::make_unique<std::vector<char>>(bytes);
+      uint64_t done = 0;
+      for (uint32_t k = 0; k < buffers && e == nullptr; ++k) {
+        const void* b = nullptr;
+        uint64_t size = 0;
+        TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+        int64_t mt_id = 0;
+        e = TRITONBACKEND_InputBuffer(input, k, &b, &size, &mt, &mt_id);
+        if (e == nullptr && (mt == TRITONSERVER_MEMORY_GPU || done + size > bytes)) {
+          e = error(TRITONSERVER_ERROR_INVALID_ARG, std::string("input ") + name + " unreadable");
+        }
+        if (e == nullptr) std::memcpy(copy->data() + done, b, size);
+        done += size;
+      }
+      if (e != nullptr) {
+        *why = TRITONSERVER_ErrorMessage(e);
+        drop(e);
+        return nullptr;
+      }
+      data = copy->data();
+      store->copies.push_back(std::move(copy));
+    }
+    Ref shp(PyTuple_New(dims));
+    for (uint32_t d = 0; d < dims; ++d) PyTuple_SET_ITEM(shp.p, d, PyLong_FromLongLong(shape[d]));
+    Ref view(PyMemoryView_FromMemory(data, static_cast<Py_ssize_t>(bytes), PyBUF_READ));
+    Ref entry(Py_BuildValue("(sOO)", dtype_name(type), shp.p, view.p));
+    if (!entry || PyDict_SetItemString(dict.p, name, entry.p) != 0) {
+      *why = python_error();
+      return nullptr;
+    }
+  }
+  PyObject* out = dict.p;
+  dict.p = nullptr;
+  return out;
+}
+
+// Fills `response` from an inprocess.RawResponse; returns the error to send (or null).
+TRITONSERVER_Error* fill_response(TRITONBACKEND_Response* response, PyObject* raw) {
+  PyObject* msg = PyTuple_GetItem(raw, 0);
+  if (msg != Py_None) {
+    const long code = PyLong_AsLong(PyTuple_GetItem(raw, 1));
+    return error(static_cast<TRITONSERVER_Error_Code>(code), PyUnicode_AsUTF8(msg));
+  }
+  PyObject* outputs = PyTuple_GetItem(raw, 2);
+  for (Py_ssize_t i = 0; i < PyList_Size(outputs); ++i) {
+    PyObject* item = PyList_GetItem(outputs, i);
+    const char* name = PyUnicode_AsUTF8(PyTuple_GetItem(item, 0));
+    Py_buffer view;
+    if (PyObject_GetBuffer(PyTuple_GetItem(item, 1), &view,
+                           PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+      return error(TRITONSERVER_ERROR_INTERNAL, "output " + std::string(name) + ": " + python_error());
+    }
+    std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
+    const TRITONSERVER_DataType type = triton_type(view.format, view.itemsize);
+    TRITONBACKEND_Output* output = nullptr;
+    void* buffer = nullptr;
+    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+    int64_t mt_id = 0;
+    TRITONSERVER_Error* e =
+        type == TRITONSERVER_TYPE_INVALID
+            ? error(TRITONSERVER_ERROR_INTERNAL, "output " + std::string(name) + ": unsupported type")
+            : TRITONBACKEND_ResponseOutput(response, &output, name, type, shape.data(),
+                                           static_cast<uint32_t>(shape.size()));
+    if (e == nullptr) {
+      e = TRITONBACKEND_OutputBuffer(output, &buffer, static_cast<uint64_t>(view.len), &mt, &mt_id);
+    }
+    if (e == nullptr && view.len > 0) std::memcpy(buffer, view.buf, static_cast<size_t>(view.len));
+    PyBuffer_Release(&view);
+    if (e != nullptr) return e;
+  }
+  PyObject* params = PyTuple_GetItem(raw, 3);
+  PyObject *key = nullptr, *value = nullptr;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(params, &pos, &key, &value)) {
+    const char* k = PyUnicode_AsUTF8(key);
+    if (k == nullptr) continue;
+    TRITONSERVER_Error* e = nullptr;
+    if (PyBool_Check(value)) {
+      e = TRITONBACKEND_ResponseSetBoolParameter(response, k, value == Py_True);
+    } else if (PyLong_Check(value)) {
+      e = TRITONBACKEND_ResponseSetIntParameter(response, k, PyLong_AsLongLong(value));
+    } else if (PyFloat_Check(value)) {
+      e = TRITONBACKEND_ResponseSetDoubleParameter(response, k, PyFloat_AsDouble(value));
+    } else if (PyUnicode_Check(value)) {
+      e = TRITONBACKEND_ResponseSetStringParameter(response, k, PyUnicode_AsUTF8(value));
+    }
+    drop(e);
+  }
+  PyErr_Clear();
+  return nullptr;
+}
+
+// Sends `err` (owned) or the filled response; false if the request failed.
+bool send(TRITONBACKEND_Response* response, TRITONSERVER_Error* err) {
+  const bool ok = err == nullptr;
+  drop(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err));
+  drop(err);
+  return ok;
+}
+
+// Answers `requests` through the hosted model (GIL taken here). ok[i]: request i succeeded.
+void python_path(const InstanceState& st, const std::vector<TRITONBACKEND_Request*>& requests,
+                 std::vector<bool>* ok) {
+  std::vector<TRITONBACKEND_Response*> responses(requests.size(), nullptr);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (auto* e = TRITONBACKEND_ResponseNew(&responses[i], requests[i])) {
+      drop(e);
+      responses[i] = nullptr;
+    }
+  }
+  Gil gil;
+  InputStore store;
+  Ref list(PyList_New(0));
+  std::vector<size_t> slots;  // request index of each list entry
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (responses[i] == nullptr) continue;
+    std::string why;
+    Ref raw(raw_request(requests[i], &store, &why));
+    if (!raw) {
+      (*ok)[i] = send(responses[i], error(TRITONSERVER_ERROR_INVALID_ARG,
+                                         "model '" + st.model_name + "': " + why));
+      continue;
+    }
+    PyList_Append(list.p, raw.p);
+    slots.push_back(i);
+  }
+  if (slots.empty()) return;
+  Ref answers(PyObject_CallMethod(st.hosted, "execute", "O", list.p));
+  if (!answers || !PyList_Check(answers.p) ||
+      PyList_Size(answers.p) != static_cast<Py_ssize_t>(slots.size())) {
+    const std::string why = answers ? "wrong number of responses" : python_error();
+    for (size_t i : slots) {
+      (*ok)[i] = send(responses[i], error(TRITONSERVER_ERROR_INTERNAL, "model '" + st.model_name +
+                                                                          "': inference failed: " +
+                                                                          why));
+    }
+    return;
+  }
+  for (size_t j = 0; j < slots.size(); ++j) {
+    const size_t i = slots[j];
+    (*ok)[i] = send(responses[i], fill_response(responses[i], PyList_GetItem(answers.p, j)));
+  }
+}
+
+// -- the native path: an hps request answered without Python --------------------------
+
+struct Scratch {  // per thread: reused buffers of the hot path
+  std::vector<int64_t> keys;
+  std::vector<int32_t> counts;
+  std::vector<uint8_t> hit;
+};
+thread_local Scratch t_scratch;
+
+// Reads a CPU input into `dst` (exactly `bytes`); false if it is not readable so.
+bool read_cpu(TRITONBACKEND_Input* input, uint32_t buffers, uint64_t bytes, char* dst) {
+  uint64_t done = 0;
+  for (uint32_t b = 0; b < buffers; ++b) {
+    const void* src = nullptr;
+    uint64_t size = 0;
+    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+    int64_t mt_id = 0;
+    if (auto* e = TRITONBACKEND_InputBuffer(input, b, &src, &size, &mt, &mt_id)) {
+      drop(e);
+      return false;
+    }
+    if (mt == TRITONSERVER_MEMORY_GPU || done + size > bytes) return false;
+    std::memcpy(dst + done, src, size);
+    done += size;
+  }
+  return done == bytes;
+}
+
+// A hosted call on the native path failed: the request's error (as run_requests words it).
+struct Failed {
+  std::string why;
+};
+
+// Misses of table `t`: CachedTable.finish_query in Python, on the request's own buffers.
+void finish_query(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
+                  uint8_t* hit, int64_t hits, uint64_t query_ns) {
+  Gil gil;
+  const int64_t dim = st.plan->tables[t].dim;
+  Ref k(PyMemoryView_FromMemory(reinterpret_cast<char*>(const_cast<int64_t*>(keys)), n * 8,
+                                PyBUF_READ));
+  Ref o(PyMemoryView_FromMemory(reinterpret_cast<char*>(out), n * dim * 4, PyBUF_WRITE));
+  Ref h(PyMemoryView_FromMemory(reinterpret_cast<char*>(hit), n, PyBUF_WRITE));
+  Ref r(PyObject_CallMethod(st.hosted, "finish_query", "nOOOLK", static_cast<Py_ssize_t>(t), k.p,
+                            o.p, h.p, static_cast<long long>(hits),
+                            static_cast<unsigned long long>(query_ns)));
+  if (!r) throw Failed{python_error()};
+}
+
+// Answers `request` natively if it passes every check here; false (nothing sent) if not:
+// the Python path then answers it, naming what is wrong. *ok: whether it succeeded.
+bool native_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* ok) {
+  const NativePlan& plan = *st.plan;
+  TRITONBACKEND_Input *keys_in = nullptr, *counts_in = nullptr;
+  if (auto* e = TRITONBACKEND_RequestInput(request, "KEYS", &keys_in)) return drop(e), false;
+  if (auto* e = TRITONBACKEND_RequestInput(request, "NUMKEYS", &counts_in)) return drop(e), false;
+  const char* name = nullptr;
+  TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
+  const int64_t* shape = nullptr;
+  uint32_t dims = 0, key_buffers = 0, count_buffers = 0;
+  uint64_t key_bytes = 0, count_bytes = 0;
+  if (auto* e = TRITONBACKEND_InputProperties(keys_in, &name, &type, &shape, &dims, &key_bytes,
+                                              &key_buffers)) {
+    return drop(e), false;
+  }
+  if (type != TRITONSERVER_TYPE_INT64) return false;
+  if (auto* e = TRITONBACKEND_InputProperties(counts_in, &name, &type, &shape, &dims, &count_bytes,
+                                              &count_buffers)) {
+    return drop(e), false;
+  }
+  const int64_t tables = static_cast<int64_t>(plan.tables.size());
+  const bool shape_ok = (dims == 1 && shape[0] == tables) ||
+                        (dims == 2 && shape[0] == 1 && shape[1] == tables);
+  if (type != TRITONSERVER_TYPE_INT32 || !shape_ok || count_bytes != 4 * uint64_t(tables)) {
+    return false;
+  }
+  const int64_t n_keys = static_cast<int64_t>(key_bytes / 8);
+  if (n_keys == 0 || n_keys > plan.max_keys) return false;
+  Scratch& s = t_scratch;
+  s.counts.resize(static_cast<size_t>(tables));
+  if (!read_cpu(counts_in, count_buffers, count_bytes, reinterpret_cast<char*>(s.counts.data()))) {
+    return false;
+  }
+  int64_t total = 0, floats = 0, samples = 0;
+  for (int64_t t = 0; t < tables; ++t) {
+    const int64_t c = s.counts[t];
+    if (c < 0) return false;
+    total += c;
+    floats += c * plan.tables[t].dim;
+    samples = std::max(samples, (c + plan.maxnum[t] - 1) / plan.maxnum[t]);
+  }
+  if (total != n_keys || samples > plan.max_batch_size) return false;
+  // KEYS: Triton's own buffer when it is one piece, else a copy.
+  const int64_t* keys = nullptr;
+  const void* b = nullptr;
+  uint64_t size = 0;
+  TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+  int64_t mt_id = 0;
+  if (key_buffers == 1) {
+    if (auto* e = TRITONBACKEND_InputBuffer(keys_in, 0, &b, &size, &mt, &mt_id)) {
+      return drop(e), false;
+    }
+    if (mt == TRITONSERVER_MEMORY_GPU || size != key_bytes) return false;
+    keys = static_cast<const int64_t*>(b);
+  } else {
+    s.keys.resize(static_cast<size_t>(n_keys));
+    if (!read_cpu(keys_in, key_buffers, key_bytes, reinterpret_cast<char*>(s.keys.data()))) {
+      return false;
+    }
+    keys = s.keys.data();
+  }
+
+  // Checked: from here on the request is answered here.
+  TRITONBACKEND_Response* response = nullptr;
+  if (auto* e = TRITONBACKEND_ResponseNew(&response, request)) {
+    drop(e);
+    *ok = false;
+    return true;
+  }
+  TRITONBACKEND_Output* output = nullptr;
+  void* buffer = nullptr;
+  TRITONSERVER_Error* err = TRITONBACKEND_ResponseOutput(
+      response, &output, plan.output.c_str(), TRITONSERVER_TYPE_FP32, &floats, 1);
+  if (err == nullptr) {
+    err = TRITONBACKEND_OutputBuffer(output, &buffer, static_cast<uint64_t>(floats) * 4, &mt, &mt_id);
+  }
+  if (err == nullptr && mt == TRITONSERVER_MEMORY_GPU) {
+    err = error(TRITONSERVER_ERROR_UNSUPPORTED, "GPU output buffer");
+  }
+  try {
+    float* out = static_cast<float*>(buffer);
+    for (int64_t t = 0; t < tables && err == nullptr; ++t) {
+      const NativeTable& nt = plan.tables[t];
+      const int64_t n = s.counts[t];
+      if (n > 0) {
+        if (nt.cache) {
+          s.hit.resize(static_cast<size_t>(n));
+          const uint64_t t0 = now_ns();
+          const int64_t hits = nt.cache->query(keys, static_cast<size_t>(n), out, s.hit.data());
+          const uint64_t q = now_ns() - t0;
+          if (hits == n) {
+            nt.count(kLookups, n);
+            nt.count(kHits, n);
+            nt.count(kCacheNs, static_cast<int64_t>(q));
+          } else {
+            finish_query(st, static_cast<size_t>(t), keys, n, out, s.hit.data(), hits, q);
+          }
+        } else {
+          const uint64_t t0 = now_ns();
+          tr::lookup(nt.index, nt.vectors, keys, static_cast<size_t>(n), out, nt.default_value,
+                     nullptr);
+          nt.count(kLookups, n);
+          nt.count(kMisses, n);
+          nt.count(kSyncFetched, n);
+          nt.count(kStoreNs, static_cast<int64_t>(now_ns() - t0));
+        }
+      }
+      keys += n;
+      out += n * nt.dim;
+    }
+  } catch (const Failed& f) {
+    err = error(TRITONSERVER_ERROR_INTERNAL,
+                "model '" + st.model_name + "': inference failed: " + f.why);
+  } catch (const std::exception& x) {
+    err = error(TRITONSERVER_ERROR_INTERNAL,
+                "model '" + st.model_name + "': inference failed: " + x.what());
+  }
+  // HPS's NumSample / DeviceID: response parameters, and the INT32 outputs declared.
+  for (const std::string& info : plan.info_outputs) {
+    if (err != nullptr) break;
+    const int32_t v = info == "NumSample" ? static_cast<int32_t>(samples) : plan.device_id;
+    const int64_t one = 1;
+    err = TRITONBACKEND_ResponseOutput(response, &output, info.c_str(), TRITONSERVER_TYPE_INT32,
+                                       &one, 1);
+    if (err == nullptr) err = TRITONBACKEND_OutputBuffer(output, &buffer, 4, &mt, &mt_id);
+    if (err == nullptr) std::memcpy(buffer, &v, 4);
+  }
+  if (err == nullptr) {
+    drop(TRITONBACKEND_ResponseSetIntParameter(response, "NumSample", samples));
+    drop(TRITONBACKEND_ResponseSetIntParameter(response, "DeviceID", plan.device_id));
+  }
+  *ok = send(response, err);
+  return true;
+}
+
+TRITONSERVER_Error* model_string(TRITONBACKEND_Model* model, ModelState* ms) {
+  const char* name = nullptr;
+  if (auto* e = TRITONBACKEND_ModelName(model, &name)) return e;
+  ms->name = name;
+  if (auto* e = TRITONBACKEND_ModelVersion(model, &ms->version)) return e;
+  TRITONBACKEND_ArtifactType at = TRITONBACKEND_ARTIFACT_FILESYSTEM;
+  const char* location = nullptr;
+  if (auto* e = TRITONBACKEND_ModelRepository(model, &at, &location)) return e;
+  ms->repository = location;
+  TRITONSERVER_Message* message = nullptr;
+  if (auto* e = TRITONBACKEND_ModelConfig(model, 1, &message)) return e;
+  const char* base = nullptr;
+  size_t size = 0;
+  TRITONSERVER_Error* e = TRITONSERVER_MessageSerializeToJson(message, &base, &size);
+  if (e == nullptr) ms->config_json.assign(base, size);
+  drop(TRITONSERVER_MessageDelete(message));
+  return e;
+}
+
+}  // namespace
+
+extern "C" {
+
+#define TREC_EXPORT __attribute__((visibility("default")))
+
+TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend) {
+  const char* name = nullptr;
+  if (auto* e = TRITONBACKEND_BackendName(backend, &name)) return e;
+  g_backend_name = name;
+  TRITONBACKEND_ArtifactType at = TRITONBACKEND_ARTIFACT_FILESYSTEM;
+  const char* location = nullptr;
+  if (auto* e = TRITONBACKEND_BackendArtifacts(backend, &at, &location)) return e;
+  g_backend_dir = location;
+  return start_python();
+}
+
+TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
+  auto ms = std::make_unique<ModelState>();
+  if (auto* e = model_string(model, ms.get())) return e;
+  return TRITONBACKEND_ModelSetState(model, ms.release());
+}
+
+TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
+  void* state = nullptr;
+  if (auto* e = TRITONBACKEND_ModelState(model, &state)) return e;
+  delete static_cast<ModelState*>(state);
+  return nullptr;
+}
+
+TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(
+    TRITONBACKEND_ModelInstance* instance) {
+  TRITONBACKEND_Model* model = nullptr;
+  void* mstate = nullptr;
+  if (auto* e = TRITONBACKEND_ModelInstanceModel(instance, &model)) return e;
+  if (auto* e = TRITONBACKEND_ModelState(model, &mstate)) return e;
+  const auto& ms = *static_cast<ModelState*>(mstate);
+  const char* iname = nullptr;
+  TRITONSERVER_InstanceGroupKind kind = TRITONSERVER_INSTANCEGROUPKIND_CPU;
+  int32_t device = 0;
+  if (auto* e = TRITONBACKEND_ModelInstanceName(instance, &iname)) return e;
+  if (auto* e = TRITONBACKEND_ModelInstanceKind(instance, &kind)) return e;
+  if (auto* e = TRITONBACKEND_ModelInstanceDeviceId(instance, &device)) return e;
+  const char* kind_name = kind == TRITONSERVER_INSTANCEGROUPKIND_GPU     ? "GPU"
+                          : kind == TRITONSERVER_INSTANCEGROUPKIND_MODEL ? "MODEL"
+                                                                         : "CPU";
+  auto st = std::make_unique<InstanceState>();
+  st->model_name = ms.name;
+  Gil gil;
+  Ref args(Py_BuildValue("{s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "model_config", ms.config_json.c_str(),
+                         "model_name", ms.name.c_str(), "model_repository", ms.repository.c_str(),
+                         "model_version", std::to_string(ms.version).c_str(),
+                         "model_instance_name", iname, "model_instance_kind", kind_name,
+                         "model_instance_device_id", std::to_string(device).c_str()));
+  const std::string model_file = g_backend_dir + "/model.py";
+  st->hosted = args ? PyObject_CallMethod(g_inprocess, "HostedModel", "sO", model_file.c_str(),
+                                          args.p)
+                    : nullptr;
+  if (st->hosted == nullptr) return error(TRITONSERVER_ERROR_INTERNAL, python_error());
+  std::string path = "Python (hosted in-process)";
+  Ref plan(PyObject_CallMethod(st->hosted, "native_plan", nullptr));
+  try {
+    if (!plan) throw std::runtime_error(python_error());
+    st->plan = read_plan(plan.p);
+    if (st->plan) path = "native";
+  } catch (const std::exception& x) {
+    st->plan.reset();
+    path = std::string("Python (hosted in-process; native plan refused: ") + x.what() + ")";
+  }
+  const std::string line = "model '" + ms.name + "' instance " + iname + ": request path " + path;
+  drop(TRITONSERVER_LogMessage(TRITONSERVER_LOG_INFO, __FILE__, __LINE__, line.c_str()));
+  return TRITONBACKEND_ModelInstanceSetState(instance, st.release());
+}
+
+TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(
+    TRITONBACKEND_ModelInstance* instance) {
+  void* state = nullptr;
+  if (auto* e = TRITONBACKEND_ModelInstanceState(instance, &state)) return e;
+  auto* st = static_cast<InstanceState*>(state);
+  if (st == nullptr) return nullptr;
+  {
+    Gil gil;
+    Ref r(PyObject_CallMethod(st->hosted, "finalize", nullptr));
+    if (!r) {
+      const std::string line = "model '" + st->model_name + "': finalize failed: " + python_error();
+      drop(TRITONSERVER_LogMessage(TRITONSERVER_LOG_ERROR, __FILE__, __LINE__, line.c_str()));
+    }
+    st->plan.reset();
+    Py_XDECREF(st->hosted);
+  }
+  delete st;
+  return nullptr;
+}
+
+TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests,
+    const uint32_t request_count) {
+  const uint64_t start = now_ns();
+  void* state = nullptr;
+  if (auto* e = TRITONBACKEND_ModelInstanceState(instance, &state)) return e;
+  const auto& st = *static_cast<InstanceState*>(state);
+  std::vector<bool> ok(request_count, false);
+  std::vector<uint64_t> ends(request_count, 0);
+  std::vector<TRITONBACKEND_Request*> rest;
+  std::vector<uint32_t> rest_index;
+  for (uint32_t r = 0; r < request_count; ++r) {
+    bool good = false;
+    if (st.plan && native_path(st, requests[r], &good)) {
+      ok[r] = good;
+      ends[r] = now_ns();
+    } else {
+      rest.push_back(requests[r]);
+      rest_index.push_back(r);
+    }
+  }
+  if (!rest.empty()) {
+    std::vector<bool> rest_ok(rest.size(), false);
+    python_path(st, rest, &rest_ok);
+    const uint64_t t = now_ns();
+    for (size_t i = 0; i < rest.size(); ++i) {
+      ok[rest_index[i]] = rest_ok[i];
+      ends[rest_index[i]] = t;
+    }
+  }
+  uint64_t answered = 0;
+  for (uint32_t r = 0; r < request_count; ++r) {
+    answered += ok[r];
+    drop(TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[r], ok[r], start, start,
+                                                     ends[r], ends[r]));
+    drop(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL));
+  }
+  const uint64_t end = now_ns();
+  if (answered > 0) {
+    drop(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, answered, start, start, end,
+                                                          end));
+  }
+  return nullptr;
+}
+
+}  // extern "C"

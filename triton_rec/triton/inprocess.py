@@ -1,0 +1,342 @@
+"""The Python side of the native backends: ``triton_python_backend_utils`` in-process.
+
+The native backend (``src/triton_backend/python_host.cpp``, installed as
+``hps/libtriton_hps.so`` and ``hugectr/libtriton_hugectr.so``) runs inside tritonserver.
+It embeds this interpreter once per server and hosts the same ``model.py`` the Python
+backend would run, so the engine stays the single place where the semantics live
+(ps.json, stores, caches, tiers, refresh, updates, metrics, every error message):
+
+- **control plane** (here, in Python): ``initialize``/``finalize`` of each model instance,
+  the load log, background threads, metrics, and every request the native hot path does
+  not answer itself (malformed requests, cache misses, models whose features are not
+  native);
+- **data plane** (C++, GIL released): for an ``hps`` model whose tables are node-local
+  (mapped store, CPU shared cache or none) the backend validates ``KEYS``/``NUMKEYS``,
+  queries the shared cache or the table index and writes the answer straight into
+  Triton's response buffer (:meth:`HostedModel.native_plan` hands it the addresses).
+
+This module *is* ``triton_python_backend_utils`` for the hosted ``model.py``
+(:func:`load_model` registers it under that name): the same classes and calls, served
+by Triton's C API in this process (ctypes), so a log line or a metric update costs a
+function call instead of a round trip to another process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from triton_rec.triton.glue import CURRENT_MODEL
+
+#: Read by :func:`triton_rec.triton.glue.prepare_process`: the model runs inside the
+#: server process (no parent watchdog: the server's parent is not ours to watch).
+IN_PROCESS = True
+
+# Triton's C API, from the process itself (libtritonserver is loaded by the server
+# binary; its symbols are global). Values are the documented enums of tritonserver.h.
+_LOG_LEVELS = {"info": 0, "warn": 1, "error": 2, "verbose": 3}
+_METRIC_KINDS = {"counter": 0, "gauge": 1}
+_PARAMETER_STRING = 0
+
+# Triton data type names -> numpy dtypes (BYTES is passed as raw uint8).
+_DTYPES = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.uint8,
+}
+
+_api = None
+_api_lock = threading.Lock()
+
+
+def _triton():
+    """The process's libtritonserver functions (ctypes; argument types set once)."""
+    global _api
+    with _api_lock:
+        if _api is None:
+            lib = ctypes.CDLL(None)
+            vp, cp, u64 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64
+            for name, res, args in (
+                ("TRITONSERVER_LogMessage", vp, [ctypes.c_int, cp, ctypes.c_int, cp]),
+                ("TRITONSERVER_ErrorMessage", cp, [vp]),
+                ("TRITONSERVER_ErrorDelete", None, [vp]),
+                ("TRITONSERVER_MetricFamilyNew", vp, [ctypes.POINTER(vp), ctypes.c_int, cp, cp]),
+                ("TRITONSERVER_MetricNew", vp, [ctypes.POINTER(vp), vp, ctypes.POINTER(vp), u64]),
+                ("TRITONSERVER_MetricIncrement", vp, [vp, ctypes.c_double]),
+                ("TRITONSERVER_MetricSet", vp, [vp, ctypes.c_double]),
+                ("TRITONSERVER_MetricValue", vp, [vp, ctypes.POINTER(ctypes.c_double)]),
+                ("TRITONSERVER_ParameterNew", vp, [cp, ctypes.c_int, vp]),
+                ("TRITONSERVER_ParameterDelete", None, [vp]),
+            ):
+                f = getattr(lib, name)
+                f.restype, f.argtypes = res, args
+            _api = lib
+    return _api
+
+
+def _check(err) -> None:
+    """Raise a TritonModelException for a non-null TRITONSERVER_Error* (and free it)."""
+    if err:
+        api = _triton()
+        msg = api.TRITONSERVER_ErrorMessage(err).decode(errors="replace")
+        api.TRITONSERVER_ErrorDelete(err)
+        raise TritonModelException(msg)
+
+
+# -- the pb_utils surface the backends use ---------------------------------------------
+
+
+class TritonError:
+    """An error response (codes are TRITONSERVER_Error_Code values)."""
+
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED = range(6)
+    ALREADY_EXISTS, CANCELLED = 6, 7
+
+    def __init__(self, message: str, code: int = INTERNAL):
+        self._message, self._code = str(message), int(code)
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+
+class TritonModelException(Exception):
+    """Raised by ``initialize`` to fail a model load (its text is the load error)."""
+
+
+class Tensor:
+    """A named array: an input (a read-only view of Triton's buffer) or an output."""
+
+    def __init__(self, name: str, array):
+        self._name, self._array = name, np.asarray(array)
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def shape(self) -> List[int]:
+        return list(self._array.shape)
+
+    def to_dlpack(self):
+        # the input's memory belongs to the server; nothing to release (glue handles this)
+        raise NotImplementedError("in-process tensors have no DLPack export")
+
+
+class InferenceResponse:
+    """Output tensors, or an error; response parameters are supported."""
+
+    def __init__(self, output_tensors=(), error: Optional[TritonError] = None, parameters=None):
+        self.output_tensors = list(output_tensors)
+        self.error = error
+        self.parameters = dict(parameters or {})
+
+    def has_error(self) -> bool:
+        return self.error is not None
+
+
+class InferenceRequest:
+    """The tensors of one request, as the hosted model sees them."""
+
+    def __init__(self, tensors: Dict[str, Tensor]):
+        self._tensors = tensors
+
+    def inputs(self) -> List[Tensor]:
+        return list(self._tensors.values())
+
+
+def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Optional[Tensor]:
+    return request._tensors.get(name)
+
+
+class Logger:
+    """Lines in Triton's own log (TRITONSERVER_LogMessage)."""
+
+    @staticmethod
+    def log(message: str, level: str = "info") -> None:
+        frame = sys._getframe(2)
+        err = _triton().TRITONSERVER_LogMessage(
+            _LOG_LEVELS[level],
+            os.path.basename(frame.f_code.co_filename).encode(),
+            frame.f_lineno,
+            str(message).encode(errors="replace"),
+        )
+        if err:  # logging must never fail a model
+            _triton().TRITONSERVER_ErrorDelete(err)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        Logger.log(message, "info")
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        Logger.log(message, "warn")
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        Logger.log(message, "error")
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        Logger.log(message, "verbose")
+
+
+class Metric:
+    """One labelled series of a :class:`MetricFamily` (TRITONSERVER_Metric)."""
+
+    def __init__(self, family: "MetricFamily", labels: Dict[str, str]):
+        api = _triton()
+        params = [
+            api.TRITONSERVER_ParameterNew(k.encode(), _PARAMETER_STRING, str(v).encode())
+            for k, v in labels.items()
+        ]
+        arr = (ctypes.c_void_p * max(1, len(params)))(*params)
+        handle = ctypes.c_void_p()
+        try:
+            _check(api.TRITONSERVER_MetricNew(ctypes.byref(handle), family._handle, arr, len(params)))
+        finally:
+            for p in params:
+                api.TRITONSERVER_ParameterDelete(p)
+        self._handle = handle
+
+    def increment(self, value: float) -> None:
+        _check(_triton().TRITONSERVER_MetricIncrement(self._handle, float(value)))
+
+    def set(self, value: float) -> None:
+        _check(_triton().TRITONSERVER_MetricSet(self._handle, float(value)))
+
+    def value(self) -> float:
+        out = ctypes.c_double()
+        _check(_triton().TRITONSERVER_MetricValue(self._handle, ctypes.byref(out)))
+        return out.value
+
+
+class MetricFamily:
+    """A metric family in the server's registry (one name: one family, kept for the life
+    of the server, as the families of the Python backend's stubs are)."""
+
+    COUNTER, GAUGE = "counter", "gauge"
+
+    def __init__(self, name: str, description: str, kind: str):
+        handle = ctypes.c_void_p()
+        _check(
+            _triton().TRITONSERVER_MetricFamilyNew(
+                ctypes.byref(handle), _METRIC_KINDS[kind], name.encode(), description.encode()
+            )
+        )
+        self._handle = handle
+
+    def Metric(self, labels: Optional[Dict[str, str]] = None) -> Metric:  # noqa: N802 (pb_utils)
+        return Metric(self, labels or {})
+
+
+# -- hosting ---------------------------------------------------------------------------
+
+#: A request as the native backend passes it: input name -> (Triton data type, shape,
+#: read-only memoryview of the data).
+RawRequest = Dict[str, Tuple[str, Tuple[int, ...], memoryview]]
+#: A response as the native backend takes it: (error message or None, error code,
+#: [(output name, C-contiguous array)], {parameter: int|bool|str}).
+RawResponse = Tuple[Optional[str], int, List[Tuple[str, np.ndarray]], Dict[str, object]]
+
+
+def _as_tensor(name: str, dtype: str, shape: Sequence[int], data: memoryview) -> Tensor:
+    arr = np.frombuffer(data, dtype=_DTYPES.get(dtype, np.uint8))
+    if dtype != "BYTES":
+        arr = arr.reshape(tuple(shape))
+    return Tensor(name, arr)
+
+
+def _raw_response(resp) -> RawResponse:
+    if resp is None:
+        return ("model returned no response", TritonError.INTERNAL, [], {})
+    if resp.error is not None:
+        return (resp.error.message(), resp.error.code(), [], {})
+    outputs = [(t.name(), np.ascontiguousarray(t.as_numpy())) for t in resp.output_tensors]
+    return (None, 0, outputs, resp.parameters)
+
+
+class HostedModel:
+    """One model instance's ``TritonPythonModel``, hosted in the server process.
+
+    Args:
+        model_file: the backend's ``model.py``.
+        args: what the Python backend passes to ``initialize`` (``model_config`` JSON,
+            ``model_name``, ``model_repository``, ``model_version``, ``model_instance_*``).
+    """
+
+    def __init__(self, model_file: str, args: Dict[str, str]):
+        sys.modules.setdefault("triton_python_backend_utils", sys.modules[__name__])
+        name = f"triton_rec_hosted_{Path(model_file).parent.name}"
+        module = sys.modules.get(name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, model_file)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[name] = module
+        self.name = args.get("model_name", "")
+        self.model = module.TritonPythonModel()
+        with self._working():
+            self.model.initialize(dict(args))
+
+    @contextlib.contextmanager
+    def _working(self):
+        # engine log lines of this thread name this model (glue.CURRENT_MODEL)
+        CURRENT_MODEL.name = self.name
+        try:
+            yield
+        finally:
+            CURRENT_MODEL.name = None
+
+    def execute(self, requests: Sequence[RawRequest]) -> List[RawResponse]:
+        """Answer ``requests`` with the hosted model's ``execute``."""
+        reqs = [
+            InferenceRequest({n: _as_tensor(n, *v) for n, v in r.items()}) for r in requests
+        ]
+        with self._working():
+            responses = self.model.execute(reqs)
+        return [_raw_response(r) for r in responses]
+
+    def native_plan(self) -> Optional[dict]:
+        """What the native hot path needs to answer this model's requests itself
+        (:meth:`triton_rec.serving.session.LookupSession.native_plan` plus the response's
+        names), or None when the model has none (it then answers everything here)."""
+        plan = getattr(self.model, "native_plan", None)
+        return plan() if plan is not None else None
+
+    def finish_query(self, table: int, keys, out, hit, hits: int, query_ns: int) -> None:
+        """Answer the misses of a native cache query of table ``table`` (HPS rules:
+        :meth:`triton_rec.cache.cached_table.CachedTable.finish_query`); the buffers are
+        the request's keys, its answer block and the hit mask, written in place."""
+        ct = self.model.session.cached_tables[table]
+        keys = np.frombuffer(keys, dtype=np.int64)
+        out = np.frombuffer(out, dtype=np.float32).reshape(keys.shape[0], ct.vec_size)
+        ct.finish_query(keys, out, np.frombuffer(hit, dtype=np.uint8), hits, query_ns)
+
+    def finalize(self) -> None:
+        """The hosted model's ``finalize`` (threads stopped, caches detached)."""
+        fin = getattr(self.model, "finalize", None)
+        if fin is not None:
+            with self._working():
+                fin()
