@@ -250,8 +250,15 @@ def build_repository(repo: Path, groups) -> dict:
                 "max_batch_size",
             )
         }
-        ps_models += [required, dict(required, model="hps_nocache", gpucache=False)]
+        ps_models += [
+            required,
+            dict(required, model="hps_nocache", gpucache=False),
+            dict(required, model="hps_py"),
+        ]
         _write(repo / "hps" / "config.pbtxt", _config("hps", "hps", HPS_IO))
+        # the same model.py in Triton's Python backend (the request path before issue 14)
+        _write(repo / "hps_py" / "config.pbtxt", _config("hps_py", "hps_py", HPS_IO))
+        (repo / "hps_py" / "1").mkdir(parents=True, exist_ok=True)
         _write(repo / "hps_nocache" / "config.pbtxt", _config("hps_nocache", "hps", HPS_IO))
         (repo / "hps_nocache" / "1").mkdir(parents=True, exist_ok=True)
         _write(
@@ -301,10 +308,13 @@ def build_repository(repo: Path, groups) -> dict:
             entry,
             dict(entry, model="dlrm_onnx", dense_file=onnx),
             dict(entry, model="dlrm_hps", dense_file=onnx),
+            dict(entry, model="dlrm_py"),
         ]
         tables, slots = len(config.tables), config.total_slots
         floor_p = {"floor": "samples", "tables": tables, "slots": slots}
         _write(repo / "dlrm" / "config.pbtxt", _config("dlrm", "hugectr", DLRM_IO))
+        _write(repo / "dlrm_py" / "config.pbtxt", _config("dlrm_py", "hugectr_py", DLRM_IO))
+        (repo / "dlrm_py" / "1").mkdir(parents=True, exist_ok=True)
         _write(repo / "dlrm_onnx" / "config.pbtxt", _config("dlrm_onnx", "hugectr", DLRM_IO))
         (repo / "dlrm_onnx" / "1").mkdir(parents=True, exist_ok=True)
         _write(
@@ -388,12 +398,16 @@ def write_inputs(meta: dict, groups, batches, requests: int, out: Path) -> dict:
 
 
 GROUP_MODELS = {
-    "hps": ["floor_hps", "floor_native_hps", "naive_hps", "hps", "hps_nocache"],
-    "dlrm": ["floor_dlrm", "floor_native_dlrm", "dlrm", "dlrm_onnx"],
+    "hps": ["floor_hps", "floor_native_hps", "naive_hps", "hps", "hps_nocache", "hps_py"],
+    "dlrm": ["floor_dlrm", "floor_native_dlrm", "dlrm", "dlrm_onnx", "dlrm_py"],
     "ensemble": ["floor_ensemble", "dlrm_ensemble"],
 }
 FLOOR = {g: m[0] for g, m in GROUP_MODELS.items()}
 NAIVE = {"hps": "naive_hps"}
+NATIVE_FLOOR = {"hps": "floor_native_hps", "dlrm": "floor_native_dlrm"}
+#: Backends that run our model.py in Triton's Python backend beside the native ones, so
+#: that both request paths are measured in one server: backend name -> backend/ folder.
+PYTHON_PATH_BACKENDS = {"hps_py": "hps", "hugectr_py": "hugectr"}
 
 
 def base_group(group: str) -> str:
@@ -414,6 +428,8 @@ def add_variants(repo: Path, groups, variants) -> list:
             vg = f"{group}__{vname}"
             GROUP_MODELS[vg] = [f"{m}__{vname}" for m in GROUP_MODELS[group]]
             FLOOR[vg] = f"{FLOOR[group]}__{vname}"
+            if group in NATIVE_FLOOR:
+                NATIVE_FLOOR[vg] = f"{NATIVE_FLOOR[group]}__{vname}"
             if group in NAIVE:
                 NAIVE[vg] = f"{NAIVE[group]}__{vname}"
             for model in GROUP_MODELS[group]:
@@ -472,6 +488,10 @@ def sanity_check(server: TritonServer, files: dict, groups) -> list:
                 answers.get("naive_hps" + v), answers.get("hps_nocache" + v)
             ):
                 problems.append(f"hps_nocache{v} and naive_hps{v} disagree")
+            for x, y in (("hps", "hps_py"), ("dlrm", "dlrm_py")):  # the two request paths
+                a, b = answers.get(x + v), answers.get(y + v)
+                if a is not None and b is not None and not np.array_equal(a, b):
+                    problems.append(f"n={n}: {x}{v} (native) and {y}{v} (Python) disagree")
             a, b = answers.get("dlrm" + v), answers.get("dlrm_onnx" + v)
             if (
                 base == "dlrm"
@@ -750,7 +770,11 @@ def summarize(results: list) -> list:
         ):
             vals = [r[k] for r in ok if r.get(k) is not None and not np.isnan(r[k])]
             row[k] = statistics.median(vals) if vals else None
-        for ref, key in ((FLOOR[group], "vs_floor"), (NAIVE.get(group), "vs_naive")):
+        for ref, key in (
+            (FLOOR[group], "vs_floor"),
+            (NATIVE_FLOOR.get(group), "vs_native_floor"),
+            (NAIVE.get(group), "vs_naive"),
+        ):
             if ref is None:
                 continue
             ratios = []
@@ -788,13 +812,16 @@ def tables_md(rows: list) -> str:
         if not grows:
             continue
         naive = group in NAIVE
+        native = group in NATIVE_FLOOR
         lines += [
             f"### {group}",
             "",
             "| batch | proto | conc | model | infer/s | x floor"
+            + (" | x C++ floor" if native else "")
             + (" | x naive" if naive else "")
             + " | p50 us | p99 us | server compute us | server CPU us/infer | req/exec |",
             "|---:|---|---:|---|---:|---:|"
+            + ("---:|" if native else "")
             + ("---:|" if naive else "")
             + "---:|---:|---:|---:|---:|",
         ]
@@ -810,6 +837,12 @@ def tables_md(rows: list) -> str:
                 fmt(r.get("infer_per_s")),
                 vs,
             ]
+            if native:
+                vn = fmt(r.get("vs_native_floor"), 2)
+                if r.get("vs_native_floor_range") and r["rounds"] > 1:
+                    lo, hi = r["vs_native_floor_range"]
+                    vn += f" ({lo:.2f}-{hi:.2f})"
+                cells.append(vn)
             if naive:
                 cells.append(fmt(r.get("vs_naive"), 2))
             cells += [
@@ -994,8 +1027,19 @@ def main(argv=None) -> int:
     )
     env = {"TRITON_REC_STORE": str(work / "store")}
     env.update(kv.split("=", 1) for kv in args.server_env.split(",") if kv)
+    backends = work / "backends"
+    for name, src in PYTHON_PATH_BACKENDS.items():
+        (backends / name).mkdir(parents=True, exist_ok=True)
+        for f in (ROOT / "backend" / src).glob("*.py"):
+            shutil.copy2(f, backends / name / f.name)
     server = TritonServer(
-        repo, explicit=True, load_models=load, log_path=out_dir / "server.log", env=env
+        repo,
+        explicit=True,
+        load_models=load,
+        log_path=out_dir / "server.log",
+        env=env,
+        backend_dir=backends,
+        request_path="native",
     )
     results, problems, profiles, hit_rates = [], [], [], {}
     try:

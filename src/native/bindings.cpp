@@ -776,8 +776,7 @@ void register_shm_cache(py::module_& m) {
            "_unregister_token(token: int, all: bool = False) -> int: free one (or every) slot "
            "holding token; returns slots freed")
       .def(
-          "_address",
-          [](const ShmCacheView& v) { return v.address(); },
+          "_address", [](const ShmCacheView& v) { return v.address(); },
           "_address() -> (int, int): base address and length of the mapped cache, for the "
           "native backend's hot path (valid while this view is not released)")
       .def("_tokens", &ShmCacheView::tokens, "_tokens() -> list[int]: attachment tokens in use")

@@ -97,21 +97,36 @@ std::string python_error() {
 
 const char* dtype_name(TRITONSERVER_DataType t) {
   switch (t) {
-    case TRITONSERVER_TYPE_BOOL: return "BOOL";
-    case TRITONSERVER_TYPE_UINT8: return "UINT8";
-    case TRITONSERVER_TYPE_UINT16: return "UINT16";
-    case TRITONSERVER_TYPE_UINT32: return "UINT32";
-    case TRITONSERVER_TYPE_UINT64: return "UINT64";
-    case TRITONSERVER_TYPE_INT8: return "INT8";
-    case TRITONSERVER_TYPE_INT16: return "INT16";
-    case TRITONSERVER_TYPE_INT32: return "INT32";
-    case TRITONSERVER_TYPE_INT64: return "INT64";
-    case TRITONSERVER_TYPE_FP16: return "FP16";
-    case TRITONSERVER_TYPE_FP32: return "FP32";
-    case TRITONSERVER_TYPE_FP64: return "FP64";
-    case TRITONSERVER_TYPE_BYTES: return "BYTES";
-    case TRITONSERVER_TYPE_BF16: return "BF16";
-    default: return "INVALID";
+    case TRITONSERVER_TYPE_BOOL:
+      return "BOOL";
+    case TRITONSERVER_TYPE_UINT8:
+      return "UINT8";
+    case TRITONSERVER_TYPE_UINT16:
+      return "UINT16";
+    case TRITONSERVER_TYPE_UINT32:
+      return "UINT32";
+    case TRITONSERVER_TYPE_UINT64:
+      return "UINT64";
+    case TRITONSERVER_TYPE_INT8:
+      return "INT8";
+    case TRITONSERVER_TYPE_INT16:
+      return "INT16";
+    case TRITONSERVER_TYPE_INT32:
+      return "INT32";
+    case TRITONSERVER_TYPE_INT64:
+      return "INT64";
+    case TRITONSERVER_TYPE_FP16:
+      return "FP16";
+    case TRITONSERVER_TYPE_FP32:
+      return "FP32";
+    case TRITONSERVER_TYPE_FP64:
+      return "FP64";
+    case TRITONSERVER_TYPE_BYTES:
+      return "BYTES";
+    case TRITONSERVER_TYPE_BF16:
+      return "BF16";
+    default:
+      return "INVALID";
   }
 }
 
@@ -120,19 +135,32 @@ TRITONSERVER_DataType triton_type(const char* format, Py_ssize_t itemsize) {
   char f = format != nullptr ? format[0] : 'B';
   if (f == '<' || f == '=' || f == '@' || f == '!') f = format[1];
   switch (f) {
-    case '?': return TRITONSERVER_TYPE_BOOL;
-    case 'e': return TRITONSERVER_TYPE_FP16;
-    case 'f': return TRITONSERVER_TYPE_FP32;
-    case 'd': return TRITONSERVER_TYPE_FP64;
-    case 'b': return TRITONSERVER_TYPE_INT8;
-    case 'B': return TRITONSERVER_TYPE_UINT8;
-    case 'h': return TRITONSERVER_TYPE_INT16;
-    case 'H': return TRITONSERVER_TYPE_UINT16;
-    case 'i': case 'l': case 'q':
+    case '?':
+      return TRITONSERVER_TYPE_BOOL;
+    case 'e':
+      return TRITONSERVER_TYPE_FP16;
+    case 'f':
+      return TRITONSERVER_TYPE_FP32;
+    case 'd':
+      return TRITONSERVER_TYPE_FP64;
+    case 'b':
+      return TRITONSERVER_TYPE_INT8;
+    case 'B':
+      return TRITONSERVER_TYPE_UINT8;
+    case 'h':
+      return TRITONSERVER_TYPE_INT16;
+    case 'H':
+      return TRITONSERVER_TYPE_UINT16;
+    case 'i':
+    case 'l':
+    case 'q':
       return itemsize == 4 ? TRITONSERVER_TYPE_INT32 : TRITONSERVER_TYPE_INT64;
-    case 'I': case 'L': case 'Q':
+    case 'I':
+    case 'L':
+    case 'Q':
       return itemsize == 4 ? TRITONSERVER_TYPE_UINT32 : TRITONSERVER_TYPE_UINT64;
-    default: return TRITONSERVER_TYPE_INVALID;
+    default:
+      return TRITONSERVER_TYPE_INVALID;
   }
 }
 
@@ -171,8 +199,8 @@ TRITONSERVER_Error* start_python() {
     PyConfig_Clear(&config);
     if (PyStatus_Exception(st)) {
       return error(TRITONSERVER_ERROR_INTERNAL,
-                   "triton-rec native backend: cannot start Python (" + exe + "): " +
-                       (st.err_msg != nullptr ? st.err_msg : "unknown error"));
+                   "triton-rec native backend: cannot start Python (" + exe +
+                       "): " + (st.err_msg != nullptr ? st.err_msg : "unknown error"));
     }
     PyEval_SaveThread();  // the GIL is taken per call from here on
   }
@@ -252,7 +280,8 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
     PyObject* t = PyList_GetItem(tables, i);
     NativeTable nt;
     nt.dim = as_int(PyDict_GetItemString(t, "vec_size"));
-    nt.default_value = static_cast<float>(PyFloat_AsDouble(PyDict_GetItemString(t, "default_value")));
+    nt.default_value =
+        static_cast<float>(PyFloat_AsDouble(PyDict_GetItemString(t, "default_value")));
     nt.stats = reinterpret_cast<int64_t*>(
         static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(PyDict_GetItemString(t, "stats"))));
     uintptr_t addr = 0;
@@ -271,7 +300,8 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
       if (!pair(PyDict_GetItemString(t, "vectors"), &addr, &n)) {
         throw std::runtime_error("native plan: bad vectors address");
       }
-      nt.vectors = tr::TableView{reinterpret_cast<const float*>(addr), n, static_cast<size_t>(nt.dim)};
+      nt.vectors =
+          tr::TableView{reinterpret_cast<const float*>(addr), n, static_cast<size_t>(nt.dim)};
     }
     if (PyErr_Occurred()) throw std::runtime_error(python_error());
     plan->tables.push_back(nt);
@@ -337,7 +367,8 @@ PyObject* raw_request(TRITONBACKEND_Request* request, InputStore* store, std::st
       int64_t mt_id = 0;
       e = TRITONBACKEND_InputBuffer(input, 0, &b, &size, &mt, &mt_id);
       if (e == nullptr && mt == TRITONSERVER_MEMORY_GPU) {
-        e = error(TRITONSERVER_ERROR_UNSUPPORTED, std::string("input ") + name + " is in GPU memory");
+        e = error(TRITONSERVER_ERROR_UNSUPPORTED,
+                  std::string("input ") + name + " is in GPU memory");
       }
       if (e != nullptr) {
         *why = TRITONSERVER_ErrorMessage(e);
@@ -395,9 +426,10 @@ TRITONSERVER_Error* fill_response(TRITONBACKEND_Response* response, PyObject* ra
     PyObject* item = PyList_GetItem(outputs, i);
     const char* name = PyUnicode_AsUTF8(PyTuple_GetItem(item, 0));
     Py_buffer view;
-    if (PyObject_GetBuffer(PyTuple_GetItem(item, 1), &view,
-                           PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
-      return error(TRITONSERVER_ERROR_INTERNAL, "output " + std::string(name) + ": " + python_error());
+    if (PyObject_GetBuffer(PyTuple_GetItem(item, 1), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) !=
+        0) {
+      return error(TRITONSERVER_ERROR_INTERNAL,
+                   "output " + std::string(name) + ": " + python_error());
     }
     std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
     const TRITONSERVER_DataType type = triton_type(view.format, view.itemsize);
@@ -407,7 +439,8 @@ TRITONSERVER_Error* fill_response(TRITONBACKEND_Response* response, PyObject* ra
     int64_t mt_id = 0;
     TRITONSERVER_Error* e =
         type == TRITONSERVER_TYPE_INVALID
-            ? error(TRITONSERVER_ERROR_INTERNAL, "output " + std::string(name) + ": unsupported type")
+            ? error(TRITONSERVER_ERROR_INTERNAL,
+                    "output " + std::string(name) + ": unsupported type")
             : TRITONBACKEND_ResponseOutput(response, &output, name, type, shape.data(),
                                            static_cast<uint32_t>(shape.size()));
     if (e == nullptr) {
@@ -467,7 +500,7 @@ void python_path(const InstanceState& st, const std::vector<TRITONBACKEND_Reques
     Ref raw(raw_request(requests[i], &store, &why));
     if (!raw) {
       (*ok)[i] = send(responses[i], error(TRITONSERVER_ERROR_INVALID_ARG,
-                                         "model '" + st.model_name + "': " + why));
+                                          "model '" + st.model_name + "': " + why));
       continue;
     }
     PyList_Append(list.p, raw.p);
@@ -479,9 +512,9 @@ void python_path(const InstanceState& st, const std::vector<TRITONBACKEND_Reques
       PyList_Size(answers.p) != static_cast<Py_ssize_t>(slots.size())) {
     const std::string why = answers ? "wrong number of responses" : python_error();
     for (size_t i : slots) {
-      (*ok)[i] = send(responses[i], error(TRITONSERVER_ERROR_INTERNAL, "model '" + st.model_name +
-                                                                          "': inference failed: " +
-                                                                          why));
+      (*ok)[i] =
+          send(responses[i], error(TRITONSERVER_ERROR_INTERNAL,
+                                   "model '" + st.model_name + "': inference failed: " + why));
     }
     return;
   }
@@ -561,8 +594,8 @@ bool native_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* 
     return drop(e), false;
   }
   const int64_t tables = static_cast<int64_t>(plan.tables.size());
-  const bool shape_ok = (dims == 1 && shape[0] == tables) ||
-                        (dims == 2 && shape[0] == 1 && shape[1] == tables);
+  const bool shape_ok =
+      (dims == 1 && shape[0] == tables) || (dims == 2 && shape[0] == 1 && shape[1] == tables);
   if (type != TRITONSERVER_TYPE_INT32 || !shape_ok || count_bytes != 4 * uint64_t(tables)) {
     return false;
   }
@@ -611,10 +644,11 @@ bool native_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* 
   }
   TRITONBACKEND_Output* output = nullptr;
   void* buffer = nullptr;
-  TRITONSERVER_Error* err = TRITONBACKEND_ResponseOutput(
-      response, &output, plan.output.c_str(), TRITONSERVER_TYPE_FP32, &floats, 1);
+  TRITONSERVER_Error* err = TRITONBACKEND_ResponseOutput(response, &output, plan.output.c_str(),
+                                                         TRITONSERVER_TYPE_FP32, &floats, 1);
   if (err == nullptr) {
-    err = TRITONBACKEND_OutputBuffer(output, &buffer, static_cast<uint64_t>(floats) * 4, &mt, &mt_id);
+    err =
+        TRITONBACKEND_OutputBuffer(output, &buffer, static_cast<uint64_t>(floats) * 4, &mt, &mt_id);
   }
   if (err == nullptr && mt == TRITONSERVER_MEMORY_GPU) {
     err = error(TRITONSERVER_ERROR_UNSUPPORTED, "GPU output buffer");
@@ -745,13 +779,13 @@ TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(
   Gil gil;
   Ref args(Py_BuildValue("{s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "model_config", ms.config_json.c_str(),
                          "model_name", ms.name.c_str(), "model_repository", ms.repository.c_str(),
-                         "model_version", std::to_string(ms.version).c_str(),
-                         "model_instance_name", iname, "model_instance_kind", kind_name,
-                         "model_instance_device_id", std::to_string(device).c_str()));
+                         "model_version", std::to_string(ms.version).c_str(), "model_instance_name",
+                         iname, "model_instance_kind", kind_name, "model_instance_device_id",
+                         std::to_string(device).c_str()));
   const std::string model_file = g_backend_dir + "/model.py";
-  st->hosted = args ? PyObject_CallMethod(g_inprocess, "HostedModel", "sO", model_file.c_str(),
-                                          args.p)
-                    : nullptr;
+  st->hosted =
+      args ? PyObject_CallMethod(g_inprocess, "HostedModel", "sO", model_file.c_str(), args.p)
+           : nullptr;
   if (st->hosted == nullptr) return error(TRITONSERVER_ERROR_INTERNAL, python_error());
   std::string path = "Python (hosted in-process)";
   Ref plan(PyObject_CallMethod(st->hosted, "native_plan", nullptr));

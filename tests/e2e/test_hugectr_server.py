@@ -33,7 +33,7 @@ def _cpu(config_text: str, name: str, model_dir: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def samples(tmp_path_factory, nothing_left_in_dev_shm, store_dir):
+def samples(tmp_path_factory, nothing_left_in_dev_shm, store_dir, request_path):
     repo = tmp_path_factory.mktemp("hugectr-repo")
     rng = np.random.default_rng(0)
     entries, refs = [], {}
@@ -74,7 +74,9 @@ def samples(tmp_path_factory, nothing_left_in_dev_shm, store_dir):
         )
     (repo / "ps.json").write_text(json.dumps({"supportlonglong": False, "models": entries}))
     log = tmp_path_factory.mktemp("hugectr-logs") / "tritonserver.log"
-    with TritonServer(repo, log_path=log, env={"TRITON_REC_STORE": str(store_dir)}) as srv:
+    with TritonServer(
+        repo, log_path=log, env={"TRITON_REC_STORE": str(store_dir)}, request_path=request_path
+    ) as srv:
         yield srv, refs
 
 

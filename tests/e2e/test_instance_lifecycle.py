@@ -18,6 +18,8 @@ the time, so without the watchdog this test fails most of the time.
 
 from __future__ import annotations
 
+# These tests are about Triton's Python backend, whose instances are processes: they run
+# on that request path (the native backend's instances are threads of the server).
 import contextlib
 import json
 import os
@@ -162,6 +164,7 @@ def test_no_orphans_after_sigint_with_an_idle_keep_alive_client(tmp_path, store_
         life_repo(tmp_path),
         log_path=tmp_path / "server.log",
         env={"TRITON_REC_STORE": str(store_dir)},
+        request_path="python",
     )
     shm_before = set(os.listdir("/dev/shm"))
     srv.start()
@@ -189,6 +192,7 @@ def test_no_orphans_after_a_sibling_instance_died(tmp_path, store_dir):
         life_repo(tmp_path),
         log_path=tmp_path / "server.log",
         env={"TRITON_REC_STORE": str(store_dir)},
+        request_path="python",
     )
     shm_before = set(os.listdir("/dev/shm"))
     srv.start()
@@ -212,6 +216,7 @@ def test_no_orphans_after_a_failed_start_up(tmp_path, store_dir):
         life_repo(tmp_path, broken=True),
         log_path=tmp_path / "server.log",
         env={"TRITON_REC_STORE": str(store_dir)},
+        request_path="python",
     )
     shm_before = set(os.listdir("/dev/shm"))
     try:
@@ -239,7 +244,10 @@ def test_instances_exit_when_the_server_is_killed_mid_publication(tmp_path, stor
         )
     )
     srv = TritonServer(
-        repo, log_path=tmp_path / "server.log", env={"TRITON_REC_STORE": str(store_dir)}
+        repo,
+        log_path=tmp_path / "server.log",
+        env={"TRITON_REC_STORE": str(store_dir)},
+        request_path="python",
     )
     shm_before = set(os.listdir("/dev/shm"))
     srv.start()

@@ -17,11 +17,12 @@ import time
 import urllib.request
 
 import numpy as np
+import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.e2e.conftest import hps_config, make_client
 from tests.e2e.test_instance_lifecycle import NO_ORPHAN_S, remove_server_shm
-from triton_rec.triton.runtime import TritonServer, free_port
+from triton_rec.triton.runtime import REQUEST_PATHS, TritonServer, free_port
 from triton_rec.util.procfs import children, cmdline, group_members
 
 SEED = 47
@@ -112,6 +113,7 @@ def test_a_killed_instance_is_replaced_under_load(tmp_path, store_dir):
         supervise=True,
         supervisor_log=lines.append,
         env={"TRITON_REC_STORE": str(store_dir)},
+        request_path="python",  # instance processes to kill and replace
     )
     shm_before = set(os.listdir("/dev/shm"))
     srv.start()
@@ -167,7 +169,7 @@ def test_a_killed_instance_is_replaced_under_load(tmp_path, store_dir):
         remove_server_shm(shm_before)
 
 
-def _launcher(tmp_path, store_dir):
+def _launcher(tmp_path, store_dir, path="python"):
     ports = [free_port() for _ in range(3)]
     log = open(tmp_path / "launcher.log", "wb")
     proc = subprocess.Popen(
@@ -184,6 +186,7 @@ def _launcher(tmp_path, store_dir):
             str(ports[1]),
             "--metrics-port",
             str(ports[2]),
+            f"--request-path={path}",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -210,11 +213,13 @@ def _assert_all_gone(proc, server_pid, timeout):
     assert not group_members(server_pid), f"left behind: {group_members(server_pid)}"
 
 
-def test_the_launcher_stops_everything_on_ctrl_c(tmp_path, store_dir):
+@pytest.mark.parametrize("path", REQUEST_PATHS)
+def test_the_launcher_stops_everything_on_ctrl_c(tmp_path, store_dir, path):
     shm_before = set(os.listdir("/dev/shm"))
-    proc, server_pid, log = _launcher(tmp_path, store_dir)
+    proc, server_pid, log = _launcher(tmp_path, store_dir, path)
     try:
-        assert len(group_members(server_pid)) == 4  # tritonserver and three instance processes
+        # tritonserver and three instance processes; native: the server alone
+        assert len(group_members(server_pid)) == (4 if path == "python" else 1)
         os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process
         _assert_all_gone(proc, server_pid, 30)
         assert proc.returncode == 0, (tmp_path / "launcher.log").read_text()[-3000:]

@@ -171,6 +171,7 @@ class CachedTable:
         answer the misses (``hit[i] == 0``) by the rules of the module docstring. The
         native backend queries the cache itself and calls this only when a key missed.
         Returns ``hits``."""
+        assert self.cache is not None  # a query was answered by it
         m = keys.shape[0]
         misses = m - hits
         if misses == 0:

@@ -9,7 +9,7 @@ has. The answer is one flat float32 array: the vectors of the keys in the same o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -234,7 +234,7 @@ class LookupSession:
 
         tables = []
         for ct in self.cached_tables:
-            entry = {
+            entry: Dict[str, object] = {
                 "vec_size": int(ct.vec_size),
                 "default_value": float(ct.default_value),
                 "stats": int(ct.stats.native.ctypes.data),

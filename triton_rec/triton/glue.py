@@ -342,7 +342,7 @@ class TritonLogHandler(logging.Handler):
     """Forwards the engine's ``logging`` records (``triton_rec``, ``ps_loader``: import
     progress, tiers skipped, update consumer errors) to Triton's log."""
 
-    def __init__(self, pb_utils, model_name: str):
+    def __init__(self, pb_utils, model_name: Optional[str]):
         super().__init__(logging.INFO)
         self.pb_utils = pb_utils
         self.model_name = model_name

@@ -114,9 +114,11 @@ class TritonError:
         self._message, self._code = str(message), int(code)
 
     def message(self) -> str:
+        """The error's text."""
         return self._message
 
     def code(self) -> int:
+        """The error's TRITONSERVER_Error_Code."""
         return self._code
 
 
@@ -131,15 +133,19 @@ class Tensor:
         self._name, self._array = name, np.asarray(array)
 
     def name(self) -> str:
+        """The tensor's name."""
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        """The data (no copy)."""
         return self._array
 
     def shape(self) -> List[int]:
+        """The tensor's shape."""
         return list(self._array.shape)
 
     def to_dlpack(self):
+        """Not available in-process (``glue.release_input_pages`` then does nothing)."""
         # the input's memory belongs to the server; nothing to release (glue handles this)
         raise NotImplementedError("in-process tensors have no DLPack export")
 
@@ -153,6 +159,7 @@ class InferenceResponse:
         self.parameters = dict(parameters or {})
 
     def has_error(self) -> bool:
+        """Whether this response is an error."""
         return self.error is not None
 
 
@@ -163,10 +170,12 @@ class InferenceRequest:
         self._tensors = tensors
 
     def inputs(self) -> List[Tensor]:
+        """Every input tensor of the request."""
         return list(self._tensors.values())
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Optional[Tensor]:
+    """The request's input ``name``, or None."""
     return request._tensors.get(name)
 
 
@@ -175,6 +184,7 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: str = "info") -> None:
+        """One line at ``level`` (info, warn, error, verbose), attributed to the caller."""
         frame = sys._getframe(2)
         err = _triton().TRITONSERVER_LogMessage(
             _LOG_LEVELS[level],
@@ -187,25 +197,29 @@ class Logger:
 
     @staticmethod
     def log_info(message: str) -> None:
+        """An INFO line."""
         Logger.log(message, "info")
 
     @staticmethod
     def log_warn(message: str) -> None:
+        """A WARNING line."""
         Logger.log(message, "warn")
 
     @staticmethod
     def log_error(message: str) -> None:
+        """An ERROR line."""
         Logger.log(message, "error")
 
     @staticmethod
     def log_verbose(message: str) -> None:
+        """A VERBOSE line."""
         Logger.log(message, "verbose")
 
 
 class Metric:
     """One labelled series of a :class:`MetricFamily` (TRITONSERVER_Metric)."""
 
-    def __init__(self, family: "MetricFamily", labels: Dict[str, str]):
+    def __init__(self, family: MetricFamily, labels: Dict[str, str]):
         api = _triton()
         params = [
             api.TRITONSERVER_ParameterNew(k.encode(), _PARAMETER_STRING, str(v).encode())
@@ -214,19 +228,24 @@ class Metric:
         arr = (ctypes.c_void_p * max(1, len(params)))(*params)
         handle = ctypes.c_void_p()
         try:
-            _check(api.TRITONSERVER_MetricNew(ctypes.byref(handle), family._handle, arr, len(params)))
+            _check(
+                api.TRITONSERVER_MetricNew(ctypes.byref(handle), family._handle, arr, len(params))
+            )
         finally:
             for p in params:
                 api.TRITONSERVER_ParameterDelete(p)
         self._handle = handle
 
     def increment(self, value: float) -> None:
+        """Add ``value``."""
         _check(_triton().TRITONSERVER_MetricIncrement(self._handle, float(value)))
 
     def set(self, value: float) -> None:
+        """Set to ``value`` (gauges)."""
         _check(_triton().TRITONSERVER_MetricSet(self._handle, float(value)))
 
     def value(self) -> float:
+        """The current value."""
         out = ctypes.c_double()
         _check(_triton().TRITONSERVER_MetricValue(self._handle, ctypes.byref(out)))
         return out.value
@@ -248,6 +267,7 @@ class MetricFamily:
         self._handle = handle
 
     def Metric(self, labels: Optional[Dict[str, str]] = None) -> Metric:  # noqa: N802 (pb_utils)
+        """The series of this family with ``labels``."""
         return Metric(self, labels or {})
 
 
@@ -292,6 +312,8 @@ class HostedModel:
         module = sys.modules.get(name)
         if module is None:
             spec = importlib.util.spec_from_file_location(name, model_file)
+            if spec is None or spec.loader is None:
+                raise TritonModelException(f"cannot load the backend's {model_file}")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             sys.modules[name] = module
@@ -311,9 +333,7 @@ class HostedModel:
 
     def execute(self, requests: Sequence[RawRequest]) -> List[RawResponse]:
         """Answer ``requests`` with the hosted model's ``execute``."""
-        reqs = [
-            InferenceRequest({n: _as_tensor(n, *v) for n, v in r.items()}) for r in requests
-        ]
+        reqs = [InferenceRequest({n: _as_tensor(n, *v) for n, v in r.items()}) for r in requests]
         with self._working():
             responses = self.model.execute(reqs)
         return [_raw_response(r) for r in responses]
