@@ -49,7 +49,8 @@ def test_without_a_cache_the_plan_points_at_the_mapped_index_and_vectors(session
         table = ct.store.table
         vec_addr, rows = entry["vectors"]
         assert rows == spec.rows and entry["vec_size"] == spec.vec_size
-        np.testing.assert_array_equal(_floats(vec_addr, 2 * spec.vec_size), table.vectors[:2].ravel())
+        first_rows = _floats(vec_addr, 2 * spec.vec_size)
+        np.testing.assert_array_equal(first_rows, table.vectors[:2].ravel())
         index_addr, capacity = entry["index"]
         assert capacity == table.index.shape[0]
         slots = np.ctypeslib.as_array((ctypes.c_int64 * 4).from_address(index_addr))
@@ -104,9 +105,7 @@ def test_a_store_that_is_not_node_local_and_has_no_cache_gets_no_plan():
     assert s.native_plan() is None
 
 
-@pytest.mark.parametrize(
-    "session", [{"gpucache": True, "hit_rate_threshold": 1.1}], indirect=True
-)
+@pytest.mark.parametrize("session", [{"gpucache": True, "hit_rate_threshold": 1.1}], indirect=True)
 def test_finish_query_after_an_outside_query_answers_like_lookup(session):
     """The native path queries the cache itself, then hands the misses over."""
     ct = session.cached_tables[0]

@@ -220,3 +220,20 @@ def smaps_rollup(pid: int) -> Dict[str, int]:
             if len(parts) >= 3 and parts[2] == "kB":
                 out[parts[0].rstrip(":")] = int(parts[1]) * 1024
     return out
+
+
+def pss_by_mapping(pid: int) -> Dict[str, int]:
+    """PSS of ``pid`` in bytes per mapped file (``/proc/<pid>/smaps``; anonymous memory,
+    heap and stacks under ``""``). Raises OSError when the process is gone."""
+    out: Dict[str, int] = {}
+    name = ""
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if not parts:
+                continue
+            if "-" in parts[0] and not parts[0].endswith(":"):  # a mapping's header line
+                name = parts[5] if len(parts) > 5 and parts[5].startswith("/") else ""
+            elif parts[0] == "Pss:":
+                out[name] = out.get(name, 0) + int(parts[1]) * 1024
+    return out
