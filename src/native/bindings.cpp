@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "blas.hpp"
+#include "dense_net.hpp"
 #include "hash_index.hpp"
 #include "parent_watchdog.hpp"
 #include "request_kernels.hpp"
@@ -284,6 +286,7 @@ bool regroup_hugectr(const py::handle& cat_obj, const py::handle& rowindex_obj,
 
 // Defined at the end of this file: the ShmCacheView class (shm_cache.hpp).
 void register_shm_cache(py::module_& m);
+void register_dense_net(py::module_& m);
 
 PYBIND11_MODULE(_native, m) {
   m.doc() =
@@ -386,6 +389,7 @@ PYBIND11_MODULE(_native, m) {
         "of absent keys. num_threads > 1 splits the keys across threads; output is identical.");
 
   register_shm_cache(m);
+  register_dense_net(m);
 }
 
 // ============================================================================
@@ -792,4 +796,71 @@ void register_shm_cache(py::module_& m) {
            "start a write, tear every vector of the set and sleep holding the lock (GIL "
            "released), so that killing the process simulates a writer dying mid-write.")
       .def("__repr__", &ShmCacheView::repr);
+}
+
+// ============================================================================
+// DenseNet: the native dense executor (dense_net.hpp), for tests and tools; the native
+// Triton backend runs the same class on the request path.
+// ============================================================================
+namespace {
+
+struct PyDenseNet {
+  py::object owner;  // holds the weight arrays the program points to
+  tr::DenseNet net;
+};
+
+}  // namespace
+
+void register_dense_net(py::module_& m) {
+  py::class_<PyDenseNet>(m, "DenseNet",
+                         "DenseNet(program: int64[N], owner) -- the native executor of a "
+                         "HugeCTRNetwork.native_program(); `owner` keeps its weights alive")
+      .def(py::init([](py::array_t<int64_t, py::array::c_style> program, py::object owner) {
+             try {
+               return new PyDenseNet{
+                   std::move(owner),
+                   tr::DenseNet(program.data(), static_cast<size_t>(program.size()))};
+             } catch (const std::invalid_argument& e) {
+               throw py::value_error(e.what());
+             }
+           }),
+           py::arg("program"), py::arg("owner"))
+      .def(
+          "predict",
+          [](const PyDenseNet& self, py::array_t<float, py::array::c_style> dense,
+             const py::list& embeddings) {
+            const tr::DenseNet& net = self.net;
+            if (dense.ndim() != 2 || dense.shape(1) != net.dense_dim()) {
+              throw py::value_error("dense must be [batch, dense_dim]");
+            }
+            const int64_t batch = dense.shape(0);
+            if (embeddings.size() != net.num_tables()) {
+              throw py::value_error("one embedding array per table expected");
+            }
+            std::vector<py::array_t<float, py::array::c_style>> held;
+            std::vector<const float*> emb;
+            for (size_t t = 0; t < embeddings.size(); ++t) {
+              held.emplace_back(py::array_t<float, py::array::c_style>::ensure(embeddings[t]));
+              if (!held.back() || held.back().size() != batch * net.table_width(t)) {
+                throw py::value_error("embeddings[" + std::to_string(t) +
+                                      "] must be float32 [batch, slots, vec_size]");
+              }
+              emb.push_back(held.back().data());
+            }
+            py::array_t<float> out({batch, net.label_dim()});
+            float* o = out.mutable_data();
+            const float* d = dense.data();
+            {
+              py::gil_scoped_release release;
+              tr::DenseNet::Workspace ws;
+              net.predict(batch, d, emb, o, &ws, tr::find_sgemm());
+            }
+            return out;
+          },
+          py::arg("dense"), py::arg("embeddings"),
+          "predict(dense: float32[B, dense_dim], embeddings: list of float32[B, slots, vec]) "
+          "-> float32[B, label_dim]");
+  m.def(
+      "sgemm_source", []() { return tr::sgemm_source(); },
+      "The BLAS library the native dense executor multiplies with (\"loops\": none found).");
 }

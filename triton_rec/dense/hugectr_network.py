@@ -135,6 +135,7 @@ class LayerPlan:
     consumed: Tuple[str, ...] = ()
     non_trainable: Optional[dict] = None  # BatchNorm: {"features": n, "eps": e}
     make_in_place: Optional[Callable] = None  # `make` for a forward that may overwrite its input
+    native: Optional[dict] = None  # attributes for the native executor; None: not native
 
     @property
     def num_params(self) -> int:
@@ -309,6 +310,9 @@ class _Built:
     # Optional: the same as `make`, for a forward that may overwrite its one input (the
     # executor uses it when that input is a temporary no other layer sees).
     make_in_place: Optional[Callable] = None
+    # What the native executor (src/native/dense_net.hpp) needs of this layer beyond its
+    # shapes and parameters; None: the layer has no native implementation.
+    native: Optional[dict] = None
 
 
 def _need_inputs(spec: _Spec, shapes, n=None, at_least=None):
@@ -349,10 +353,10 @@ def _softmax(xp, x):
     return (z / z.sum(axis=-1, keepdims=True)).astype(xp.float32)
 
 
-def _same_shape_unary(fn):
+def _same_shape_unary(fn, native=None):
     def build(spec: _Spec, ins):
         _need_inputs(spec, ins, 1)
-        return _Built([ins[0]], [], lambda p, s, xp: lambda x: [fn(xp, x)])
+        return _Built([ins[0]], [], lambda p, s, xp: lambda x: [fn(xp, x)], native=native)
 
     return build
 
@@ -365,6 +369,7 @@ def _build_relu(spec: _Spec, ins):
         [],
         lambda p, s, xp: lambda x: [xp.maximum(x, 0)],
         make_in_place=lambda p, s, xp: lambda x: [xp.maximum(x, 0, out=x)],
+        native={},
     )
 
 
@@ -389,7 +394,7 @@ def _build_inner_product(spec: _Spec, ins):
 
         return forward
 
-    return _Built([x[:-1] + (n_out,)], [("W", (d_in, n_out)), ("b", (n_out,))], make)
+    return _Built([x[:-1] + (n_out,)], [("W", (d_in, n_out)), ("b", (n_out,))], make, native={})
 
 
 def _build_mlp(spec: _Spec, ins):
@@ -457,7 +462,9 @@ def _build_mlp(spec: _Spec, ins):
 
         return forward
 
-    return _Built([(x[0], outs[-1])], params, make)
+    return _Built(
+        [(x[0], outs[-1])], params, make, native={"relu": acts, "bias": biases, "outs": outs}
+    )
 
 
 def _build_concat(spec: _Spec, ins):
@@ -475,7 +482,9 @@ def _build_concat(spec: _Spec, ins):
                     + ", ".join(_fmt(t) for t in ins)
                 )
         out = (first[0], sum(s[1] for s in ins))
-        return _Built([out], [], lambda p, st, xp: lambda *v: [xp.concatenate(v, axis=1)])
+        return _Built(
+            [out], [], lambda p, st, xp: lambda *v: [xp.concatenate(v, axis=1)], native={"axis": 1}
+        )
     axis = spec.get("axis", 1, int)
     if axis not in (1, 2):
         spec.fail(f"'axis' of a 3-D concat must be 1 or 2, got {axis}")
@@ -488,7 +497,12 @@ def _build_concat(spec: _Spec, ins):
             )
     dims = list(first)
     dims[axis] = sum(s[axis] for s in ins)
-    return _Built([tuple(dims)], [], lambda p, st, xp: lambda *v: [xp.concatenate(v, axis=axis)])
+    return _Built(
+        [tuple(dims)],
+        [],
+        lambda p, st, xp: lambda *v: [xp.concatenate(v, axis=axis)],
+        native={"axis": axis},
+    )
 
 
 def _build_reshape(spec: _Spec, ins):
@@ -508,14 +522,16 @@ def _build_reshape(spec: _Spec, ins):
             spec.fail(f"'selected' slots must be in [0, {x[1]}), got {bad}")
         if not sel:
             out: Shape = (x[0], x[1] * x[2])
-            return _Built([out], [], lambda p, st, xp: lambda v: [v.reshape(v.shape[0], -1)])
+            return _Built(
+                [out], [], lambda p, st, xp: lambda v: [v.reshape(v.shape[0], -1)], native={}
+            )
         out = (x[0], len(sel) * x[2])
 
         def make_sel(p, st, xp):
             idx = xp.asarray(np.asarray(sel, dtype=np.int64))
             return lambda v: [v[:, idx, :].reshape(v.shape[0], -1)]
 
-        return _Built([out], [], make_sel)
+        return _Built([out], [], make_sel, native={"selected": list(sel)})
     # General reshape: row-major reinterpretation of the whole tensor. leading_dim defaults
     # to the elements of one row (num_elements / dims[0]); time_step 0 -> [N/ld, ld],
     # else [N/(ld*ts), ts, ld].
@@ -532,9 +548,9 @@ def _build_reshape(spec: _Spec, ins):
         )
     if ts:
         out = (per_sample // unit, ts, ld)
-        return _Built([out], [], lambda p, st, xp: lambda v: [v.reshape(-1, ts, ld)])
+        return _Built([out], [], lambda p, st, xp: lambda v: [v.reshape(-1, ts, ld)], native={})
     out = (per_sample // unit, ld)
-    return _Built([out], [], lambda p, st, xp: lambda v: [v.reshape(-1, ld)])
+    return _Built([out], [], lambda p, st, xp: lambda v: [v.reshape(-1, ld)], native={})
 
 
 def _build_interaction(spec: _Spec, ins):
@@ -565,7 +581,7 @@ def _build_interaction(spec: _Spec, ins):
 
         return forward
 
-    return _Built([out], [], make)
+    return _Built([out], [], make, native={})
 
 
 def _build_multi_cross(spec: _Spec, ins):
@@ -604,7 +620,7 @@ def _build_multi_cross(spec: _Spec, ins):
 
         return forward
 
-    return _Built([x], params, make)
+    return _Built([x], params, make, native={"layers": layers, "projection": proj})
 
 
 def _build_fm_order2(spec: _Spec, ins):
@@ -626,7 +642,7 @@ def _build_fm_order2(spec: _Spec, ins):
 
         return forward
 
-    return _Built([(x[0], d)], [], make)
+    return _Built([(x[0], d)], [], make, native={})
 
 
 def _build_slice(spec: _Spec, ins):
@@ -660,7 +676,7 @@ def _build_slice(spec: _Spec, ins):
     def make(p, st, xp):
         return lambda v: [v[..., a:b] for a, b in parsed]
 
-    return _Built(outs, [], make)
+    return _Built(outs, [], make, native={"ranges": [list(r) for r in parsed]})
 
 
 def _build_weight_multiply(spec: _Spec, ins):
@@ -679,7 +695,7 @@ def _build_weight_multiply(spec: _Spec, ins):
         (w,) = p
         return lambda v: [(v[:, :, None] * w[None, :, :]).reshape(v.shape[0], s * e)]
 
-    return _Built([(x[0], s * e)], [("W", (s, e))], make)
+    return _Built([(x[0], s * e)], [("W", (s, e))], make, native={})
 
 
 def _build_reduce_sum(spec: _Spec, ins):
@@ -693,7 +709,12 @@ def _build_reduce_sum(spec: _Spec, ins):
     if axis == 0:
         spec.fail("'axis' 0 sums over the batch: not supported at inference")
     out = tuple(1 if i == axis else d for i, d in enumerate(x))
-    return _Built([out], [], lambda p, st, xp: lambda v: [v.sum(axis=axis, keepdims=True)])
+    return _Built(
+        [out],
+        [],
+        lambda p, st, xp: lambda v: [v.sum(axis=axis, keepdims=True)],
+        native={"axis": axis},
+    )
 
 
 def _build_elementwise(op):
@@ -713,7 +734,7 @@ def _build_elementwise(op):
 
             return forward
 
-        return _Built([ins[0]], [], make)
+        return _Built([ins[0]], [], make, native={})
 
     return build
 
@@ -740,7 +761,13 @@ def _build_batch_norm(spec: _Spec, ins):
         inv_std = (1.0 / xp.sqrt(var + xp.float32(eps))).astype(xp.float32)
         return lambda v: [gamma * ((v - mean) * inv_std) + beta]
 
-    return _Built([x], [("gamma", (n,)), ("beta", (n,))], make, non_trainable={"features": n})
+    return _Built(
+        [x],
+        [("gamma", (n,)), ("beta", (n,))],
+        make,
+        non_trainable={"features": n},
+        native={"eps": eps},
+    )
 
 
 def _build_loss(kind):
@@ -753,7 +780,13 @@ def _build_loss(kind):
         # create_layers, after the loop: "the prediction tensor for each task must be two dim".
         _need_ndim(spec, x, (2,), "prediction input")
         fn = _sigmoid if kind == "sigmoid" else _softmax
-        return _Built([x], [], lambda p, st, xp: lambda v: [fn(xp, v)], reads=1)
+        return _Built(
+            [x],
+            [],
+            lambda p, st, xp: lambda v: [fn(xp, v)],
+            reads=1,
+            native={} if kind == "sigmoid" else None,
+        )
 
     return build
 
@@ -769,9 +802,9 @@ _BUILDERS: Dict[str, Callable] = {
     "InnerProduct": _build_inner_product,
     "MLP": _build_mlp,
     "ReLU": _build_relu,
-    "Sigmoid": _same_shape_unary(_sigmoid),
+    "Sigmoid": _same_shape_unary(_sigmoid, native={}),
     # src/layers/dropout_layer.cu fprop(is_train=false): a copy.
-    "Dropout": _same_shape_unary(lambda xp, x: x),
+    "Dropout": _same_shape_unary(lambda xp, x: x, native={}),
     "Softmax": _build_softmax,
     "Concat": _build_concat,
     "Reshape": _build_reshape,
@@ -790,6 +823,32 @@ _BUILDERS: Dict[str, Callable] = {
 }
 
 SUPPORTED_LAYER_TYPES = frozenset(_BUILDERS)
+
+#: Layer type -> op code of the native executor (``enum class DenseOp`` of
+#: ``src/native/dense_net.hpp``, same order). Both loss layers that become a sigmoid
+#: at inference share one code.
+NATIVE_OPS: Dict[str, int] = {
+    "InnerProduct": 0,
+    "MLP": 1,
+    "ReLU": 2,
+    "Sigmoid": 3,
+    "Dropout": 4,
+    "Concat": 5,
+    "Reshape": 6,
+    "Interaction": 7,
+    "MultiCross": 8,
+    "FmOrder2": 9,
+    "Slice": 10,
+    "WeightMultiply": 11,
+    "Add": 12,
+    "ElementwiseMultiply": 13,
+    "BatchNorm": 14,
+    "BinaryCrossEntropyLoss": 15,
+    "MultiCrossEntropyLoss": 15,
+    "ReduceSum": 16,
+}
+#: First word of a native program ("trecdns1").
+DENSE_PROGRAM_MAGIC = 0x74726563646E7331
 
 
 # --------------------------------------------------------------------------------------
@@ -1010,6 +1069,7 @@ def _dense_layer(
         consumed=bottoms,
         non_trainable=built.non_trainable,
         make_in_place=built.make_in_place,
+        native=built.native,
     )
 
 
@@ -1222,6 +1282,8 @@ class HugeCTRNetwork(DenseModel):
         # Tensors that must survive their consumer (multi-task outputs), with their widths.
         keep = set(plan.output) if len(plan.output) > 1 else set()
         program: List[list] = []
+        self._stats = stats
+        self._arrays: List[list] = []  # per layer: its parameter arrays (native_program)
         for layer in plan.layers:
             arrays = [
                 xp.asarray(
@@ -1229,6 +1291,7 @@ class HugeCTRNetwork(DenseModel):
                 )
                 for p in layer.params
             ]
+            self._arrays.append(arrays)
             ins, outs = tuple(reg(b) for b in layer.bottoms), tuple(reg(t) for t in layer.tops)
             prev = program[-1] if program else None
             if (
@@ -1369,6 +1432,78 @@ class HugeCTRNetwork(DenseModel):
         return xp.ascontiguousarray(
             out.reshape(batch, self.label_dim).astype(xp.float32, copy=False)
         )
+
+    def native_program(self) -> Optional[np.ndarray]:
+        """The network as the native executor's program (``src/native/dense_net.hpp``, the
+        format's only other reader), or None when a layer has no native implementation
+        or the weights are not host arrays. The program holds the addresses of this
+        object's weight arrays: it is valid while this object lives.
+
+        Layout (int64 words): magic, number of registers, [one width (floats per sample)
+        per register], dense register, [table registers], [output registers], label_dim,
+        number of layers, then per layer: op code (:data:`NATIVE_OPS`), [input registers],
+        [output registers], one [shape] per input and per output (per sample), number of
+        parameters and per parameter its address and [shape], [attributes]. ``[...]`` is
+        a length followed by that many words.
+        """
+        if self.xp is not np or any(
+            layer.native is None or layer.type not in NATIVE_OPS for layer in self.plan.layers
+        ):
+            return None
+        plan = self.plan
+        regs: Dict[str, int] = {}
+        widths: Dict[int, int] = {}
+
+        def reg(name: str, shape=None) -> int:
+            r = regs.setdefault(name, len(regs))
+            if shape is not None:
+                widths[r] = _per_sample(shape)
+            return r
+
+        def seq(values) -> List[int]:
+            values = [int(v) for v in values]
+            return [len(values), *values]
+
+        dense_reg = reg(plan.dense_input, (plan.dense_dim,))
+        table_regs = [reg(t.output_name, (t.slot_num, t.vec_size)) for t in plan.tables]
+        body: List[int] = []
+        self._native_keep: List[np.ndarray] = []  # arrays the program points to
+        for layer, arrays in zip(plan.layers, self._arrays):
+            ins = [reg(b) for b in layer.bottoms]
+            outs = [reg(t, shape) for t, shape in zip(layer.tops, layer.out_shapes)]
+            params = [np.ascontiguousarray(a, dtype=np.float32) for a in arrays]
+            attrs: List[int] = []
+            native = layer.native or {}
+            if layer.type == "MLP":
+                attrs = [len(native["outs"]), *native["relu"], *native["bias"]]
+            elif layer.type == "Reshape":
+                attrs = list(native.get("selected", []))
+            elif layer.type == "MultiCross":
+                attrs = [native["layers"], native["projection"]]
+            elif layer.type in ("Concat", "ReduceSum"):
+                attrs = [native["axis"]]
+            elif layer.type == "Slice":
+                attrs = [v for r in native["ranges"] for v in r]
+            elif layer.type == "BatchNorm":
+                eps = np.float32(layer.native["eps"])
+                st = self._stats[layer.name]
+                var = np.asarray(st["var"], np.float32)
+                params += [
+                    np.ascontiguousarray(st["mean"], dtype=np.float32),
+                    (1.0 / np.sqrt(var + eps)).astype(np.float32),
+                ]
+            self._native_keep += params
+            body += [NATIVE_OPS[layer.type], *seq(ins), *seq(outs)]
+            for shape in (*layer.in_shapes, *layer.out_shapes):
+                body += seq(shape)
+            body.append(len(params))
+            for a in params:
+                body += [a.ctypes.data, *seq(a.shape)]
+            body += seq(attrs)
+        head = [DENSE_PROGRAM_MAGIC, len(regs), *seq(widths[r] for r in range(len(regs)))]
+        head += [dense_reg, *seq(table_regs), *seq(regs[t] for t in plan.output)]
+        head += [self.label_dim, len(plan.layers)]
+        return np.asarray(head + body, dtype=np.int64)
 
     def __repr__(self) -> str:
         kinds: Dict[str, int] = {}

@@ -1,0 +1,413 @@
+// The dense part of a HugeCTR network, natively (issue 14): the same layers and the same
+// arithmetic as the numpy executor (triton_rec/dense/hugectr_network.py, the reference),
+// in float32, one thread. The network arrives as a flat int64 program that the Python
+// side encodes (HugeCTRNetwork.native_program: the single definition of the format);
+// the weights stay in the Python object's arrays, whose addresses the program holds.
+//
+// Every tensor is a buffer of batch x (floats per sample), row-major, as numpy holds it.
+// Matrix products go to a BLAS sgemm when one was found in the process (set_sgemm), else
+// to a plain loop: both sum in float32, so the results agree with numpy's within fp32
+// rounding (tests/unit/test_native_dense.py checks every test network).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace triton_rec {
+
+// Op codes: the position of each type in NATIVE_LAYER_TYPES (hugectr_network.py).
+enum class DenseOp : int64_t {
+  kInnerProduct = 0,
+  kMlp,
+  kRelu,
+  kSigmoid,
+  kDropout,
+  kConcat,
+  kReshape,
+  kInteraction,
+  kMultiCross,
+  kFmOrder2,
+  kSlice,
+  kWeightMultiply,
+  kAdd,
+  kElementwiseMultiply,
+  kBatchNorm,
+  kSigmoidLoss,
+  kReduceSum,
+  kCount
+};
+
+constexpr int64_t kDenseProgramMagic = 0x74726563646e7331;  // "trecdns1"
+
+// C = A [m, k] x B [k, n] (row-major, C overwritten).
+using SgemmFn = void (*)(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c);
+
+inline void sgemm_loops(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* ci = c + i * n;
+    std::fill(ci, ci + n, 0.0f);
+    const float* ai = a + i * k;
+    for (int64_t p = 0; p < k; ++p) {
+      const float av = ai[p];
+      const float* bp = b + p * n;
+      for (int64_t j = 0; j < n; ++j) ci[j] += av * bp[j];
+    }
+  }
+}
+
+struct DenseLayer {
+  DenseOp op = DenseOp::kCount;
+  std::vector<int64_t> ins, outs;
+  std::vector<std::vector<int64_t>> in_shapes, out_shapes;  // per sample
+  std::vector<const float*> params;
+  std::vector<std::vector<int64_t>> param_shapes;
+  std::vector<int64_t> attrs;
+};
+
+inline int64_t per_sample(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+class DenseNet {
+ public:
+  // Decodes a program (see HugeCTRNetwork.native_program); throws std::invalid_argument
+  // on a malformed one.
+  DenseNet(const int64_t* w, size_t n) {
+    size_t pos = 0;
+    auto next = [&]() -> int64_t {
+      if (pos >= n) throw std::invalid_argument("dense program truncated");
+      return w[pos++];
+    };
+    auto list = [&]() {
+      const int64_t k = next();
+      if (k < 0 || static_cast<size_t>(k) > n) throw std::invalid_argument("bad list length");
+      std::vector<int64_t> v(static_cast<size_t>(k));
+      for (auto& x : v) x = next();
+      return v;
+    };
+    if (next() != kDenseProgramMagic) throw std::invalid_argument("not a dense program");
+    num_regs_ = next();
+    widths_ = list();
+    dense_reg_ = next();
+    table_regs_ = list();
+    out_regs_ = list();
+    label_dim_ = next();
+    const int64_t layers = next();
+    for (int64_t l = 0; l < layers; ++l) {
+      DenseLayer d;
+      const int64_t op = next();
+      if (op < 0 || op >= static_cast<int64_t>(DenseOp::kCount)) {
+        throw std::invalid_argument("unknown dense op " + std::to_string(op));
+      }
+      d.op = static_cast<DenseOp>(op);
+      d.ins = list();
+      d.outs = list();
+      for (size_t i = 0; i < d.ins.size(); ++i) d.in_shapes.push_back(list());
+      for (size_t i = 0; i < d.outs.size(); ++i) d.out_shapes.push_back(list());
+      const int64_t np = next();
+      for (int64_t i = 0; i < np; ++i) {
+        d.params.push_back(reinterpret_cast<const float*>(static_cast<uintptr_t>(next())));
+        d.param_shapes.push_back(list());
+      }
+      d.attrs = list();
+      for (int64_t r : d.ins) check_reg(r);
+      for (int64_t r : d.outs) check_reg(r);
+      layers_.push_back(std::move(d));
+    }
+    check_reg(dense_reg_);
+    for (int64_t r : table_regs_) check_reg(r);
+    for (int64_t r : out_regs_) check_reg(r);
+    if (static_cast<int64_t>(widths_.size()) != num_regs_) {
+      throw std::invalid_argument("dense program: one width per register expected");
+    }
+  }
+
+  int64_t label_dim() const { return label_dim_; }
+  int64_t dense_dim() const { return widths_[static_cast<size_t>(dense_reg_)]; }
+  size_t num_tables() const { return table_regs_.size(); }
+  // Floats per sample of table t's combined embeddings (slots x vec_size).
+  int64_t table_width(size_t t) const { return widths_[static_cast<size_t>(table_regs_[t])]; }
+
+  // Registers of one thread, reused from call to call.
+  struct Workspace {
+    std::vector<std::vector<float>> regs;
+    std::vector<const float*> ptr;
+  };
+
+  // out [batch, label_dim] from dense [batch, dense_dim] and, per table, the combined
+  // embeddings [batch, slots, vec_size].
+  void predict(int64_t batch, const float* dense, const std::vector<const float*>& embeddings,
+               float* out, Workspace* ws, SgemmFn gemm) const {
+    if (embeddings.size() != table_regs_.size()) {
+      throw std::invalid_argument("dense network: wrong number of embedding inputs");
+    }
+    ws->regs.resize(static_cast<size_t>(num_regs_));
+    ws->ptr.assign(static_cast<size_t>(num_regs_), nullptr);
+    ws->ptr[dense_reg_] = dense;
+    for (size_t t = 0; t < table_regs_.size(); ++t) ws->ptr[table_regs_[t]] = embeddings[t];
+    for (const DenseLayer& d : layers_) {
+      std::vector<float*> o;
+      for (int64_t r : d.outs) {
+        auto& buf = ws->regs[r];
+        buf.resize(static_cast<size_t>(batch * widths_[r]));
+        ws->ptr[r] = buf.data();
+        o.push_back(buf.data());
+      }
+      std::vector<const float*> in;
+      for (int64_t r : d.ins) in.push_back(ws->ptr[r]);
+      run(d, batch, in, o, gemm);
+    }
+    if (out_regs_.size() == 1) {
+      std::memcpy(out, ws->ptr[out_regs_[0]], sizeof(float) * batch * label_dim_);
+      return;
+    }
+    // several tasks: each sample's outputs side by side
+    for (int64_t b = 0; b < batch; ++b) {
+      float* dst = out + b * label_dim_;
+      for (int64_t r : out_regs_) {
+        const int64_t w = widths_[r];
+        std::memcpy(dst, ws->ptr[r] + b * w, sizeof(float) * w);
+        dst += w;
+      }
+    }
+  }
+
+ private:
+  void check_reg(int64_t r) const {
+    if (r < 0 || r >= num_regs_) throw std::invalid_argument("dense program: bad register");
+  }
+
+  static float sigmoid(float x) {
+    const float z = std::exp(-std::min(88.0f, std::max(-88.0f, x))) + 1.0f;
+    return 1.0f / z;
+  }
+
+  static void linear(int64_t rows, int64_t k, int64_t n, const float* x, const float* w,
+                     const float* b, bool relu, float* y, SgemmFn gemm) {
+    gemm(rows, n, k, x, w, y);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* yi = y + i * n;
+      if (b != nullptr) {
+        for (int64_t j = 0; j < n; ++j) yi[j] += b[j];
+      }
+      if (relu) {
+        for (int64_t j = 0; j < n; ++j) yi[j] = yi[j] > 0.0f ? yi[j] : 0.0f;
+      }
+    }
+  }
+
+  void run(const DenseLayer& d, int64_t batch, const std::vector<const float*>& in,
+           const std::vector<float*>& out, SgemmFn gemm) const {
+    const int64_t total_in = d.ins.empty() ? 0 : batch * per_sample(d.in_shapes[0]);
+    switch (d.op) {
+      case DenseOp::kInnerProduct: {
+        const int64_t k = d.param_shapes[0][0], n = d.param_shapes[0][1];
+        linear(total_in / k, k, n, in[0], d.params[0], d.params[1], false, out[0], gemm);
+        break;
+      }
+      case DenseOp::kMlp: {
+        // attrs: n, relu[n], bias[n]; params W0, b0, W1, b1, ...
+        const int64_t layers = d.attrs[0];
+        const int64_t rows = batch * d.in_shapes[0][0];
+        std::vector<float> a, b;
+        const float* x = in[0];
+        for (int64_t i = 0; i < layers; ++i) {
+          const int64_t k = d.param_shapes[2 * i][0], n = d.param_shapes[2 * i][1];
+          float* y = i + 1 == layers ? out[0]
+                                     : (i % 2 == 0 ? (a.resize(rows * n), a.data())
+                                                   : (b.resize(rows * n), b.data()));
+          linear(rows, k, n, x, d.params[2 * i],
+                 d.attrs[1 + layers + i] ? d.params[2 * i + 1] : nullptr, d.attrs[1 + i] != 0, y,
+                 gemm);
+          x = y;
+        }
+        break;
+      }
+      case DenseOp::kRelu:
+        for (int64_t i = 0; i < total_in; ++i) out[0][i] = in[0][i] > 0.0f ? in[0][i] : 0.0f;
+        break;
+      case DenseOp::kSigmoid:
+      case DenseOp::kSigmoidLoss:
+        for (int64_t i = 0; i < total_in; ++i) out[0][i] = sigmoid(in[0][i]);
+        break;
+      case DenseOp::kDropout:
+      case DenseOp::kReshape:
+        if (d.attrs.empty()) {  // a row-major reinterpretation: the same floats
+          std::memcpy(out[0], in[0], sizeof(float) * total_in);
+        } else {  // selected slots of [rows, S, V], in list order
+          const auto& s = d.in_shapes[0];
+          const int64_t rows = batch * s[0], slots = s[1], v = s[2];
+          const int64_t picked = static_cast<int64_t>(d.attrs.size());
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t j = 0; j < picked; ++j) {
+              std::memcpy(out[0] + (r * picked + j) * v, in[0] + (r * slots + d.attrs[j]) * v,
+                          sizeof(float) * v);
+            }
+          }
+        }
+        break;
+      case DenseOp::kConcat: {  // attrs: axis (1 for 2-D); the inputs' blocks side by side
+        const size_t axis = static_cast<size_t>(d.attrs[0]);
+        const auto& s0 = d.in_shapes[0];
+        int64_t rows = batch;
+        for (size_t i = 0; i < axis; ++i) rows *= s0[i];
+        int64_t width = 0;
+        std::vector<int64_t> chunk;
+        for (const auto& s : d.in_shapes) {
+          int64_t c = 1;
+          for (size_t i = axis; i < s.size(); ++i) c *= s[i];
+          chunk.push_back(c);
+          width += c;
+        }
+        int64_t col = 0;
+        for (size_t t = 0; t < in.size(); ++t) {
+          const int64_t w = chunk[t];
+          for (int64_t r = 0; r < rows; ++r) {
+            std::memcpy(out[0] + r * width + col, in[t] + r * w, sizeof(float) * w);
+          }
+          col += w;
+        }
+        break;
+      }
+      case DenseOp::kReduceSum: {  // attrs: axis (>= 1), kept with size 1
+        const size_t axis = static_cast<size_t>(d.attrs[0]);
+        const auto& s = d.in_shapes[0];
+        int64_t outer = batch, inner = 1;
+        for (size_t i = 0; i < axis; ++i) outer *= s[i];
+        for (size_t i = axis + 1; i < s.size(); ++i) inner *= s[i];
+        const int64_t mid = s[axis];
+        for (int64_t o = 0; o < outer; ++o) {
+          float* y = out[0] + o * inner;
+          std::fill(y, y + inner, 0.0f);
+          for (int64_t m = 0; m < mid; ++m) {
+            const float* x = in[0] + (o * mid + m) * inner;
+            for (int64_t i = 0; i < inner; ++i) y[i] += x[i];
+          }
+        }
+        break;
+      }
+      case DenseOp::kInteraction: {
+        const int64_t rows = batch * d.in_shapes[0][0];
+        const int64_t dim = d.in_shapes[0][1], slots = d.in_shapes[1][1], n = slots + 1;
+        const int64_t width = d.out_shapes[0][1];
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* m = in[0] + r * dim;
+          const float* e = in[1] + r * slots * dim;
+          float* y = out[0] + r * width;
+          std::memcpy(y, m, sizeof(float) * dim);
+          int64_t pos = dim;
+          for (int64_t i = 1; i < n; ++i) {
+            const float* zi = e + (i - 1) * dim;
+            for (int64_t j = 0; j < i; ++j) {
+              const float* zj = j == 0 ? m : e + (j - 1) * dim;
+              float acc = 0.0f;
+              for (int64_t k = 0; k < dim; ++k) acc += zi[k] * zj[k];
+              y[pos++] = acc;
+            }
+          }
+          y[pos] = 0.0f;  // the padding element
+        }
+        break;
+      }
+      case DenseOp::kMultiCross: {
+        const int64_t layers = d.attrs[0], proj = d.attrs[1];
+        const int64_t rows = batch * d.in_shapes[0][0], dim = d.in_shapes[0][1];
+        std::vector<float> xl(in[0], in[0] + rows * dim), t(rows * dim), u(proj ? rows * proj : 0);
+        for (int64_t l = 0; l < layers; ++l) {
+          if (proj) {  // x0 * ((xl U) V + b) + xl
+            const float* U = d.params[3 * l];
+            const float* V = d.params[3 * l + 1];
+            const float* b = d.params[3 * l + 2];
+            gemm(rows, proj, dim, xl.data(), U, u.data());
+            linear(rows, proj, dim, u.data(), V, b, false, t.data(), gemm);
+            for (int64_t i = 0; i < rows * dim; ++i) xl[i] = in[0][i] * t[i] + xl[i];
+          } else {  // x0 * (xl . w) + xl + b
+            const float* w = d.params[2 * l];
+            const float* b = d.params[2 * l + 1];
+            for (int64_t r = 0; r < rows; ++r) {
+              float s = 0.0f;
+              float* x = xl.data() + r * dim;
+              for (int64_t k = 0; k < dim; ++k) s += x[k] * w[k];
+              const float* x0 = in[0] + r * dim;
+              for (int64_t k = 0; k < dim; ++k) x[k] = x0[k] * s + x[k] + b[k];
+            }
+          }
+        }
+        std::memcpy(out[0], xl.data(), sizeof(float) * rows * dim);
+        break;
+      }
+      case DenseOp::kFmOrder2: {
+        const int64_t rows = batch * d.in_shapes[0][0];
+        const int64_t width = d.in_shapes[0][1], dim = d.out_shapes[0][1], s = width / dim;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* x = in[0] + r * width;
+          for (int64_t k = 0; k < dim; ++k) {
+            float sum = 0.0f, sq = 0.0f;
+            for (int64_t j = 0; j < s; ++j) sum += x[j * dim + k];
+            for (int64_t j = 0; j < s; ++j) sq += x[j * dim + k] * x[j * dim + k];
+            out[0][r * dim + k] = 0.5f * (sum * sum - sq);
+          }
+        }
+        break;
+      }
+      case DenseOp::kSlice: {  // attrs: a0, b0, a1, b1, ... on the last dimension
+        const int64_t width = d.in_shapes[0].back(), rows = total_in / width;
+        for (size_t k = 0; k < out.size(); ++k) {
+          const int64_t a = d.attrs[2 * k], w = d.attrs[2 * k + 1] - a;
+          for (int64_t r = 0; r < rows; ++r) {
+            std::memcpy(out[k] + r * w, in[0] + r * width + a, sizeof(float) * w);
+          }
+        }
+        break;
+      }
+      case DenseOp::kWeightMultiply: {
+        const int64_t s = d.param_shapes[0][0], e = d.param_shapes[0][1];
+        const int64_t rows = total_in / s;
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = 0; i < s; ++i) {
+            const float x = in[0][r * s + i];
+            for (int64_t j = 0; j < e; ++j)
+              out[0][(r * s + i) * e + j] = x * d.params[0][i * e + j];
+          }
+        }
+        break;
+      }
+      case DenseOp::kAdd:
+      case DenseOp::kElementwiseMultiply: {
+        const bool add = d.op == DenseOp::kAdd;
+        std::memcpy(out[0], in[0], sizeof(float) * total_in);
+        for (size_t t = 1; t < in.size(); ++t) {
+          for (int64_t i = 0; i < total_in; ++i) {
+            out[0][i] = add ? out[0][i] + in[t][i] : out[0][i] * in[t][i];
+          }
+        }
+        break;
+      }
+      case DenseOp::kBatchNorm: {  // params gamma, beta, mean, inv_std
+        const int64_t n = d.in_shapes[0][1], rows = total_in / n;
+        const float *g = d.params[0], *b = d.params[1], *mean = d.params[2], *inv = d.params[3];
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t k = 0; k < n; ++k) {
+            out[0][r * n + k] = g[k] * ((in[0][r * n + k] - mean[k]) * inv[k]) + b[k];
+          }
+        }
+        break;
+      }
+      default:
+        throw std::invalid_argument("dense op not implemented");
+    }
+  }
+
+  int64_t num_regs_ = 0, dense_reg_ = 0, label_dim_ = 0;
+  std::vector<int64_t> widths_, table_regs_, out_regs_;
+  std::vector<DenseLayer> layers_;
+};
+
+}  // namespace triton_rec

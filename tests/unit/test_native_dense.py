@@ -1,0 +1,68 @@
+"""The native dense executor (src/native/dense_net.hpp) against the numpy executor on
+the sample networks (upstream DCN and DeepFM, the demo DLRM)
+with random weights, at batch 1 and 64. The layer-by-layer comparisons run in
+test_hugectr_network.py (check_native, on every network there)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from triton_rec import _native
+from triton_rec.dense.hugectr_network import NATIVE_OPS, SUPPORTED_LAYER_TYPES, HugeCTRNetwork
+
+ROOT = Path(__file__).resolve().parents[2]
+NETWORKS = [
+    ROOT / "tests" / "data" / "dcn.json",
+    ROOT / "tests" / "data" / "deepfm.json",
+    ROOT / "model_repository" / "dlrm" / "1" / "dlrm.json",
+]
+
+
+def _random_model(path: Path, tmp_path: Path, seed: int) -> HugeCTRNetwork:
+    plan = HugeCTRNetwork.parse(str(path))
+    rng = np.random.default_rng(seed)
+    dense = tmp_path / f"{path.stem}_dense_0.model"
+    (rng.standard_normal(plan.num_params) * 0.1).astype("<f4").tofile(dense)
+    return HugeCTRNetwork.load(str(path), str(dense))
+
+
+@pytest.mark.parametrize("path", NETWORKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("batch", [1, 64])
+def test_native_and_numpy_executors_agree_on_the_sample_networks(path, batch, tmp_path):
+    if not path.exists():
+        pytest.fail(f"{path} is missing (make demo writes the demo DLRM)")
+    model = _random_model(path, tmp_path, seed=batch)
+    program = model.native_program()
+    assert program is not None, [layer.type for layer in model.plan.layers]
+    rng = np.random.default_rng(7)
+    dense = rng.standard_normal((batch, model.dense_dim)).astype(np.float32)
+    embs = [
+        rng.standard_normal((batch, t.slot_num, t.vec_size)).astype(np.float32)
+        for t in model.tables
+    ]
+    want = model.predict(dense, embs)
+    got = _native.DenseNet(program, model).predict(dense, embs)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_malformed_programs_and_inputs_are_refused():
+    with pytest.raises(ValueError, match="not a dense program"):
+        _native.DenseNet(np.zeros(4, np.int64), None)
+    with pytest.raises(ValueError, match="truncated"):
+        _native.DenseNet(np.array([0x74726563646E7331, 5], np.int64), None)
+
+
+def test_every_native_op_is_a_supported_layer_and_the_codes_are_the_enums_order():
+    assert set(NATIVE_OPS) <= SUPPORTED_LAYER_TYPES
+    # dense_net.hpp numbers its ops 0..16 in this order; both losses share the sigmoid code
+    assert sorted(set(NATIVE_OPS.values())) == list(range(17))
+
+
+def test_the_process_blas_is_found_next_to_numpy():
+    # numpy's wheel ships OpenBLAS; the executor multiplies with it rather than its loops
+    assert "openblas" in os.path.basename(_native.sgemm_source())
