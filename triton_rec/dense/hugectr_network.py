@@ -1485,7 +1485,7 @@ class HugeCTRNetwork(DenseModel):
             elif layer.type == "Slice":
                 attrs = [v for r in native["ranges"] for v in r]
             elif layer.type == "BatchNorm":
-                eps = np.float32(layer.native["eps"])
+                eps = np.float32(native["eps"])
                 st = self._stats[layer.name]
                 var = np.asarray(st["var"], np.float32)
                 params += [
