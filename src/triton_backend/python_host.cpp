@@ -27,7 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "blas.hpp"
+#include "dense_net.hpp"
 #include "hash_index.hpp"
+#include "request_kernels.hpp"
 #include "shm_cache.hpp"
 #include "triton_api.h"
 
@@ -232,13 +235,23 @@ struct NativeTable {
 };
 
 struct NativePlan {
+  bool hugectr = false;  // the interface: hps (KEYS/NUMKEYS) or hugectr (DES/CATCOLUMN/ROWINDEX)
   std::vector<NativeTable> tables;
-  std::vector<int64_t> maxnum;
   int64_t max_batch_size = 0;
-  int64_t max_keys = 0;  // KEYS elements of the largest valid request
   std::string output;
   std::vector<std::string> info_outputs;
   int32_t device_id = 0;
+  // hps
+  std::vector<int64_t> maxnum;
+  int64_t max_keys = 0;  // KEYS elements of the largest valid request
+  // hugectr
+  std::vector<int64_t> slots;
+  std::vector<bool> mean;
+  int64_t total_slots = 0, dense_dim = 0, label_dim = 1;
+  bool uint32_keys = false;
+  int64_t limit_des = 0, limit_cat = 0, limit_rows = 0;  // elements of the largest valid request
+  std::unique_ptr<tr::DenseNet> net;
+  Ref program;  // the int64 program array the net was decoded from (kept alive)
 };
 
 int64_t as_int(PyObject* o) { return o != nullptr ? PyLong_AsLongLong(o) : -1; }
@@ -261,6 +274,13 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
     if (v == nullptr) throw std::runtime_error(std::string("native plan has no '") + k + "'");
     return v;
   };
+  auto ints = [&](const char* k) {
+    std::vector<int64_t> v;
+    PyObject* list = get(k);
+    for (Py_ssize_t i = 0; i < PyList_Size(list); ++i) v.push_back(as_int(PyList_GetItem(list, i)));
+    return v;
+  };
+  plan->hugectr = std::string(PyUnicode_AsUTF8(get("kind"))) == "hugectr";
   plan->max_batch_size = as_int(get("max_batch_size"));
   plan->device_id = static_cast<int32_t>(as_int(get("device_id")));
   plan->output = PyUnicode_AsUTF8(get("output"));
@@ -268,13 +288,46 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
   for (Py_ssize_t i = 0; i < PyList_Size(info); ++i) {
     plan->info_outputs.emplace_back(PyUnicode_AsUTF8(PyList_GetItem(info, i)));
   }
-  PyObject* maxnum = get("maxnum");
-  int64_t per_sample = 0;
-  for (Py_ssize_t i = 0; i < PyList_Size(maxnum); ++i) {
-    plan->maxnum.push_back(as_int(PyList_GetItem(maxnum, i)));
-    per_sample += plan->maxnum.back();
+  if (plan->hugectr) {
+    plan->slots = ints("slots");
+    for (int64_t s : plan->slots) plan->total_slots += s;
+    PyObject* mean = get("mean");
+    for (Py_ssize_t i = 0; i < PyList_Size(mean); ++i) {
+      plan->mean.push_back(PyList_GetItem(mean, i) == Py_True);
+    }
+    plan->dense_dim = as_int(get("dense_dim"));
+    plan->label_dim = as_int(get("label_dim"));
+    plan->uint32_keys = std::string(PyUnicode_AsUTF8(get("key_type"))) == "UINT32";
+    PyObject* limits = get("limits");
+    plan->limit_des = as_int(PyDict_GetItemString(limits, "DES"));
+    plan->limit_cat = as_int(PyDict_GetItemString(limits, "CATCOLUMN"));
+    plan->limit_rows = as_int(PyDict_GetItemString(limits, "ROWINDEX"));
+    PyObject* program = get("program");
+    Py_buffer view;
+    if (PyObject_GetBuffer(program, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+      throw std::runtime_error("native plan: the dense program is not a buffer");
+    }
+    try {
+      if (view.itemsize != 8) throw std::invalid_argument("dense program is not int64");
+      plan->net = std::make_unique<tr::DenseNet>(static_cast<const int64_t*>(view.buf),
+                                                 static_cast<size_t>(view.len / 8));
+    } catch (const std::exception& x) {
+      PyBuffer_Release(&view);
+      throw std::runtime_error(std::string("native plan: ") + x.what());
+    }
+    PyBuffer_Release(&view);
+    Py_INCREF(program);
+    plan->program.p = program;
+    if (plan->net->dense_dim() != plan->dense_dim || plan->net->label_dim() != plan->label_dim ||
+        plan->net->num_tables() != plan->slots.size()) {
+      throw std::runtime_error("native plan: the dense program disagrees with the model");
+    }
+  } else {
+    plan->maxnum = ints("maxnum");
+    int64_t per_sample = 0;
+    for (int64_t m : plan->maxnum) per_sample += m;
+    plan->max_keys = plan->max_batch_size * per_sample;
   }
-  plan->max_keys = plan->max_batch_size * per_sample;
   PyObject* tables = get("tables");
   for (Py_ssize_t i = 0; i < PyList_Size(tables); ++i) {
     PyObject* t = PyList_GetItem(tables, i);
@@ -306,8 +359,9 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
     if (PyErr_Occurred()) throw std::runtime_error(python_error());
     plan->tables.push_back(nt);
   }
-  if (plan->tables.size() != plan->maxnum.size()) {
-    throw std::runtime_error("native plan: tables and maxnum differ in length");
+  const size_t per_table = plan->hugectr ? plan->slots.size() : plan->maxnum.size();
+  if (plan->tables.size() != per_table || (plan->hugectr && plan->mean.size() != per_table)) {
+    throw std::runtime_error("native plan: the per-table lists differ in length");
   }
   return plan;
 }
@@ -527,9 +581,13 @@ void python_path(const InstanceState& st, const std::vector<TRITONBACKEND_Reques
 // -- the native path: an hps request answered without Python --------------------------
 
 struct Scratch {  // per thread: reused buffers of the hot path
-  std::vector<int64_t> keys;
+  std::vector<int64_t> keys, key_starts, ptrs;
   std::vector<int32_t> counts;
   std::vector<uint8_t> hit;
+  std::vector<char> copy[3];  // split inputs, made contiguous
+  std::vector<float> vectors;
+  std::vector<std::vector<float>> combined;
+  tr::DenseNet::Workspace dense;
 };
 thread_local Scratch t_scratch;
 
@@ -552,6 +610,45 @@ bool read_cpu(TRITONBACKEND_Input* input, uint32_t buffers, uint64_t bytes, char
   return done == bytes;
 }
 
+// One input of a request as the hot path reads it.
+struct In {
+  TRITONBACKEND_Input* input = nullptr;
+  TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
+  const int64_t* shape = nullptr;
+  uint32_t dims = 0, buffers = 0;
+  uint64_t bytes = 0;
+};
+
+// The input `name` and its properties; false if it is absent or unreadable.
+bool find(TRITONBACKEND_Request* request, const char* name, In* in) {
+  if (auto* e = TRITONBACKEND_RequestInput(request, name, &in->input)) return drop(e), false;
+  const char* n = nullptr;
+  if (auto* e = TRITONBACKEND_InputProperties(in->input, &n, &in->type, &in->shape, &in->dims,
+                                              &in->bytes, &in->buffers)) {
+    return drop(e), false;
+  }
+  return true;
+}
+
+// The data of `in`: Triton's own buffer when it is one piece in CPU memory, else a copy
+// in `copy`; nullptr if it cannot be read.
+const void* data_of(const In& in, std::vector<char>* copy) {
+  static const int64_t empty = 0;
+  if (in.bytes == 0) return &empty;
+  if (in.buffers == 1) {
+    const void* b = nullptr;
+    uint64_t size = 0;
+    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+    int64_t mt_id = 0;
+    if (auto* e = TRITONBACKEND_InputBuffer(in.input, 0, &b, &size, &mt, &mt_id)) {
+      return drop(e), nullptr;
+    }
+    return mt == TRITONSERVER_MEMORY_GPU || size != in.bytes ? nullptr : b;
+  }
+  copy->resize(in.bytes);
+  return read_cpu(in.input, in.buffers, in.bytes, copy->data()) ? copy->data() : nullptr;
+}
+
 // A hosted call on the native path failed: the request's error (as run_requests words it).
 struct Failed {
   std::string why;
@@ -572,38 +669,115 @@ void finish_query(const InstanceState& st, size_t t, const int64_t* keys, int64_
   if (!r) throw Failed{python_error()};
 }
 
-// Answers `request` natively if it passes every check here; false (nothing sent) if not:
-// the Python path then answers it, naming what is wrong. *ok: whether it succeeded.
-bool native_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* ok) {
+// The vectors of keys[0..n) of table t into out [n, dim]: the shared cache (misses by
+// the engine's rules, in Python) or the mapped table. What CachedTable.lookup does.
+void lookup_table(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
+                  Scratch* s) {
+  if (n == 0) return;
+  const NativeTable& nt = st.plan->tables[t];
+  if (nt.cache) {
+    s->hit.resize(static_cast<size_t>(n));
+    const uint64_t t0 = now_ns();
+    const int64_t hits = nt.cache->query(keys, static_cast<size_t>(n), out, s->hit.data());
+    const uint64_t q = now_ns() - t0;
+    if (hits == n) {
+      nt.count(kLookups, n);
+      nt.count(kHits, n);
+      nt.count(kCacheNs, static_cast<int64_t>(q));
+    } else {
+      finish_query(st, t, keys, n, out, s->hit.data(), hits, q);
+    }
+    return;
+  }
+  const uint64_t t0 = now_ns();
+  tr::lookup(nt.index, nt.vectors, keys, static_cast<size_t>(n), out, nt.default_value, nullptr);
+  nt.count(kLookups, n);
+  nt.count(kMisses, n);
+  nt.count(kSyncFetched, n);
+  nt.count(kStoreNs, static_cast<int64_t>(now_ns() - t0));
+}
+
+// A response with the answer `shape` (FP32) allocated; *buffer is where it goes.
+TRITONSERVER_Error* answer(TRITONBACKEND_Response* response, const NativePlan& plan,
+                           const std::vector<int64_t>& shape, float** buffer) {
+  int64_t floats = 1;
+  for (int64_t d : shape) floats *= d;
+  TRITONBACKEND_Output* output = nullptr;
+  void* b = nullptr;
+  TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+  int64_t mt_id = 0;
+  TRITONSERVER_Error* err =
+      TRITONBACKEND_ResponseOutput(response, &output, plan.output.c_str(), TRITONSERVER_TYPE_FP32,
+                                   shape.data(), static_cast<uint32_t>(shape.size()));
+  if (err == nullptr) {
+    err = TRITONBACKEND_OutputBuffer(output, &b, static_cast<uint64_t>(floats) * 4, &mt, &mt_id);
+  }
+  if (err == nullptr && mt == TRITONSERVER_MEMORY_GPU) {
+    err = error(TRITONSERVER_ERROR_UNSUPPORTED, "GPU output buffer");
+  }
+  *buffer = static_cast<float*>(b);
+  return err;
+}
+
+// HPS's NumSample / DeviceID: response parameters, and the INT32 outputs declared; sends.
+bool finish_response(const NativePlan& plan, TRITONBACKEND_Response* response,
+                     TRITONSERVER_Error* err, int64_t samples) {
+  for (const std::string& info : plan.info_outputs) {
+    if (err != nullptr) break;
+    const int32_t v = info == "NumSample" ? static_cast<int32_t>(samples) : plan.device_id;
+    const int64_t one = 1;
+    TRITONBACKEND_Output* output = nullptr;
+    void* buffer = nullptr;
+    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+    int64_t mt_id = 0;
+    err = TRITONBACKEND_ResponseOutput(response, &output, info.c_str(), TRITONSERVER_TYPE_INT32,
+                                       &one, 1);
+    if (err == nullptr) err = TRITONBACKEND_OutputBuffer(output, &buffer, 4, &mt, &mt_id);
+    if (err == nullptr) std::memcpy(buffer, &v, 4);
+  }
+  if (err == nullptr) {
+    drop(TRITONBACKEND_ResponseSetIntParameter(response, "NumSample", samples));
+    drop(TRITONBACKEND_ResponseSetIntParameter(response, "DeviceID", plan.device_id));
+  }
+  return send(response, err);
+}
+
+// Runs `work` (the lookups and the rest) and turns its failure into the request's error.
+template <typename Work>
+TRITONSERVER_Error* guarded(const InstanceState& st, Work&& work) {
+  try {
+    work();
+    return nullptr;
+  } catch (const Failed& f) {
+    return error(TRITONSERVER_ERROR_INTERNAL,
+                 "model '" + st.model_name + "': inference failed: " + f.why);
+  } catch (const std::exception& x) {
+    return error(TRITONSERVER_ERROR_INTERNAL,
+                 "model '" + st.model_name + "': inference failed: " + x.what());
+  }
+}
+
+// The hps interface: KEYS (INT64, table-major) and NUMKEYS (INT32 [T] or [1, T]).
+// Every check of LookupSession.parse_request and of the input limits; on any failure
+// false (nothing sent): the Python path answers, naming what is wrong.
+bool hps_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* ok) {
   const NativePlan& plan = *st.plan;
-  TRITONBACKEND_Input *keys_in = nullptr, *counts_in = nullptr;
-  if (auto* e = TRITONBACKEND_RequestInput(request, "KEYS", &keys_in)) return drop(e), false;
-  if (auto* e = TRITONBACKEND_RequestInput(request, "NUMKEYS", &counts_in)) return drop(e), false;
-  const char* name = nullptr;
-  TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
-  const int64_t* shape = nullptr;
-  uint32_t dims = 0, key_buffers = 0, count_buffers = 0;
-  uint64_t key_bytes = 0, count_bytes = 0;
-  if (auto* e = TRITONBACKEND_InputProperties(keys_in, &name, &type, &shape, &dims, &key_bytes,
-                                              &key_buffers)) {
-    return drop(e), false;
-  }
-  if (type != TRITONSERVER_TYPE_INT64) return false;
-  if (auto* e = TRITONBACKEND_InputProperties(counts_in, &name, &type, &shape, &dims, &count_bytes,
-                                              &count_buffers)) {
-    return drop(e), false;
-  }
+  Scratch& s = t_scratch;
+  In keys_in, counts_in;
+  if (!find(request, "KEYS", &keys_in) || !find(request, "NUMKEYS", &counts_in)) return false;
   const int64_t tables = static_cast<int64_t>(plan.tables.size());
-  const bool shape_ok =
-      (dims == 1 && shape[0] == tables) || (dims == 2 && shape[0] == 1 && shape[1] == tables);
-  if (type != TRITONSERVER_TYPE_INT32 || !shape_ok || count_bytes != 4 * uint64_t(tables)) {
+  const int64_t* shape = counts_in.shape;
+  const bool shape_ok = (counts_in.dims == 1 && shape[0] == tables) ||
+                        (counts_in.dims == 2 && shape[0] == 1 && shape[1] == tables);
+  if (keys_in.type != TRITONSERVER_TYPE_INT64 || counts_in.type != TRITONSERVER_TYPE_INT32 ||
+      !shape_ok || counts_in.bytes != 4 * uint64_t(tables)) {
     return false;
   }
-  const int64_t n_keys = static_cast<int64_t>(key_bytes / 8);
+  const int64_t n_keys = static_cast<int64_t>(keys_in.bytes / 8);
   if (n_keys == 0 || n_keys > plan.max_keys) return false;
-  Scratch& s = t_scratch;
   s.counts.resize(static_cast<size_t>(tables));
-  if (!read_cpu(counts_in, count_buffers, count_bytes, reinterpret_cast<char*>(s.counts.data()))) {
+  if (!read_cpu(counts_in.input, counts_in.buffers, counts_in.bytes,
+                reinterpret_cast<char*>(s.counts.data()))) {
     return false;
   }
   int64_t total = 0, floats = 0, samples = 0;
@@ -615,25 +789,8 @@ bool native_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* 
     samples = std::max(samples, (c + plan.maxnum[t] - 1) / plan.maxnum[t]);
   }
   if (total != n_keys || samples > plan.max_batch_size) return false;
-  // KEYS: Triton's own buffer when it is one piece, else a copy.
-  const int64_t* keys = nullptr;
-  const void* b = nullptr;
-  uint64_t size = 0;
-  TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-  int64_t mt_id = 0;
-  if (key_buffers == 1) {
-    if (auto* e = TRITONBACKEND_InputBuffer(keys_in, 0, &b, &size, &mt, &mt_id)) {
-      return drop(e), false;
-    }
-    if (mt == TRITONSERVER_MEMORY_GPU || size != key_bytes) return false;
-    keys = static_cast<const int64_t*>(b);
-  } else {
-    s.keys.resize(static_cast<size_t>(n_keys));
-    if (!read_cpu(keys_in, key_buffers, key_bytes, reinterpret_cast<char*>(s.keys.data()))) {
-      return false;
-    }
-    keys = s.keys.data();
-  }
+  const auto* keys = static_cast<const int64_t*>(data_of(keys_in, &s.copy[0]));
+  if (keys == nullptr) return false;
 
   // Checked: from here on the request is answered here.
   TRITONBACKEND_Response* response = nullptr;
@@ -642,71 +799,107 @@ bool native_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* 
     *ok = false;
     return true;
   }
-  TRITONBACKEND_Output* output = nullptr;
-  void* buffer = nullptr;
-  TRITONSERVER_Error* err = TRITONBACKEND_ResponseOutput(response, &output, plan.output.c_str(),
-                                                         TRITONSERVER_TYPE_FP32, &floats, 1);
+  float* out = nullptr;
+  TRITONSERVER_Error* err = answer(response, plan, {floats}, &out);
   if (err == nullptr) {
-    err =
-        TRITONBACKEND_OutputBuffer(output, &buffer, static_cast<uint64_t>(floats) * 4, &mt, &mt_id);
-  }
-  if (err == nullptr && mt == TRITONSERVER_MEMORY_GPU) {
-    err = error(TRITONSERVER_ERROR_UNSUPPORTED, "GPU output buffer");
-  }
-  try {
-    float* out = static_cast<float*>(buffer);
-    for (int64_t t = 0; t < tables && err == nullptr; ++t) {
-      const NativeTable& nt = plan.tables[t];
-      const int64_t n = s.counts[t];
-      if (n > 0) {
-        if (nt.cache) {
-          s.hit.resize(static_cast<size_t>(n));
-          const uint64_t t0 = now_ns();
-          const int64_t hits = nt.cache->query(keys, static_cast<size_t>(n), out, s.hit.data());
-          const uint64_t q = now_ns() - t0;
-          if (hits == n) {
-            nt.count(kLookups, n);
-            nt.count(kHits, n);
-            nt.count(kCacheNs, static_cast<int64_t>(q));
-          } else {
-            finish_query(st, static_cast<size_t>(t), keys, n, out, s.hit.data(), hits, q);
-          }
-        } else {
-          const uint64_t t0 = now_ns();
-          tr::lookup(nt.index, nt.vectors, keys, static_cast<size_t>(n), out, nt.default_value,
-                     nullptr);
-          nt.count(kLookups, n);
-          nt.count(kMisses, n);
-          nt.count(kSyncFetched, n);
-          nt.count(kStoreNs, static_cast<int64_t>(now_ns() - t0));
-        }
+    err = guarded(st, [&] {
+      for (int64_t t = 0; t < tables; ++t) {  // straight into the response buffer
+        lookup_table(st, static_cast<size_t>(t), keys, s.counts[t], out, &s);
+        keys += s.counts[t];
+        out += s.counts[t] * plan.tables[t].dim;
       }
-      keys += n;
-      out += n * nt.dim;
-    }
-  } catch (const Failed& f) {
-    err = error(TRITONSERVER_ERROR_INTERNAL,
-                "model '" + st.model_name + "': inference failed: " + f.why);
-  } catch (const std::exception& x) {
-    err = error(TRITONSERVER_ERROR_INTERNAL,
-                "model '" + st.model_name + "': inference failed: " + x.what());
+    });
   }
-  // HPS's NumSample / DeviceID: response parameters, and the INT32 outputs declared.
-  for (const std::string& info : plan.info_outputs) {
-    if (err != nullptr) break;
-    const int32_t v = info == "NumSample" ? static_cast<int32_t>(samples) : plan.device_id;
-    const int64_t one = 1;
-    err = TRITONBACKEND_ResponseOutput(response, &output, info.c_str(), TRITONSERVER_TYPE_INT32,
-                                       &one, 1);
-    if (err == nullptr) err = TRITONBACKEND_OutputBuffer(output, &buffer, 4, &mt, &mt_id);
-    if (err == nullptr) std::memcpy(buffer, &v, 4);
-  }
-  if (err == nullptr) {
-    drop(TRITONBACKEND_ResponseSetIntParameter(response, "NumSample", samples));
-    drop(TRITONBACKEND_ResponseSetIntParameter(response, "DeviceID", plan.device_id));
-  }
-  *ok = send(response, err);
+  *ok = finish_response(plan, response, err, samples);
   return true;
+}
+
+// The hugectr interface: DES (FP32), CATCOLUMN (INT64 or UINT32, sample-major), ROWINDEX
+// (INT32, one CSR block per table). Every check of parse_hugectr_request and of the input
+// limits (else false: the Python path names the problem); then per table the lookup and
+// the slot combiner, and the dense network, all here.
+bool hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* ok) {
+  const NativePlan& plan = *st.plan;
+  Scratch& s = t_scratch;
+  In des_in, cat_in, rows_in;
+  if (!find(request, "DES", &des_in) || !find(request, "CATCOLUMN", &cat_in) ||
+      !find(request, "ROWINDEX", &rows_in)) {
+    return false;
+  }
+  const auto key_type = plan.uint32_keys ? TRITONSERVER_TYPE_UINT32 : TRITONSERVER_TYPE_INT64;
+  if (des_in.type != TRITONSERVER_TYPE_FP32 || rows_in.type != TRITONSERVER_TYPE_INT32 ||
+      cat_in.type != key_type) {
+    return false;
+  }
+  const int64_t key_size = plan.uint32_keys ? 4 : 8;
+  const int64_t n_des = static_cast<int64_t>(des_in.bytes / 4);
+  const int64_t n_cat = static_cast<int64_t>(cat_in.bytes) / key_size;
+  const int64_t n_rows = static_cast<int64_t>(rows_in.bytes / 4);
+  const int64_t tables = static_cast<int64_t>(plan.tables.size());
+  if (n_des > plan.limit_des || n_cat > plan.limit_cat || n_rows > plan.limit_rows) return false;
+  const int64_t extra = n_rows - tables;
+  if (extra <= 0 || extra % plan.total_slots != 0) return false;
+  const int64_t n = extra / plan.total_slots;
+  if (n > plan.max_batch_size || n_des != n * plan.dense_dim) return false;
+  const auto* des = static_cast<const float*>(data_of(des_in, &s.copy[0]));
+  const void* cat = data_of(cat_in, &s.copy[1]);
+  const auto* rows = static_cast<const int32_t*>(data_of(rows_in, &s.copy[2]));
+  if (des == nullptr || cat == nullptr || rows == nullptr) return false;
+  for (int64_t i = 0; i < n_des; ++i) {
+    if (!std::isfinite(des[i])) return false;
+  }
+  s.keys.resize(static_cast<size_t>(std::max<int64_t>(n_cat, 1)));
+  s.key_starts.resize(static_cast<size_t>(tables + 1));
+  s.ptrs.resize(static_cast<size_t>(n_rows));
+  const bool regrouped =
+      plan.uint32_keys
+          ? tr::regroup_hugectr(static_cast<const uint32_t*>(cat), n_cat, rows, plan.slots.data(),
+                                tables, n, s.keys.data(), s.key_starts.data(), s.ptrs.data())
+          : tr::regroup_hugectr(static_cast<const int64_t*>(cat), n_cat, rows, plan.slots.data(),
+                                tables, n, s.keys.data(), s.key_starts.data(), s.ptrs.data());
+  if (!regrouped) return false;
+
+  // Checked: from here on the request is answered here.
+  TRITONBACKEND_Response* response = nullptr;
+  if (auto* e = TRITONBACKEND_ResponseNew(&response, request)) {
+    drop(e);
+    *ok = false;
+    return true;
+  }
+  // upstream's [num_samples]; [num_samples, label_dim] for label_dim > 1 (RankingSession)
+  std::vector<int64_t> shape{n};
+  if (plan.label_dim > 1) shape.push_back(plan.label_dim);
+  float* out = nullptr;
+  TRITONSERVER_Error* err = answer(response, plan, shape, &out);
+  if (err == nullptr) {
+    err = guarded(st, [&] {
+      s.combined.resize(static_cast<size_t>(tables));
+      std::vector<const float*> embeddings;
+      int64_t block = 0;
+      for (int64_t t = 0; t < tables; ++t) {
+        const int64_t dim = plan.tables[t].dim, segments = n * plan.slots[t];
+        const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
+        s.vectors.resize(static_cast<size_t>(std::max<int64_t>(count * dim, 1)));
+        lookup_table(st, static_cast<size_t>(t), s.keys.data() + first, count, s.vectors.data(),
+                     &s);
+        auto& combined = s.combined[t];
+        combined.resize(static_cast<size_t>(segments * dim));
+        if (!tr::combine_segments(s.vectors.data(), count, dim, s.ptrs.data() + block, segments,
+                                  plan.mean[t], combined.data())) {
+          throw std::runtime_error("row pointers outside the table's keys");
+        }
+        embeddings.push_back(combined.data());
+        block += segments + 1;
+      }
+      plan.net->predict(n, des, embeddings, out, &s.dense, tr::find_sgemm());
+    });
+  }
+  *ok = finish_response(plan, response, err, n);
+  return true;
+}
+
+bool native_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* ok) {
+  return st.plan->hugectr ? hugectr_path(st, request, ok) : hps_path(st, request, ok);
 }
 
 TRITONSERVER_Error* model_string(TRITONBACKEND_Model* model, ModelState* ms) {

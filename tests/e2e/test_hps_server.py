@@ -260,3 +260,13 @@ def test_a_broken_sparse_file_fails_the_load_naming_the_file(server, model, name
     np.testing.assert_array_equal(
         _hps(server, "http", "hps_wdl", keys).as_numpy("OUTPUT0"), answer(keys)
     )
+
+
+def test_the_load_log_says_which_request_path_each_instance_runs(server):
+    lines = [x for x in server.log_path.read_text().splitlines() if "request path" in x]
+    if server.request_path == "python":
+        assert lines == []
+    else:  # node-local tables and a CPU cache: every hps instance is served natively
+        for model in ("hps_wdl", "hps_two", "hps_flat"):
+            mine = [x for x in lines if f"model '{model}' instance" in x]
+            assert mine and all("request path native" in x for x in mine), lines

@@ -238,3 +238,14 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(samples, ca
     np.testing.assert_allclose(
         out, _expected(refs["dcn"], des, cat, rowindex), rtol=1e-5, atol=1e-6
     )
+
+
+def test_the_load_log_says_which_request_path_each_instance_runs(samples):
+    srv, refs = samples
+    log = srv.log_path.read_text()
+    for name in refs:
+        lines = [x for x in log.splitlines() if f"model '{name}' instance" in x]
+        if srv.request_path == "python":
+            assert lines == [], lines  # the Python backend: no native library loaded
+        else:  # every upstream sample network and its tables run without Python
+            assert lines and all("request path native" in x for x in lines), lines

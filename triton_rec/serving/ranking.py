@@ -18,14 +18,14 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from triton_rec.config.ps_json import ModelParams
-from triton_rec.dense import DenseModel, combine_slots, to_host
+from triton_rec.dense import Combiner, DenseModel, combine_slots, to_host
 from triton_rec.errors import ConfigError
 from triton_rec.serving.hugectr_request import (
     HugeCTRRequest,
     parse_embedding_request,
     parse_hugectr_request,
 )
-from triton_rec.serving.session import TableSet
+from triton_rec.serving.session import TableSet, native_table_plans
 
 
 class RankingSession:
@@ -135,6 +135,31 @@ class RankingSession:
             answers.append(np.ascontiguousarray(out[pos : pos + r.num_samples]).reshape(shape))
             pos += r.num_samples
         return answers
+
+    def native_plan(self, key_itemsize: int = 8) -> Optional[dict]:
+        """What the native backend needs to answer this session's requests without
+        Python, or None (a table needs Python for every lookup, or the dense network has
+        no native program): the tables
+        (:func:`~triton_rec.serving.session.native_table_plans`), slots and combiner
+        (``mean``) per table, ``dense_dim``, ``max_batch_size``, ``label_dim``, the most
+        elements of each input (``limits``) and the dense ``program``
+        (:meth:`~triton_rec.dense.hugectr_network.HugeCTRNetwork.native_program`)."""
+        tables = native_table_plans(self.cached_tables)
+        make_program = getattr(self.dense, "native_program", None)
+        program = make_program() if make_program is not None else None
+        if tables is None or program is None:
+            return None
+        return {
+            "kind": "hugectr",
+            "tables": tables,
+            "slots": list(self.slots),
+            "mean": [Combiner(c) == Combiner.MEAN for c in self.combiners],
+            "dense_dim": int(self.dense.dense_dim),
+            "max_batch_size": int(self.params.max_batch_size),
+            "label_dim": int(self.dense.label_dim),
+            "limits": {k: int(v[0]) for k, v in self.input_limits(key_itemsize).items()},
+            "program": program,
+        }
 
     def close(self) -> None:
         """Close the tables (caches, stores, background threads)."""

@@ -44,6 +44,42 @@ def read_table_privately(t: TableParams) -> EmbeddingTable:
     return EmbeddingTable(t.name, keys, vectors, t.default_value, t.sparse_file)
 
 
+def native_table_plans(tables: Sequence[CachedTable]) -> Optional[List[dict]]:
+    """Per table, what the native backend's hot path reads it with, or None if a table
+    needs Python for every lookup. Each entry: ``vec_size``, ``default_value``, ``stats``
+    (address of its :data:`~triton_rec.cache.cached_table.NATIVE_FIELDS` counters) and
+    either ``cache`` (address, bytes of a CPU shared cache: misses come back to
+    :meth:`CachedTable.finish_query`) or, without a cache, the node-local table's
+    ``index`` (address, capacity) and ``vectors`` (address, rows). The addresses stay
+    valid while the tables are open."""
+    from triton_rec.cache.shm_cache import SharedEmbeddingCache
+
+    out = []
+    for ct in tables:
+        entry: Dict[str, object] = {
+            "vec_size": int(ct.vec_size),
+            "default_value": float(ct.default_value),
+            "stats": int(ct.stats.native.ctypes.data),
+        }
+        if isinstance(ct.cache, SharedEmbeddingCache):
+            entry["cache"] = ct.cache.native_address()
+        elif ct.cache is None and type(ct.store) is LocalTableStore:
+            t = ct.store.table
+            index, vectors = t.index, t.vectors
+            if not (
+                index.flags.c_contiguous
+                and vectors.flags.c_contiguous
+                and vectors.dtype == np.float32
+            ):
+                return None
+            entry["index"] = (int(index.ctypes.data), int(index.shape[0]))
+            entry["vectors"] = (int(vectors.ctypes.data), int(vectors.shape[0]))
+        else:  # a device cache, or a tier store without a cache: Python answers
+            return None
+        out.append(entry)
+    return out
+
+
 @dataclass
 class TableSet:
     """The tables of one model instance and the background threads that serve them.
@@ -224,38 +260,13 @@ class LookupSession:
     def native_plan(self) -> Optional[dict]:
         """What the native backend needs to answer this session's requests without
         Python (``src/triton_backend/python_host.cpp``), or None if a table needs Python
-        for every lookup. Per table: ``vec_size``, ``default_value``, ``stats`` (address of
-        its :data:`~triton_rec.cache.cached_table.NATIVE_FIELDS` counters) and either
-        ``cache`` (address, bytes of a CPU shared cache: misses come back to
-        :meth:`CachedTable.finish_query`) or, without a cache, the node-local table's
-        ``index`` (address, capacity) and ``vectors`` (address, rows). Addresses stay valid
-        until :meth:`close`."""
-        from triton_rec.cache.shm_cache import SharedEmbeddingCache
-
-        tables = []
-        for ct in self.cached_tables:
-            entry: Dict[str, object] = {
-                "vec_size": int(ct.vec_size),
-                "default_value": float(ct.default_value),
-                "stats": int(ct.stats.native.ctypes.data),
-            }
-            if isinstance(ct.cache, SharedEmbeddingCache):
-                entry["cache"] = ct.cache.native_address()
-            elif ct.cache is None and type(ct.store) is LocalTableStore:
-                t = ct.store.table
-                index, vectors = t.index, t.vectors
-                if not (
-                    index.flags.c_contiguous
-                    and vectors.flags.c_contiguous
-                    and vectors.dtype == np.float32
-                ):
-                    return None
-                entry["index"] = (int(index.ctypes.data), int(index.shape[0]))
-                entry["vectors"] = (int(vectors.ctypes.data), int(vectors.shape[0]))
-            else:  # a device cache, or a tier store without a cache: Python answers
-                return None
-            tables.append(entry)
+        for every lookup: the tables (:func:`native_table_plans`), ``max_batch_size`` and
+        the most keys per sample of each table (``maxnum``)."""
+        tables = native_table_plans(self.cached_tables)
+        if tables is None:
+            return None
         return {
+            "kind": "hps",
             "tables": tables,
             "max_batch_size": int(self.params.max_batch_size),
             "maxnum": list(self._maxnum),
