@@ -49,16 +49,18 @@ def test_ratios_are_taken_within_a_round_then_the_median(bo):
     ):
         results += [
             _rec("floor_hps", rnd, floor),
+            _rec("floor_native_hps", rnd, 2 * floor),
             _rec("naive_hps", rnd, naive),
             _rec("hps", rnd, hps),
         ]
     rows = {r["model"]: r for r in bo.summarize(results)}
     assert rows["hps"]["vs_floor"] == pytest.approx(0.9)  # median of 0.9, 1.0, 0.7
     assert rows["hps"]["vs_floor_range"] == pytest.approx((0.7, 1.0))
+    assert rows["hps"]["vs_native_floor"] == pytest.approx(0.45)  # the C++ floor: half
     assert rows["hps"]["vs_naive"] == pytest.approx(2.25)  # median of 2.25, 2.5, 1.75
     assert rows["floor_hps"]["vs_floor"] == 1.0
     md = bo.tables_md(list(rows.values()))
-    assert "| 64 | grpc | 1 | `hps` | 900 | 0.90 (0.70-1.00) | 2.25 |" in md
+    assert "| 64 | grpc | 1 | `hps` | 900 | 0.90 (0.70-1.00) | 0.45 (0.35-0.50) | 2.25 |" in md
 
 
 def test_variants_copy_the_models_with_other_scheduling(bo, tmp_path, monkeypatch):
