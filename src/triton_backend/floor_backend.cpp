@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_util.hpp"
 #include "triton_api.h"
 
 namespace {
@@ -20,11 +21,7 @@ struct FloorModel {
   int64_t tables = 0, slots = 0;   // the hugectr interface (when vec_sizes is empty)
 };
 
-uint64_t now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
+using trec_backend::now_ns;
 
 TRITONSERVER_Error* invalid(const std::string& msg) {
   return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, msg.c_str());
@@ -63,18 +60,9 @@ bool parse_sizes(const std::string& text, std::vector<int64_t>* out) {
 // Copies a (possibly split) CPU input into `dst` (exactly `bytes` bytes).
 TRITONSERVER_Error* read_input(TRITONBACKEND_Input* input, uint32_t buffers, uint64_t bytes,
                                char* dst) {
-  uint64_t done = 0;
-  for (uint32_t b = 0; b < buffers; ++b) {
-    const void* src = nullptr;
-    uint64_t size = 0;
-    TRITONSERVER_MemoryType type = TRITONSERVER_MEMORY_CPU;
-    int64_t type_id = 0;
-    if (auto* e = TRITONBACKEND_InputBuffer(input, b, &src, &size, &type, &type_id)) return e;
-    if (done + size > bytes) return invalid("input buffers hold more bytes than the tensor");
-    std::memcpy(dst + done, src, size);
-    done += size;
-  }
-  return done == bytes ? nullptr : invalid("input buffers hold fewer bytes than the tensor");
+  return trec_backend::read_cpu(input, buffers, bytes, dst)
+             ? nullptr
+             : invalid("input is not readable from CPU memory in the size its tensor has");
 }
 
 // The request's input `name`, or an error naming it (the server's own error is freed).

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_util.hpp"
 #include "blas.hpp"
 #include "dense_net.hpp"
 #include "hash_index.hpp"
@@ -37,21 +38,14 @@
 namespace {
 
 namespace tr = triton_rec;
+using trec_backend::drop;
+using trec_backend::now_ns;
+using trec_backend::read_cpu;
 
 // -- small helpers ----------------------------------------------------------------------
 
-uint64_t now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
 TRITONSERVER_Error* error(TRITONSERVER_Error_Code code, const std::string& msg) {
   return TRITONSERVER_ErrorNew(code, msg.c_str());
-}
-
-void drop(TRITONSERVER_Error* e) {
-  if (e != nullptr) TRITONSERVER_ErrorDelete(e);
 }
 
 // Holds the GIL for a scope.
@@ -433,22 +427,8 @@ PyObject* raw_request(TRITONBACKEND_Request* request, InputStore* store, std::st
       bytes = size;
     } else if (buffers > 1) {
       auto copy = std::make_unique<std::vector<char>>(bytes);
-      uint64_t done = 0;
-      for (uint32_t k = 0; k < buffers && e == nullptr; ++k) {
-        const void* b = nullptr;
-        uint64_t size = 0;
-        TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-        int64_t mt_id = 0;
-        e = TRITONBACKEND_InputBuffer(input, k, &b, &size, &mt, &mt_id);
-        if (e == nullptr && (mt == TRITONSERVER_MEMORY_GPU || done + size > bytes)) {
-          e = error(TRITONSERVER_ERROR_INVALID_ARG, std::string("input ") + name + " unreadable");
-        }
-        if (e == nullptr) std::memcpy(copy->data() + done, b, size);
-        done += size;
-      }
-      if (e != nullptr) {
-        *why = TRITONSERVER_ErrorMessage(e);
-        drop(e);
+      if (!read_cpu(input, buffers, bytes, copy->data())) {
+        *why = std::string("input ") + name + " is not readable from CPU memory";
         return nullptr;
       }
       data = copy->data();
@@ -590,25 +570,6 @@ struct Scratch {  // per thread: reused buffers of the hot path
   tr::DenseNet::Workspace dense;
 };
 thread_local Scratch t_scratch;
-
-// Reads a CPU input into `dst` (exactly `bytes`); false if it is not readable so.
-bool read_cpu(TRITONBACKEND_Input* input, uint32_t buffers, uint64_t bytes, char* dst) {
-  uint64_t done = 0;
-  for (uint32_t b = 0; b < buffers; ++b) {
-    const void* src = nullptr;
-    uint64_t size = 0;
-    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-    int64_t mt_id = 0;
-    if (auto* e = TRITONBACKEND_InputBuffer(input, b, &src, &size, &mt, &mt_id)) {
-      drop(e);
-      return false;
-    }
-    if (mt == TRITONSERVER_MEMORY_GPU || done + size > bytes) return false;
-    std::memcpy(dst + done, src, size);
-    done += size;
-  }
-  return done == bytes;
-}
 
 // One input of a request as the hot path reads it.
 struct In {
