@@ -131,6 +131,12 @@ def test_a_killed_instance_is_replaced_under_load(tmp_path, store_dir):
         while time.monotonic() < killed + HEAL_S + 5.0:
             not_ready_seen |= not _model_ready(srv, "hps_heal")
             time.sleep(0.05)
+    except BaseException:  # the server must not outlive a failure here either
+        for t in loads:
+            t.stop.set()
+        srv.stop()
+        remove_server_shm(shm_before)
+        raise
     finally:
         for t in loads:
             t.stop.set()
