@@ -149,10 +149,14 @@ class DenseNet {
   // Floats per sample of table t's combined embeddings (slots x vec_size).
   int64_t table_width(size_t t) const { return widths_[static_cast<size_t>(table_regs_[t])]; }
 
-  // Registers of one thread, reused from call to call.
+  // Registers and temporaries of one thread, reused from call to call (no allocation
+  // per request once they have grown to the batch size).
   struct Workspace {
     std::vector<std::vector<float>> regs;
     std::vector<const float*> ptr;
+    std::vector<const float*> in;  // the inputs of the layer being run
+    std::vector<float*> out;       // its outputs
+    std::vector<float> tmp[2];     // MLP's hidden layers, MultiCross's projections
   };
 
   // out [batch, label_dim] from dense [batch, dense_dim] and, per table, the combined
@@ -167,16 +171,16 @@ class DenseNet {
     ws->ptr[dense_reg_] = dense;
     for (size_t t = 0; t < table_regs_.size(); ++t) ws->ptr[table_regs_[t]] = embeddings[t];
     for (const DenseLayer& d : layers_) {
-      std::vector<float*> o;
+      ws->out.clear();
       for (int64_t r : d.outs) {
         auto& buf = ws->regs[r];
         buf.resize(static_cast<size_t>(batch * widths_[r]));
         ws->ptr[r] = buf.data();
-        o.push_back(buf.data());
+        ws->out.push_back(buf.data());
       }
-      std::vector<const float*> in;
-      for (int64_t r : d.ins) in.push_back(ws->ptr[r]);
-      run(d, batch, in, o, gemm);
+      ws->in.clear();
+      for (int64_t r : d.ins) ws->in.push_back(ws->ptr[r]);
+      run(d, batch, ws, gemm);
     }
     if (out_regs_.size() == 1) {
       std::memcpy(out, ws->ptr[out_regs_[0]], sizeof(float) * batch * label_dim_);
@@ -217,8 +221,9 @@ class DenseNet {
     }
   }
 
-  void run(const DenseLayer& d, int64_t batch, const std::vector<const float*>& in,
-           const std::vector<float*>& out, SgemmFn gemm) const {
+  void run(const DenseLayer& d, int64_t batch, Workspace* ws, SgemmFn gemm) const {
+    const std::vector<const float*>& in = ws->in;
+    const std::vector<float*>& out = ws->out;
     const int64_t total_in = d.ins.empty() ? 0 : batch * per_sample(d.in_shapes[0]);
     switch (d.op) {
       case DenseOp::kInnerProduct: {
@@ -230,13 +235,11 @@ class DenseNet {
         // attrs: n, relu[n], bias[n]; params W0, b0, W1, b1, ...
         const int64_t layers = d.attrs[0];
         const int64_t rows = batch * d.in_shapes[0][0];
-        std::vector<float> a, b;
         const float* x = in[0];
         for (int64_t i = 0; i < layers; ++i) {
           const int64_t k = d.param_shapes[2 * i][0], n = d.param_shapes[2 * i][1];
-          float* y = i + 1 == layers ? out[0]
-                                     : (i % 2 == 0 ? (a.resize(rows * n), a.data())
-                                                   : (b.resize(rows * n), b.data()));
+          auto& hidden = ws->tmp[i % 2];  // the layer before reads the other one
+          float* y = i + 1 == layers ? out[0] : (hidden.resize(rows * n), hidden.data());
           linear(rows, k, n, x, d.params[2 * i],
                  d.attrs[1 + layers + i] ? d.params[2 * i + 1] : nullptr, d.attrs[1 + i] != 0, y,
                  gemm);
@@ -331,27 +334,31 @@ class DenseNet {
       case DenseOp::kMultiCross: {
         const int64_t layers = d.attrs[0], proj = d.attrs[1];
         const int64_t rows = batch * d.in_shapes[0][0], dim = d.in_shapes[0][1];
-        std::vector<float> xl(in[0], in[0] + rows * dim), t(rows * dim), u(proj ? rows * proj : 0);
+        float* xl = out[0];  // x_l, computed in place in the output
+        std::memcpy(xl, in[0], sizeof(float) * rows * dim);
+        auto& t = ws->tmp[0];
+        auto& u = ws->tmp[1];
+        t.resize(rows * dim);
+        u.resize(proj ? rows * proj : 0);
         for (int64_t l = 0; l < layers; ++l) {
           if (proj) {  // x0 * ((xl U) V + b) + xl
             const float* U = d.params[3 * l];
             const float* V = d.params[3 * l + 1];
             const float* b = d.params[3 * l + 2];
-            gemm(rows, proj, dim, xl.data(), U, u.data());
+            gemm(rows, proj, dim, xl, U, u.data());
             linear(rows, proj, dim, u.data(), V, b, false, t.data(), gemm);
             for (int64_t i = 0; i < rows * dim; ++i) xl[i] = in[0][i] * t[i] + xl[i];
           } else {  // x0 * (xl . w) + xl + b
             const float* w = d.params[2 * l];
             const float* b = d.params[2 * l + 1];
             for (int64_t r = 0; r < rows; ++r) {
-              float* x = xl.data() + r * dim;
+              float* x = xl + r * dim;
               const float s = dot(x, w, dim);
               const float* x0 = in[0] + r * dim;
               for (int64_t k = 0; k < dim; ++k) x[k] = x0[k] * s + x[k] + b[k];
             }
           }
         }
-        std::memcpy(out[0], xl.data(), sizeof(float) * rows * dim);
         break;
       }
       case DenseOp::kFmOrder2: {

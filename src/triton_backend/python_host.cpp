@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -375,9 +376,51 @@ struct InstanceState {
 
 // -- the Python path: any request, through the hosted model's execute ----------------------
 
-// Copies of split inputs, kept until the Python call returns.
+// One input of a request and its properties.
+struct In {
+  TRITONBACKEND_Input* input = nullptr;
+  TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
+  const int64_t* shape = nullptr;
+  uint32_t dims = 0, buffers = 0;
+  uint64_t bytes = 0;
+};
+
+// Fills the properties of `in->input` (and its name); Triton's error if unreadable.
+TRITONSERVER_Error* describe(In* in, const char** name) {
+  return TRITONBACKEND_InputProperties(in->input, name, &in->type, &in->shape, &in->dims,
+                                       &in->bytes, &in->buffers);
+}
+
+// The input `name` and its properties; false if it is absent or unreadable.
+bool find(TRITONBACKEND_Request* request, const char* name, In* in) {
+  if (auto* e = TRITONBACKEND_RequestInput(request, name, &in->input)) return drop(e), false;
+  const char* n = nullptr;
+  if (auto* e = describe(in, &n)) return drop(e), false;
+  return true;
+}
+
+// The data of `in`: Triton's own buffer when it is one piece in CPU memory, else a copy
+// in `copy`; nullptr if it cannot be read.
+const void* data_of(const In& in, std::vector<char>* copy) {
+  static const int64_t empty = 0;
+  if (in.bytes == 0) return &empty;
+  if (in.buffers == 1) {
+    const void* b = nullptr;
+    uint64_t size = 0;
+    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+    int64_t mt_id = 0;
+    if (auto* e = TRITONBACKEND_InputBuffer(in.input, 0, &b, &size, &mt, &mt_id)) {
+      return drop(e), nullptr;
+    }
+    return mt == TRITONSERVER_MEMORY_GPU || size != in.bytes ? nullptr : b;
+  }
+  copy->resize(in.bytes);
+  return read_cpu(in.input, in.buffers, in.bytes, copy->data()) ? copy->data() : nullptr;
+}
+
+// Copies of split inputs, kept until the Python call returns (a deque: they never move).
 struct InputStore {
-  std::vector<std::unique_ptr<std::vector<char>>> copies;
+  std::deque<std::vector<char>> copies;
 };
 
 // The request as inprocess.RawRequest: {name: (dtype, shape, memoryview)}; nullptr with
@@ -391,53 +434,28 @@ PyObject* raw_request(TRITONBACKEND_Request* request, InputStore* store, std::st
     return nullptr;
   }
   for (uint32_t i = 0; i < count; ++i) {
-    TRITONBACKEND_Input* input = nullptr;
+    In in;
     const char* name = nullptr;
-    TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
-    const int64_t* shape = nullptr;
-    uint32_t dims = 0, buffers = 0;
-    uint64_t bytes = 0;
-    TRITONSERVER_Error* e = TRITONBACKEND_RequestInputByIndex(request, i, &input);
-    if (e == nullptr) {
-      e = TRITONBACKEND_InputProperties(input, &name, &type, &shape, &dims, &bytes, &buffers);
-    }
+    TRITONSERVER_Error* e = TRITONBACKEND_RequestInputByIndex(request, i, &in.input);
+    if (e == nullptr) e = describe(&in, &name);
     if (e != nullptr) {
       *why = TRITONSERVER_ErrorMessage(e);
       drop(e);
       return nullptr;
     }
-    static char empty = 0;
-    char* data = &empty;
-    if (buffers == 1) {
-      const void* b = nullptr;
-      uint64_t size = 0;
-      TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-      int64_t mt_id = 0;
-      e = TRITONBACKEND_InputBuffer(input, 0, &b, &size, &mt, &mt_id);
-      if (e == nullptr && mt == TRITONSERVER_MEMORY_GPU) {
-        e = error(TRITONSERVER_ERROR_UNSUPPORTED,
-                  std::string("input ") + name + " is in GPU memory");
-      }
-      if (e != nullptr) {
-        *why = TRITONSERVER_ErrorMessage(e);
-        drop(e);
-        return nullptr;
-      }
-      if (b != nullptr) data = const_cast<char*>(static_cast<const char*>(b));
-      bytes = size;
-    } else if (buffers > 1) {
-      auto copy = std::make_unique<std::vector<char>>(bytes);
-      if (!read_cpu(input, buffers, bytes, copy->data())) {
-        *why = std::string("input ") + name + " is not readable from CPU memory";
-        return nullptr;
-      }
-      data = copy->data();
-      store->copies.push_back(std::move(copy));
+    const void* data = data_of(in, in.buffers == 1 ? nullptr : &store->copies.emplace_back());
+    if (data == nullptr) {
+      *why = std::string("input ") + name + " is not readable from CPU memory";
+      return nullptr;
     }
-    Ref shp(PyTuple_New(dims));
-    for (uint32_t d = 0; d < dims; ++d) PyTuple_SET_ITEM(shp.p, d, PyLong_FromLongLong(shape[d]));
-    Ref view(PyMemoryView_FromMemory(data, static_cast<Py_ssize_t>(bytes), PyBUF_READ));
-    Ref entry(Py_BuildValue("(sOO)", dtype_name(type), shp.p, view.p));
+    Ref shp(PyTuple_New(in.dims));
+    for (uint32_t d = 0; d < in.dims; ++d) {
+      PyTuple_SET_ITEM(shp.p, d, PyLong_FromLongLong(in.shape[d]));
+    }
+    // read-only: the hosted model never writes into Triton's buffers
+    Ref view(PyMemoryView_FromMemory(static_cast<char*>(const_cast<void*>(data)),
+                                     static_cast<Py_ssize_t>(in.bytes), PyBUF_READ));
+    Ref entry(Py_BuildValue("(sOO)", dtype_name(in.type), shp.p, view.p));
     if (!entry || PyDict_SetItemString(dict.p, name, entry.p) != 0) {
       *why = python_error();
       return nullptr;
@@ -567,48 +585,10 @@ struct Scratch {  // per thread: reused buffers of the hot path
   std::vector<char> copy[3];  // split inputs, made contiguous
   std::vector<float> vectors;
   std::vector<std::vector<float>> combined;
+  std::vector<const float*> embeddings;  // the combined blocks, as the network takes them
   tr::DenseNet::Workspace dense;
 };
 thread_local Scratch t_scratch;
-
-// One input of a request as the hot path reads it.
-struct In {
-  TRITONBACKEND_Input* input = nullptr;
-  TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
-  const int64_t* shape = nullptr;
-  uint32_t dims = 0, buffers = 0;
-  uint64_t bytes = 0;
-};
-
-// The input `name` and its properties; false if it is absent or unreadable.
-bool find(TRITONBACKEND_Request* request, const char* name, In* in) {
-  if (auto* e = TRITONBACKEND_RequestInput(request, name, &in->input)) return drop(e), false;
-  const char* n = nullptr;
-  if (auto* e = TRITONBACKEND_InputProperties(in->input, &n, &in->type, &in->shape, &in->dims,
-                                              &in->bytes, &in->buffers)) {
-    return drop(e), false;
-  }
-  return true;
-}
-
-// The data of `in`: Triton's own buffer when it is one piece in CPU memory, else a copy
-// in `copy`; nullptr if it cannot be read.
-const void* data_of(const In& in, std::vector<char>* copy) {
-  static const int64_t empty = 0;
-  if (in.bytes == 0) return &empty;
-  if (in.buffers == 1) {
-    const void* b = nullptr;
-    uint64_t size = 0;
-    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-    int64_t mt_id = 0;
-    if (auto* e = TRITONBACKEND_InputBuffer(in.input, 0, &b, &size, &mt, &mt_id)) {
-      return drop(e), nullptr;
-    }
-    return mt == TRITONSERVER_MEMORY_GPU || size != in.bytes ? nullptr : b;
-  }
-  copy->resize(in.bytes);
-  return read_cpu(in.input, in.buffers, in.bytes, copy->data()) ? copy->data() : nullptr;
-}
 
 // A hosted call on the native path failed: the request's error (as run_requests words it).
 struct Failed {
@@ -835,7 +815,7 @@ bool hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request, bool*
   if (err == nullptr) {
     err = guarded(st, [&] {
       s.combined.resize(static_cast<size_t>(tables));
-      std::vector<const float*> embeddings;
+      s.embeddings.clear();
       int64_t block = 0;
       for (int64_t t = 0; t < tables; ++t) {
         const int64_t dim = plan.tables[t].dim, segments = n * plan.slots[t];
@@ -849,10 +829,10 @@ bool hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request, bool*
                                   plan.mean[t], combined.data())) {
           throw std::runtime_error("row pointers outside the table's keys");
         }
-        embeddings.push_back(combined.data());
+        s.embeddings.push_back(combined.data());
         block += segments + 1;
       }
-      plan.net->predict(n, des, embeddings, out, &s.dense, tr::find_sgemm());
+      plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
     });
   }
   *ok = finish_response(plan, response, err, n);
