@@ -87,11 +87,7 @@ class TritonPythonModel:
         limits its hot path answers this instance's requests with, or None."""
         plan = self.session.native_plan()
         if plan is not None:
-            plan.update(
-                output=self.respond.output_name,
-                info_outputs=list(self.respond.info_outputs),
-                device_id=self.device_id,
-            )
+            plan.update(self.respond.native_fields())
         return plan
 
     def execute(self, requests):

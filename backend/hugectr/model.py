@@ -102,7 +102,6 @@ class TritonPythonModel:
         cat = next(i for i in config["input"] if i["name"] == "CATCOLUMN")
         self.key_itemsize = 4 if cat.get("data_type") == "TYPE_UINT32" else 8
         self.limits = self.session.input_limits(self.key_itemsize)
-        self.device_id = device_id
         self.counters, self.metrics = start_session_metrics(
             pb_utils,
             self.model_name,
@@ -125,12 +124,8 @@ class TritonPythonModel:
         and dense program its hot path answers this instance's requests with, or None."""
         plan = self.session.native_plan(self.key_itemsize)
         if plan is not None:
-            plan.update(
-                output=self.respond.output_name,
-                info_outputs=list(self.respond.info_outputs),
-                device_id=self.device_id,
-                key_type="UINT32" if self.key_itemsize == 4 else "INT64",
-            )
+            plan.update(self.respond.native_fields())
+            plan["key_type"] = "UINT32" if self.key_itemsize == 4 else "INT64"
         return plan
 
     def execute(self, requests):

@@ -532,47 +532,48 @@ bool send(TRITONBACKEND_Response* response, TRITONSERVER_Error* err) {
   return ok;
 }
 
-// Answers `requests` through the hosted model (GIL taken here). ok[i]: request i succeeded.
-void python_path(const InstanceState& st, const std::vector<TRITONBACKEND_Request*>& requests,
-                 std::vector<bool>* ok) {
-  std::vector<TRITONBACKEND_Response*> responses(requests.size(), nullptr);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    if (auto* e = TRITONBACKEND_ResponseNew(&responses[i], requests[i])) {
+// Answers requests[r] for every r in `which` through the hosted model (GIL taken here);
+// (*ok)[r]: whether request r succeeded.
+void python_path(const InstanceState& st, TRITONBACKEND_Request** requests,
+                 const std::vector<uint32_t>& which, std::vector<char>* ok) {
+  std::vector<TRITONBACKEND_Response*> responses(ok->size(), nullptr);
+  for (uint32_t r : which) {
+    if (auto* e = TRITONBACKEND_ResponseNew(&responses[r], requests[r])) {
       drop(e);
-      responses[i] = nullptr;
+      responses[r] = nullptr;
     }
   }
   Gil gil;
   InputStore store;
   Ref list(PyList_New(0));
-  std::vector<size_t> slots;  // request index of each list entry
-  for (size_t i = 0; i < requests.size(); ++i) {
-    if (responses[i] == nullptr) continue;
+  std::vector<uint32_t> slots;  // the request of each list entry
+  for (uint32_t r : which) {
+    if (responses[r] == nullptr) continue;
     std::string why;
-    Ref raw(raw_request(requests[i], &store, &why));
+    Ref raw(raw_request(requests[r], &store, &why));
     if (!raw) {
-      (*ok)[i] = send(responses[i], error(TRITONSERVER_ERROR_INVALID_ARG,
+      (*ok)[r] = send(responses[r], error(TRITONSERVER_ERROR_INVALID_ARG,
                                           "model '" + st.model_name + "': " + why));
       continue;
     }
     PyList_Append(list.p, raw.p);
-    slots.push_back(i);
+    slots.push_back(r);
   }
   if (slots.empty()) return;
   Ref answers(PyObject_CallMethod(st.hosted, "execute", "O", list.p));
   if (!answers || !PyList_Check(answers.p) ||
       PyList_Size(answers.p) != static_cast<Py_ssize_t>(slots.size())) {
     const std::string why = answers ? "wrong number of responses" : python_error();
-    for (size_t i : slots) {
-      (*ok)[i] =
-          send(responses[i], error(TRITONSERVER_ERROR_INTERNAL,
+    for (uint32_t r : slots) {
+      (*ok)[r] =
+          send(responses[r], error(TRITONSERVER_ERROR_INTERNAL,
                                    "model '" + st.model_name + "': inference failed: " + why));
     }
     return;
   }
   for (size_t j = 0; j < slots.size(); ++j) {
-    const size_t i = slots[j];
-    (*ok)[i] = send(responses[i], fill_response(responses[i], PyList_GetItem(answers.p, j)));
+    const uint32_t r = slots[j];
+    (*ok)[r] = send(responses[r], fill_response(responses[r], PyList_GetItem(answers.p, j)));
   }
 }
 
@@ -963,34 +964,33 @@ TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   void* state = nullptr;
   if (auto* e = TRITONBACKEND_ModelInstanceState(instance, &state)) return e;
   const auto& st = *static_cast<InstanceState*>(state);
-  std::vector<bool> ok(request_count, false);
-  std::vector<uint64_t> ends(request_count, 0);
-  std::vector<TRITONBACKEND_Request*> rest;
-  std::vector<uint32_t> rest_index;
+  // per thread, reused: whether each request succeeded, when it was answered, and the
+  // requests the native path left to the hosted model
+  thread_local std::vector<char> ok;
+  thread_local std::vector<uint64_t> ends;
+  thread_local std::vector<uint32_t> rest;
+  ok.assign(request_count, 0);
+  ends.assign(request_count, 0);
+  rest.clear();
   for (uint32_t r = 0; r < request_count; ++r) {
     bool good = false;
     if (st.plan && native_path(st, requests[r], &good)) {
       ok[r] = good;
       ends[r] = now_ns();
     } else {
-      rest.push_back(requests[r]);
-      rest_index.push_back(r);
+      rest.push_back(r);
     }
   }
   if (!rest.empty()) {
-    std::vector<bool> rest_ok(rest.size(), false);
-    python_path(st, rest, &rest_ok);
+    python_path(st, requests, rest, &ok);
     const uint64_t t = now_ns();
-    for (size_t i = 0; i < rest.size(); ++i) {
-      ok[rest_index[i]] = rest_ok[i];
-      ends[rest_index[i]] = t;
-    }
+    for (uint32_t r : rest) ends[r] = t;
   }
   uint64_t answered = 0;
   for (uint32_t r = 0; r < request_count; ++r) {
     answered += ok[r];
-    drop(TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[r], ok[r], start, start,
-                                                     ends[r], ends[r]));
+    drop(TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[r], ok[r] != 0, start,
+                                                     start, ends[r], ends[r]));
     drop(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL));
   }
   const uint64_t end = now_ns();

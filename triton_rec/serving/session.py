@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from triton_rec.cache.cached_table import BackgroundInserter, CachedTable, EmbeddingCache, Refresher
+from triton_rec.cache.shm_cache import SharedEmbeddingCache
 from triton_rec.config.ps_json import EmbeddingCacheType, ModelParams, TableParams
 from triton_rec.errors import RequestError
 from triton_rec.formats.tables import read_table
@@ -52,8 +53,6 @@ def native_table_plans(tables: Sequence[CachedTable]) -> Optional[List[dict]]:
     :meth:`CachedTable.finish_query`) or, without a cache, the node-local table's
     ``index`` (address, capacity) and ``vectors`` (address, rows). The addresses stay
     valid while the tables are open."""
-    from triton_rec.cache.shm_cache import SharedEmbeddingCache
-
     out = []
     for ct in tables:
         entry: Dict[str, object] = {

@@ -232,6 +232,15 @@ class Responder:
         self.device_id = int(device_id)
         self.parameters = supports_response_parameters(pb_utils)
 
+    def native_fields(self) -> dict:
+        """The response's names and ``DeviceID`` as the native backend's plan takes them
+        (the native path builds the same response in C++)."""
+        return {
+            "output": self.output_name,
+            "info_outputs": list(self.info_outputs),
+            "device_id": self.device_id,
+        }
+
     def __call__(self, request, out):
         """The response to ``request`` (anything with ``num_samples``) answered by ``out``."""
         pb = self.pb_utils
