@@ -39,6 +39,35 @@ constexpr DTypeSpec kFloat32{"float32", 'f', 0, 4};
 constexpr DTypeSpec kMask{"uint8 or bool", 'u', 'b', 1};
 constexpr DTypeSpec kInt32{"int32", 'i', 0, 4};
 constexpr DTypeSpec kUInt32{"uint32", 'u', 0, 4};
+constexpr DTypeSpec kFloat16{"float16", 'f', 0, 2};
+constexpr DTypeSpec kUInt8{"uint8", 'u', 0, 1};
+
+// The dtype of a row array of precision p (triton_rec/precision.py).
+const DTypeSpec& row_dtype(tr::Precision p) {
+  return p == tr::Precision::kFp16 ? kFloat16 : p == tr::Precision::kInt8 ? kUInt8 : kFloat32;
+}
+// Elements per row of a row array holding rows of `dim` values.
+py::ssize_t row_width(tr::Precision p, py::ssize_t dim) {
+  return p == tr::Precision::kInt8 ? dim + static_cast<py::ssize_t>(tr::kInt8TrailerBytes) : dim;
+}
+// The number of values per row of a row array of `width` elements (ValueError if none).
+py::ssize_t dim_of_width(tr::Precision p, py::ssize_t width, const char* name) {
+  const py::ssize_t dim =
+      p == tr::Precision::kInt8 ? width - static_cast<py::ssize_t>(tr::kInt8TrailerBytes) : width;
+  if (dim < 1) {
+    throw py::value_error(std::string(name) + " has " + std::to_string(width) +
+                          " columns: too few for an int8 row (values, then 8 bytes of scale "
+                          "and bias)");
+  }
+  return dim;
+}
+tr::Precision require_precision(int64_t code) {
+  try {
+    return tr::precision_of(code);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+}
 
 std::string tuple_str(const py::ssize_t* v, py::ssize_t n) {
   std::string s = "(";
@@ -150,13 +179,14 @@ int64_t probe(const py::handle& index_obj, const py::handle& keys_obj,
 
 int64_t lookup(const py::handle& index_obj, const py::handle& vectors_obj,
                const py::handle& keys_obj, const py::handle& out_obj, double default_value,
-               const py::handle& missing_obj, py::ssize_t num_threads) {
+               const py::handle& missing_obj, py::ssize_t num_threads, int64_t precision) {
   const tr::IndexView ix = require_index(index_obj);
+  const tr::Precision prec = require_precision(precision);
   py::array index = py::reinterpret_borrow<py::array>(index_obj);
-  py::array vectors = require_array(vectors_obj, "vectors", kFloat32, 2, false);
+  py::array vectors = require_array(vectors_obj, "vectors", row_dtype(prec), 2, false);
   py::array keys = require_array(keys_obj, "keys", kInt64, 1, false);
   py::array out = require_array(out_obj, "out", kFloat32, 2, true);
-  const py::ssize_t m = keys.shape(0), dim = vectors.shape(1);
+  const py::ssize_t m = keys.shape(0), dim = dim_of_width(prec, vectors.shape(1), "vectors");
   require_shape(out, "out", {m, dim});
   const bool has_missing = !missing_obj.is_none();
   py::array missing;  // (a default py::array is an empty float64 array, not null)
@@ -177,14 +207,31 @@ int64_t lookup(const py::handle& index_obj, const py::handle& vectors_obj,
     require_disjoint(missing, "missing", index, "index");
   }
 
-  const tr::TableView table{static_cast<const float*>(vectors.data()), vectors.shape(0),
-                            static_cast<size_t>(dim)};
+  const tr::TableView table{vectors.data(), vectors.shape(0),
+                            tr::RowFormat(prec, static_cast<size_t>(dim))};
   const auto* k = static_cast<const int64_t*>(keys.data());
   auto* o = static_cast<float*>(out.mutable_data());
   auto* mask = has_missing ? static_cast<uint8_t*>(missing.mutable_data()) : nullptr;
   py::gil_scoped_release release;
   return tr::lookup(ix, table, k, static_cast<size_t>(m), o, static_cast<float>(default_value),
                     mask, static_cast<size_t>(num_threads));
+}
+
+// Decodes a row array of precision `precision` into out (float32 [N, D]).
+void decode_rows(const py::handle& rows_obj, const py::handle& out_obj, int64_t precision,
+                 bool portable) {
+  const tr::Precision prec = require_precision(precision);
+  py::array rows = require_array(rows_obj, "rows", row_dtype(prec), 2, false);
+  py::array out = require_array(out_obj, "out", kFloat32, 2, true);
+  const py::ssize_t n = rows.shape(0), dim = dim_of_width(prec, rows.shape(1), "rows");
+  require_shape(out, "out", {n, dim});
+  require_disjoint(out, "out", rows, "rows");
+  const tr::DecodeFn decode = tr::decoder_for(prec, portable);
+  const auto* r = static_cast<const uint8_t*>(rows.data());
+  auto* o = static_cast<float*>(out.mutable_data());
+  const size_t rb = tr::row_bytes_of(prec, static_cast<size_t>(dim));
+  py::gil_scoped_release release;
+  for (py::ssize_t i = 0; i < n; ++i) decode(r + i * rb, o + i * dim, static_cast<size_t>(dim));
 }
 
 bool combine_segments(const py::handle& vectors_obj, const py::handle& ptr_obj, bool mean,
@@ -381,12 +428,26 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("lookup", &lookup, py::arg("index"), py::arg("vectors"), py::arg("keys"), py::arg("out"),
         py::arg("default_value"), py::arg("missing") = py::none(), py::arg("num_threads") = 1,
-        "lookup(index, vectors: float32[N, D], keys: int64[M], out: float32[M, D], "
-        "default_value: float, missing: uint8|bool[M] | None = None, num_threads: int = 1) -> int"
+        py::arg("precision") = 0,
+        "lookup(index, vectors: rows[N], keys: int64[M], out: float32[M, D], "
+        "default_value: float, missing: uint8|bool[M] | None = None, num_threads: int = 1, "
+        "precision: int = 0) -> int"
         "\n\n"
-        "Fused probe + gather: out[i] = vectors[row of keys[i]], or default_value in every "
+        "Fused probe + gather + decode: out[i] = decoded vectors[row of keys[i]] (vectors: a "
+        "row array of the precision code, RowCodec.code), or default_value in every "
         "element when the key is absent (missing[i] = 1 then, else 0). Returns the number "
         "of absent keys. num_threads > 1 splits the keys across threads; output is identical.");
+
+  m.def("decode_rows", &decode_rows, py::arg("rows"), py::arg("out"), py::arg("precision"),
+        py::arg("portable") = false,
+        "decode_rows(rows, out: float32[N, D], precision: int, portable: bool = False) -> None"
+        "\n\n"
+        "The native decoder of the fused gathers (row_codec.hpp) over a row array; portable "
+        "forces the plain C++ version instead of the CPU's SIMD one.");
+  m.attr("SIMD_DECODE") = [] {
+    const tr::DecodeFn simd = tr::decoder_for(tr::Precision::kFp16);
+    return simd != tr::decoder_for(tr::Precision::kFp16, true);
+  }();
 
   register_shm_cache(m);
   register_dense_net(m);
@@ -409,7 +470,7 @@ tr::CachePolicy parse_policy(const std::string& name) {
 }
 
 tr::ShmCacheParams make_params(int64_t num_sets, int64_t ways, int64_t vec_size,
-                               const std::string& policy) {
+                               const std::string& policy, int64_t precision) {
   auto positive = [](int64_t v, const char* name) {
     if (v < 1) throw py::value_error(std::string(name) + " must be >= 1, got " + std::to_string(v));
   };
@@ -421,6 +482,7 @@ tr::ShmCacheParams make_params(int64_t num_sets, int64_t ways, int64_t vec_size,
   p.ways = static_cast<uint32_t>(std::min<int64_t>(ways, UINT32_MAX));
   p.vec_size = static_cast<uint32_t>(std::min<int64_t>(vec_size, UINT32_MAX));
   p.policy = parse_policy(policy);
+  p.precision = require_precision(precision);
   return p;
 }
 
@@ -455,8 +517,8 @@ class ShmCacheView {
 
   static std::unique_ptr<ShmCacheView> initialize(py::object obj, int64_t num_sets, int64_t ways,
                                                   int64_t vec_size, const std::string& policy,
-                                                  uint64_t checksum) {
-    const tr::ShmCacheParams p = make_params(num_sets, ways, vec_size, policy);
+                                                  uint64_t checksum, int64_t precision) {
+    const tr::ShmCacheParams p = make_params(num_sets, ways, vec_size, policy, precision);
     Py_buffer buf = get_buffer(obj);
     try {
       tr::ShmCache cache = [&] {
@@ -538,7 +600,7 @@ class ShmCacheView {
     {
       py::gil_scoped_release release;
       r = c->insert(static_cast<const int64_t*>(keys.data()), static_cast<size_t>(keys.shape(0)),
-                    static_cast<const float*>(vectors.data()));
+                    vectors.data());
     }
     return py::make_tuple(r.inserted, r.evicted, r.rejected);
   }
@@ -549,7 +611,7 @@ class ShmCacheView {
     std::tie(keys, vectors) = keys_and_vectors(*c, keys_obj, vectors_obj);
     py::gil_scoped_release release;
     return c->update(static_cast<const int64_t*>(keys.data()), static_cast<size_t>(keys.shape(0)),
-                     static_cast<const float*>(vectors.data()));
+                     vectors.data());
   }
 
   int64_t erase(const py::handle& keys_obj) const {
@@ -604,6 +666,7 @@ class ShmCacheView {
   uint64_t num_sets() const { return Use(*this)->num_sets(); }
   uint32_t ways() const { return Use(*this)->ways(); }
   uint32_t vec_size() const { return Use(*this)->vec_size(); }
+  int64_t precision() const { return static_cast<int64_t>(Use(*this)->format().precision); }
   std::string policy() const { return tr::policy_name(Use(*this)->policy()); }
   uint64_t checksum() const { return Use(*this)->checksum(); }
   uint64_t nbytes() const { return Use(*this)->total_bytes(); }
@@ -654,6 +717,7 @@ class ShmCacheView {
            " capacity=" + std::to_string(c.capacity()) + " (" + std::to_string(c.num_sets()) +
            " sets x " + std::to_string(c.ways()) +
            " ways) vec_size=" + std::to_string(c.vec_size()) +
+           " precision=" + std::to_string(static_cast<int>(c.format().precision)) +
            " nbytes=" + std::to_string(c.total_bytes()) + ">";
   }
 
@@ -662,8 +726,10 @@ class ShmCacheView {
                                                    const py::handle& keys_obj,
                                                    const py::handle& vectors_obj) const {
     py::array keys = require_array(keys_obj, "keys", kInt64, 1, false);
-    py::array vectors = require_array(vectors_obj, "vectors", kFloat32, 2, false);
-    require_shape(vectors, "vectors", {keys.shape(0), static_cast<py::ssize_t>(c.vec_size())});
+    const tr::Precision p = c.format().precision;
+    py::array vectors = require_array(vectors_obj, "vectors", row_dtype(p), 2, false);
+    require_shape(vectors, "vectors",
+                  {keys.shape(0), row_width(p, static_cast<py::ssize_t>(c.vec_size()))});
     require_outside(vectors, "vectors");
     return {keys, vectors};
   }
@@ -719,18 +785,24 @@ void register_shm_cache(py::module_& m) {
       "the next process that takes its set lock. Built with initialize() or attach().")
       .def_static(
           "required_bytes",
-          [](int64_t num_sets, int64_t ways, int64_t vec_size, const std::string& policy) {
-            return tr::shm_cache_layout(make_params(num_sets, ways, vec_size, policy)).total_bytes;
+          [](int64_t num_sets, int64_t ways, int64_t vec_size, const std::string& policy,
+             int64_t precision) {
+            return tr::shm_cache_layout(make_params(num_sets, ways, vec_size, policy, precision))
+                .total_bytes;
           },
           py::arg("num_sets"), py::arg("ways"), py::arg("vec_size"), py::arg("policy") = "lru",
-          "required_bytes(num_sets: int, ways: int, vec_size: int, policy: str = 'lru') -> int"
+          py::arg("precision") = 0,
+          "required_bytes(num_sets: int, ways: int, vec_size: int, policy: str = 'lru', "
+          "precision: int = 0) -> int"
           "\n\nBytes of the region for these parameters (num_sets a power of two, ways <= 64, "
           "policy 'lru' or 'tinylfu').")
       .def_static("initialize", &ShmCacheView::initialize, py::arg("buffer"), py::arg("num_sets"),
                   py::arg("ways"), py::arg("vec_size"), py::arg("policy") = "lru",
-                  py::arg("checksum") = 0,
+                  py::arg("checksum") = 0, py::arg("precision") = 0,
                   "initialize(buffer, num_sets: int, ways: int, vec_size: int, policy: str = "
-                  "'lru', checksum: int = 0) -> ShmCacheView\n\n"
+                  "'lru', checksum: int = 0, precision: int = 0) -> ShmCacheView\n\n"
+                  "precision: the code of the rows' encoding (RowCodec.code); insert/update "
+                  "take rows in it, query decodes into float32. "
                   "Format the buffer as an empty cache (the 'initialized' flag is written last) "
                   "and return a view of it. No other process may use the buffer meanwhile.")
       .def_static("attach", &ShmCacheView::attach, py::arg("buffer"),
@@ -739,16 +811,18 @@ void register_shm_cache(py::module_& m) {
                   "initialized cache of this layout version, or is malformed or truncated.")
       .def("query", &ShmCacheView::query, py::arg("keys"), py::arg("out"), py::arg("hit_mask"),
            "query(keys: int64[M], out: float32[M, D], hit_mask: uint8|bool[M]) -> int\n\n"
-           "out[i] = cached vector of keys[i] and hit_mask[i] = 1, or hit_mask[i] = 0 (out[i] "
+           "out[i] = cached vector of keys[i] (decoded) and hit_mask[i] = 1, or hit_mask[i] = 0 "
+           "(out[i] "
            "unspecified). Returns the number of hits. Lock-free; never returns a torn vector. "
            "Under TinyLFU every key counts as an access in the frequency sketch.")
       .def("insert", &ShmCacheView::insert, py::arg("keys"), py::arg("vectors"),
-           "insert(keys: int64[M], vectors: float32[M, D]) -> (inserted, evicted, rejected)\n\n"
+           "insert(keys: int64[M], vectors: rows[M]) -> (inserted, evicted, rejected)\n\n"
+           "vectors: a row array of the cache's precision (float32 [M, D] for fp32). "
            "Insert keys in order (cached keys are overwritten: counted as updates). A full set "
            "evicts its least recently used way; under TinyLFU a new key is admitted into a "
            "full set only if it is more frequent than that victim (else rejected).")
       .def("update", &ShmCacheView::update, py::arg("keys"), py::arg("vectors"),
-           "update(keys: int64[M], vectors: float32[M, D]) -> int\n\n"
+           "update(keys: int64[M], vectors: rows[M]) -> int\n\n"
            "Overwrite the vectors of keys already cached (no insertion, recency untouched); "
            "returns how many were cached.")
       .def("erase", &ShmCacheView::erase, py::arg("keys"),
@@ -766,6 +840,8 @@ void register_shm_cache(py::module_& m) {
       .def_property_readonly("num_sets", &ShmCacheView::num_sets)
       .def_property_readonly("ways", &ShmCacheView::ways)
       .def_property_readonly("vec_size", &ShmCacheView::vec_size)
+      .def_property_readonly("precision", &ShmCacheView::precision,
+                             "code of the rows' encoding (RowCodec.code)")
       .def_property_readonly("policy", &ShmCacheView::policy, "'lru' or 'tinylfu'")
       .def_property_readonly("checksum", &ShmCacheView::checksum)
       .def_property_readonly("nbytes", &ShmCacheView::nbytes, "bytes of the region in use")

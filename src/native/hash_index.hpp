@@ -33,6 +33,8 @@
 #include <thread>
 #include <vector>
 
+#include "row_codec.hpp"
+
 namespace triton_rec {
 
 constexpr int64_t kEmptyRow = -1;
@@ -94,11 +96,14 @@ struct IndexView {
   const int64_t* slot(uint64_t s) const noexcept { return slots + 2 * s; }
 };
 
-// Row-major float32 table of `rows` x `dim`.
+// Row-major table of `rows` encoded rows (row_codec.hpp) of `fmt.dim` values each.
 struct TableView {
-  const float* data;
+  const void* data;
   int64_t rows;
-  size_t dim;
+  RowFormat fmt;
+  const uint8_t* row(int64_t r) const noexcept {
+    return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * fmt.row_bytes;
+  }
 };
 
 namespace detail {
@@ -192,9 +197,9 @@ inline int64_t probe(const IndexView& ix, const int64_t* keys, size_t m, int64_t
   return missing;
 }
 
-// Fused probe + gather for keys[0..m): out[i, :] = table row of keys[i], or
-// default_value everywhere when the key is absent (then missing[i] = 1, else 0,
-// when `missing` is non-null). Returns the number of absent keys.
+// Fused probe + gather for keys[0..m): out[i, :] = table row of keys[i], decoded
+// in the same pass (row_codec.hpp), or default_value everywhere when the key is absent (then
+// missing[i] = 1, else 0, when `missing` is non-null). Returns the number of absent keys.
 //
 // Software pipeline, per iteration i:
 //   stage 1: hash key i, prefetch its home slot          (kSlotAhead keys ahead)
@@ -203,14 +208,18 @@ inline int64_t probe(const IndexView& ix, const int64_t* keys, size_t m, int64_t
 // so the slot and row of a key are (usually) in cache when they are touched.
 inline int64_t lookup_range(const IndexView& ix, const TableView& table, const int64_t* keys,
                             size_t m, float* out, float default_value, uint8_t* missing) {
+  // (Prefetching encoded rows further ahead, up to 24 rows of <= 3 lines, measured no
+  // different here: benchmarks/RESULTS.md, "Embedding precision".)
   constexpr size_t kSlotAhead = 16;
   constexpr size_t kRowAhead = 8;
   constexpr size_t kRing = 32;  // power of two > kSlotAhead + kRowAhead
   static_assert((kRing & (kRing - 1)) == 0 && kRing > kSlotAhead + kRowAhead, "ring size");
 
   const uint64_t mask = ix.mask();
-  const size_t dim = table.dim;
-  const size_t row_bytes = dim * sizeof(float);
+  const size_t dim = table.fmt.dim;
+  const size_t row_bytes = table.fmt.row_bytes;
+  const bool fp32 = table.fmt.is_fp32();
+  const DecodeFn decode = table.fmt.decode;
   uint64_t home[kRing];
   int64_t rows[kRing];
   int64_t n_missing = 0;
@@ -224,14 +233,18 @@ inline int64_t lookup_range(const IndexView& ix, const TableView& table, const i
     const int64_t row = detail::find(ix, keys[i], home[i & (kRing - 1)], table.rows);
     rows[i & (kRing - 1)] = row;
     if (row != kEmptyRow) {
-      detail::prefetch_bytes(table.data + static_cast<size_t>(row) * dim, row_bytes);
+      detail::prefetch_bytes(table.row(row), row_bytes);
     }
   };
   auto stage3 = [&](size_t i) {
     const int64_t row = rows[i & (kRing - 1)];
     float* dst = out + i * dim;
     if (row != kEmptyRow) {
-      if (row_bytes) std::memcpy(dst, table.data + static_cast<size_t>(row) * dim, row_bytes);
+      if (fp32) {
+        std::memcpy(dst, table.row(row), row_bytes);
+      } else {
+        decode(table.row(row), dst, dim);
+      }
       if (missing) missing[i] = 0;
     } else {
       std::fill_n(dst, dim, default_value);
@@ -275,7 +288,7 @@ inline int64_t lookup(const IndexView& ix, const TableView& table, const int64_t
   auto run = [&](size_t c) {
     const size_t b = m * c / chunks, e = m * (c + 1) / chunks;
     try {
-      counts[c] = lookup_range(ix, table, keys + b, e - b, out + b * table.dim, default_value,
+      counts[c] = lookup_range(ix, table, keys + b, e - b, out + b * table.fmt.dim, default_value,
                                missing ? missing + b : nullptr);
     } catch (...) {
       errors[c] = std::current_exception();

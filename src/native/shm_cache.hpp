@@ -22,8 +22,9 @@
 //                    +64       int64  key[W]         (atomic, relaxed)
 //                    +64+8W    uint64 tick[W]        last access (atomic, relaxed)
 //                    +64+16W   uint8  valid[W]       1 = way holds key[w] (atomic)
-//                    +vec_off  float32 vec[W][D]     vec_off = round_up(64+16W+round8(W), 64)
-//                  set_stride = round_up(vec_off + 4*W*D, 64).
+//                    +vec_off  row vec[W]            vec_off = round_up(64+16W+round8(W), 64)
+//                  set_stride = round_up(vec_off + W*R, 64), R = bytes of one encoded
+//                  row of D values in the header's `precision` (row_codec.hpp).
 // [sketch_offset, total_bytes)   TinyLFU only: count-min sketch, 4 rows of
 //                  `sketch_width` 4-bit saturating counters (max 15) packed 16
 //                  per uint64 word; row r occupies words [r*width/16, (r+1)*width/16).
@@ -51,8 +52,9 @@
 //   for a bounded number of spins: then they take the set mutex, which is how
 //   a dead writer is detected (EOWNERDEAD) and its set repaired: if the set's
 //   seq is odd every way of the set is invalidated and seq made even again.
-// * Vectors are copied with memcpy between the seqlock fences (the classic
-//   seqlock pattern); a copy that raced a writer is always discarded.
+// * Rows are copied (and decoded into the caller's float32 output, for fp16/int8)
+//   between the seqlock fences (the classic seqlock pattern); a copy that raced a
+//   writer is always discarded. insert()/update() take rows already encoded.
 // * All processes sharing a region must live in one PID namespace (robust
 //   futexes identify owners by TID).
 #pragma once
@@ -78,7 +80,7 @@
 namespace triton_rec {
 
 constexpr uint64_t kShmCacheMagic = 0x434D485343455254ULL;  // "TRECSHMC" little-endian
-constexpr uint32_t kShmCacheLayoutVersion = 1;
+constexpr uint32_t kShmCacheLayoutVersion = 2;              // 2: encoded rows (precision)
 constexpr uint64_t kShmCacheHeaderBytes = 4096;
 constexpr uint32_t kShmCacheMaxWays = 64;
 constexpr uint32_t kShmCacheMaxVecSize = 1u << 16;
@@ -136,6 +138,8 @@ struct ShmCacheHeader {
   uint64_t aging_threshold;
   uint32_t attach_slots;
   uint32_t header_bytes;
+  uint32_t precision;                             // row_codec.hpp Precision
+  uint32_t row_bytes;                             // bytes of one encoded row
   alignas(64) std::atomic<uint32_t> initialized;  // 1 once fully formatted (release)
   // --- mutable, shared --------------------------------------------------------
   alignas(64) std::atomic<uint64_t> clock;
@@ -161,6 +165,7 @@ struct ShmCacheParams {
   uint32_t ways = 0;
   uint32_t vec_size = 0;
   CachePolicy policy = CachePolicy::kLru;
+  Precision precision = Precision::kFp32;
 };
 
 struct ShmCacheLayout {
@@ -238,7 +243,11 @@ inline ShmCacheLayout shm_cache_layout(const ShmCacheParams& p) {
   ShmCacheLayout l{};
   const uint64_t w = p.ways;
   l.vec_offset = round_up(64 + 16 * w + round_up(w, 8), 64);
-  l.set_stride = round_up(l.vec_offset + 4 * w * p.vec_size, 64);
+  if (static_cast<uint32_t>(p.precision) >= kNumPrecisions) {
+    throw std::invalid_argument("unknown row precision " +
+                                std::to_string(static_cast<uint32_t>(p.precision)));
+  }
+  l.set_stride = round_up(l.vec_offset + w * row_bytes_of(p.precision, p.vec_size), 64);
   l.sets_offset = kShmCacheHeaderBytes;
   const uint64_t room = kShmCacheMaxBytes - l.sets_offset;
   if (p.num_sets > room / l.set_stride) {
@@ -296,6 +305,8 @@ class ShmCache {
     h->aging_threshold = kSketchAgingFactor * p.num_sets * p.ways;
     h->attach_slots = kShmCacheAttachSlots;
     h->header_bytes = static_cast<uint32_t>(kShmCacheHeaderBytes);
+    h->precision = static_cast<uint32_t>(p.precision);
+    h->row_bytes = static_cast<uint32_t>(row_bytes_of(p.precision, p.vec_size));
     shm_detail::init_robust_mutex(&h->aging_mutex);
     auto* sets = static_cast<uint8_t*>(base) + l.sets_offset;
     for (uint64_t s = 0; s < p.num_sets; ++s) {
@@ -342,6 +353,7 @@ class ShmCache {
     p.ways = h->ways;
     p.vec_size = h->vec_size;
     p.policy = static_cast<CachePolicy>(h->policy);
+    p.precision = static_cast<Precision>(h->precision);
     ShmCacheLayout l;
     try {
       l = shm_cache_layout(p);
@@ -352,6 +364,7 @@ class ShmCache {
         l.vec_offset != h->vec_offset || l.sets_offset != h->sets_offset ||
         l.sketch_offset != h->sketch_offset || l.sketch_width != h->sketch_width ||
         h->attach_slots != kShmCacheAttachSlots ||
+        h->row_bytes != row_bytes_of(p.precision, p.vec_size) ||
         h->aging_threshold != kSketchAgingFactor * p.num_sets * p.ways) {
       throw ShmCacheError(
           "malformed shared cache header (layout fields disagree with its "
@@ -368,6 +381,7 @@ class ShmCache {
   uint64_t num_sets() const noexcept { return num_sets_; }
   uint32_t ways() const noexcept { return ways_; }
   uint32_t vec_size() const noexcept { return dim_; }
+  const RowFormat& format() const noexcept { return fmt_; }
   uint64_t capacity() const noexcept { return num_sets_ * ways_; }
   CachePolicy policy() const noexcept { return policy_; }
   uint64_t checksum() const noexcept { return h_->checksum; }
@@ -383,7 +397,9 @@ class ShmCache {
   int64_t query(const int64_t* keys, size_t m, float* out, uint8_t* hit) const {
     if (m == 0) return 0;
     const uint64_t base_tick = h_->clock.fetch_add(m, std::memory_order_relaxed) + 1;
-    const size_t row_bytes = size_t{dim_} * sizeof(float);
+    const size_t row_bytes = fmt_.row_bytes;
+    const bool fp32 = fmt_.is_fp32();
+    const DecodeFn decode = fmt_.decode;
     // Software pipeline (as hash_index.hpp's lookup_range), per iteration i:
     //   stage 1: find key i's set, prefetch its seq/key/tick/valid lines (kSetAhead)
     //   stage 2: guess key i - kSetAhead's way from the (now cached) keys without the
@@ -415,7 +431,13 @@ class ShmCache {
       float* dst = out + i * dim_;
       const int w = read_consistent(set, [&](uint8_t* s) {
         const int way = find_way(s, k);
-        if (way >= 0) std::memcpy(dst, vec(s, way), row_bytes);
+        if (way >= 0) {
+          if (fp32) {
+            std::memcpy(dst, vec(s, way), row_bytes);
+          } else {
+            decode(vec(s, way), dst, dim_);
+          }
+        }
         return way;
       });
       if (w >= 0) {
@@ -448,16 +470,17 @@ class ShmCache {
     return hits;
   }
 
-  // Inserts (or overwrites) keys[i] -> vectors[i], in order (a repeated key:
-  // the last occurrence wins). Overwrites count as updates, not insertions.
-  InsertResult insert(const int64_t* keys, size_t m, const float* vectors) const {
+  // Inserts (or overwrites) keys[i] -> rows[i] (encoded, fmt_.row_bytes each), in
+  // order (a repeated key: the last occurrence wins). Overwrites count as updates.
+  InsertResult insert(const int64_t* keys, size_t m, const void* rows) const {
+    const auto* vectors = static_cast<const uint8_t*>(rows);
     InsertResult r;
     if (m == 0) return r;
     const uint64_t base_tick = h_->clock.fetch_add(m, std::memory_order_relaxed) + 1;
     uint64_t updated = 0;
     for (size_t i = 0; i < m; ++i) {
       const int64_t k = keys[i];
-      const float* v = vectors + i * dim_;
+      const uint8_t* v = vectors + i * fmt_.row_bytes;
       uint8_t* set = set_ptr(set_of(k));
       SetLock lock(*this, set);
       int w = find_way(set, k);
@@ -489,7 +512,8 @@ class ShmCache {
   }
 
   // Overwrites the vectors of keys already cached; never inserts, never touches ticks.
-  int64_t update(const int64_t* keys, size_t m, const float* vectors) const {
+  int64_t update(const int64_t* keys, size_t m, const void* rows) const {
+    const auto* vectors = static_cast<const uint8_t*>(rows);
     int64_t updated = 0;
     for (size_t i = 0; i < m; ++i) {
       uint8_t* set = set_ptr(set_of(keys[i]));
@@ -497,7 +521,7 @@ class ShmCache {
       const int w = find_way(set, keys[i]);
       if (w < 0) continue;
       begin_write(set);
-      std::memcpy(vec(set, w), vectors + i * dim_, size_t{dim_} * sizeof(float));
+      std::memcpy(vec(set, w), vectors + i * fmt_.row_bytes, fmt_.row_bytes);
       end_write(set);
       ++updated;
     }
@@ -639,7 +663,7 @@ class ShmCache {
   }
 
   // Takes set s's lock, starts a write (seq odd), scribbles NaN over the first
-  // half of every way's vector (a torn write) and sleeps `seconds` while holding
+  // half of every way's row (a torn write) and sleeps `seconds` while holding
   // it: a process killed meanwhile dies exactly like a writer killed mid-write.
   // If it survives, the set is emptied and released.
   void debug_hold_set(uint64_t s, double seconds) const {
@@ -647,13 +671,8 @@ class ShmCache {
     uint8_t* set = set_ptr(s);
     SetLock lock(*this, set);
     begin_write(set);
-    float nan;
-    const uint32_t bits = 0x7fc00000u;
-    std::memcpy(&nan, &bits, 4);
-    for (uint32_t w = 0; w < ways_; ++w) {
-      float* v = vec(set, w);
-      for (uint32_t j = 0; j < (dim_ + 1) / 2; ++j) v[j] = nan;
-    }
+    // all-ones bytes: NaN as float32 and as float16
+    for (uint32_t w = 0; w < ways_; ++w) std::memset(vec(set, w), 0xff, (fmt_.row_bytes + 1) / 2);
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
     for (uint32_t w = 0; w < ways_; ++w) valid(set)[w].store(0, std::memory_order_relaxed);
     end_write(set);
@@ -665,6 +684,7 @@ class ShmCache {
     num_sets_ = h_->num_sets;
     ways_ = h_->ways;
     dim_ = h_->vec_size;
+    fmt_ = RowFormat(static_cast<Precision>(h_->precision), dim_);
     policy_ = static_cast<CachePolicy>(h_->policy);
     stride_ = h_->set_stride;
     vec_off_ = h_->vec_offset;
@@ -712,8 +732,8 @@ class ShmCache {
   std::atomic<uint8_t>* valid(uint8_t* set) const noexcept {
     return reinterpret_cast<std::atomic<uint8_t>*>(set + 64 + 16 * ways_);
   }
-  float* vec(uint8_t* set, int w) const noexcept {
-    return reinterpret_cast<float*>(set + vec_off_) + static_cast<size_t>(w) * dim_;
+  uint8_t* vec(uint8_t* set, int w) const noexcept {
+    return set + vec_off_ + static_cast<size_t>(w) * fmt_.row_bytes;
   }
 
   int find_way(uint8_t* set, int64_t k) const noexcept {
@@ -753,11 +773,11 @@ class ShmCache {
     const uint64_t s = seq(set).load(std::memory_order_relaxed);
     seq(set).store(s + 1, std::memory_order_release);
   }
-  void write_way(uint8_t* set, int w, int64_t k, const float* v, uint64_t tick) const noexcept {
+  void write_way(uint8_t* set, int w, int64_t k, const uint8_t* v, uint64_t tick) const noexcept {
     begin_write(set);
     valid(set)[w].store(0, std::memory_order_relaxed);
     keys_of(set)[w].store(k, std::memory_order_relaxed);
-    std::memcpy(vec(set, w), v, size_t{dim_} * sizeof(float));
+    std::memcpy(vec(set, w), v, fmt_.row_bytes);
     ticks(set)[w].store(tick, std::memory_order_relaxed);
     valid(set)[w].store(1, std::memory_order_relaxed);
     end_write(set);
@@ -876,6 +896,7 @@ class ShmCache {
   std::atomic<uint64_t>* sketch_;
   uint64_t num_sets_, stride_, vec_off_, sketch_width_;
   uint32_t ways_, dim_;
+  RowFormat fmt_;
   unsigned set_shift_;
   CachePolicy policy_;
 };

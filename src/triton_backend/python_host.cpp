@@ -224,7 +224,7 @@ struct NativeTable {
   int64_t* stats = nullptr;
   std::optional<tr::ShmCache> cache;  // the shared cache, when the table has one
   tr::IndexView index{nullptr, 0};
-  tr::TableView vectors{nullptr, 0, 0};
+  tr::TableView vectors{nullptr, 0, {}};
 
   void count(Stat s, int64_t v) const { __atomic_fetch_add(stats + s, v, __ATOMIC_RELAXED); }
 };
@@ -328,6 +328,7 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
     PyObject* t = PyList_GetItem(tables, i);
     NativeTable nt;
     nt.dim = as_int(PyDict_GetItemString(t, "vec_size"));
+    const tr::Precision precision = tr::precision_of(as_int(PyDict_GetItemString(t, "precision")));
     nt.default_value =
         static_cast<float>(PyFloat_AsDouble(PyDict_GetItemString(t, "default_value")));
     nt.stats = reinterpret_cast<int64_t*>(
@@ -337,8 +338,9 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
     if (PyObject* c = PyDict_GetItemString(t, "cache")) {
       if (!pair(c, &addr, &n)) throw std::runtime_error("native plan: bad cache address");
       nt.cache = tr::ShmCache::attach(reinterpret_cast<void*>(addr), static_cast<size_t>(n));
-      if (static_cast<int64_t>(nt.cache->vec_size()) != nt.dim) {
-        throw std::runtime_error("native plan: cache vec_size differs from the table's");
+      if (static_cast<int64_t>(nt.cache->vec_size()) != nt.dim ||
+          nt.cache->format().precision != precision) {
+        throw std::runtime_error("native plan: the cache's vec_size or precision differs");
       }
     } else {
       if (!pair(PyDict_GetItemString(t, "index"), &addr, &n)) {
@@ -348,8 +350,8 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
       if (!pair(PyDict_GetItemString(t, "vectors"), &addr, &n)) {
         throw std::runtime_error("native plan: bad vectors address");
       }
-      nt.vectors =
-          tr::TableView{reinterpret_cast<const float*>(addr), n, static_cast<size_t>(nt.dim)};
+      nt.vectors = tr::TableView{reinterpret_cast<const void*>(addr), n,
+                                 tr::RowFormat(precision, static_cast<size_t>(nt.dim))};
     }
     if (PyErr_Occurred()) throw std::runtime_error(python_error());
     plan->tables.push_back(nt);

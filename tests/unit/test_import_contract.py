@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: (subpackages or modules directly under ``triton_rec``; "" is ``triton_rec/__init__.py``).
 LAYERS: Tuple[Set[str], ...] = (
     {"errors"},  # the root of every error the engine raises
-    {"", "_native", "util"},  # the package's __init__, the C++ core, small helpers
+    {"", "_native", "util", "precision"},  # __init__, the C++ core, small helpers, row encodings
     {"config"},  # ps.json, config.pbtxt, model files
     {"formats"},  # readers/writers of trained-model files
     {"storage"},  # tables, the node-local store, Redis/RocksDB tiers

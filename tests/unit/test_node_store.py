@@ -80,7 +80,7 @@ def test_the_layout_file_follows_the_documented_byte_layout(tmp_path):
     path = node_store.convert_table(src, 5, str(tmp_path / "store"))
     raw = open(path, "rb").read()
     magic, version, hsize, n, d, cap, ko, vo, io, size = struct.unpack_from("<8sIIQQQQQQQ", raw)
-    assert (magic, version, hsize, n, d) == (b"TRECTBL\0", 1, 4096, 1000, 5)
+    assert (magic, version, hsize, n, d) == (b"TRECTBL\0", 2, 4096, 1000, 5)
     assert cap == 2048 and (ko, vo, io) == (4096, 4096 + 8192, 4096 + 8192 + 20480)
     assert size == len(raw) == io + 16 * cap
     assert raw[ko : ko + 8000] == keys.astype("<i8").tobytes()
@@ -88,6 +88,7 @@ def test_the_layout_file_follows_the_documented_byte_layout(tmp_path):
     assert raw[io:] == _native.build_index(keys).tobytes()
     assert raw[4064:4096] == hashlib.blake2b(raw[:4064], digest_size=32).digest()
     assert raw[170 : 170 + len(src)] == src.encode()
+    assert struct.unpack_from("<I", raw, 2224) == (0,)  # precision code: fp32
 
 
 def test_the_content_digest_is_the_documented_tree_hash(tmp_path):
@@ -108,7 +109,7 @@ def test_a_second_load_takes_the_fast_path_and_never_reads_the_source(tmp_path, 
     store = str(tmp_path / "store")
     first = node_store.ensure_layout(src, 8, store)
     assert first.action == "converted"
-    _forbid(monkeypatch, "read_table", "content_digest", "_write_layout", "_build_index")
+    _forbid(monkeypatch, "read_table_rows", "content_digest", "_write_layout", "_build_index")
     again = node_store.ensure_layout(src, 8, store)
     assert again.action == "reused" and again.path == first.path
     table = node_store.load_table(_params(src), store)

@@ -17,7 +17,9 @@ State (all arrays; names as in :meth:`ArrayEmbeddingCache.state_arrays`)::
     keys     int64   [num_sets, ways]            key held by each way
     valid    bool    [num_sets, ways]            way holds a key
     ticks    int64   [num_sets, ways]            clock value of the way's last access
-    vectors  float32 [num_sets, ways, vec_size]  the cached vectors
+    vectors  rows [num_sets, ways, W]            the cached rows, encoded in the cache's
+                                                 precision (float32 W = vec_size for
+                                                 fp32; RowCodec.row_width/row_dtype)
     seq      int64   [num_sets]                  per-set version: odd while being written
     sketch   uint8   [4, width]                  TinyLFU count-min sketch (4 rows;
                                                  policy ``tinylfu`` only)
@@ -70,6 +72,7 @@ import numpy as np
 
 from triton_rec.config.ps_json import CACHE_POLICIES, CachePolicy
 from triton_rec.errors import ConfigError, CupyUnavailableError
+from triton_rec.precision import DEFAULT_PRECISION, RowCodec
 
 __all__ = [
     "ArrayEmbeddingCache",
@@ -106,7 +109,7 @@ SKETCH_WIDTH_FACTOR = 8  # sketch counters per row: >= 8 per slot
     _OVERFLOW,
     _ERASED,
     _RECOVERED,
-    _RESERVED,
+    _PRECISION,  # RowCodec.code of the rows (was reserved: 0, fp32, in older caches)
 ) = range(16)
 META_LEN = 16
 #: node-wide counters kept in meta (written under the writer lock, so exact)
@@ -232,6 +235,10 @@ class ArrayEmbeddingCache:
             ``capacity``, less than ``capacity + ways``.
         vec_size: floats per vector.
         ways: ways per set.
+        precision: how the rows are held (:mod:`triton_rec.precision`; kept in
+            ``meta``): :meth:`insert`/:meth:`update` take rows in it (or float32 vectors,
+            encoded once), :meth:`query` decodes with the same xp operations on numpy
+            and CuPy.
         policy: ``"lru"`` or ``"tinylfu"``.
         xp: numpy (default), cupy, or their names. ``"cupy"`` imports CuPy (and raises
             :class:`CupyUnavailableError` without it); device arrays are allocated on
@@ -261,6 +268,7 @@ class ArrayEmbeddingCache:
         xp: Any = np,
         arrays: Optional[Dict[str, Any]] = None,
         lock: Any = None,
+        precision: str = DEFAULT_PRECISION,
     ):
         capacity, vec_size, ways = int(capacity), int(vec_size), int(ways)
         if capacity < 1 or vec_size < 1 or ways < 1:
@@ -271,7 +279,8 @@ class ArrayEmbeddingCache:
         if policy not in POLICIES:
             raise ConfigError(f"cache policy must be one of {list(POLICIES)}, got {policy!r}")
         self.xp = resolve_xp(xp)
-        layout = self.state_layout(capacity, vec_size, ways, policy)
+        codec = RowCodec(precision, vec_size)
+        layout = self.state_layout(capacity, vec_size, ways, policy, precision)
         if arrays is None:
             arrays = {n: self.xp.zeros(shape, dtype=dt) for n, (shape, dt) in layout.items()}
         else:
@@ -283,6 +292,7 @@ class ArrayEmbeddingCache:
         meta[_POLICY] = POLICIES.index(policy)
         meta[_WAYS] = ways
         meta[_VEC] = vec_size
+        meta[_PRECISION] = codec.code
         meta[_MAGIC] = MAGIC
         self._attach(arrays, lock)
 
@@ -302,16 +312,21 @@ class ArrayEmbeddingCache:
 
     @staticmethod
     def state_layout(
-        capacity: int, vec_size: int, ways: int = 8, policy: str = CachePolicy.LRU
+        capacity: int,
+        vec_size: int,
+        ways: int = 8,
+        policy: str = CachePolicy.LRU,
+        precision: str = DEFAULT_PRECISION,
     ) -> Dict[str, Tuple[tuple, Any]]:
         """``name -> (shape, dtype)`` of the state arrays of such a cache (``sketch`` only
         for ``tinylfu``)."""
         num_sets = ArrayEmbeddingCache.num_sets_for(capacity, ways)
+        codec = RowCodec(precision, int(vec_size))
         layout = {
             "keys": ((num_sets, ways), np.dtype(np.int64)),
             "valid": ((num_sets, ways), np.dtype(np.bool_)),
             "ticks": ((num_sets, ways), np.dtype(np.int64)),
-            "vectors": ((num_sets, ways, vec_size), np.dtype(np.float32)),
+            "vectors": ((num_sets, ways, codec.row_width), codec.row_dtype),
             "seq": ((num_sets,), np.dtype(np.int64)),
             "meta": ((META_LEN,), np.dtype(np.int64)),
         }
@@ -341,7 +356,13 @@ class ArrayEmbeddingCache:
         self = cls.__new__(cls)
         self.xp = xp
         policy = POLICIES[m[_POLICY]]
-        cls._check_layout(arrays, cls.state_layout(m[_CAPACITY], m[_VEC], m[_WAYS], policy))
+        try:
+            precision = RowCodec.from_code(m[_PRECISION], max(1, m[_VEC])).precision
+        except ValueError as e:
+            raise ConfigError(f"state arrays: {e}") from None
+        cls._check_layout(
+            arrays, cls.state_layout(m[_CAPACITY], m[_VEC], m[_WAYS], policy, precision)
+        )
         self._attach(arrays, lock)
         return self
 
@@ -373,7 +394,8 @@ class ArrayEmbeddingCache:
         self.policy = POLICIES[int(m[_POLICY])]
         self.num_sets, self.ways = (int(v) for v in self.slot_keys.shape)
         self.capacity = self.num_sets * self.ways
-        self.vec_size = int(self.vectors.shape[2])
+        self.vec_size = int(m[_VEC])
+        self.codec = RowCodec.from_code(int(m[_PRECISION]), self.vec_size)
         self.sketch_width = int(self.sketch.shape[1]) if self.sketch is not None else 0
         self.lock = lock if lock is not None else threading.Lock()
         # CuPy: the device holding the arrays, made current around every operation
@@ -405,11 +427,9 @@ class ArrayEmbeddingCache:
         return k
 
     def _vectors(self, vectors, n):
-        v = self.xp.asarray(vectors, dtype=np.float32)
-        if v.shape != (n, self.vec_size):
-            raise ValueError(
-                f"vectors must be float32 [{n}, {self.vec_size}], got {tuple(v.shape)}"
-            )
+        v = self.codec.as_rows(self.xp.asarray(vectors), "vectors")
+        if v.shape[0] != n:
+            raise ValueError(f"vectors must hold {n} rows, got {tuple(v.shape)}")
         return v
 
     @_on_device
@@ -530,6 +550,8 @@ class ArrayEmbeddingCache:
             h2, w2, v2, ok2 = self._read(k[retry], s[retry])
             hit[retry], way[retry], vec[retry] = h2, w2, v2
             torn = int((~ok2).sum())
+        if self.codec.precision != DEFAULT_PRECISION:
+            vec = self.codec.decode(vec)  # the same xp operations on numpy and CuPy
         out = xp.where(hit[:, None], vec, np.float32(0))
         clk = self._tick()
         self.ticks[s[hit], way[hit]] = clk
@@ -751,6 +773,7 @@ class HostCacheView:
     def __init__(self, cache: ArrayEmbeddingCache):
         self.cache = cache
         self.vec_size = cache.vec_size
+        self.codec = cache.codec
         self.capacity = cache.capacity
         self.policy = cache.policy
 

@@ -17,6 +17,10 @@ Lookup (HPS semantics, ``hit_rate_threshold`` of ps.json):
 
 The cache is shared by every instance on the node (one per model, device and table);
 each instance has its own :class:`CachedTable`, statistics and background threads.
+
+Rows travel between the store and the cache encoded in the table's precision
+(:attr:`CachedTable.codec`, :mod:`triton_rec.precision`): a miss is fetched as
+the store holds it, inserted as it is, and decoded once into the answer.
 """
 
 from __future__ import annotations
@@ -51,10 +55,11 @@ class EmbeddingCache(Protocol):
         """Write the cached vectors of ``keys`` into ``out``, set ``hit_mask``; returns hits."""
 
     def insert(self, keys: np.ndarray, vectors: np.ndarray):
-        """Insert (or overwrite) ``keys`` with ``vectors``, evicting per the cache's policy."""
+        """Insert (or overwrite) ``keys`` with ``vectors`` (rows in the cache's precision),
+        evicting per the cache's policy."""
 
     def update(self, keys: np.ndarray, vectors: np.ndarray) -> int:
-        """Overwrite the vectors of the ``keys`` already cached; returns how many were."""
+        """Overwrite the rows of the ``keys`` already cached; returns how many were."""
 
     def keys(self) -> np.ndarray:
         """The keys cached now."""
@@ -133,6 +138,13 @@ class CachedTable:
         self.inserter = None if exact else inserter
         self.vec_size = store.vec_size
         self.default_value = store.default_value
+        self.codec = store.codec
+        cache_codec = getattr(cache, "codec", self.codec)
+        if cache_codec != self.codec:
+            raise ValueError(
+                f"table {name}: the cache holds {cache_codec.precision} rows of "
+                f"{cache_codec.dim}, the store {self.codec.precision} rows of {self.codec.dim}"
+            )
         self.stats = TableStats()
 
     def lookup(
@@ -195,12 +207,23 @@ class CachedTable:
             self.stats.add(cache_ns=query_ns, **counts)
             return hits
         miss_keys = keys[miss_idx]
-        fetched = np.empty((fetched_n, self.vec_size), dtype=np.float32)
+        fetched = self.codec.empty(fetched_n)  # as the store holds them
         t1 = time.perf_counter_ns()
-        self.store.fetch(miss_keys, fetched)
-        out[miss_idx] = fetched
+        found = self.store.fetch(miss_keys, fetched)
+        if self.codec.precision == "fp32":
+            out[miss_idx] = fetched
+        else:
+            out[miss_idx] = self.codec.decode(fetched)
+            absent = miss_idx[~found]
+            out[absent] = self.default_value  # exactly the default, not its encoding
         t2 = time.perf_counter_ns()
-        self.cache.insert(miss_keys, fetched)
+        # Keys no tier holds are not cached: each later lookup asks the store again and
+        # is counted (a cached default would be answered silently, and never fixed by an
+        # online update of a key the cache does not hold).
+        if found.all():
+            self.cache.insert(miss_keys, fetched)
+        elif found.any():
+            self.cache.insert(miss_keys[found], fetched[found])
         t3 = time.perf_counter_ns()
         self.stats.add(
             sync_fetched=fetched_n,
@@ -234,9 +257,9 @@ class CachedTable:
         """Fetch ``keys`` from the store and insert them in the cache (background path)."""
         assert self.cache is not None  # the background path exists only with a cache
         keys = np.unique(keys)
-        vectors = np.empty((keys.shape[0], self.vec_size), dtype=np.float32)
-        self.store.fetch(keys, vectors)
-        self.cache.insert(keys, vectors)
+        rows = self.codec.empty(keys.shape[0])
+        found = self.store.fetch(keys, rows)
+        self.cache.insert(keys[found], rows[found])  # keys no tier holds stay out
 
     def refresh(self, fraction: float) -> int:
         """One refresh pass as HPS does it (hier_parameter_server.cpp L862-943): re-read
@@ -249,9 +272,9 @@ class CachedTable:
         chunk = max(1, int(np.ceil(n * fraction)))
         for start in range(0, n, chunk):
             batch = np.ascontiguousarray(cached[start : start + chunk])
-            vectors = np.empty((batch.shape[0], self.vec_size), dtype=np.float32)
-            self.store.fetch(batch, vectors)
-            self.cache.update(batch, vectors)
+            rows = self.codec.empty(batch.shape[0])
+            self.store.fetch(batch, rows)
+            self.cache.update(batch, rows)
         self.stats.add(refreshed=n)
         return n
 
@@ -260,9 +283,9 @@ class CachedTable:
         if self.cache is None or max_rows <= 0:
             return 0
         keys = np.ascontiguousarray(self.store.sample_keys(max_rows), dtype=np.int64)
-        vectors = np.empty((keys.shape[0], self.vec_size), dtype=np.float32)
-        self.store.fetch(keys, vectors)
-        self.cache.insert(keys, vectors)
+        rows = self.codec.empty(keys.shape[0])
+        self.store.fetch(keys, rows)
+        self.cache.insert(keys, rows)
         return int(keys.shape[0])
 
 

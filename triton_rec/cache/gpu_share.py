@@ -84,6 +84,7 @@ from triton_rec.cache.array_cache import (
 from triton_rec.cache.shm_security import open_private_file, open_segment_dir, remove_namespace_dir
 from triton_rec.config.ps_json import CachePolicy
 from triton_rec.errors import ConfigError, StaleHandlesError
+from triton_rec.precision import DEFAULT_PRECISION
 from triton_rec.util.procfs import process_alive, start_time
 
 log = logging.getLogger(__name__)
@@ -688,6 +689,7 @@ def open_shared_cache(
     device: Union[str, int] = "cpu",
     directory: Optional[str] = None,
     namespace: Optional[str] = None,
+    precision: str = DEFAULT_PRECISION,
 ) -> SharedCache:
     """Create the cache published as ``name``, or attach to it if it exists.
 
@@ -724,11 +726,19 @@ def open_shared_cache(
                 if published:
                     if device == "cpu":
                         shared = _create_or_attach_cpu(
-                            name, capacity, vec_size, ways, policy, directory, lock
+                            name, capacity, vec_size, ways, policy, directory, lock, precision
                         )
                     else:
                         shared = _create_or_attach_cuda(
-                            name, capacity, vec_size, ways, policy, int(device), directory, lock
+                            name,
+                            capacity,
+                            vec_size,
+                            ways,
+                            policy,
+                            int(device),
+                            directory,
+                            lock,
+                            precision,
                         )
                     lock.register(shared._token, fresh=shared.owner)
         except BaseException:
@@ -743,20 +753,27 @@ def open_shared_cache(
         # A writer that died mid-write left its sets odd; drop their (maybe torn) data.
         # Takes the writer lock, so only after the creation lock above is released.
         shared.cache.repair()
-    want = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy)
+    want = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy, precision)
     c = shared.cache
     got = {n: (tuple(a.shape), np.dtype(a.dtype)) for n, a in c.state_arrays().items()}
-    if got != {n: (tuple(s), np.dtype(d)) for n, (s, d) in want.items()} or c.policy != policy:
+    if (
+        got != {n: (tuple(s), np.dtype(d)) for n, (s, d) in want.items()}
+        or c.policy != policy
+        or c.codec.precision != precision
+    ):
         shared.owner = False  # not ours to remove
         shared.close()
         raise ConfigError(
             f"shared cache {name!r} exists with another geometry/policy "
-            f"({c.num_sets} sets x {c.ways} ways, vec_size {c.vec_size}, {c.policy})"
+            f"({c.num_sets} sets x {c.ways} ways, vec_size {c.vec_size}, {c.policy}, "
+            f"{c.codec.precision})"
         )
     return shared
 
 
-def _create_or_attach_cpu(name, capacity, vec_size, ways, policy, directory, lock) -> SharedCache:
+def _create_or_attach_cpu(
+    name, capacity, vec_size, ways, policy, directory, lock, precision=DEFAULT_PRECISION
+) -> SharedCache:
     path = _path(name, directory)
     try:
         sa = attach_numpy_arrays(name, directory)
@@ -768,10 +785,10 @@ def _create_or_attach_cpu(name, capacity, vec_size, ways, policy, directory, loc
     elif sa is not None:
         cache = ArrayEmbeddingCache.from_arrays(sa.arrays, lock=lock)
         return SharedCache(cache, False, name, "cpu", lock, [], keepalive=sa)
-    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy)
+    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy, precision)
     sa = share_numpy_arrays(name, layout, directory)
     cache = ArrayEmbeddingCache(
-        capacity, vec_size, ways, policy, xp=np, arrays=sa.arrays, lock=lock
+        capacity, vec_size, ways, policy, xp=np, arrays=sa.arrays, lock=lock, precision=precision
     )
     sa.owner = False  # SharedCache removes the files
     return SharedCache(cache, True, name, "cpu", lock, [path, lock.path], keepalive=sa)
@@ -782,7 +799,9 @@ def _create_or_attach_cpu(name, capacity, vec_size, ways, policy, directory, loc
 _LOCAL_DEVICE_STATES: Dict[str, Dict[str, Any]] = {}
 
 
-def _create_or_attach_cuda(name, capacity, vec_size, ways, policy, device, directory, lock):
+def _create_or_attach_cuda(
+    name, capacity, vec_size, ways, policy, device, directory, lock, precision=DEFAULT_PRECISION
+):
     cupy = _cupy()
     hpath = _path(name, directory, ".cudaipc.json")
     local = _LOCAL_DEVICE_STATES.get(hpath)
@@ -806,11 +825,18 @@ def _create_or_attach_cuda(name, capacity, vec_size, ways, policy, device, direc
         pass
     except StaleHandlesError:
         os.unlink(hpath)  # its owner is gone and so is the memory: start over
-    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy)
+    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy, precision)
     arrays = allocate_device_arrays(layout, device)
     with cupy.cuda.Device(device):
         cache = ArrayEmbeddingCache(
-            capacity, vec_size, ways, policy, xp=cupy, arrays=arrays, lock=lock
+            capacity,
+            vec_size,
+            ways,
+            policy,
+            xp=cupy,
+            arrays=arrays,
+            lock=lock,
+            precision=precision,
         )
     write_handles(hpath, export_arrays(arrays))
     _LOCAL_DEVICE_STATES[hpath] = arrays

@@ -66,6 +66,7 @@ from triton_rec import _native
 from triton_rec.cache import shm_security
 from triton_rec.config.ps_json import CACHE_POLICIES, CachePolicy
 from triton_rec.errors import CacheConfigMismatchError, CacheError
+from triton_rec.precision import DEFAULT_PRECISION, PRECISIONS, RowCodec
 from triton_rec.util.procfs import flock_exclusive, process_alive, start_time
 
 log = logging.getLogger(__name__)
@@ -127,9 +128,11 @@ def layout_for(capacity: int, ways: int) -> int:
     return 1 << max(0, (need - 1).bit_length())
 
 
-def config_checksum(num_sets: int, ways: int, vec_size: int, policy: str) -> int:
+def config_checksum(
+    num_sets: int, ways: int, vec_size: int, policy: str, precision: int = 0
+) -> int:
     """64-bit checksum of the configuration that determines the layout."""
-    text = f"v{_native.SHM_CACHE_LAYOUT_VERSION}:{num_sets}:{ways}:{vec_size}:{policy}"
+    text = f"v{_native.SHM_CACHE_LAYOUT_VERSION}:{num_sets}:{ways}:{vec_size}:{policy}:{precision}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
@@ -266,6 +269,7 @@ class SharedEmbeddingCache:
         directory: str = DEFAULT_DIRECTORY,
         timeout: float = _OPEN_TIMEOUT,
         namespace: Optional[str] = None,
+        precision: str = DEFAULT_PRECISION,
     ) -> SharedEmbeddingCache:
         """Create the segment ``<directory>/trec_<name>`` (with a ``namespace``:
         ``<directory>/trec-ns-<namespace>/trec_<name>``) or attach to it (see the module
@@ -282,6 +286,8 @@ class SharedEmbeddingCache:
                 or ``"tinylfu"`` (same victim, plus TinyLFU admission: a new key replaces
                 the victim only if it was queried more often recently).
             ways: associativity (1..64).
+            precision: how the cache holds the rows (:mod:`triton_rec.precision`):
+                :meth:`insert`/:meth:`update` take rows in it, :meth:`query` decodes.
             directory: where segments live (a tmpfs; ``/dev/shm``).
             timeout: seconds to wait for other processes' file locks.
             namespace: the node store's token
@@ -307,8 +313,13 @@ class SharedEmbeddingCache:
         if vec_size < 1:
             raise ValueError(f"vec_size must be >= 1, got {vec_size}")
         num_sets = layout_for(int(capacity), int(ways))
+        codec = RowCodec(precision, int(vec_size))
         params: Dict[str, Any] = dict(
-            num_sets=num_sets, ways=int(ways), vec_size=int(vec_size), policy=policy
+            num_sets=num_sets,
+            ways=int(ways),
+            vec_size=int(vec_size),
+            policy=policy,
+            precision=codec.code,
         )
         checksum = config_checksum(**params)
         nbytes = _native.ShmCacheView.required_bytes(**params)
@@ -420,12 +431,13 @@ class SharedEmbeddingCache:
             if view.checksum != checksum:
                 have = (
                     f"capacity {view.capacity} ({view.num_sets} sets x {view.ways} ways), "
-                    f"vec_size {view.vec_size}, policy {view.policy}"
+                    f"vec_size {view.vec_size}, policy {view.policy}, "
+                    f"precision {PRECISIONS[view.precision]}"
                 )
                 want = (
                     f"capacity {params['num_sets'] * params['ways']} ({params['num_sets']} "
                     f"sets x {params['ways']} ways), vec_size {params['vec_size']}, "
-                    f"policy {params['policy']}"
+                    f"policy {params['policy']}, precision {PRECISIONS[params['precision']]}"
                 )
                 pids = sorted({t & _PID_MASK for t in live})
                 raise CacheConfigMismatchError(
@@ -476,6 +488,12 @@ class SharedEmbeddingCache:
     def vec_size(self) -> int:
         """Floats per cached vector."""
         return self._native().vec_size
+
+    @property
+    def codec(self) -> RowCodec:
+        """How the cache holds the rows (:meth:`insert` takes rows of it)."""
+        v = self._native()
+        return RowCodec.from_code(v.precision, v.vec_size)
 
     @property
     def policy(self) -> str:

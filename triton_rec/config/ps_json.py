@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 from triton_rec import _native
 from triton_rec.config.model_files import ConfigFileError, read_json
 from triton_rec.errors import ConfigError
+from triton_rec.precision import DEFAULT_PRECISION, PRECISIONS
 
 # Model keys documented for HPS / HugeCTR (hps-compat.md, upstream parsers).
 _MODEL_KEYS_USED = {
@@ -54,6 +55,7 @@ _MODEL_KEYS_USED = {
     "freeze_sparse",
     "embedding_cache_type",
     "use_static_table",
+    "embedding_precision",  # our extension (triton_rec.precision)
 }
 _MODEL_KEYS_KNOWN = _MODEL_KEYS_USED | {
     "num_of_worker_buffer_in_pool",
@@ -795,6 +797,8 @@ class TableParams:
         vec_size: floats per embedding vector.
         max_keys_per_sample: ``maxnum_catfeature_query_per_table_per_sample[i]``.
         default_value: value of every element of a vector whose key is unknown.
+        precision: how the node store, the cache and the tiers hold the rows (ps.json
+            ``embedding_precision[i]``, our extension; :data:`PRECISIONS`).
         fused_into: with HPS's table fusion (top-level ``fuse_embedding_table``), the
             fused table ``fused_embedding<k>`` whose Redis/RocksDB table and update topic
             hold this table's rows (:func:`fused_table_names`); None otherwise.
@@ -806,6 +810,7 @@ class TableParams:
     max_keys_per_sample: int
     default_value: float = 0.0
     fused_into: Optional[str] = None
+    precision: str = DEFAULT_PRECISION
 
     @property
     def tier_name(self) -> str:
@@ -984,6 +989,12 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
             _per_table(obj, "maxnum_catfeature_query_per_table_per_sample", n, where)
         )
     ]
+    precisions = [
+        _choice(v, {p: p for p in PRECISIONS}, table_key("embedding_precision", i))
+        for i, v in enumerate(
+            _per_table(obj, "embedding_precision", n, where, [DEFAULT_PRECISION] * n)
+        )
+    ]
     defaults, notes = _default_values(obj, n, where, table_key)
     max_batch = _as_int(
         obj.get("max_batch_size", dft["max_batch_size"]),
@@ -1021,6 +1032,7 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
             vec_size=vec[i],
             max_keys_per_sample=maxnum[i],
             default_value=defaults[i],
+            precision=precisions[i],
         )
         for i in range(n)
     )
@@ -1133,6 +1145,15 @@ def _fused(m: ModelParams, where: str) -> ModelParams:
     if not _as_bool(m.extra.get("fuse_embedding_table", True), where):
         return m
     names = fused_table_names([t.vec_size for t in m.tables])
+    precision_of: Dict[str, str] = {}
+    for t, f in zip(m.tables, names):
+        if precision_of.setdefault(f, t.precision) != t.precision:
+            raise _fail(
+                where,
+                f"table {t.name!r} ({t.precision}) would be fused into {f} with tables stored "
+                f"in {precision_of[f]}: tables of one vec_size need one 'embedding_precision' "
+                "while 'fuse_embedding_table' is on (or set it to false)",
+            )
     return dataclasses.replace(
         m,
         tables=tuple(dataclasses.replace(t, fused_into=f) for t, f in zip(m.tables, names)),

@@ -21,6 +21,15 @@ def read_table(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
     return read_sparse_dir(path, vec_size)
 
 
+def read_table_rows(path: str, vec_size: int):
+    """``(keys, rows, codec)``: the table's rows as the source holds them (float32 for
+    HugeCTR sparse files and plain ``.npz`` tables)."""
+    from triton_rec.precision import RowCodec
+
+    keys, vectors = read_table(path, vec_size)
+    return keys, vectors, RowCodec("fp32", vec_size)
+
+
 def write_table(path: str, keys: np.ndarray, vectors: np.ndarray) -> None:
     """Write a table in the format implied by ``path`` (see :func:`read_table`)."""
     if str(path).endswith(".npz"):

@@ -188,7 +188,7 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
             for t in params.tables
             if t.fused_into == tp.fused_into and t.name != tp.name
         )
-    row_bytes = 4 * tp.vec_size
+    row_bytes = table.codec.row_bytes
     opened: List[Tier] = []
     persistent: Optional[Tier] = None
 
@@ -222,6 +222,7 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
                     read_only=True,
                     max_batch_size=per.max_batch_size,
                     num_threads=per.num_threads,
+                    precision=tp.precision,
                 )
             else:
                 store = NodeRocksDBTable(
@@ -231,6 +232,7 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
                     tp.default_value,
                     max_batch_size=per.max_batch_size,
                     num_threads=per.num_threads,
+                    precision=tp.precision,
                 )
             persistent = Tier("persistent", store, per.on_unavailable, per.update_filters)
             if not per.read_only:
@@ -247,6 +249,7 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
                 overflow_policy=vol.overflow_policy,
                 overflow_resolution_target=vol.overflow_resolution_target,
                 refresh_time_after_fetch=vol.refresh_time_after_fetch,
+                precision=tp.precision,
                 **vol.redis.client_kwargs(),
             )
             opened.append(Tier("volatile", store, vol.on_unavailable, vol.update_filters))
@@ -305,6 +308,7 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
                 table.vec_size,
                 policy=params.cache_policy,
                 ways=params.cache_ways,
+                precision=tp.precision,
                 directory=spec.cache_dir,
                 namespace=shm_namespace(table, spec.cache_dir),
             )
@@ -316,6 +320,7 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
             table.vec_size,
             ways=params.cache_ways,
             policy=params.cache_policy,
+            precision=tp.precision,
             device=spec.device_id,
             namespace=shm_namespace(table, shm_dir()),
         )

@@ -47,7 +47,8 @@ def read_table_privately(t: TableParams) -> EmbeddingTable:
 
 def native_table_plans(tables: Sequence[CachedTable]) -> Optional[List[dict]]:
     """Per table, what the native backend's hot path reads it with, or None if a table
-    needs Python for every lookup. Each entry: ``vec_size``, ``default_value``, ``stats``
+    needs Python for every lookup. Each entry: ``vec_size``, ``precision`` (the rows'
+    :attr:`~triton_rec.precision.RowCodec.code`), ``default_value``, ``stats``
     (address of its :data:`~triton_rec.cache.cached_table.NATIVE_FIELDS` counters) and
     either ``cache`` (address, bytes of a CPU shared cache: misses come back to
     :meth:`CachedTable.finish_query`) or, without a cache, the node-local table's
@@ -59,6 +60,7 @@ def native_table_plans(tables: Sequence[CachedTable]) -> Optional[List[dict]]:
             "vec_size": int(ct.vec_size),
             "default_value": float(ct.default_value),
             "stats": int(ct.stats.native.ctypes.data),
+            "precision": int(ct.codec.code),
         }
         if isinstance(ct.cache, SharedEmbeddingCache):
             entry["cache"] = ct.cache.native_address()
@@ -68,7 +70,7 @@ def native_table_plans(tables: Sequence[CachedTable]) -> Optional[List[dict]]:
             if not (
                 index.flags.c_contiguous
                 and vectors.flags.c_contiguous
-                and vectors.dtype == np.float32
+                and vectors.dtype == ct.codec.row_dtype
             ):
                 return None
             entry["index"] = (int(index.ctypes.data), int(index.shape[0]))

@@ -12,6 +12,12 @@ rest. Implementations, one file each, all run by one contract suite
 - :class:`~triton_rec.storage.redis_store.RedisClusterStore`: hashes in a Redis Cluster (HPS
   ``volatile_db`` of type ``redis_cluster``).
 
+Rows are held in the table's precision (:attr:`BackingStore.codec`,
+:mod:`triton_rec.precision`): :meth:`~BackingStore.fetch` answers decoded float32
+vectors or, given a row array of the codec (:meth:`~BackingStore.fetch_rows`), the
+encoded rows as stored, which is what a cache in the same precision inserts.
+``upsert`` takes either form (float32 vectors are encoded once, by the store).
+
 Reading (every store): :meth:`~BackingStore.fetch`, :meth:`~BackingStore.num_rows`,
 :meth:`~BackingStore.sample_keys`, :meth:`~BackingStore.close`. Writing (writable tiers
 only): :meth:`~BackingStore.upsert`, :meth:`~BackingStore.delete`; on a read-only store
@@ -39,6 +45,7 @@ from triton_rec.errors import (  # noqa: F401  (the store errors are re-exported
     StoreError,
     StoreUnavailableError,
 )
+from triton_rec.precision import DEFAULT_PRECISION, RowCodec
 from triton_rec.storage.table import EmbeddingTable
 
 # Model and table names (config.py's rule): letters, digits, "_" and "-". "." joins them.
@@ -73,18 +80,25 @@ def check_keys(keys: np.ndarray) -> np.ndarray:
 
 
 def check_rows(
-    keys: np.ndarray, vectors: np.ndarray, vec_size: int
+    keys: np.ndarray, vectors: np.ndarray, vec_size: int, codec: Optional[RowCodec] = None
 ) -> Tuple[np.ndarray, np.ndarray]:
-    """Checked ``(keys, vectors)`` of an upsert: int64 ``[M]``, C-contiguous float32
-    ``[M, vec_size]`` (ValueError naming the problem otherwise)."""
+    """Checked ``(keys, rows)`` of an upsert: int64 ``[M]`` and C-contiguous rows of
+    ``codec`` (default float32): float32 ``[M, vec_size]`` vectors are encoded, a row
+    array of the codec is taken as it is (ValueError naming the problem otherwise)."""
     keys = check_keys(keys)
+    codec = codec or RowCodec(DEFAULT_PRECISION, vec_size)
     vectors = np.asarray(vectors)
-    if vectors.dtype != np.float32 or vectors.shape != (keys.shape[0], vec_size):
+    try:
+        rows = codec.as_rows(vectors, "vectors")
+    except ValueError:
+        rows = None
+    if rows is None or rows.shape[0] != keys.shape[0]:
         raise ValueError(
-            f"vectors must be float32 [{keys.shape[0]}, {vec_size}], "
-            f"got {vectors.dtype} {vectors.shape}"
+            f"vectors must be float32 [{keys.shape[0]}, {vec_size}]"
+            + (f" or {codec.precision} rows" if codec.precision != "fp32" else "")
+            + f", got {vectors.dtype} {vectors.shape}"
         )
-    return keys, np.ascontiguousarray(vectors)
+    return keys, rows
 
 
 def last_occurrence(keys: np.ndarray) -> np.ndarray:
@@ -102,14 +116,39 @@ def decode_values(
     found: np.ndarray,
     default_value: float,
     where: str,
+    codec: Optional[RowCodec] = None,
 ) -> None:
-    """Write raw float32 values (``None`` = missing) into ``out`` and ``found``.
+    """Write raw encoded rows (``None`` = missing) into ``out`` and ``found``.
 
-    Used by the byte-level stores. A value whose length is not ``4 * vec_size`` raises
-    :class:`StoreDataError` naming ``where`` (the table) and the key, before anything is
-    written to ``out`` for that batch.
+    Used by the byte-level stores, whose values are rows of ``codec`` (default float32
+    rows of ``out``'s width). ``out`` takes decoded float32 vectors, or the rows as they
+    are when it is a row array of the codec. A value whose length is not
+    ``codec.row_bytes`` raises :class:`StoreDataError` naming ``where`` (the table) and
+    the key, before anything is written to ``out`` for that batch.
     """
-    row_bytes = out.shape[1] * 4
+    codec = codec or RowCodec(DEFAULT_PRECISION, out.shape[1])
+    if codec.precision != DEFAULT_PRECISION:
+        rows = out if codec.is_rows(out) else codec.empty(out.shape[0])
+        _decode_raw(values, keys, rows, found, default_value, codec, where)
+        if rows is not out:
+            codec.decode(rows, out=out)
+            out[~found] = default_value  # exactly the default, not its encoding
+        return
+    _decode_raw(values, keys, out, found, default_value, codec, where)
+
+
+def _decode_raw(
+    values: Sequence[Optional[bytes]],
+    keys: np.ndarray,
+    out: np.ndarray,
+    found: np.ndarray,
+    default_value: float,
+    codec: RowCodec,
+    where: str,
+) -> None:
+    """:func:`decode_values` into a row array ``out`` of ``codec`` (missing keys get the
+    encoded default row, see :meth:`RowCodec.default_row`)."""
+    row_bytes = codec.row_bytes
     hit = [i for i, v in enumerate(values) if v is not None]
     present = cast(Sequence[bytes], values)  # at the indices in hit (all of them if no miss)
     bad = [i for i in hit if len(present[i]) != row_bytes]
@@ -117,17 +156,19 @@ def decode_values(
         i = bad[0]
         raise StoreDataError(
             f"{where}: the value of key {int(keys[i])} has {len(present[i])} bytes, expected "
-            f"{row_bytes} ({out.shape[1]} float32); {len(bad)} bad value(s) in this batch"
+            f"{row_bytes} ({codec.dim} values in {codec.precision}); {len(bad)} bad value(s) "
+            "in this batch"
         )
     found[:] = False
+    dtype = codec.row_dtype.newbyteorder("<")
     if len(hit) == len(values):
-        out[:] = np.frombuffer(b"".join(present), dtype="<f4").reshape(out.shape)
+        out[:] = np.frombuffer(b"".join(present), dtype=dtype).reshape(out.shape)
         found[:] = True
         return
-    out[:] = default_value
+    out[:] = codec.default_row(default_value) if codec.precision != "fp32" else default_value
     if hit:
         idx = np.asarray(hit, dtype=np.int64)
-        rows = np.frombuffer(b"".join(present[i] for i in hit), dtype="<f4")
+        rows = np.frombuffer(b"".join(present[i] for i in hit), dtype=dtype)
         out[idx] = rows.reshape(len(hit), -1)
         found[idx] = True
 
@@ -171,14 +212,30 @@ class BackingStore(abc.ABC):
     read_only: bool = True
     #: whether :meth:`num_rows` is exact (False: an estimate)
     exact_num_rows: bool = True
+    #: set by stores that hold encoded rows (see :attr:`codec`)
+    _codec: Optional[RowCodec] = None
+
+    @property
+    def codec(self) -> RowCodec:
+        """How the store holds the rows (float32 unless the store was opened with a
+        precision, :mod:`triton_rec.precision`)."""
+        return self._codec or RowCodec(DEFAULT_PRECISION, self.vec_size)
 
     @abc.abstractmethod
     def fetch(self, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Write the vectors of ``keys`` (int64 ``[M]``) into ``out`` (float32 ``[M, D]``).
+        """Write the vectors of ``keys`` (int64 ``[M]``) into ``out``: float32 ``[M, D]``
+        (decoded), or a row array of :attr:`codec` (the rows as stored).
 
-        Keys the store does not hold get ``default_value`` in every element.
-        Returns a bool ``[M]`` mask of the keys that were found.
+        Keys the store does not hold get ``default_value`` in every element (as a row
+        array: :meth:`RowCodec.default_row`). Returns a bool ``[M]`` mask of the keys
+        that were found.
         """
+
+    def fetch_rows(self, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """:meth:`fetch` into a row array of :attr:`codec` (ValueError for another array):
+        the encoded rows, for a cache that holds the same encoding."""
+        self.codec.check_rows(rows, keys.shape[0], f"{self!r}: fetch_rows")
+        return self.fetch(keys, rows)
 
     @abc.abstractmethod
     def num_rows(self) -> int:
@@ -240,14 +297,33 @@ class LocalTableStore(BackingStore):
         self.table = table
         self.vec_size = table.vec_size
         self.default_value = table.default_value
+        self._codec = table.codec
 
     def fetch(
         self, keys: np.ndarray, out: np.ndarray, missing: Optional[np.ndarray] = None
     ) -> np.ndarray:
         """Gather ``keys`` into ``out`` (the default for unknown keys); returns found."""
-        missing = np.empty(keys.shape[0], dtype=np.uint8) if missing is None else missing
         t = self.table
-        _native.lookup(t.index, t.vectors, keys, out, t.default_value, missing=missing)
+        if out.dtype != np.float32 and t.codec.is_rows(out):  # encoded rows, as stored
+            rows = np.empty(keys.shape[0], np.int64)
+            _native.probe(t.index, check_keys(keys), rows)
+            found = rows >= 0
+            if found.all():
+                np.take(t.vectors, rows, axis=0, out=out)
+            else:
+                out[found] = t.vectors[rows[found]]
+                out[~found] = t.codec.default_row(t.default_value)
+            return found
+        missing = np.empty(keys.shape[0], dtype=np.uint8) if missing is None else missing
+        _native.lookup(
+            t.index,
+            t.vectors,
+            keys,
+            out,
+            t.default_value,
+            missing=missing,
+            precision=t.codec.code,
+        )
         return missing == 0
 
     def num_rows(self) -> int:

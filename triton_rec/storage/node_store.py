@@ -34,35 +34,39 @@ Finding the layout of a source (:func:`ensure_layout`, used by :func:`load_table
    (``link``, or ``os.replace``), so nobody ever sees a partial file.
 
 The source fingerprint (32 hex digits) is blake2b-128 of: the layout format version,
-the realpath of the source, vec_size, and for each source file (``key`` and
+the realpath of the source, vec_size, the precision, and for each source file (``key`` and
 ``emb_vector`` of a HugeCTR directory, or the ``.npz``): name, size, mtime_ns, inode and
 device. A file rewritten in place with the same size and a restored mtime is not
 noticed: convert with ``force=True`` (CLI ``--force``) after such a rewrite.
 
 Content digest (64 hex digits): a blake2b-256 tree hash, so that it runs on all cores.
-The keys bytes (int64 little-endian, source row order) and then the vector bytes
-(float32 little-endian) are cut, each from its own start, into chunks of
+The keys bytes (int64 little-endian, source row order) and then the row bytes
+(float32 little-endian for ``fp32``; the encoded rows otherwise) are cut, each from
+its own start, into chunks of
 ``HASH_CHUNK`` (64 MiB) bytes; ``leaf = blake2b(chunk, digest_size=32,
 person=b"trec-leaf")``; ``digest = blake2b(pack("<QQQ", HASH_CHUNK, N, D) + leaf_0 +
-leaf_1 + ..., digest_size=32, person=b"trec-content")``. It depends on the table
-content only (not on the file format: the same table as a HugeCTR directory or an
-``.npz`` has the same digest). The index digest is the same construction over the
-index section, with ``pack("<QQQ", HASH_CHUNK, capacity, 2)`` and ``person=b"trec-index"``.
+leaf_1 + ..., digest_size=32, person=b"trec-content")`` (``person=b"trec-cont-fp16"``
+/ ``b"trec-cont-int8"`` for encoded rows). It depends on the stored content only (not
+on the file format: the same table as a HugeCTR directory or an ``.npz`` has the same
+digest); the same table in two precisions has two digests, and two layouts. The
+index digest is the same construction over the index section, with
+``pack("<QQQ", HASH_CHUNK, capacity, 2)`` and ``person=b"trec-index"``.
 
-Layout file, format version 1
+Layout file, format version 2
 -----------------------------
 Little-endian; every section starts at a multiple of 4096 bytes (zero padding between)::
 
     offset size  header field
     0      8     magic b"TRECTBL\\0"
-    8      4     uint32 format version (1)
+    8      4     uint32 format version (2; version 1 files, without a precision, are fp32)
     12     4     uint32 header size (4096)
     16     8     uint64 N, rows
-    24     8     uint64 D, vec_size (floats per row)
+    24     8     uint64 D, vec_size (values per decoded row)
     32     8     uint64 capacity, index slots (= _native.index_capacity(N))
     40     8     uint64 keys_offset    = 4096
     48     8     uint64 vectors_offset = keys_offset + 8 N, rounded up to 4096
-    56     8     uint64 index_offset   = vectors_offset + 4 N D, rounded up to 4096
+    56     8     uint64 index_offset   = vectors_offset + R N, rounded up to 4096, where R
+                       is the bytes of one encoded row (4 D for fp32; RowCodec.row_bytes)
     64     8     uint64 file_size      = index_offset + 16 capacity (the complete file)
     72     8     uint64 HASH_CHUNK used by the digests
     80     8     int64  creation time, ns since the epoch
@@ -71,10 +75,13 @@ Little-endian; every section starts at a multiple of 4096 bytes (zero padding be
     152    16    fingerprint of the source it was converted from
     168    2     uint16 length of the source path below
     170    2048  source path, UTF-8 (for humans; truncated)
+    2224   4     uint32 precision code (RowCodec.code: 0 fp32, 1 fp16, 2 int8), version 2
     4064   32    blake2b-256 (digest_size=32, no key/person) of header bytes [0, 4064)
 
     keys_offset     int64   [N]            keys, in the source's row order
-    vectors_offset  float32 [N, D]         row i belongs to keys[i]
+    vectors_offset  rows [N]               row i belongs to keys[i]: float32 [N, D] for fp32,
+                                           the RowCodec row array otherwise
+                                           (triton_rec/precision.py)
     index_offset    int64   [capacity, 2]  exactly _native.build_index(keys)
                                            (persisted layout: src/native/hash_index.hpp)
 
@@ -128,13 +135,16 @@ from triton_rec.errors import (  # noqa: F401  (re-exported)
     StoreError,
 )
 from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE
-from triton_rec.formats.tables import read_table
+from triton_rec.formats.tables import read_table, read_table_rows
+from triton_rec.precision import DEFAULT_PRECISION, RowCodec
 from triton_rec.storage.table import MADV_POPULATE_READ, EmbeddingTable, mapping_of
 from triton_rec.util.procfs import flock_exclusive
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: older versions this one still reads (version 1: no precision field, always fp32)
+_READS_VERSIONS = (1, 2)
 MAGIC = b"TRECTBL\0"
 ALIGN = 4096
 HEADER_SIZE = 4096
@@ -146,6 +156,7 @@ SUFFIX = ".tbl"
 _HDR = struct.Struct("<8sIIQQQQQQQQq32s32s16sH")
 _SOURCE_AT = _HDR.size  # 170
 _SOURCE_MAX = 2048
+_PRECISION_AT = 2224  # uint32 precision code (format version 2)
 _CHECKSUM_AT = HEADER_SIZE - 32
 _SPOT_CHECKS = 16
 
@@ -180,28 +191,41 @@ class LayoutHeader:
     index_digest: str
     fingerprint: str
     source: str
+    precision: str = DEFAULT_PRECISION
+
+    @property
+    def codec(self) -> RowCodec:
+        """How the rows of the layout are encoded."""
+        return RowCodec(self.precision, self.vec_size)
 
     @property
     def data_bytes(self) -> int:
-        """Bytes of keys + vectors + index (what a conversion writes, without padding)."""
-        return 8 * self.n_rows + 4 * self.n_rows * self.vec_size + 16 * self.capacity
+        """Bytes of keys + rows + index (what a conversion writes, without padding)."""
+        return 8 * self.n_rows + self.codec.row_bytes * self.n_rows + 16 * self.capacity
 
 
 def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def _offsets(n: int, d: int, capacity: int) -> Tuple[int, int, int, int]:
+def _offsets(n: int, codec: RowCodec, capacity: int) -> Tuple[int, int, int, int]:
     keys_off = HEADER_SIZE
     vec_off = _align(keys_off + 8 * n)
-    idx_off = _align(vec_off + 4 * n * d)
+    idx_off = _align(vec_off + codec.row_bytes * n)
     return keys_off, vec_off, idx_off, idx_off + 16 * capacity
 
 
 def _pack_header(
-    n: int, d: int, capacity: int, content: str, index: str, fingerprint: str, source: str
+    n: int,
+    codec: RowCodec,
+    capacity: int,
+    content: str,
+    index: str,
+    fingerprint: str,
+    source: str,
 ) -> bytes:
-    ko, vo, io, size = _offsets(n, d, capacity)
+    d = codec.dim
+    ko, vo, io, size = _offsets(n, codec, capacity)
     src = os.fsencode(source)[:_SOURCE_MAX]
     buf = bytearray(HEADER_SIZE)
     _HDR.pack_into(
@@ -225,6 +249,7 @@ def _pack_header(
         len(src),
     )
     buf[_SOURCE_AT : _SOURCE_AT + len(src)] = src
+    struct.pack_into("<I", buf, _PRECISION_AT, codec.code)
     buf[_CHECKSUM_AT:] = hashlib.blake2b(bytes(buf[:_CHECKSUM_AT]), digest_size=32).digest()
     return bytes(buf)
 
@@ -236,19 +261,38 @@ def _parse_header(path: str, raw: bytes) -> LayoutHeader:
     f = _HDR.unpack_from(raw)
     if f[0] != MAGIC:
         raise bad("not a triton-rec table layout (bad magic)")
-    if f[1] != FORMAT_VERSION:
-        raise bad(f"layout format version {f[1]}, this version reads {FORMAT_VERSION}")
+    if f[1] not in _READS_VERSIONS:
+        raise bad(f"layout format version {f[1]}, this version reads {list(_READS_VERSIONS)}")
     checksum = hashlib.blake2b(raw[:_CHECKSUM_AT], digest_size=32).digest()
     if checksum != raw[_CHECKSUM_AT:HEADER_SIZE]:
         raise bad("header checksum mismatch (corrupt header)")
     _, version, hsize, n, d, cap, ko, vo, io, size, chunk, created, cd, ix, fp, slen = f
     if d < 1 or n > (1 << 60) or cap != _native.index_capacity(n):
         raise bad(f"impossible shape: {n} rows x {d}, index capacity {cap}")
-    if hsize != HEADER_SIZE or (ko, vo, io, size) != _offsets(n, d, cap):
+    code = struct.unpack_from("<I", raw, _PRECISION_AT)[0] if version >= 2 else 0
+    try:
+        codec = RowCodec.from_code(code, d)
+    except ValueError as e:
+        raise bad(str(e)) from None
+    if hsize != HEADER_SIZE or (ko, vo, io, size) != _offsets(n, codec, cap):
         raise bad("section offsets do not follow from the table shape")
     source = raw[_SOURCE_AT : _SOURCE_AT + min(slen, _SOURCE_MAX)].decode("utf-8", "replace")
     return LayoutHeader(
-        version, n, d, cap, ko, vo, io, size, chunk, created, cd.hex(), ix.hex(), fp.hex(), source
+        version,
+        n,
+        d,
+        cap,
+        ko,
+        vo,
+        io,
+        size,
+        chunk,
+        created,
+        cd.hex(),
+        ix.hex(),
+        fp.hex(),
+        source,
+        codec.precision,
     )
 
 
@@ -300,9 +344,10 @@ def _map_layout(path: str) -> _Mapped:
                 path, f"incomplete: {size} bytes, the header says {h.file_size} (truncated?)"
             )
         mm = mmap.mmap(fd, h.file_size, access=mmap.ACCESS_READ)
-    n, d, cap = h.n_rows, h.vec_size, h.capacity
+    n, codec, cap = h.n_rows, h.codec, h.capacity
     keys = np.frombuffer(mm, np.int64, n, h.keys_offset)
-    vectors = np.frombuffer(mm, np.float32, n * d, h.vectors_offset).reshape(n, d)
+    w = codec.row_width
+    vectors = np.frombuffer(mm, codec.row_dtype, n * w, h.vectors_offset).reshape(n, w)
     index = np.frombuffer(mm, np.int64, 2 * cap, h.index_offset).reshape(cap, 2)
     _spot_check(path, keys, index)
     return _Mapped(path, h, keys, vectors, index)
@@ -346,7 +391,14 @@ def open_table(
 
 def _table(m: _Mapped, name: str, default_value: float, source: Optional[str]) -> EmbeddingTable:
     return EmbeddingTable.from_layout(
-        name, m.keys, m.vectors, m.index, default_value, path=source or m.path, layout_path=m.path
+        name,
+        m.keys,
+        m.vectors,
+        m.index,
+        default_value,
+        path=source or m.path,
+        layout_path=m.path,
+        codec=m.header.codec,
     )
 
 
@@ -361,7 +413,7 @@ def verify_layout(path: str, threads: Optional[int] = None) -> LayoutHeader:
     if h.hash_chunk != HASH_CHUNK:
         raise CorruptLayoutError(path, f"digest chunk {h.hash_chunk}, expected {HASH_CHUNK}")
     with _hash_pool(threads) as pool:
-        if content_digest(m.keys, m.vectors, pool=pool) != h.content_digest:
+        if content_digest(m.keys, m.vectors, pool=pool, codec=h.codec) != h.content_digest:
             raise CorruptLayoutError(path, "keys/vectors do not match the content digest")
         if _index_digest(m.index, pool) != h.index_digest:
             raise CorruptLayoutError(path, "the index does not match the index digest")
@@ -424,19 +476,28 @@ def _chunks(a: np.ndarray) -> Iterator[memoryview]:
         yield flat[start : start + HASH_CHUNK]
 
 
+def _content_person(codec: RowCodec) -> bytes:
+    return (
+        b"trec-content" if codec.precision == "fp32" else b"trec-cont-" + codec.precision.encode()
+    )
+
+
 def content_digest(
     keys: np.ndarray,
     vectors: np.ndarray,
     progress: Optional[Progress] = None,
     *,
     pool: Optional[ThreadPoolExecutor] = None,
+    codec: Optional[RowCodec] = None,
 ) -> str:
-    """The content digest of a table (module docstring), hashing on all cores."""
+    """The content digest of a table (module docstring), hashing on all cores.
+    ``vectors``: float32 vectors, or the row array of ``codec``."""
     if pool is None:
         with _hash_pool() as p:
-            return content_digest(keys, vectors, progress, pool=p)
-    n, d = vectors.shape
-    tree = _TreeHash(pool, b"trec-content", n, d)
+            return content_digest(keys, vectors, progress, pool=p, codec=codec)
+    codec = codec or RowCodec(DEFAULT_PRECISION, int(vectors.shape[1]))
+    n, d = vectors.shape[0], codec.dim
+    tree = _TreeHash(pool, _content_person(codec), n, d)
     total, done = keys.nbytes + vectors.nbytes, 0
     if progress:
         progress(0, total)
@@ -459,12 +520,14 @@ def _index_digest(index: np.ndarray, pool: ThreadPoolExecutor) -> str:
 # -- fingerprint -----------------------------------------------------------------------
 
 
-def _fingerprint(source_path: str, vec_size: int) -> Tuple[str, Optional[int]]:
+def _fingerprint(
+    source_path: str, vec_size: int, precision: str = DEFAULT_PRECISION
+) -> Tuple[str, Optional[int]]:
     """(fingerprint, rows implied by the file sizes or None): metadata only, no data read."""
     real = os.path.realpath(source_path)
     npz = str(source_path).endswith(".npz")  # the rule of formats.tables.read_table
     files = [real] if npz else [os.path.join(real, KEY_FILE), os.path.join(real, VECTOR_FILE)]
-    parts: list = [FORMAT_VERSION, real, int(vec_size)]
+    parts: list = [FORMAT_VERSION, real, int(vec_size), precision]
     sizes = []
     for f in files:
         # The operator's allowed roots (realpath), if set; named as ps.json names it.
@@ -486,9 +549,9 @@ def _fingerprint(source_path: str, vec_size: int) -> Tuple[str, Optional[int]]:
     return hashlib.blake2b(repr(parts).encode(), digest_size=16).hexdigest(), rows
 
 
-def source_fingerprint(source_path: str, vec_size: int) -> str:
+def source_fingerprint(source_path: str, vec_size: int, precision: str = DEFAULT_PRECISION) -> str:
     """The fingerprint of a table source (module docstring): ``stat`` calls only."""
-    return _fingerprint(source_path, vec_size)[0]
+    return _fingerprint(source_path, vec_size, precision)[0]
 
 
 # -- the store -------------------------------------------------------------------------
@@ -547,8 +610,9 @@ class _Store:
         finally:
             os.close(fd)  # releases the lock
 
-    def same_shape_exists(self, n: int, d: int) -> bool:
-        """Is there a layout of N rows x D (worth computing the source's digest for)?"""
+    def same_shape_exists(self, n: int, d: int, precision: str) -> bool:
+        """Is there a layout of N rows x D in ``precision`` (worth computing the source's
+        digest for)?"""
         try:
             names = os.listdir(self.layouts)
         except OSError:
@@ -560,7 +624,7 @@ class _Store:
                 h = read_header(os.path.join(self.layouts, name))
             except ModelFileError:
                 continue
-            if (h.n_rows, h.vec_size) == (n, d):
+            if (h.n_rows, h.vec_size, h.precision) == (n, d, precision):
                 return True
         return False
 
@@ -642,6 +706,7 @@ def _write_layout(
     fsync: bool,
     replace: bool,
     digest: Optional[str] = None,
+    codec: Optional[RowCodec] = None,
 ) -> Tuple[str, str]:
     """Write and publish the layout of one table; returns ``(path, content digest)``.
 
@@ -649,9 +714,10 @@ def _write_layout(
     threads hash the same pieces (the content is not hashed again if ``digest``, its
     content digest, is given).
     """
-    n, d = vectors.shape
+    codec = codec or RowCodec(DEFAULT_PRECISION, int(vectors.shape[1]))
+    n, d = vectors.shape[0], codec.dim
     cap = index.shape[0]
-    _, vec_off, idx_off, file_size = _offsets(n, d, cap)
+    _, vec_off, idx_off, file_size = _offsets(n, codec, cap)
     total = keys.nbytes + vectors.nbytes + index.nbytes
     tmp = os.path.join(store.layouts, f".tmp-{fp}-{os.getpid()}-{secrets.token_hex(4)}{SUFFIX}")
     # A full disk should fail now, not after gigabytes. (Not posix_fallocate: writing
@@ -671,7 +737,7 @@ def _write_layout(
             progress(0, total)
         done = 0
         with _hash_pool() as pool:
-            content = None if digest else _TreeHash(pool, b"trec-content", n, d)
+            content = None if digest else _TreeHash(pool, _content_person(codec), n, d)
             index_tree = _TreeHash(pool, b"trec-index", cap, 2)
             for a, offset, tree in (
                 (keys, HEADER_SIZE, content),
@@ -692,7 +758,7 @@ def _write_layout(
                 digest = content.hexdigest()
             index_digest = index_tree.hexdigest()
         assert digest is not None  # given, or computed from the content just above
-        os.pwrite(fd, _pack_header(n, d, cap, digest, index_digest, fp, source_path), 0)
+        os.pwrite(fd, _pack_header(n, codec, cap, digest, index_digest, fp, source_path), 0)
         os.fchmod(fd, 0o444)
         if fsync:
             os.fsync(fd)
@@ -767,7 +833,11 @@ class LayoutResult:
 
 
 def _valid(
-    path: Optional[str], vec_size: int, rows: Optional[int], digest: Optional[str], repair: bool
+    path: Optional[str],
+    codec: RowCodec,
+    rows: Optional[int],
+    digest: Optional[str],
+    repair: bool,
 ) -> Optional[_Mapped]:
     """Map ``path`` if it is a valid layout of the expected shape; else None.
 
@@ -789,13 +859,35 @@ def _valid(
     h = m.header
     name = os.path.basename(path)[: -len(SUFFIX)]
     if (
-        h.vec_size != vec_size
+        h.codec != codec
         or (rows is not None and h.n_rows != rows)
         or h.content_digest != name
         or (digest is not None and h.content_digest != digest)
     ):
         return None
     return m
+
+
+def _source_rows(
+    source_path: str, codec: RowCodec, progress: Optional[Progress]
+) -> Tuple[np.ndarray, np.ndarray]:
+    """The keys and the rows of a source in ``codec``'s precision: as stored when the
+    source holds that precision, else decoded and encoded (in chunks, with progress)."""
+    keys, rows, src = read_table_rows(source_path, codec.dim)
+    if src == codec:
+        return keys, rows
+    n = int(keys.shape[0])
+    out = codec.empty(n)
+    step = max(1, (HASH_CHUNK // 4) // max(1, 4 * codec.dim))
+    label = f"{src.precision} -> {codec.precision}"
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        part = rows[s:e] if src.precision == "fp32" else src.decode(rows[s:e])
+        codec.encode(part, out=out[s:e])
+        if progress:
+            progress(e * codec.row_bytes, n * codec.row_bytes)
+    log.info("%s: encoded %d rows (%s)", source_path, n, label)
+    return keys, out
 
 
 def _resolve(
@@ -805,10 +897,12 @@ def _resolve(
     progress: Optional[Progress],
     fsync: bool,
     force: bool,
+    precision: str = DEFAULT_PRECISION,
 ) -> Tuple[LayoutResult, _Mapped]:
     t0 = time.perf_counter()
     store = _Store(store_dir)
-    fp, rows = _fingerprint(source_path, vec_size)
+    codec = RowCodec(precision, int(vec_size))
+    fp, rows = _fingerprint(source_path, vec_size, precision)
 
     def result(action: str, m: _Mapped) -> Tuple[LayoutResult, _Mapped]:
         h = m.header
@@ -819,32 +913,32 @@ def _resolve(
         return r, m
 
     if not force:  # fast path, no lock: an alias is only ever created for a finished layout
-        m = _valid(store.read_alias(fp), vec_size, rows, None, repair=False)
+        m = _valid(store.read_alias(fp), codec, rows, None, repair=False)
         if m is not None:
             return result("reused", m)
     with store.lock(fp):
         if not force:  # someone may have converted it while we waited
-            m = _valid(store.read_alias(fp), vec_size, rows, None, repair=True)
+            m = _valid(store.read_alias(fp), codec, rows, None, repair=True)
             if m is not None:
                 return result("reused", m)
             store.drop_alias(fp)
         store.remove_stale_temps(fp)
-        keys, vectors = read_table(source_path, vec_size)
+        keys, vectors = _source_rows(source_path, codec, progress)
         n = int(keys.shape[0])
         digest = None
-        if not force and store.same_shape_exists(n, vec_size):
-            digest = content_digest(keys, vectors, progress)
-            m = _valid(store.layout(digest), vec_size, n, digest, repair=True)
+        if not force and store.same_shape_exists(n, vec_size, precision):
+            digest = content_digest(keys, vectors, progress, codec=codec)
+            m = _valid(store.layout(digest), codec, n, digest, repair=True)
             if m is not None:
                 store.set_alias(fp, digest, fsync)
                 log.info("%s: same content as %s (new fingerprint)", source_path, m.path)
                 return result("aliased", m)
         index = _build_index(keys, source_path)  # duplicate keys fail before any write
         path, digest = _write_layout(
-            store, fp, source_path, keys, vectors, index, progress, fsync, force, digest
+            store, fp, source_path, keys, vectors, index, progress, fsync, force, digest, codec
         )
         del index
-        if _fingerprint(source_path, vec_size)[0] == fp:
+        if _fingerprint(source_path, vec_size, precision)[0] == fp:
             store.set_alias(fp, digest, fsync)
         else:
             log.warning("%s changed while it was converted; not recording it", source_path)
@@ -868,6 +962,7 @@ def ensure_layout(
     *,
     fsync: bool = False,
     force: bool = False,
+    precision: str = DEFAULT_PRECISION,
 ) -> LayoutResult:
     """Make sure the store holds the layout of a table source; say how it got there.
 
@@ -879,12 +974,15 @@ def ensure_layout(
             hashing (e.g. :class:`ProgressLogger`).
         fsync: flush the layout to disk before publishing it.
         force: ignore what the store knows about this source; convert and replace.
+        precision: the precision the layout holds the rows in (ps.json
+            ``embedding_precision``; :mod:`triton_rec.precision`). A source that
+            holds another precision is decoded and encoded once, at conversion.
 
     Raises:
         ModelFileError: naming the source file (missing, wrong size, ...);
         DuplicateKeyError: naming the source; StoreError: the store is unusable.
     """
-    return _resolve(source_path, vec_size, store_dir, progress, fsync, force)[0]
+    return _resolve(source_path, vec_size, store_dir, progress, fsync, force, precision)[0]
 
 
 def convert_table(
@@ -895,13 +993,16 @@ def convert_table(
     *,
     fsync: bool = False,
     force: bool = False,
+    precision: str = DEFAULT_PRECISION,
 ) -> str:
     """Convert a table source into the store (once per content); the layout's path.
 
     Idempotent: a source already converted, or whose content is, is not converted
     again (see :func:`ensure_layout`, which also says what it did).
     """
-    return ensure_layout(source_path, vec_size, store_dir, progress, fsync=fsync, force=force).path
+    return ensure_layout(
+        source_path, vec_size, store_dir, progress, fsync=fsync, force=force, precision=precision
+    ).path
 
 
 def load_table(
@@ -920,7 +1021,9 @@ def load_table(
     (:meth:`EmbeddingTable.prefault`).
     """
     t = table_params
-    _, m = _resolve(t.sparse_file, t.vec_size, store_dir, progress, fsync, force=False)
+    _, m = _resolve(
+        t.sparse_file, t.vec_size, store_dir, progress, fsync, force=False, precision=t.precision
+    )
     table = _table(m, t.name, t.default_value, t.sparse_file)
     if prefault:
         table.prefault()

@@ -49,6 +49,7 @@ from triton_rec.config.ps_json import (
     field_defaults,
 )
 from triton_rec.errors import ConfigError
+from triton_rec.precision import DEFAULT_PRECISION, RowCodec
 from triton_rec.storage.backing_store import (
     BackingStore,
     StoreDataError,
@@ -337,6 +338,8 @@ class RedisClusterStore(BackingStore):
             (:func:`~triton_rec.storage.backing_store.tier_table_name`).
         vec_size: floats per vector.
         default_value: value of every element of an unknown key's vector.
+        precision: how the hash values hold the rows (:mod:`triton_rec.precision`;
+            ``embedding_precision`` of ps.json): every value is one encoded row.
         num_partitions: hashes per table; it decides where a key lives, so it must be the
             writer's. None: the count of the table the cluster holds (recorded by this
             project, else found from where its keys are, :meth:`_detect_partitions`; an
@@ -371,8 +374,10 @@ class RedisClusterStore(BackingStore):
         overflow_policy: str = _DEFAULTS["overflow_policy"],
         overflow_resolution_target: float = _DEFAULTS["overflow_resolution_target"],
         refresh_time_after_fetch: bool = False,
+        precision: str = DEFAULT_PRECISION,
         **connection: Any,
     ):
+        self._codec = RowCodec(precision, int(vec_size))
         if redis is None:
             raise StoreUnavailableError(
                 f"Redis store: the redis package cannot be imported ({_IMPORT_ERROR}; "
@@ -533,7 +538,7 @@ class RedisClusterStore(BackingStore):
         for (_, idx), reply in zip(groups, self.run_commands("HMGET", commands)):
             for i, v in zip(idx.tolist(), reply):
                 values[i] = v
-        decode_values(values, keys, out, found, self.default_value, self._where)
+        decode_values(values, keys, out, found, self.default_value, self._where, self.codec)
         if self._scored and (
             self.refresh_time_after_fetch or self.overflow_policy == OverflowPolicy.EVICT_LEAST_USED
         ):
@@ -542,13 +547,13 @@ class RedisClusterStore(BackingStore):
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
         """Insert or overwrite rows (last duplicate wins); returns the number of keys written."""
-        keys, vectors = check_rows(keys, vectors, self.vec_size)
+        keys, vectors = check_rows(keys, vectors, self.vec_size, self.codec)
         idx = last_occurrence(keys)
-        keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx], dtype="<f4")
+        keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx])
         if keys.shape[0] == 0:
             return 0
         raw_k = encode_keys(keys)
-        raw_v = vectors.view(f"V{4 * self.vec_size}").ravel().tolist()
+        raw_v = vectors.view(f"V{self.codec.row_bytes}").ravel().tolist()
         touched = set()
         now = time.time()
 

@@ -38,6 +38,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
+from triton_rec.precision import DEFAULT_PRECISION, RowCodec
 from triton_rec.storage.backing_store import (
     BackingStore,
     StoreError,
@@ -204,7 +205,9 @@ class _ColumnFamilyReads(BackingStore):
         raw = encode_keys(keys)
         for s, e in chunks(keys.shape[0], self.max_batch_size):
             values = self._get("multi-get", lambda r: self._cf.get(r), raw[s:e])
-            decode_values(values, keys[s:e], out[s:e], found[s:e], self.default_value, self._where)
+            decode_values(
+                values, keys[s:e], out[s:e], found[s:e], self.default_value, self._where, self.codec
+            )
         return found
 
     def _count_present(self, raw: List[bytes]) -> int:
@@ -247,6 +250,8 @@ class RocksDBStore(_ColumnFamilyReads):
         table_name: the column family, ``hps_et.<model>.<table>`` by convention
             (:func:`~triton_rec.storage.backing_store.tier_table_name`).
         vec_size: floats per vector.
+        precision: how the values hold the rows (:mod:`triton_rec.precision`;
+            ``embedding_precision`` of ps.json): every value is one encoded row.
         default_value: value of every element of an unknown key's vector.
         read_only: open the database read-only (the table must exist); upsert/delete raise
             :class:`~triton_rec.storage.backing_store.ReadOnlyStoreError`.
@@ -275,11 +280,13 @@ class RocksDBStore(_ColumnFamilyReads):
         read_only: bool = False,
         max_batch_size: int = 10000,
         num_threads: int = 16,
+        precision: str = DEFAULT_PRECISION,
     ):
         _check_args(table_name, vec_size, max_batch_size)
         self.path = str(path)
         self.table_name = table_name
         self.vec_size = int(vec_size)
+        self._codec = RowCodec(precision, self.vec_size)
         self.default_value = float(default_value)
         self.read_only = bool(read_only)
         self.max_batch_size = int(max_batch_size)
@@ -318,11 +325,11 @@ class RocksDBStore(_ColumnFamilyReads):
         """Insert or overwrite rows (last occurrence wins, in batches); returns rows written."""
         if self.read_only:
             return super().upsert(keys, vectors)
-        keys, vectors = check_rows(keys, vectors, self.vec_size)
+        keys, vectors = check_rows(keys, vectors, self.vec_size, self.codec)
         idx = last_occurrence(keys)
-        keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx], dtype="<f4")
+        keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx])
         raw_k = encode_keys(keys)
-        raw_v = vectors.view(f"V{4 * self.vec_size}").ravel().tolist()
+        raw_v = vectors.view(f"V{self.codec.row_bytes}").ravel().tolist()
         for s, e in chunks(keys.shape[0], self.max_batch_size):
 
             def fill(wb, s=s, e=e):
@@ -569,11 +576,13 @@ class NodeRocksDBTable(_ColumnFamilyReads):
         catch_up_interval: float = 0.5,
         hold_seconds: float = 0.5,
         max_hold_seconds: float = 2.0,
+        precision: str = DEFAULT_PRECISION,
     ):
         _check_args(table_name, vec_size, max_batch_size)
         self.path = os.path.abspath(str(path))
         self.table_name = table_name
         self.vec_size = int(vec_size)
+        self._codec = RowCodec(precision, self.vec_size)
         self.default_value = float(default_value)
         self.max_batch_size = int(max_batch_size)
         self.num_threads = int(num_threads)
@@ -718,11 +727,11 @@ class NodeRocksDBTable(_ColumnFamilyReads):
 
     def upsert(self, keys: np.ndarray, vectors: np.ndarray) -> int:
         """Insert or overwrite rows (last occurrence wins, in batches); returns rows written."""
-        keys, vectors = check_rows(keys, vectors, self.vec_size)
+        keys, vectors = check_rows(keys, vectors, self.vec_size, self.codec)
         idx = last_occurrence(keys)
-        keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx], dtype="<f4")
+        keys, vectors = keys[idx], np.ascontiguousarray(vectors[idx])
         raw_k = encode_keys(keys)
-        raw_v = vectors.view(f"V{4 * self.vec_size}").ravel().tolist()
+        raw_v = vectors.view(f"V{self.codec.row_bytes}").ravel().tolist()
 
         def batch(s, e):
             def fill(wb):

@@ -18,6 +18,7 @@ import numpy as np
 
 from triton_rec import _native
 from triton_rec.errors import DuplicateKeyError
+from triton_rec.precision import RowCodec
 
 PAGE_SIZE = mmap.PAGESIZE
 # madvise(2) MADV_POPULATE_READ (Linux >= 5.14): fault every page of a range in, in the
@@ -31,12 +32,15 @@ class EmbeddingTable:
     Args:
         name: table name, used in messages.
         keys: int64 ``[N]`` unique keys (may be a read-only memmap).
-        vectors: float32 ``[N, D]`` rows; row i belongs to ``keys[i]`` (may be a memmap).
+        vectors: ``[N, ...]`` rows; row i belongs to ``keys[i]`` (may be a memmap): float32
+            ``[N, D]`` vectors, or a row array of ``codec``
+            (:mod:`triton_rec.precision`).
         default_value: value of every element returned for an unknown key.
         path: where the table came from, for error messages.
+        codec: how the rows are encoded (default: float32 rows of ``vectors.shape[1]``).
 
     Attributes:
-        name, path, keys, vectors, default_value: as given.
+        name, path, keys, vectors, default_value, codec: as given.
         index: int64 ``[capacity, 2]`` hash index (layout: src/native/hash_index.hpp).
         layout_path: the node-local layout file the arrays map, or None (private arrays).
 
@@ -56,10 +60,13 @@ class EmbeddingTable:
         vectors: np.ndarray,
         default_value: float = 0.0,
         path: Optional[str] = None,
+        codec: Optional[RowCodec] = None,
     ):
         self.name = name
         self.path = path or f"<table {name}>"
         self.keys = keys
+        self.codec = codec or RowCodec("fp32", int(vectors.shape[1]))
+        self.codec.check_rows(vectors, keys.shape[0], f"{self.path}: vectors")
         self.vectors = vectors
         self.default_value = float(default_value)
         try:
@@ -79,6 +86,7 @@ class EmbeddingTable:
         default_value: float = 0.0,
         path: Optional[str] = None,
         layout_path: Optional[str] = None,
+        codec: Optional[RowCodec] = None,
     ) -> EmbeddingTable:
         """A table over existing arrays and a ready index: nothing is copied or built.
 
@@ -98,7 +106,15 @@ class EmbeddingTable:
             ValueError: dtypes, shapes or index capacity do not fit together.
         """
         n = _check_array(keys, "keys", np.int64, 1).shape[0]
-        _check_array(vectors, "vectors", np.float32, 2)
+        if codec is None:
+            _check_array(vectors, "vectors", np.float32, 2)
+            codec = RowCodec("fp32", int(vectors.shape[1]))
+        _check_array(vectors, "vectors", codec.row_dtype, 2)
+        if vectors.shape[1] != codec.row_width:
+            raise ValueError(
+                f"{name}: {codec.precision} rows of {codec.dim} values have "
+                f"{codec.row_width} columns, got {vectors.shape[1]}"
+            )
         _check_array(index, "index", np.int64, 2)
         if vectors.shape[0] != n:
             raise ValueError(f"{name}: {n} keys but {vectors.shape[0]} vectors")
@@ -112,6 +128,7 @@ class EmbeddingTable:
         table.path = path or layout_path or f"<table {name}>"
         table.keys = keys
         table.vectors = vectors
+        table.codec = codec
         table.index = index
         table.default_value = float(default_value)
         table.layout_path = layout_path
@@ -124,8 +141,8 @@ class EmbeddingTable:
 
     @property
     def vec_size(self) -> int:
-        """Embedding vector size."""
-        return int(self.vectors.shape[1])
+        """Embedding vector size (values per decoded vector)."""
+        return self.codec.dim
 
     def lookup(self, keys: np.ndarray, out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
         """Gather the vectors of ``keys`` (int64 ``[M]``) into ``out`` (float32 ``[M, D]``).
@@ -134,7 +151,9 @@ class EmbeddingTable:
         """
         if out is None:
             out = np.empty((keys.shape[0], self.vec_size), dtype=np.float32)
-        misses = _native.lookup(self.index, self.vectors, keys, out, self.default_value)
+        misses = _native.lookup(
+            self.index, self.vectors, keys, out, self.default_value, precision=self.codec.code
+        )
         return out, int(misses)
 
     def prefault(self) -> int:

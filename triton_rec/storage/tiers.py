@@ -109,9 +109,12 @@ class TieredStore(BackingStore):
             raise ValueError(f"table {name!r}: a tiered store needs at least one tier")
         first = tiers[0].store
         for t in tiers[1:]:
-            if (t.store.vec_size, t.store.default_value) != (first.vec_size, first.default_value):
-                raise ValueError(f"table {name!r}: tiers disagree on vec_size/default_value")
+            if (t.store.codec, t.store.default_value) != (first.codec, first.default_value):
+                raise ValueError(
+                    f"table {name!r}: tiers disagree on vec_size/precision/default_value"
+                )
         self.name = name
+        self._codec = first.codec
         self.tiers = list(tiers)
         self.vec_size = first.vec_size
         self.default_value = first.default_value
@@ -145,7 +148,7 @@ class TieredStore(BackingStore):
         pending = np.arange(m)  # indices of keys no tier has answered yet
         for i, tier in enumerate(self.tiers):
             sub_keys = keys if i == 0 else keys[pending]
-            buf = out if i == 0 else np.empty((pending.shape[0], self.vec_size), np.float32)
+            buf = out if i == 0 else np.empty((pending.shape[0],) + out.shape[1:], out.dtype)
             try:
                 hit = tier.store.fetch(sub_keys, buf)
             except StoreUnavailableError as e:
@@ -172,7 +175,10 @@ class TieredStore(BackingStore):
             if pending.shape[0] == 0:
                 break
         if pending.shape[0]:
-            out[pending] = self.default_value
+            rows = out.dtype != np.float32 and self.codec.is_rows(out)
+            out[pending] = (
+                self.codec.default_row(self.default_value) if rows else self.default_value
+            )
             self._count(not_found=int(pending.shape[0]))
         return found
 
@@ -308,9 +314,9 @@ def import_table(
         t0 = time.monotonic()
         for s in range(0, n, batch):
             e = min(n, s + batch)
-            store.upsert(
+            store.upsert(  # float32 vectors, or rows in the store's precision
                 np.ascontiguousarray(keys[s:e], dtype=np.int64),
-                np.ascontiguousarray(vectors[s:e], dtype=np.float32),
+                np.ascontiguousarray(vectors[s:e]),
             )
             if progress is not None:
                 progress(e, n)

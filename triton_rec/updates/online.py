@@ -73,9 +73,9 @@ class UpdateApplier:
             return  # no tier's update_filters take this topic: the cache follows the tiers
         for ct in members:
             if ct.cache is not None:
-                ct.cache.update(
+                ct.cache.update(  # in the cache's precision: encoded once per member
                     np.ascontiguousarray(keys, dtype=np.int64),
-                    np.ascontiguousarray(vectors, dtype=np.float32),
+                    ct.codec.as_rows(np.ascontiguousarray(vectors, dtype=np.float32), topic),
                 )
 
 
