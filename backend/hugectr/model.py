@@ -141,6 +141,7 @@ class TritonPythonModel:
             self.respond,
             limits=self.limits,
             counters=self.counters,
+            options=True,  # the request parameter "exact"
         )
         return responses
 

@@ -17,6 +17,7 @@
 // every request of a model without a plan.
 #include <Python.h>
 #include <dlfcn.h>
+#include <strings.h>
 
 #include <atomic>
 #include <chrono>
@@ -216,7 +217,15 @@ TRITONSERVER_Error* start_python() {
 // -- the native plan of an hps instance -------------------------------------------------
 
 // NATIVE_FIELDS of triton_rec/cache/cached_table.py
-enum Stat { kLookups = 0, kHits, kMisses, kSyncFetched, kCacheNs, kStoreNs };
+enum Stat { kLookups = 0, kHits, kMisses, kSyncFetched, kCacheNs, kStoreNs, kNotFound };
+
+// A request's keys answered with the default value, by cause: DEFAULT_CAUSES of
+// cached_table.py (not_found, async), sent as DEFAULT_INFO of model_config.py.
+struct Defaults {
+  int64_t not_found = 0, async = 0;
+};
+constexpr const char* kDefaultInfo[2] = {"DefaultNotFound", "DefaultAsync"};
+constexpr const char* kExactParameter = "exact";  // EXACT_PARAMETER of model_config.py
 
 struct NativeTable {
   int64_t dim = 0;
@@ -425,7 +434,8 @@ struct InputStore {
   std::deque<std::vector<char>> copies;
 };
 
-// The request as inprocess.RawRequest: {name: (dtype, shape, memoryview)}; nullptr with
+// The request as inprocess.RawRequest: ({name: (dtype, shape, memoryview)}, {parameter:
+// value}); nullptr with
 // `why` set when an input cannot be read (not in CPU memory).
 PyObject* raw_request(TRITONBACKEND_Request* request, InputStore* store, std::string* why) {
   Ref dict(PyDict_New());
@@ -463,9 +473,31 @@ PyObject* raw_request(TRITONBACKEND_Request* request, InputStore* store, std::st
       return nullptr;
     }
   }
-  PyObject* out = dict.p;
-  dict.p = nullptr;
-  return out;
+  // The request parameters, as {key: bool|int|float|str} (bytes parameters are left out).
+  Ref params(PyDict_New());
+  uint32_t n_params = 0;
+  drop(TRITONBACKEND_RequestParameterCount(request, &n_params));
+  for (uint32_t i = 0; i < n_params; ++i) {
+    const char* key = nullptr;
+    TRITONSERVER_ParameterType type;
+    const void* v = nullptr;
+    if (auto* e = TRITONBACKEND_RequestParameter(request, i, &key, &type, &v)) {
+      drop(e);
+      continue;
+    }
+    Ref value(
+        type == TRITONSERVER_PARAMETER_BOOL  ? PyBool_FromLong(*static_cast<const bool*>(v))
+        : type == TRITONSERVER_PARAMETER_INT ? PyLong_FromLongLong(*static_cast<const int64_t*>(v))
+        : type == TRITONSERVER_PARAMETER_DOUBLE ? PyFloat_FromDouble(*static_cast<const double*>(v))
+        : type == TRITONSERVER_PARAMETER_STRING
+            ? PyUnicode_DecodeUTF8(
+                  static_cast<const char*>(v),
+                  static_cast<Py_ssize_t>(std::strlen(static_cast<const char*>(v))), "replace")
+            : nullptr);
+    if (value.p != nullptr && key != nullptr) PyDict_SetItemString(params.p, key, value.p);
+  }
+  PyErr_Clear();
+  return Py_BuildValue("(OO)", dict.p, params.p);
 }
 
 // Fills `response` from an inprocess.RawResponse; returns the error to send (or null).
@@ -598,25 +630,29 @@ struct Failed {
   std::string why;
 };
 
-// Misses of table `t`: CachedTable.finish_query in Python, on the request's own buffers.
+// Misses of table `t`: CachedTable.finish_query in Python, on the request's own buffers;
+// adds the keys it answered with the default value to *d.
 void finish_query(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
-                  uint8_t* hit, int64_t hits, uint64_t query_ns) {
+                  uint8_t* hit, int64_t hits, uint64_t query_ns, bool exact, Defaults* d) {
   Gil gil;
   const int64_t dim = st.plan->tables[t].dim;
   Ref k(PyMemoryView_FromMemory(reinterpret_cast<char*>(const_cast<int64_t*>(keys)), n * 8,
                                 PyBUF_READ));
   Ref o(PyMemoryView_FromMemory(reinterpret_cast<char*>(out), n * dim * 4, PyBUF_WRITE));
   Ref h(PyMemoryView_FromMemory(reinterpret_cast<char*>(hit), n, PyBUF_WRITE));
-  Ref r(PyObject_CallMethod(st.hosted, "finish_query", "nOOOLK", static_cast<Py_ssize_t>(t), k.p,
+  Ref r(PyObject_CallMethod(st.hosted, "finish_query", "nOOOLKO", static_cast<Py_ssize_t>(t), k.p,
                             o.p, h.p, static_cast<long long>(hits),
-                            static_cast<unsigned long long>(query_ns)));
-  if (!r) throw Failed{python_error()};
+                            static_cast<unsigned long long>(query_ns), exact ? Py_True : Py_False));
+  long long not_found = 0, deferred = 0;
+  if (!r || !PyArg_ParseTuple(r.p, "LL", &not_found, &deferred)) throw Failed{python_error()};
+  d->not_found += not_found;
+  d->async += deferred;
 }
 
 // The vectors of keys[0..n) of table t into out [n, dim]: the shared cache (misses by
 // the engine's rules, in Python) or the mapped table. What CachedTable.lookup does.
 void lookup_table(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
-                  Scratch* s) {
+                  Scratch* s, bool exact, Defaults* d) {
   if (n == 0) return;
   const NativeTable& nt = st.plan->tables[t];
   if (nt.cache) {
@@ -629,12 +665,15 @@ void lookup_table(const InstanceState& st, size_t t, const int64_t* keys, int64_
       nt.count(kHits, n);
       nt.count(kCacheNs, static_cast<int64_t>(q));
     } else {
-      finish_query(st, t, keys, n, out, s->hit.data(), hits, q);
+      finish_query(st, t, keys, n, out, s->hit.data(), hits, q, exact, d);
     }
     return;
   }
   const uint64_t t0 = now_ns();
-  tr::lookup(nt.index, nt.vectors, keys, static_cast<size_t>(n), out, nt.default_value, nullptr);
+  const int64_t absent = tr::lookup(nt.index, nt.vectors, keys, static_cast<size_t>(n), out,
+                                    nt.default_value, nullptr);
+  d->not_found += absent;
+  if (absent) nt.count(kNotFound, absent);
   nt.count(kLookups, n);
   nt.count(kMisses, n);
   nt.count(kSyncFetched, n);
@@ -663,12 +702,45 @@ TRITONSERVER_Error* answer(TRITONBACKEND_Response* response, const NativePlan& p
   return err;
 }
 
-// HPS's NumSample / DeviceID: response parameters, and the INT32 outputs declared; sends.
+// The request parameter "exact": 1 true, 0 false or absent, -1 anything else (the Python
+// path then names the problem). A bool, or the string "true"/"false" (glue.exact_requested).
+int exact_of(TRITONBACKEND_Request* request) {
+  uint32_t count = 0;
+  if (auto* e = TRITONBACKEND_RequestParameterCount(request, &count)) {
+    drop(e);
+    return -1;
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    const char* key = nullptr;
+    TRITONSERVER_ParameterType type;
+    const void* value = nullptr;
+    if (auto* e = TRITONBACKEND_RequestParameter(request, i, &key, &type, &value)) {
+      drop(e);
+      return -1;
+    }
+    if (key == nullptr || std::strcmp(key, kExactParameter) != 0) continue;
+    if (type == TRITONSERVER_PARAMETER_BOOL) return *static_cast<const bool*>(value) ? 1 : 0;
+    if (type == TRITONSERVER_PARAMETER_STRING) {
+      const auto* v = static_cast<const char*>(value);
+      if (strcasecmp(v, "true") == 0) return 1;
+      if (strcasecmp(v, "false") == 0) return 0;
+    }
+    return -1;
+  }
+  return 0;
+}
+
+// HPS's NumSample / DeviceID and the keys answered with the default value: response
+// parameters, and the INT32 outputs declared; sends.
 bool finish_response(const NativePlan& plan, TRITONBACKEND_Response* response,
-                     TRITONSERVER_Error* err, int64_t samples) {
+                     TRITONSERVER_Error* err, int64_t samples, const Defaults& d) {
   for (const std::string& info : plan.info_outputs) {
     if (err != nullptr) break;
-    const int32_t v = info == "NumSample" ? static_cast<int32_t>(samples) : plan.device_id;
+    const int64_t v64 = info == "NumSample"       ? samples
+                        : info == kDefaultInfo[0] ? d.not_found
+                        : info == kDefaultInfo[1] ? d.async
+                                                  : plan.device_id;
+    const int32_t v = static_cast<int32_t>(v64);
     const int64_t one = 1;
     TRITONBACKEND_Output* output = nullptr;
     void* buffer = nullptr;
@@ -682,6 +754,8 @@ bool finish_response(const NativePlan& plan, TRITONBACKEND_Response* response,
   if (err == nullptr) {
     drop(TRITONBACKEND_ResponseSetIntParameter(response, "NumSample", samples));
     drop(TRITONBACKEND_ResponseSetIntParameter(response, "DeviceID", plan.device_id));
+    drop(TRITONBACKEND_ResponseSetIntParameter(response, kDefaultInfo[0], d.not_found));
+    drop(TRITONBACKEND_ResponseSetIntParameter(response, kDefaultInfo[1], d.async));
   }
   return send(response, err);
 }
@@ -735,6 +809,8 @@ bool hps_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* ok)
   if (total != n_keys || samples > plan.max_batch_size) return false;
   const auto* keys = static_cast<const int64_t*>(data_of(keys_in, &s.copy[0]));
   if (keys == nullptr) return false;
+  const int exact = exact_of(request);
+  if (exact < 0) return false;
 
   // Checked: from here on the request is answered here.
   TRITONBACKEND_Response* response = nullptr;
@@ -744,17 +820,18 @@ bool hps_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* ok)
     return true;
   }
   float* out = nullptr;
+  Defaults d;
   TRITONSERVER_Error* err = answer(response, plan, {floats}, &out);
   if (err == nullptr) {
     err = guarded(st, [&] {
       for (int64_t t = 0; t < tables; ++t) {  // straight into the response buffer
-        lookup_table(st, static_cast<size_t>(t), keys, s.counts[t], out, &s);
+        lookup_table(st, static_cast<size_t>(t), keys, s.counts[t], out, &s, exact == 1, &d);
         keys += s.counts[t];
         out += s.counts[t] * plan.tables[t].dim;
       }
     });
   }
-  *ok = finish_response(plan, response, err, samples);
+  *ok = finish_response(plan, response, err, samples, d);
   return true;
 }
 
@@ -802,6 +879,8 @@ bool hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request, bool*
           : tr::regroup_hugectr(static_cast<const int64_t*>(cat), n_cat, rows, plan.slots.data(),
                                 tables, n, s.keys.data(), s.key_starts.data(), s.ptrs.data());
   if (!regrouped) return false;
+  const int exact = exact_of(request);
+  if (exact < 0) return false;
 
   // Checked: from here on the request is answered here.
   TRITONBACKEND_Response* response = nullptr;
@@ -814,6 +893,7 @@ bool hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request, bool*
   std::vector<int64_t> shape{n};
   if (plan.label_dim > 1) shape.push_back(plan.label_dim);
   float* out = nullptr;
+  Defaults d;
   TRITONSERVER_Error* err = answer(response, plan, shape, &out);
   if (err == nullptr) {
     err = guarded(st, [&] {
@@ -824,8 +904,8 @@ bool hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request, bool*
         const int64_t dim = plan.tables[t].dim, segments = n * plan.slots[t];
         const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
         s.vectors.resize(static_cast<size_t>(std::max<int64_t>(count * dim, 1)));
-        lookup_table(st, static_cast<size_t>(t), s.keys.data() + first, count, s.vectors.data(),
-                     &s);
+        lookup_table(st, static_cast<size_t>(t), s.keys.data() + first, count, s.vectors.data(), &s,
+                     exact == 1, &d);
         auto& combined = s.combined[t];
         combined.resize(static_cast<size_t>(segments * dim));
         if (!tr::combine_segments(s.vectors.data(), count, dim, s.ptrs.data() + block, segments,
@@ -838,7 +918,7 @@ bool hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request, bool*
       plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
     });
   }
-  *ok = finish_response(plan, response, err, n);
+  *ok = finish_response(plan, response, err, n, d);
   return true;
 }
 

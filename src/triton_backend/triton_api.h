@@ -112,6 +112,20 @@ TRITONSERVER_Error* TRITONBACKEND_RequestInputCount(TRITONBACKEND_Request* reque
                                                     uint32_t* count);
 TRITONSERVER_Error* TRITONBACKEND_RequestInputByIndex(TRITONBACKEND_Request* request,
                                                       uint32_t index, TRITONBACKEND_Input** input);
+// Request parameter types (tritonserver.h TRITONSERVER_ParameterType, in its order).
+enum TRITONSERVER_ParameterType : int {
+  TRITONSERVER_PARAMETER_STRING = 0,
+  TRITONSERVER_PARAMETER_INT = 1,
+  TRITONSERVER_PARAMETER_BOOL = 2,
+  TRITONSERVER_PARAMETER_DOUBLE = 3,
+  TRITONSERVER_PARAMETER_BYTES = 4,
+};
+TRITONSERVER_Error* TRITONBACKEND_RequestParameterCount(TRITONBACKEND_Request* request,
+                                                        uint32_t* count);
+TRITONSERVER_Error* TRITONBACKEND_RequestParameter(TRITONBACKEND_Request* request, uint32_t index,
+                                                   const char** key,
+                                                   TRITONSERVER_ParameterType* type,
+                                                   const void** vvalue);
 TRITONSERVER_Error* TRITONBACKEND_ResponseSetIntParameter(TRITONBACKEND_Response* response,
                                                           const char* name, int64_t value);
 TRITONSERVER_Error* TRITONBACKEND_ResponseSetBoolParameter(TRITONBACKEND_Response* response,

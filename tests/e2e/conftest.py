@@ -76,7 +76,9 @@ def model_repo(tmp_path_factory) -> Path:
     outs = (
         '{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },'
         '{ name: "NumSample" data_type: TYPE_INT32 dims: [ 1 ] },'
-        '{ name: "DeviceID" data_type: TYPE_INT32 dims: [ 1 ] }'
+        '{ name: "DeviceID" data_type: TYPE_INT32 dims: [ 1 ] },'
+        '{ name: "DefaultNotFound" data_type: TYPE_INT32 dims: [ 1 ] },'
+        '{ name: "DefaultAsync" data_type: TYPE_INT32 dims: [ 1 ] }'
     )
     _write(
         repo / "hps_two" / "config.pbtxt",

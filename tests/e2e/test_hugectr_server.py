@@ -249,3 +249,37 @@ def test_the_load_log_says_which_request_path_each_instance_runs(samples):
             assert lines == [], lines  # the Python backend: no native library loaded
         else:  # every upstream sample network and its tables run without Python
             assert lines and all("request path native" in x for x in lines), lines
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_keys_answered_with_the_default_are_reported_and_exact_is_taken(
+    samples, protocol, request_path
+):
+    """Issue 15: keys 1, 2, 3 of every request are in no table. The native backend sends
+    the counts as response parameters (the 2.51 Python backend cannot); both paths take
+    the request parameter ``exact``."""
+    from tests.e2e.conftest import client_module
+
+    srv, refs = samples
+    name = sorted(SAMPLES)[0]
+    tc = client_module(protocol)
+    des, cat, rowindex = _request(np.random.default_rng(7), refs[name][0], 2)
+    ins = []
+    for n, arr, dt in _batch1(
+        [("DES", des, "FP32"), ("CATCOLUMN", cat, "UINT32"), ("ROWINDEX", rowindex, "INT32")]
+    ):
+        ins.append(tc.InferInput(n, list(arr.shape), dt))
+        ins[-1].set_data_from_numpy(arr)
+    with make_client(srv, protocol) as client:
+        r = client.infer(name, ins, parameters={"exact": True})
+    np.testing.assert_allclose(
+        r.as_numpy("OUTPUT0"), _expected(refs[name], des, cat, rowindex), rtol=1e-5, atol=1e-6
+    )
+    if request_path == "native":
+        if protocol == "http":
+            params = r.get_response()["parameters"]
+        else:
+            p = r.get_response().parameters
+            params = {k: p[k].int64_param for k in p}
+        assert params["DefaultNotFound"] == 3 and params["DefaultAsync"] == 0
+        assert params["NumSample"] == 2

@@ -13,7 +13,14 @@ Lookup (HPS semantics, ``hit_rate_threshold`` of ps.json):
 4. below the threshold the request's misses are fetched from the store synchronously,
    answered correctly and inserted before returning. A threshold above 1.0 therefore
    means "always synchronous", 0.0 "never wait". ``static`` tables (``exact=True``) always
-   fetch (HPS's static embedding cache never answers a stored key with the default).
+   fetch (HPS's static embedding cache never answers a stored key with the default), and
+   so does a request that asks for it (per-request ``exact``, the request parameter
+   ``exact: true`` of the ``hps`` and ``hugectr`` backends).
+
+Default answers are counted, per request and by cause (:data:`DEFAULT_CAUSES`):
+``not_found``: the key was looked up in every tier and none holds it; ``async``: a cache
+miss answered with the default by rule 3 (the tiers were not asked). The backends report
+both with every response; :class:`TableStats` counts them per table (Prometheus).
 
 The cache is shared by every instance on the node (one per model, device and table);
 each instance has its own :class:`CachedTable`, statistics and background threads.
@@ -69,7 +76,17 @@ class EmbeddingCache(Protocol):
 
 
 #: The counters the native backend's hot path keeps (``TableStats.native``), in order.
-NATIVE_FIELDS = ("lookups", "hits", "misses", "sync_fetched", "cache_ns", "store_ns")
+NATIVE_FIELDS = ("lookups", "hits", "misses", "sync_fetched", "cache_ns", "store_ns", "not_found")
+
+#: Why a key was answered with the default value: the columns of a ``defaults`` array
+#: (:meth:`CachedTable.lookup`), in order. ``not_found``: no tier holds the key;
+#: ``async``: a cache miss answered at once, fetched in the background (hit rate rule).
+DEFAULT_CAUSES = ("not_found", "async")
+
+
+def new_default_counts() -> np.ndarray:
+    """A request's default-answer counters: int64 zeros, one per :data:`DEFAULT_CAUSES`."""
+    return np.zeros(len(DEFAULT_CAUSES), dtype=np.int64)
 
 
 @dataclass
@@ -81,6 +98,7 @@ class TableStats:
     misses: int = 0  # keys the cache did not hold
     sync_fetched: int = 0  # misses fetched from the store before answering
     default_answered: int = 0  # misses answered with the default value (hit rate >= threshold)
+    not_found: int = 0  # keys no tier holds (answered with the default value)
     queued: int = 0  # misses handed to the background inserter
     dropped: int = 0  # misses the background inserter had no room for
     refreshed: int = 0  # cached rows re-read from the store by the refresher
@@ -148,27 +166,46 @@ class CachedTable:
         self.stats = TableStats()
 
     def lookup(
-        self, keys: np.ndarray, out: np.ndarray, segments: Optional[Sequence[int]] = None
+        self,
+        keys: np.ndarray,
+        out: np.ndarray,
+        segments: Optional[Sequence[int]] = None,
+        exact: Optional[Sequence[bool]] = None,
+        defaults: Optional[np.ndarray] = None,
     ) -> int:
         """Fill ``out`` (float32 ``[M, D]``) with the vectors of ``keys``; returns cache hits.
 
-        ``segments``: the number of keys of each request merged into ``keys``, in order
-        (None: one request); the hit rate is judged per request (module docstring).
+        Args:
+            segments: the number of keys of each request merged into ``keys``, in order
+                (None: one request); the hit rate is judged per request (module docstring).
+            exact: per request, whether its misses are all fetched now whatever the hit
+                rate (None: no request asks).
+            defaults: int64 ``[requests, len(DEFAULT_CAUSES)]``: each request's keys
+                answered with the default value are *added* here, by cause.
         """
         m = keys.shape[0]
         if m == 0:
             return 0
         if self.cache is None:
             t0 = time.perf_counter_ns()
-            self.store.fetch(keys, out)
+            found = self.store.fetch(keys, out)
+            absent = m - int(np.count_nonzero(found))
             self.stats.add(
-                lookups=m, misses=m, sync_fetched=m, store_ns=time.perf_counter_ns() - t0
+                lookups=m,
+                misses=m,
+                sync_fetched=m,
+                not_found=absent,
+                store_ns=time.perf_counter_ns() - t0,
             )
+            if absent and defaults is not None:
+                _count_by_request(defaults, 0, ~found, segments)
             return 0
         hit = np.empty(m, dtype=np.uint8)  # query writes every entry
         t0 = time.perf_counter_ns()
         hits = int(self.cache.query(keys, out, hit))
-        return self.finish_query(keys, out, hit, hits, time.perf_counter_ns() - t0, segments)
+        return self.finish_query(
+            keys, out, hit, hits, time.perf_counter_ns() - t0, segments, exact, defaults
+        )
 
     def finish_query(
         self,
@@ -178,11 +215,13 @@ class CachedTable:
         hits: int,
         query_ns: int,
         segments: Optional[Sequence[int]] = None,
+        exact: Optional[Sequence[bool]] = None,
+        defaults: Optional[np.ndarray] = None,
     ) -> int:
         """The rest of :meth:`lookup` once the cache has answered: count the lookup and
         answer the misses (``hit[i] == 0``) by the rules of the module docstring. The
         native backend queries the cache itself and calls this only when a key missed.
-        Returns ``hits``."""
+        ``segments``, ``exact``, ``defaults``: as for :meth:`lookup`. Returns ``hits``."""
         assert self.cache is not None  # a query was answered by it
         m = keys.shape[0]
         misses = m - hits
@@ -191,11 +230,13 @@ class CachedTable:
             return hits
         miss_idx = np.flatnonzero(hit == 0)
         counts = {"lookups": m, "hits": hits, "misses": misses}
-        defer = self._deferred(keys, hit, segments)
+        defer = self._deferred(keys, hit, segments, exact)
         if defer is not None:
             deferred = miss_idx[defer[miss_idx]]
             miss_idx = miss_idx[~defer[miss_idx]]
             out[deferred] = self.default_value
+            if defaults is not None:
+                _count_by_request(defaults, 1, _mask(m, deferred), segments)
             assert self.inserter is not None  # _deferred returns None without one
             accepted = self.inserter.submit(self, keys[deferred])
             n = int(deferred.shape[0])
@@ -210,6 +251,11 @@ class CachedTable:
         fetched = self.codec.empty(fetched_n)  # as the store holds them
         t1 = time.perf_counter_ns()
         found = self.store.fetch(miss_keys, fetched)
+        absent_n = fetched_n - int(np.count_nonzero(found))
+        if absent_n:
+            counts["not_found"] = absent_n
+            if defaults is not None:
+                _count_by_request(defaults, 0, _mask(m, miss_idx[~found]), segments)
         if self.codec.precision == "fp32":
             out[miss_idx] = fetched
         else:
@@ -234,16 +280,29 @@ class CachedTable:
         return hits
 
     def _deferred(
-        self, keys: np.ndarray, hit: np.ndarray, segments: Optional[Sequence[int]]
+        self,
+        keys: np.ndarray,
+        hit: np.ndarray,
+        segments: Optional[Sequence[int]],
+        exact: Optional[Sequence[bool]] = None,
     ) -> Optional[np.ndarray]:
         """Per key, whether its request's hit rate is at or above the threshold (its misses
-        are answered with the default and inserted in the background); None when every
-        miss is fetched now."""
+        are answered with the default and inserted in the background) and the request did
+        not ask for ``exact`` answers; None when every miss is fetched now."""
         if self.inserter is None or self.hit_rate_threshold > 1.0:
             return None
+        lengths = np.asarray(segments if segments is not None else (keys.shape[0],), np.int64)
+        wants = None if exact is None else np.asarray(exact, dtype=bool)
+        if wants is not None and wants.any():
+            if wants.all():
+                return None
+            defer = self._deferred(keys, hit, segments)
+            if defer is None:
+                return None
+            defer &= ~np.repeat(wants, lengths)
+            return defer if defer.any() else None
         if self.hit_rate_threshold <= 0.0:
             return np.ones(keys.shape[0], dtype=bool)
-        lengths = np.asarray(segments if segments is not None else (keys.shape[0],), np.int64)
         bounds = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
         np.cumsum(lengths, out=bounds[1:])
         # (distinct keys, distinct keys that hit) per request: a key asked twice counts once
@@ -287,6 +346,25 @@ class CachedTable:
         self.store.fetch(keys, rows)
         self.cache.insert(keys, rows)
         return int(keys.shape[0])
+
+
+def _mask(m: int, idx: np.ndarray) -> np.ndarray:
+    """A bool ``[m]`` mask set at ``idx``."""
+    mask = np.zeros(m, dtype=bool)
+    mask[idx] = True
+    return mask
+
+
+def _count_by_request(
+    defaults: np.ndarray, cause: int, mask: np.ndarray, segments: Optional[Sequence[int]]
+) -> None:
+    """Add, per request, the keys set in ``mask`` to column ``cause`` of ``defaults``."""
+    if segments is None:
+        defaults[0, cause] += int(np.count_nonzero(mask))
+        return
+    lengths = np.asarray(segments, np.int64)
+    request_of = np.repeat(np.arange(lengths.shape[0]), lengths)
+    defaults[:, cause] += np.bincount(request_of[mask], minlength=lengths.shape[0])
 
 
 class BackgroundInserter:

@@ -12,9 +12,19 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, overload
 
 from triton_rec.errors import ConfigError
 
-#: Optional INT32 outputs that carry the HPS response parameters as tensors, for
-#: runtimes whose Python backend cannot attach response parameters (Triton 2.51).
-HPS_INFO_OUTPUTS = ("NumSample", "DeviceID")
+#: The keys of a response answered with the default value, by cause (our extension;
+#: the causes of :data:`triton_rec.cache.cached_table.DEFAULT_CAUSES`, in that order):
+#: response parameters of every ``hps``/``hugectr`` response, and optional outputs.
+DEFAULT_INFO = ("DefaultNotFound", "DefaultAsync")
+
+#: Optional INT32 outputs that carry the response parameters as tensors, for runtimes
+#: whose Python backend cannot attach response parameters (Triton 2.51): HPS's
+#: ``NumSample`` / ``DeviceID``, then :data:`DEFAULT_INFO`.
+HPS_INFO_OUTPUTS = ("NumSample", "DeviceID") + DEFAULT_INFO
+
+#: The request parameter that makes a request fetch every cache miss synchronously,
+#: whatever ``hit_rate_threshold`` says (a bool, or the string "true"/"false").
+EXACT_PARAMETER = "exact"
 
 
 def model_parameter(config: Dict[str, Any], key: str) -> Optional[str]:

@@ -17,12 +17,13 @@ table order and its own row pointers, ready for lookup and slot combination.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 
 from triton_rec import _native
+from triton_rec.cache.cached_table import new_default_counts
 from triton_rec.errors import RequestError
 
 
@@ -35,12 +36,17 @@ class HugeCTRRequest:
         dense: float32 ``[num_samples, dense_dim]``.
         keys: per table, int64 keys in table order (sample by sample, slot by slot).
         row_ptrs: per table, int64 ``[num_samples * slots_t + 1]`` pointers into ``keys[t]``.
+        exact: fetch every cache miss now (the request parameter ``exact``).
+        defaults: int64 ``[len(DEFAULT_CAUSES)]``: the request's keys answered with the
+            default value, by cause, filled in by the lookup.
     """
 
     num_samples: int
     dense: np.ndarray
     keys: Tuple[np.ndarray, ...]
     row_ptrs: Tuple[np.ndarray, ...]
+    exact: bool = False
+    defaults: np.ndarray = field(default_factory=new_default_counts, compare=False)
 
 
 def parse_hugectr_request(

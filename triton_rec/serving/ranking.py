@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from triton_rec.cache.cached_table import DEFAULT_CAUSES
 from triton_rec.config.ps_json import ModelParams
 from triton_rec.dense import Combiner, DenseModel, combine_slots, to_host
 from triton_rec.errors import ConfigError
@@ -114,14 +115,18 @@ class RankingSession:
             keys, ptrs = tuple(key_parts), tuple(ptr_parts)
             dense = np.concatenate([r.dense for r in requests], axis=0)
         embeddings = []
+        exact = [r.exact for r in requests]
+        defaults = np.zeros((len(requests), len(DEFAULT_CAUSES)), dtype=np.int64)
         for t, table in enumerate(self.cached_tables):
             vectors = np.empty((keys[t].shape[0], table.vec_size), dtype=np.float32)
             # the cache's hit rate is judged per request (None: one request)
             segments = [r.keys[t].shape[0] for r in requests] if len(requests) > 1 else None
-            table.lookup(keys[t], vectors, segments)
+            table.lookup(keys[t], vectors, segments, exact, defaults)
             embeddings.append(
                 combine_slots(vectors, ptrs[t], self.combiners[t], slot_num=self.slots[t])
             )
+        for r, d in zip(requests, defaults):
+            r.defaults[:] = d
         # the dense model's array module may be CuPy: bring the prediction back to the host
         out = to_host(self.dense.predict(dense, embeddings)).astype(np.float32, copy=False)
         # upstream's shape [num_samples] (hugectr_backend src/hugectr.cc L2352-2373); with

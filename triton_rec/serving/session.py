@@ -13,7 +13,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from triton_rec.cache.cached_table import BackgroundInserter, CachedTable, EmbeddingCache, Refresher
+from triton_rec.cache.cached_table import (
+    DEFAULT_CAUSES,
+    BackgroundInserter,
+    CachedTable,
+    EmbeddingCache,
+    Refresher,
+    new_default_counts,
+)
 from triton_rec.cache.shm_cache import SharedEmbeddingCache
 from triton_rec.config.ps_json import EmbeddingCacheType, ModelParams, TableParams
 from triton_rec.errors import RequestError
@@ -185,11 +192,16 @@ class LookupRequest:
         keys: int64 ``[sum(counts)]``, table-major.
         counts: keys per table.
         num_samples: samples the request holds (the ``NumSample`` response parameter).
+        exact: fetch every cache miss now (the request parameter ``exact``).
+        defaults: int64 ``[len(DEFAULT_CAUSES)]``: the request's keys answered with the
+            default value, by cause, filled in by the lookup.
     """
 
     keys: np.ndarray
     counts: Tuple[int, ...]
     num_samples: int
+    exact: bool = False
+    defaults: np.ndarray = field(default_factory=new_default_counts, compare=False)
 
 
 class LookupSession:
@@ -362,13 +374,17 @@ class LookupSession:
         offsets = np.zeros((len(requests), self.params.num_tables + 1), dtype=np.int64)
         offsets[:, 1:] = np.cumsum([r.counts for r in requests], axis=1)
         per_table = []
+        exact = [r.exact for r in requests]
+        defaults = np.zeros((len(requests), len(DEFAULT_CAUSES)), dtype=np.int64)
         for t, table in enumerate(self.cached_tables):
             keys = np.concatenate(
                 [r.keys[offsets[i, t] : offsets[i, t + 1]] for i, r in enumerate(requests)]
             )
             buf = np.empty((keys.shape[0], table.vec_size), dtype=np.float32)
-            table.lookup(keys, buf, segments=[r.counts[t] for r in requests])
+            table.lookup(keys, buf, [r.counts[t] for r in requests], exact, defaults)
             per_table.append(buf)
+        for r, d in zip(requests, defaults):
+            r.defaults[:] = d
         answers = []
         starts = np.zeros(self.params.num_tables, dtype=np.int64)
         for r in requests:
@@ -391,7 +407,11 @@ class LookupSession:
             n = r.counts[t]
             size = n * table.vec_size
             table.lookup(
-                r.keys[key_pos : key_pos + n], out[pos : pos + size].reshape(n, table.vec_size)
+                r.keys[key_pos : key_pos + n],
+                out[pos : pos + size].reshape(n, table.vec_size),
+                None,
+                (r.exact,),
+                r.defaults.reshape(1, -1),  # a view: the counts land in the request
             )
             pos += size
             key_pos += n

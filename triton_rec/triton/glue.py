@@ -10,6 +10,8 @@ that call with an error instead of taking the model instance down.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import json
 import logging
 import mmap
 import threading
@@ -17,6 +19,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from triton_rec.config.model_config import DEFAULT_INFO, EXACT_PARAMETER
 from triton_rec.errors import RequestError, RequestTooLarge  # noqa: F401  (re-exported)
 
 #: Per input name: (most elements a valid request of the model holds, bytes per element,
@@ -129,6 +132,7 @@ def run_requests(
     respond: Callable,
     limits: Optional[InputLimits] = None,
     counters: Optional[RequestCounters] = None,
+    options: bool = False,
 ) -> List:
     """One ``execute`` call.
 
@@ -143,6 +147,8 @@ def run_requests(
         limits: per input, the most elements a valid request holds: a larger input is
             refused from its shape, before its data is read (:func:`check_input_size`).
         counters: counts the requests answered with an error, by reason.
+        options: read the request parameters the engine takes (:func:`exact_requested`)
+            into the parsed request (a dataclass with an ``exact`` field).
     """
     responses = [None] * len(requests)
     parsed, slots = [], []
@@ -161,6 +167,8 @@ def run_requests(
                     over = name
                 tensors.append(t.as_numpy())
             request_parsed = parse(*tensors)
+            if options and exact_requested(model_name, request):
+                request_parsed = dataclasses.replace(request_parsed, exact=True)
             if over is not None and limits is not None:  # consistent, but larger than allowed
                 n = tensors[list(input_names).index(over)].size
                 raise too_large(model_name, over, n, limits[over])
@@ -192,6 +200,26 @@ def run_requests(
     return responses
 
 
+def exact_requested(model_name: str, request) -> bool:
+    """The request parameter :data:`~triton_rec.config.model_config.EXACT_PARAMETER`
+    (``exact``): fetch every cache miss now, whatever ``hit_rate_threshold`` says. A bool,
+    or the string ``"true"``/``"false"``; absent: False. Raises RequestError otherwise."""
+    read = getattr(request, "parameters", None)
+    raw = read() if read is not None else None
+    if not raw:
+        return False
+    params = json.loads(raw) if isinstance(raw, (str, bytes)) else dict(raw)
+    value = params.get(EXACT_PARAMETER, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise RequestError(
+        f"model '{model_name}': request parameter '{EXACT_PARAMETER}' must be a bool "
+        f"(true/false), got {value!r}"
+    )
+
+
 def log_load(pb_utils, model_name: str, kind: str, ready: str, warnings=(), placement=None):
     """What every backend says once a model instance is loaded: the configuration
     warnings, where a KIND_GPU instance put its parts (``placement``, if any) and
@@ -215,8 +243,10 @@ def supports_response_parameters(pb_utils) -> bool:
 
 class Responder:
     """Builds the response of the ``hps`` and ``hugectr`` backends: the answer tensor and
-    HPS's ``NumSample`` / ``DeviceID``, as response parameters where the runtime allows
-    (as both NVIDIA backends send them) and as the INT32 outputs config.pbtxt declares.
+    HPS's ``NumSample`` / ``DeviceID``, plus the keys answered with the default value by
+    cause (:data:`~triton_rec.config.model_config.DEFAULT_INFO`), as response parameters
+    where the runtime allows (as both NVIDIA backends send theirs) and as the INT32
+    outputs config.pbtxt declares.
 
     Args:
         pb_utils: the Python backend's module.
@@ -245,6 +275,9 @@ class Responder:
         """The response to ``request`` (anything with ``num_samples``) answered by ``out``."""
         pb = self.pb_utils
         info = {"NumSample": int(request.num_samples), "DeviceID": self.device_id}
+        defaults = getattr(request, "defaults", None)
+        for i, name in enumerate(DEFAULT_INFO):
+            info[name] = int(defaults[i]) if defaults is not None else 0
         tensors = [pb.Tensor(self.output_name, out)]
         tensors += [pb.Tensor(n, np.array([info[n]], np.int32)) for n in self.info_outputs]
         if self.parameters:

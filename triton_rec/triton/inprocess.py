@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import json
 import os
 import sys
 import threading
@@ -34,6 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from triton_rec.cache.cached_table import DEFAULT_CAUSES
 from triton_rec.triton.glue import CURRENT_MODEL
 
 #: Read by :func:`triton_rec.triton.glue.prepare_process`: the model runs inside the
@@ -164,10 +166,15 @@ class InferenceResponse:
 
 
 class InferenceRequest:
-    """The tensors of one request, as the hosted model sees them."""
+    """The tensors and parameters of one request, as the hosted model sees them."""
 
-    def __init__(self, tensors: Dict[str, Tensor]):
+    def __init__(self, tensors: Dict[str, Tensor], parameters: Optional[Dict[str, object]] = None):
         self._tensors = tensors
+        self._parameters = parameters or {}
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON object string (as the Python backend's)."""
+        return json.dumps(self._parameters)
 
     def inputs(self) -> List[Tensor]:
         """Every input tensor of the request."""
@@ -273,9 +280,9 @@ class MetricFamily:
 
 # -- hosting ---------------------------------------------------------------------------
 
-#: A request as the native backend passes it: input name -> (Triton data type, shape,
-#: read-only memoryview of the data).
-RawRequest = Dict[str, Tuple[str, Tuple[int, ...], memoryview]]
+#: A request as the native backend passes it: ({input name -> (Triton data type, shape,
+#: read-only memoryview of the data)}, {request parameter -> bool|int|float|str}).
+RawRequest = Tuple[Dict[str, Tuple[str, Tuple[int, ...], memoryview]], Dict[str, object]]
 #: A response as the native backend takes it: (error message or None, error code,
 #: [(output name, C-contiguous array)], {parameter: int|bool|str}).
 RawResponse = Tuple[Optional[str], int, List[Tuple[str, np.ndarray]], Dict[str, object]]
@@ -333,7 +340,10 @@ class HostedModel:
 
     def execute(self, requests: Sequence[RawRequest]) -> List[RawResponse]:
         """Answer ``requests`` with the hosted model's ``execute``."""
-        reqs = [InferenceRequest({n: _as_tensor(n, *v) for n, v in r.items()}) for r in requests]
+        reqs = [
+            InferenceRequest({n: _as_tensor(n, *v) for n, v in r[0].items()}, r[1])
+            for r in requests
+        ]
         with self._working():
             responses = self.model.execute(reqs)
         return [_raw_response(r) for r in responses]
@@ -345,14 +355,20 @@ class HostedModel:
         plan = getattr(self.model, "native_plan", None)
         return plan() if plan is not None else None
 
-    def finish_query(self, table: int, keys, out, hit, hits: int, query_ns: int) -> None:
+    def finish_query(
+        self, table: int, keys, out, hit, hits: int, query_ns: int, exact: bool = False
+    ) -> Tuple[int, ...]:
         """Answer the misses of a native cache query of table ``table`` (HPS rules:
         :meth:`triton_rec.cache.cached_table.CachedTable.finish_query`); the buffers are
-        the request's keys, its answer block and the hit mask, written in place."""
+        the request's keys, its answer block and the hit mask, written in place.
+        Returns the keys answered with the default value, by cause (``DEFAULT_CAUSES``)."""
         ct = self.model.session.cached_tables[table]
         keys = np.frombuffer(keys, dtype=np.int64)
         out = np.frombuffer(out, dtype=np.float32).reshape(keys.shape[0], ct.vec_size)
-        ct.finish_query(keys, out, np.frombuffer(hit, dtype=np.uint8), hits, query_ns)
+        defaults = np.zeros((1, len(DEFAULT_CAUSES)), dtype=np.int64)
+        hit_mask = np.frombuffer(hit, dtype=np.uint8)
+        ct.finish_query(keys, out, hit_mask, hits, query_ns, None, (exact,), defaults)
+        return tuple(int(v) for v in defaults[0])
 
     def finalize(self) -> None:
         """The hosted model's ``finalize`` (threads stopped, caches detached)."""

@@ -16,7 +16,10 @@ name                                   kind    meaning
 trec_cache_lookups_total               counter keys looked up
 trec_cache_hits_total                  counter keys answered by the cache
 trec_cache_misses_total                counter keys the cache did not hold
-trec_cache_default_answered_total      counter misses answered with the default value
+trec_cache_default_answered_total      counter misses answered with the default value at
+                                               once (hit rate >= threshold; cause ``async``)
+trec_cache_default_not_found_total     counter keys no tier holds, answered with the
+                                               default value (cause ``not_found``)
 trec_cache_sync_fetched_total          counter misses fetched from the store synchronously
 trec_cache_dropped_total               counter background inserts dropped (queue full)
 trec_cache_refreshed_total             counter cached rows refreshed from the store
@@ -58,6 +61,10 @@ _COUNTERS = {
     "default_answered": (
         "trec_cache_default_answered_total",
         "Misses answered with the default value (hit rate >= threshold)",
+    ),
+    "not_found": (
+        "trec_cache_default_not_found_total",
+        "Keys no tier holds, answered with the default value",
     ),
     "sync_fetched": (
         "trec_cache_sync_fetched_total",
