@@ -250,7 +250,8 @@ class LookupSession:
     def describe(self) -> str:
         """One line per table: what serves it (cache, stores), for the load log."""
         return "; ".join(
-            f"{t.name}: cache={'yes' if t.cache is not None else 'no'} store={t.store!r}"
+            f"{t.name}: {t.codec.precision} cache={'yes' if t.cache is not None else 'no'} "
+            f"store={t.store!r}"
             for t in self.cached_tables
         )
 
