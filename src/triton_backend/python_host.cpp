@@ -434,6 +434,28 @@ struct InputStore {
   std::deque<std::vector<char>> copies;
 };
 
+// Calls fn(key, type, value) for each parameter of `request` until fn returns false;
+// false if the parameters cannot be read.
+template <typename Fn>
+bool each_parameter(TRITONBACKEND_Request* request, Fn&& fn) {
+  uint32_t count = 0;
+  if (auto* e = TRITONBACKEND_RequestParameterCount(request, &count)) {
+    drop(e);
+    return false;
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    const char* key = nullptr;
+    TRITONSERVER_ParameterType type;
+    const void* value = nullptr;
+    if (auto* e = TRITONBACKEND_RequestParameter(request, i, &key, &type, &value)) {
+      drop(e);
+      return false;
+    }
+    if (key != nullptr && !fn(key, type, value)) break;
+  }
+  return true;
+}
+
 // The request as inprocess.RawRequest: ({name: (dtype, shape, memoryview)}, {parameter:
 // value}); nullptr with
 // `why` set when an input cannot be read (not in CPU memory).
@@ -475,16 +497,7 @@ PyObject* raw_request(TRITONBACKEND_Request* request, InputStore* store, std::st
   }
   // The request parameters, as {key: bool|int|float|str} (bytes parameters are left out).
   Ref params(PyDict_New());
-  uint32_t n_params = 0;
-  drop(TRITONBACKEND_RequestParameterCount(request, &n_params));
-  for (uint32_t i = 0; i < n_params; ++i) {
-    const char* key = nullptr;
-    TRITONSERVER_ParameterType type;
-    const void* v = nullptr;
-    if (auto* e = TRITONBACKEND_RequestParameter(request, i, &key, &type, &v)) {
-      drop(e);
-      continue;
-    }
+  each_parameter(request, [&](const char* key, TRITONSERVER_ParameterType type, const void* v) {
     Ref value(
         type == TRITONSERVER_PARAMETER_BOOL  ? PyBool_FromLong(*static_cast<const bool*>(v))
         : type == TRITONSERVER_PARAMETER_INT ? PyLong_FromLongLong(*static_cast<const int64_t*>(v))
@@ -494,8 +507,9 @@ PyObject* raw_request(TRITONBACKEND_Request* request, InputStore* store, std::st
                   static_cast<const char*>(v),
                   static_cast<Py_ssize_t>(std::strlen(static_cast<const char*>(v))), "replace")
             : nullptr);
-    if (value.p != nullptr && key != nullptr) PyDict_SetItemString(params.p, key, value.p);
-  }
+    if (value.p != nullptr) PyDict_SetItemString(params.p, key, value.p);
+    return true;
+  });
   PyErr_Clear();
   return Py_BuildValue("(OO)", dict.p, params.p);
 }
@@ -705,29 +719,19 @@ TRITONSERVER_Error* answer(TRITONBACKEND_Response* response, const NativePlan& p
 // The request parameter "exact": 1 true, 0 false or absent, -1 anything else (the Python
 // path then names the problem). A bool, or the string "true"/"false" (glue.exact_requested).
 int exact_of(TRITONBACKEND_Request* request) {
-  uint32_t count = 0;
-  if (auto* e = TRITONBACKEND_RequestParameterCount(request, &count)) {
-    drop(e);
-    return -1;
-  }
-  for (uint32_t i = 0; i < count; ++i) {
-    const char* key = nullptr;
-    TRITONSERVER_ParameterType type;
-    const void* value = nullptr;
-    if (auto* e = TRITONBACKEND_RequestParameter(request, i, &key, &type, &value)) {
-      drop(e);
-      return -1;
-    }
-    if (key == nullptr || std::strcmp(key, kExactParameter) != 0) continue;
-    if (type == TRITONSERVER_PARAMETER_BOOL) return *static_cast<const bool*>(value) ? 1 : 0;
-    if (type == TRITONSERVER_PARAMETER_STRING) {
-      const auto* v = static_cast<const char*>(value);
-      if (strcasecmp(v, "true") == 0) return 1;
-      if (strcasecmp(v, "false") == 0) return 0;
-    }
-    return -1;
-  }
-  return 0;
+  int exact = 0;
+  const bool read =
+      each_parameter(request, [&](const char* key, TRITONSERVER_ParameterType type, const void* v) {
+        if (std::strcmp(key, kExactParameter) != 0) return true;
+        const auto* text = static_cast<const char*>(v);
+        exact = type == TRITONSERVER_PARAMETER_BOOL     ? (*static_cast<const bool*>(v) ? 1 : 0)
+                : type != TRITONSERVER_PARAMETER_STRING ? -1
+                : strcasecmp(text, "true") == 0         ? 1
+                : strcasecmp(text, "false") == 0        ? 0
+                                                        : -1;
+        return false;  // found
+      });
+  return read ? exact : -1;
 }
 
 // HPS's NumSample / DeviceID and the keys answered with the default value: response
