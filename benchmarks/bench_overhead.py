@@ -9,13 +9,15 @@ instances, the shipped dynamic-batching settings). Models, grouped by interface:
   ``floor_native_hps`` (the same in C++: backend ``trec_floor``, the native floor),
   ``naive_hps`` (what a user writes in an afternoon: a private copy of the table per
   instance and a Python dict from key to row), ``hps`` (our backend, ps.json entry with
-  only the required keys, i.e. every default: cache on) and ``hps_nocache``
-  (``gpucache: false``);
+  only the required keys, i.e. every default: cache on), ``hps_nocache``
+  (``gpucache: false``), ``hps_py`` (the same model.py in Triton's Python backend) and
+  ``hps_fp16`` (the table stored in fp16, ``embedding_precision``);
 - ``DES``/``CATCOLUMN``/``ROWINDEX`` (a Criteo-shaped DLRM: 13 dense features, 26 slots
   in two tables, vec 32, bottom MLP 64-48-32, top MLP 64-32-1, trained here for a few
   seconds; requests of 1, 64 and 1,024 held-out samples): ``floor_dlrm``,
   ``floor_native_dlrm`` (the native floor), ``dlrm``
-  (HugeCTR dense file run by numpy) and ``dlrm_onnx`` (the same network in onnxruntime);
+  (HugeCTR dense file run by numpy), ``dlrm_onnx`` (the same network in onnxruntime),
+  ``dlrm_py`` (Python backend) and ``dlrm_fp16`` (``dlrm`` with fp16 tables);
 - the ensemble interface (``DES``/``KEYS``/``NUMKEYS``/``ROWINDEX``): ``floor_ensemble``
   and ``dlrm_ensemble`` (``dlrm_hps`` -> ``dlrm_dense``).
 
@@ -254,11 +256,15 @@ def build_repository(repo: Path, groups) -> dict:
             required,
             dict(required, model="hps_nocache", gpucache=False),
             dict(required, model="hps_py"),
+            # the same table stored in fp16 (issue 15): the served cost of decoding
+            dict(required, model="hps_fp16", embedding_precision=["fp16"]),
         ]
         _write(repo / "hps" / "config.pbtxt", _config("hps", "hps", HPS_IO))
         # the same model.py in Triton's Python backend (the request path before issue 14)
         _write(repo / "hps_py" / "config.pbtxt", _config("hps_py", "hps_py", HPS_IO))
         (repo / "hps_py" / "1").mkdir(parents=True, exist_ok=True)
+        _write(repo / "hps_fp16" / "config.pbtxt", _config("hps_fp16", "hps", HPS_IO))
+        (repo / "hps_fp16" / "1").mkdir(parents=True, exist_ok=True)
         _write(repo / "hps_nocache" / "config.pbtxt", _config("hps_nocache", "hps", HPS_IO))
         (repo / "hps_nocache" / "1").mkdir(parents=True, exist_ok=True)
         _write(
@@ -309,12 +315,15 @@ def build_repository(repo: Path, groups) -> dict:
             dict(entry, model="dlrm_onnx", dense_file=onnx),
             dict(entry, model="dlrm_hps", dense_file=onnx),
             dict(entry, model="dlrm_py"),
+            dict(entry, model="dlrm_fp16", embedding_precision=["fp16"] * len(config.tables)),
         ]
         tables, slots = len(config.tables), config.total_slots
         floor_p = {"floor": "samples", "tables": tables, "slots": slots}
         _write(repo / "dlrm" / "config.pbtxt", _config("dlrm", "hugectr", DLRM_IO))
         _write(repo / "dlrm_py" / "config.pbtxt", _config("dlrm_py", "hugectr_py", DLRM_IO))
         (repo / "dlrm_py" / "1").mkdir(parents=True, exist_ok=True)
+        _write(repo / "dlrm_fp16" / "config.pbtxt", _config("dlrm_fp16", "hugectr", DLRM_IO))
+        (repo / "dlrm_fp16" / "1").mkdir(parents=True, exist_ok=True)
         _write(repo / "dlrm_onnx" / "config.pbtxt", _config("dlrm_onnx", "hugectr", DLRM_IO))
         (repo / "dlrm_onnx" / "1").mkdir(parents=True, exist_ok=True)
         _write(
@@ -398,8 +407,16 @@ def write_inputs(meta: dict, groups, batches, requests: int, out: Path) -> dict:
 
 
 GROUP_MODELS = {
-    "hps": ["floor_hps", "floor_native_hps", "naive_hps", "hps", "hps_nocache", "hps_py"],
-    "dlrm": ["floor_dlrm", "floor_native_dlrm", "dlrm", "dlrm_onnx", "dlrm_py"],
+    "hps": [
+        "floor_hps",
+        "floor_native_hps",
+        "naive_hps",
+        "hps",
+        "hps_nocache",
+        "hps_py",
+        "hps_fp16",
+    ],
+    "dlrm": ["floor_dlrm", "floor_native_dlrm", "dlrm", "dlrm_onnx", "dlrm_py", "dlrm_fp16"],
     "ensemble": ["floor_ensemble", "dlrm_ensemble"],
 }
 FLOOR = {g: m[0] for g, m in GROUP_MODELS.items()}
@@ -494,6 +511,17 @@ def sanity_check(server: TritonServer, files: dict, groups) -> list:
                 a, b = answers.get(x + v), answers.get(y + v)
                 if a is not None and b is not None and not np.allclose(a, b, rtol=1e-5, atol=1e-6):
                     problems.append(f"n={n}: {x}{v} (native) and {y}{v} (Python) disagree")
+            # fp16 tables (issue 15): the hps answer is the fp32 answer rounded to fp16
+            a, b = answers.get("hps" + v), answers.get("hps_fp16" + v)
+            if (
+                a is not None
+                and b is not None
+                and not np.array_equal(a.astype(np.float16).astype(np.float32), b)
+            ):
+                problems.append(f"n={n}: hps_fp16{v} is not hps{v} rounded to fp16")
+            a, b = answers.get("dlrm" + v), answers.get("dlrm_fp16" + v)
+            if a is not None and b is not None and not np.allclose(a, b, rtol=0, atol=1e-3):
+                problems.append(f"n={n}: dlrm_fp16{v} differs from dlrm{v} by more than 1e-3")
             a, b = answers.get("dlrm" + v), answers.get("dlrm_onnx" + v)
             if (
                 base == "dlrm"

@@ -19,10 +19,14 @@
 //                  D = vec_size):
 //                    +0        atomic<uint64> seq    seqlock: odd = being written
 //                    +8        pthread_mutex_t       PROCESS_SHARED | ROBUST (<= 48 B)
+//                    +56       uint8  valid[W]       W <= 8: 1 = way holds key[w] (atomic)
 //                    +64       int64  key[W]         (atomic, relaxed)
 //                    +64+8W    uint64 tick[W]        last access (atomic, relaxed)
-//                    +64+16W   uint8  valid[W]       1 = way holds key[w] (atomic)
-//                    +vec_off  row vec[W]            vec_off = round_up(64+16W+round8(W), 64)
+//                    +64+16W   uint8  valid[W]       W > 8: as above
+//                    +vec_off  row vec[W]            vec_off = round_up(64+16W+V, 64),
+//                                                    V = W <= 8 ? 0 : round8(W)
+//                  (valid[] sits in the 8 bytes after the mutex when it fits: at the
+//                  default 8 ways that saves 64 bytes per set, 8 per row.)
 //                  set_stride = round_up(vec_off + W*R, 64), R = bytes of one encoded
 //                  row of D values in the header's `precision` (row_codec.hpp).
 // [sketch_offset, total_bytes)   TinyLFU only: count-min sketch, 4 rows of
@@ -80,7 +84,9 @@
 namespace triton_rec {
 
 constexpr uint64_t kShmCacheMagic = 0x434D485343455254ULL;  // "TRECSHMC" little-endian
-constexpr uint32_t kShmCacheLayoutVersion = 2;              // 2: encoded rows (precision)
+constexpr uint32_t kShmCacheLayoutVersion = 3;  // 2: encoded rows; 3: valid[] after the mutex
+// Ways whose valid bytes fit in the set header, after the seqlock and the mutex.
+constexpr uint32_t kShmCacheHeaderValidWays = 8;
 constexpr uint64_t kShmCacheHeaderBytes = 4096;
 constexpr uint32_t kShmCacheMaxWays = 64;
 constexpr uint32_t kShmCacheMaxVecSize = 1u << 16;
@@ -242,7 +248,8 @@ inline ShmCacheLayout shm_cache_layout(const ShmCacheParams& p) {
   }
   ShmCacheLayout l{};
   const uint64_t w = p.ways;
-  l.vec_offset = round_up(64 + 16 * w + round_up(w, 8), 64);
+  const uint64_t valid_bytes = w <= kShmCacheHeaderValidWays ? 0 : round_up(w, 8);
+  l.vec_offset = round_up(64 + 16 * w + valid_bytes, 64);
   if (static_cast<uint32_t>(p.precision) >= kNumPrecisions) {
     throw std::invalid_argument("unknown row precision " +
                                 std::to_string(static_cast<uint32_t>(p.precision)));
@@ -730,7 +737,9 @@ class ShmCache {
     return reinterpret_cast<std::atomic<uint64_t>*>(set + 64 + 8 * ways_);
   }
   std::atomic<uint8_t>* valid(uint8_t* set) const noexcept {
-    return reinterpret_cast<std::atomic<uint8_t>*>(set + 64 + 16 * ways_);
+    const size_t off =
+        ways_ <= kShmCacheHeaderValidWays ? 64 - kShmCacheHeaderValidWays : 64 + 16 * size_t{ways_};
+    return reinterpret_cast<std::atomic<uint8_t>*>(set + off);
   }
   uint8_t* vec(uint8_t* set, int w) const noexcept {
     return set + vec_off_ + static_cast<size_t>(w) * fmt_.row_bytes;

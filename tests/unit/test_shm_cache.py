@@ -27,6 +27,7 @@ import pytest
 from triton_rec import _native
 from triton_rec.cache.shm_cache import SharedEmbeddingCache, segment_path
 from triton_rec.errors import CacheConfigMismatchError, CacheError, ConfigError
+from triton_rec.precision import PRECISIONS, RowCodec
 
 SHM = "/dev/shm"
 RUN_PREFIX = f"pytest-{uuid.uuid4().hex[:8]}"
@@ -251,7 +252,8 @@ def keys_in_set(cache, set_index, n, start=0):
 # single process: behaviour against the reference model
 
 
-@pytest.mark.parametrize("num_sets,ways", [(1, 4), (4, 1), (4, 2), (16, 8)])
+# ways <= 8 keep their valid flags in the set header, more ways after the ticks
+@pytest.mark.parametrize("num_sets,ways", [(1, 4), (4, 1), (4, 2), (16, 8), (4, 9), (2, 64)])
 def test_lru_hits_misses_evictions_and_vectors_match_a_brute_force_reference(num_sets, ways):
     rng = np.random.default_rng(num_sets * 100 + ways)
     d = 5
@@ -302,7 +304,7 @@ def test_lru_hits_misses_evictions_and_vectors_match_a_brute_force_reference(num
     assert stats["misses"] == totals["lookups"] - totals["hits"]
 
 
-@pytest.mark.parametrize("num_sets,ways", [(1, 4), (4, 2), (16, 4)])
+@pytest.mark.parametrize("num_sets,ways", [(1, 4), (4, 2), (16, 4), (4, 12)])
 def test_tinylfu_admissions_and_aging_match_a_brute_force_reference(num_sets, ways):
     rng = np.random.default_rng(num_sets * 10 + ways)
     d = 3
@@ -762,3 +764,18 @@ def _worker(mode, args):
 
 if __name__ == "__main__":
     print(json.dumps(_worker(sys.argv[1], sys.argv[2:])), flush=True)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_set_costs_its_rows_plus_24_bytes_a_way_at_up_to_8_ways(precision):
+    """Set layout (shm_cache.hpp): 64-byte header holding the seqlock, the mutex and, up to
+    8 ways, the valid flags; then keys and ticks (16 bytes a way), rounded to 64; rows."""
+    for ways, d in ((8, 128), (8, 16), (4, 7), (16, 128), (64, 3)):
+        row = RowCodec(precision, d).row_bytes
+        flags = 0 if ways <= 8 else -(-ways // 8) * 8
+        head = -(-(64 + 16 * ways + flags) // 64) * 64
+        stride = -(-(head + ways * row) // 64) * 64
+        per_set = _native.ShmCacheView.required_bytes(
+            512, ways, d, "lru", RowCodec(precision, d).code
+        ) - _native.ShmCacheView.required_bytes(256, ways, d, "lru", RowCodec(precision, d).code)
+        assert per_set == 256 * stride, (ways, d)
