@@ -1,4 +1,5 @@
-"""Command line: ``python -m ps_loader {demo,validate,convert} ...`` (or ``ps-loader ...``)."""
+"""Command line: ``python -m ps_loader {demo,validate,convert,quantize} ...`` (or
+``ps-loader ...``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
 from triton_rec.config.ps_json import load_ps_config
 from triton_rec.errors import TritonRecError
+from triton_rec.precision import PRECISIONS
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -64,6 +67,7 @@ def _convert(args: argparse.Namespace) -> int:
                 ProgressLogger(label, sys.stderr),
                 fsync=args.fsync,
                 force=args.force,
+                precision=t.precision,
             )
             mb = res.data_bytes / 1e6
             rate = mb / max(res.seconds, 1e-9)
@@ -73,7 +77,81 @@ def _convert(args: argparse.Namespace) -> int:
                 f"{res.n_rows * (8 + 4 * res.vec_size) / 1e6 / max(res.seconds, 1e-9):,.0f} MB/s",
                 "reused": f"up to date, {res.seconds * 1e3:.1f} ms",
             }[res.action]
-            print(f"{label}: {res.n_rows} rows x {res.vec_size} -> {res.path} [{how}]")
+            print(
+                f"{label}: {res.n_rows} rows x {res.vec_size} {t.precision} -> {res.path} [{how}]"
+            )
+    return 0
+
+
+def _quantize_problem(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with the arguments of ``quantize``, or None."""
+    is_ps = args.source.endswith(".json")
+    if is_ps == (args.vec_size is not None):
+        return (
+            "give either a ps.json, or a table (HugeCTR sparse directory or .npz) with --vec-size"
+        )
+    if not args.write_ps_json:
+        return None
+    if not is_ps:
+        return "--write-ps-json needs a ps.json source"
+    if args.table:  # a model's other tables would be left out of the copy
+        return "--write-ps-json rewrites whole models: drop --table"
+    src_dir = os.path.dirname(os.path.abspath(args.source))
+    if os.path.dirname(os.path.abspath(args.write_ps_json)) != src_dir:
+        # every relative path of the copy (dense files, tiers, ...) keeps its meaning
+        return (
+            f"--write-ps-json must name a file in {src_dir} (the source ps.json's "
+            "directory, against which its relative paths resolve)"
+        )
+    return None
+
+
+def _quantize_jobs(args: argparse.Namespace) -> list:
+    """``(model or None, label, source, vec_size)`` of every table to quantize."""
+    if not args.source.endswith(".json"):
+        label = os.path.basename(os.path.normpath(args.source))
+        return [(None, label, args.source, args.vec_size)]
+    cfg = load_ps_config(args.source)
+    return [
+        (m.model, f"{m.model}.{t.name}", t.sparse_file, t.vec_size)
+        for m in ([cfg.model(args.model)] if args.model else list(cfg.models))
+        for t in m.tables
+        if not args.table or t.name in args.table
+    ]
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from ps_loader.quantize import (
+        as_json,
+        describe,
+        output_name,
+        quantize_table,
+        rewrite_ps_json,
+    )
+
+    problem = _quantize_problem(args)
+    jobs = [] if problem else _quantize_jobs(args)
+    if not problem and not jobs:
+        problem = f"no table named {args.table} in {args.source}"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    written, per_model = [], {}
+    for model, label, source, vec_size in jobs:
+        path = os.path.join(args.out, output_name(label, args.precision))
+        t = quantize_table(source, vec_size, args.precision, path, label)
+        written.append(t)
+        if model is not None:
+            per_model.setdefault(model, []).append(t)
+        if not args.json:
+            print(describe(t), flush=True)
+    if args.write_ps_json:
+        rewrite_ps_json(args.source, per_model, args.write_ps_json)
+        if not args.json:
+            print(f"wrote {args.write_ps_json}")
+    if args.json:
+        print(as_json(written))
     return 0
 
 
@@ -107,6 +185,28 @@ def main(argv=None) -> int:
     )
     c.add_argument("--force", action="store_true", help="convert again even if up to date")
     c.set_defaults(fn=_convert)
+    q = sub.add_parser(
+        "quantize",
+        help="encode tables in fp16 or int8 and report the error per table",
+        description="Encode a table (HugeCTR sparse directory or .npz, with --vec-size) or "
+        "every table of a ps.json into fp16 or int8 (row-wise, FBGEMM's layout) .npz "
+        "tables, and print per table the bytes per row before and after and the error "
+        "of the values (max abs, RMS). The node store takes such a table as it is.",
+    )
+    q.add_argument("source", help="a ps.json (ends with .json) or one table")
+    q.add_argument("--precision", required=True, choices=[p for p in PRECISIONS if p != "fp32"])
+    q.add_argument("--out", required=True, help="directory for the encoded .npz tables")
+    q.add_argument("--vec-size", type=int, help="floats per vector (a table source)")
+    q.add_argument("--model", help="only this model of the ps.json")
+    q.add_argument("--table", action="append", help="only this table (repeatable)")
+    q.add_argument(
+        "--write-ps-json",
+        metavar="PATH",
+        help="write a copy of the ps.json (in its directory) naming the encoded tables "
+        "and their precision",
+    )
+    q.add_argument("--json", action="store_true", help="print the report as JSON")
+    q.set_defaults(fn=_quantize)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

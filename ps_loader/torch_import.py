@@ -23,8 +23,28 @@ are flattened with ``.``-joined keys first):
 above, a state-dict key, or a module prefix (``NAME.weight``).
 
 Row i of a ``[N, D]`` weight gets key i, unless keys are given for the table (int64,
-N unique values, e.g. the ids the model was trained with). Weights of any floating
-dtype are stored as float32.
+N unique values, e.g. the ids the model was trained with).
+
+Precision (issue 15; :mod:`triton_rec.precision`): float16 weights stay fp16 and 8-bit
+row-wise quantized weights stay int8, row for row, in an encoded ``.npz`` (the ps.json
+fields printed then include ``embedding_precision``); other floating dtypes (bfloat16,
+float64) are stored as float32. Quantized layouts read:
+
+- TorchRec's quantized ``EmbeddingBagCollection`` saved with split scale and bias
+  (``quant_state_dict_split_scale_bias``): ``<table>.weight`` uint8 ``[N, D]`` beside
+  ``<table>.weight_qscale`` and ``<table>.weight_qbias`` (float16 ``[N, 1]``): found by
+  itself. (torchrec ``torchrec/quant/embedding_modules.py``, ``EmbeddingBagCollection
+  .__init__`` registers these buffers from fbgemm_gpu's
+  ``split_embedding_weights_with_scale_bias(split_scale_bias_mode=2)``,
+  ``split_table_batched_embeddings_ops_inference.py``.)
+- a uint8 weight whose layout the file does not say: name it with
+  ``--quantized NAME=LAYOUT``: ``fused8`` (FBGEMM/caffe2 fused 8-bit row-wise,
+  ``FloatToFused8BitRowwiseQuantized``: D bytes then float32 scale and bias, our int8
+  layout byte for byte), ``tbe-int8:D`` (a TorchRec/TBE INT8 row as that state dict holds
+  it unsplit: float16 scale, float16 bias, D bytes, padding), ``tbe-fp16:D`` (the bytes
+  of D float16 values, then padding).
+
+int4/int2 tables are refused, naming the tensor.
 """
 
 from __future__ import annotations
@@ -39,9 +59,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from triton_rec.errors import ModelFileError, TritonRecError
-from triton_rec.formats.tables import write_table
+from triton_rec.formats.tables import write_table_rows
+from triton_rec.precision import INT8_TRAILER_BYTES, RowCodec
 
 FORMATS = ("hugectr", "npz")
+#: ``--quantized`` layouts of a uint8 weight (see the module docstring)
+QUANTIZED_LAYOUTS = ("fused8", "tbe-int8", "tbe-fp16")
+_TBE_SCALE_BIAS_BYTES = 4  # float16 scale + float16 bias in front of a TBE INT8 row
 _TORCHREC_RE = re.compile(r"(?:^|\.)(?:embedding_bags|embeddings)\.([^.]+)\.weight$")
 _LISTED_KEYS = 40
 
@@ -53,22 +77,39 @@ class TorchTable:
     Args:
         name: table name (used in file listings and ps.json ``embedding_table_names``).
         key: the state-dict key of its weight.
-        weight: float32 ``[rows, vec_size]``.
+        data: the table's rows in ``codec``'s precision (float32 ``[rows, vec_size]``
+            for fp32).
+        codec: the precision of ``data`` (default fp32).
     """
 
     name: str
     key: str
-    weight: np.ndarray
+    data: np.ndarray
+    codec: Optional[RowCodec] = None
+
+    def __post_init__(self):
+        if self.codec is None:
+            object.__setattr__(self, "codec", RowCodec("fp32", int(self.data.shape[1])))
+
+    @property
+    def precision(self) -> str:
+        """``fp32``, ``fp16`` or ``int8``."""
+        return self.codec.precision
+
+    @property
+    def weight(self) -> np.ndarray:
+        """float32 ``[rows, vec_size]`` (decoded when the table is quantized)."""
+        return self.data if self.precision == "fp32" else self.codec.decode(self.data)
 
     @property
     def rows(self) -> int:
         """Rows of the table."""
-        return int(self.weight.shape[0])
+        return int(self.data.shape[0])
 
     @property
     def vec_size(self) -> int:
         """Embedding vector size."""
-        return int(self.weight.shape[1])
+        return int(self.codec.dim)
 
 
 @dataclass(frozen=True)
@@ -80,6 +121,7 @@ class ImportedTable:
     rows: int
     vec_size: int
     path: str
+    precision: str = "fp32"
 
 
 def load_state_dict(path: str) -> Dict[str, Any]:
@@ -184,7 +226,10 @@ def _candidates(state: Mapping[str, Any], default_name: str) -> Dict[str, str]:
 
 
 def find_tables(
-    state: Mapping[str, Any], names: Optional[Sequence[str]] = None, source: str = "<state dict>"
+    state: Mapping[str, Any],
+    names: Optional[Sequence[str]] = None,
+    source: str = "<state dict>",
+    quantized: Optional[Mapping[str, str]] = None,
 ) -> List[TorchTable]:
     """Embedding tables of a flattened state dict (see the module docstring).
 
@@ -193,10 +238,13 @@ def find_tables(
         names: tables to take, in order (table name, state-dict key or module prefix);
             None: every auto-detected table.
         source: the file, for messages (also the default name of a bare table).
+        quantized: per table name, the layout of its uint8 weight (``fused8``,
+            ``tbe-int8:D``, ``tbe-fp16:D``).
 
     Raises:
         ModelFileError: naming ``source``: no table found / a name matching nothing,
-            with the tensors the file holds; a weight that is not a 2-D float tensor.
+            with the tensors the file holds; a weight that is not a 2-D float tensor
+            or a quantized table of a known layout.
     """
     state = flatten_state(state)
     stem = os.path.splitext(os.path.basename(source))[0] if source != "<state dict>" else "table"
@@ -230,17 +278,98 @@ def find_tables(
     seen = [n for n, _ in chosen]
     if len(set(seen)) != len(seen):
         raise ModelFileError(source, f"table names repeat: {seen}")
-    return [TorchTable(n, k, _as_matrix(state[k], k, source)) for n, k in chosen]
+    quantized = dict(quantized or {})
+    unknown = sorted(set(quantized) - set(seen))
+    if unknown:
+        raise ModelFileError(source, f"--quantized names unknown tables {unknown}; tables: {seen}")
+    return [TorchTable(n, k, *_table_rows(state, k, source, quantized.get(n))) for n, k in chosen]
 
 
-def _as_matrix(t: Any, key: str, source: str) -> np.ndarray:
+def _table_rows(state: Mapping[str, Any], key: str, source: str, layout: Optional[str]):
+    """``(rows, codec)`` of the weight at ``key`` in its own precision (codec None: fp32)."""
     import torch
 
-    if t.ndim != 2 or not torch.is_floating_point(t):
+    t = state[key]
+    if t.ndim != 2:
+        raise ModelFileError(source, f"'{key}' is {t.dtype} {list(t.shape)}, not a 2-D weight")
+    t = t.detach().to(device="cpu").contiguous()
+    if layout is not None and t.dtype != torch.uint8:
         raise ModelFileError(
-            source, f"'{key}' is {t.dtype} {list(t.shape)}, not a 2-D floating-point weight"
+            source, f"--quantized {layout} for '{key}', which is {t.dtype}, not uint8"
         )
-    return t.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+    if t.dtype == torch.float16:
+        return t.numpy(), RowCodec("fp16", int(t.shape[1]))
+    if torch.is_floating_point(t):
+        return t.to(torch.float32).numpy(), None
+    if t.dtype == torch.uint8:
+        return _quantized_rows(state, key, t.numpy(), source, layout)
+    raise ModelFileError(
+        source,
+        f"'{key}' is {t.dtype} {list(t.shape)}: not a floating-point weight or an 8-bit "
+        "row-wise quantized one (int4/int2 tables are not supported)",
+    )
+
+
+def _quantized_rows(state, key: str, q: np.ndarray, source: str, layout: Optional[str]):
+    """A uint8 weight in our int8 (or fp16) layout, from the layouts of the module doc."""
+    n, width = q.shape
+    module = key[: -len(".weight")] if key.endswith(".weight") else key
+    qscale, qbias = state.get(f"{module}.weight_qscale"), state.get(f"{module}.weight_qbias")
+    if layout is None and qscale is not None and qbias is not None:  # TorchRec, split
+        scale = _column(qscale, f"{module}.weight_qscale", n, source)
+        bias = _column(qbias, f"{module}.weight_qbias", n, source)
+        return _int8_rows(q, scale, bias), RowCodec("int8", width)
+    if layout is None:
+        raise ModelFileError(
+            source,
+            f"'{key}' is uint8 {list(q.shape)}: a quantized table whose layout the file does "
+            "not say; name it with --quantized NAME=fused8 (FBGEMM fused 8-bit row-wise: "
+            "D bytes, then float32 scale and bias), tbe-int8:D (TorchRec/TBE INT8 rows: "
+            "float16 scale and bias, D bytes, padding) or tbe-fp16:D",
+        )
+    kind, _, dim_text = layout.partition(":")
+    if kind == "fused8" and not dim_text:
+        if width <= INT8_TRAILER_BYTES:
+            raise ModelFileError(source, f"'{key}' [{n}, {width}] is not a fused8 table")
+        return np.ascontiguousarray(q), RowCodec("int8", width - INT8_TRAILER_BYTES)
+    if kind not in QUANTIZED_LAYOUTS[1:] or not dim_text.isdigit() or int(dim_text) < 1:
+        raise ModelFileError(
+            source, f"unknown --quantized layout {layout!r} (fused8, tbe-int8:D, tbe-fp16:D)"
+        )
+    d = int(dim_text)
+    if kind == "tbe-fp16":
+        if width < 2 * d:
+            raise ModelFileError(source, f"'{key}' rows of {width} bytes hold no {d} float16")
+        return np.ascontiguousarray(q[:, : 2 * d]).view(np.float16), RowCodec("fp16", d)
+    if width < _TBE_SCALE_BIAS_BYTES + d:
+        raise ModelFileError(source, f"'{key}' rows of {width} bytes hold no {d} int8 values")
+    sb = np.ascontiguousarray(q[:, :_TBE_SCALE_BIAS_BYTES]).view(np.float16)  # [N, 2]
+    data = q[:, _TBE_SCALE_BIAS_BYTES : _TBE_SCALE_BIAS_BYTES + d]
+    return _int8_rows(data, sb[:, :1].astype(np.float32), sb[:, 1:].astype(np.float32)), (
+        RowCodec("int8", d)
+    )
+
+
+def _column(t: Any, key: str, n: int, source: str) -> np.ndarray:
+    """A float ``[n, 1]`` (or ``[n]``) tensor as float32 ``[n, 1]``."""
+    import torch
+
+    if not torch.is_floating_point(t) or t.numel() != n or t.shape[0] != n:
+        raise ModelFileError(
+            source, f"'{key}' is {t.dtype} {list(t.shape)}, not a float [{n}, 1] column"
+        )
+    return t.detach().to(device="cpu", dtype=torch.float32).reshape(n, 1).numpy()
+
+
+def _int8_rows(q: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """Our int8 rows (:mod:`triton_rec.precision`): q, then float32 scale and bias (a
+    float16 scale or bias widens exactly)."""
+    n, d = q.shape
+    rows = RowCodec("int8", d).empty(n)
+    rows[:, :d] = q
+    sb = np.concatenate([scale, bias], axis=1).astype("<f4")
+    rows[:, d:] = sb.view(np.uint8).reshape(n, INT8_TRAILER_BYTES)
+    return rows
 
 
 def _check_keys(table: TorchTable, keys: Any) -> np.ndarray:
@@ -296,9 +425,10 @@ def write_tables(
     os.makedirs(out_dir, exist_ok=True)
     out = []
     for i, t in enumerate(tables):
-        path = table_path(out_dir, i, fmt, prefix, iteration)
-        write_table(path, checked[t.name], t.weight)
-        out.append(ImportedTable(t.name, t.key, t.rows, t.vec_size, path))
+        # HugeCTR sparse files hold float32 only: a quantized table goes to an .npz
+        path = table_path(out_dir, i, fmt if t.precision == "fp32" else "npz", prefix, iteration)
+        write_table_rows(path, checked[t.name], t.data, t.codec)
+        out.append(ImportedTable(t.name, t.key, t.rows, t.vec_size, path, t.precision))
     return out
 
 
@@ -310,9 +440,10 @@ def import_tables(
     fmt: str = "hugectr",
     prefix: str = "",
     iteration: int = 0,
+    quantized: Optional[Mapping[str, str]] = None,
 ) -> List[ImportedTable]:
     """:func:`load_state_dict` + :func:`find_tables` + :func:`write_tables`."""
-    tables = find_tables(load_state_dict(path), names, source=path)
+    tables = find_tables(load_state_dict(path), names, source=path, quantized=quantized)
     return write_tables(tables, out_dir, keys, fmt, prefix, iteration)
 
 
@@ -326,6 +457,16 @@ def _parse_keys(specs: Sequence[str]) -> Dict[str, np.ndarray]:
             out[name] = np.load(file, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise ModelFileError(file, f"cannot read keys as a .npy array ({e})") from e
+    return out
+
+
+def _parse_quantized(specs: Sequence[str]) -> Dict[str, str]:
+    out = {}
+    for spec in specs:
+        name, sep, layout = spec.partition("=")
+        if not sep or not name or not layout:
+            raise ValueError(f"--quantized wants NAME=LAYOUT, got {spec!r}")
+        out[name] = layout
     return out
 
 
@@ -353,7 +494,19 @@ def main(argv=None) -> int:
         metavar="NAME=FILE.npy",
         help="int64 key of every row of table NAME (default: row ids)",
     )
-    p.add_argument("--format", choices=FORMATS, default="hugectr")
+    p.add_argument(
+        "--quantized",
+        action="append",
+        default=[],
+        metavar="NAME=LAYOUT",
+        help="layout of table NAME's uint8 weight: fused8, tbe-int8:D or tbe-fp16:D",
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="hugectr",
+        help="of float32 tables (fp16/int8 tables are always written as .npz)",
+    )
     p.add_argument(
         "--prefix", default="", help="file name prefix (HugeCTR: <prefix><i>_sparse_0.model)"
     )
@@ -363,10 +516,15 @@ def main(argv=None) -> int:
     if not args.list and not args.out:
         p.error("--out is required (or --list)")
     try:
-        tables = find_tables(load_state_dict(args.state), args.tables, source=args.state)
+        tables = find_tables(
+            load_state_dict(args.state),
+            args.tables,
+            source=args.state,
+            quantized=_parse_quantized(args.quantized),
+        )
         print(f"{args.state}: {len(tables)} table(s)")
         for i, t in enumerate(tables):
-            print(f"  {i}: {t.name}: {t.rows} rows x {t.vec_size} ({t.key})")
+            print(f"  {i}: {t.name}: {t.rows} rows x {t.vec_size} {t.precision} ({t.key})")
         if args.list:
             return 0
         written = write_tables(
@@ -385,13 +543,14 @@ def json_fields(written: Sequence[ImportedTable]) -> str:
     """The ps.json ``models[]`` fields these tables fill, as JSON text."""
     import json
 
-    return json.dumps(
-        {
-            "sparse_files": [w.path for w in written],
-            "embedding_table_names": [w.name for w in written],
-            "embedding_vecsize_per_table": [w.vec_size for w in written],
-        }
-    )
+    fields = {
+        "sparse_files": [w.path for w in written],
+        "embedding_table_names": [w.name for w in written],
+        "embedding_vecsize_per_table": [w.vec_size for w in written],
+    }
+    if any(w.precision != "fp32" for w in written):
+        fields["embedding_precision"] = [w.precision for w in written]
+    return json.dumps(fields)
 
 
 if __name__ == "__main__":

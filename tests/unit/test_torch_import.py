@@ -1,5 +1,6 @@
 """Embedding tables from PyTorch state dicts (ps_loader.torch_import)."""
 
+import json
 import pathlib
 
 import numpy as np
@@ -11,12 +12,13 @@ nn = torch.nn
 from ps_loader.torch_import import (  # noqa: E402
     find_tables,
     import_tables,
+    json_fields,
     load_state_dict,
     main,
     write_tables,
 )
 from triton_rec.errors import ModelFileError  # noqa: E402
-from triton_rec.formats.tables import read_table  # noqa: E402
+from triton_rec.formats.tables import read_table, read_table_rows  # noqa: E402
 
 
 class _TouchOnLoad:
@@ -149,12 +151,124 @@ def test_bad_caller_keys_are_rejected(tmp_path, keys, needle):
         write_tables(tables, str(tmp_path / "out"), keys={"other": np.arange(20)})
 
 
-def test_half_and_bfloat16_weights_are_stored_as_float32(tmp_path):
+def test_half_weights_stay_fp16_and_bfloat16_ones_become_float32(tmp_path):
     w = torch.randn(10, 8)
     state = {"embedding_bags.a.weight": w.half(), "embedding_bags.b.weight": w.bfloat16()}
     written = import_tables(_save(tmp_path, state), str(tmp_path / "out"))
-    _assert_table(written[0].path, w.half())
+    assert [t.precision for t in written] == ["fp16", "fp32"]
+    assert written[0].path.endswith(".npz")  # HugeCTR sparse files hold float32 only
+    keys, rows, codec = read_table_rows(written[0].path, 8)
+    assert codec.precision == "fp16" and rows.tobytes() == w.half().numpy().tobytes()
     _assert_table(written[1].path, w.bfloat16())
+    fields = json.loads(json_fields(written))
+    assert fields["embedding_precision"] == ["fp16", "fp32"]
+
+
+# --------------------------------------------------------- 8-bit row-wise quantized tables
+
+
+def _fbgemm_fused8(w: np.ndarray) -> np.ndarray:
+    """FBGEMM's FloatToFused8BitRowwiseQuantized, from its rule: per row q (uint8), then
+    float32 scale = range / 255 and bias = min (written here, not with RowCodec)."""
+    lo = w.min(axis=1, keepdims=True)
+    rng = w.max(axis=1, keepdims=True) - lo
+    q = np.clip(np.rint((w - lo) * (np.float32(255) / (rng + np.float32(1e-8)))), 0, 255)
+    sb = np.concatenate([rng / np.float32(255), lo], axis=1).astype("<f4")
+    return np.concatenate([q.astype(np.uint8), sb.view(np.uint8)], axis=1)
+
+
+def _dequant(q, scale, bias):
+    return q.astype(np.float32) * scale.astype(np.float32) + bias.astype(np.float32)
+
+
+def test_a_torchrec_quantized_collection_with_split_scale_and_bias_imports_as_int8(tmp_path):
+    rng = np.random.default_rng(5)
+    q = rng.integers(0, 256, size=(40, 16), dtype=np.uint8)
+    scale = (rng.random((40, 1)) * 0.01).astype(np.float16)
+    bias = (rng.standard_normal((40, 1)) * 0.1).astype(np.float16)
+    prefix = "sparse.ebc.embedding_bags.t_cat_0"
+    state = {
+        f"{prefix}.weight": torch.from_numpy(q),
+        f"{prefix}.weight_qscale": torch.from_numpy(scale),
+        f"{prefix}.weight_qbias": torch.from_numpy(bias),
+    }
+    [t] = import_tables(_save(tmp_path, state), str(tmp_path / "out"))
+    assert (t.name, t.precision, t.rows, t.vec_size) == ("t_cat_0", "int8", 40, 16)
+    keys, rows, codec = read_table_rows(t.path, 16)
+    assert codec.precision == "int8"
+    np.testing.assert_array_equal(rows[:, :16], q)  # the quantized values, untouched
+    np.testing.assert_allclose(codec.decode(rows), _dequant(q, scale, bias), rtol=0, atol=1e-6)
+    # served: the node store takes the rows as they are
+    from triton_rec.config.ps_json import TableParams
+    from triton_rec.storage import node_store
+
+    table = node_store.load_table(
+        TableParams("t", t.path, 16, 4, 0.0, precision="int8"), str(tmp_path / "store")
+    )
+    out, missing = table.lookup(keys[::-1].copy())
+    assert missing == 0
+    np.testing.assert_allclose(out, _dequant(q, scale, bias)[::-1], rtol=0, atol=1e-6)
+
+
+def test_fbgemm_fused8_rows_import_byte_for_byte(tmp_path):
+    w = np.random.default_rng(2).standard_normal((30, 12)).astype(np.float32)
+    fused = _fbgemm_fused8(w)
+    state = {"embedding_bags.items.weight": torch.from_numpy(fused)}
+    path = _save(tmp_path, state)
+    with pytest.raises(ModelFileError, match="--quantized NAME=fused8") as e:
+        import_tables(path, str(tmp_path / "out"))
+    assert path in str(e.value)
+    [t] = import_tables(path, str(tmp_path / "out"), quantized={"items": "fused8"})
+    assert (t.precision, t.vec_size) == ("int8", 12)
+    _, rows, codec = read_table_rows(t.path, 12)
+    assert rows.tobytes() == fused.tobytes()
+    sb = fused[:, 12:].copy().view("<f4")
+    np.testing.assert_allclose(
+        codec.decode(rows), _dequant(fused[:, :12], sb[:, :1], sb[:, 1:]), rtol=0, atol=1e-6
+    )
+
+
+def test_tbe_rows_with_scale_and_bias_in_front_and_padding_import(tmp_path):
+    rng = np.random.default_rng(9)
+    q = rng.integers(0, 256, size=(8, 10), dtype=np.uint8)
+    sb = rng.random((8, 2)).astype(np.float16)
+    padded = np.zeros((8, 16), np.uint8)  # row_alignment 16: 4 + 10 bytes, 2 of padding
+    padded[:, :4] = sb.view(np.uint8)
+    padded[:, 4:14] = q
+    half = rng.standard_normal((8, 6)).astype(np.float16)
+    fp16_padded = np.zeros((8, 16), np.uint8)
+    fp16_padded[:, :12] = half.view(np.uint8)
+    state = {
+        "embedding_bags.a.weight": torch.from_numpy(padded),
+        "embedding_bags.b.weight": torch.from_numpy(fp16_padded),
+    }
+    argv = [_save(tmp_path, state), "--out", str(tmp_path / "out")]
+    assert main([*argv, "--quantized", "a=tbe-int8:10", "--quantized", "b=tbe-fp16:6"]) == 0
+    a, b = str(tmp_path / "out" / "0.npz"), str(tmp_path / "out" / "1.npz")
+    _, rows, codec = read_table_rows(a, 10)
+    np.testing.assert_allclose(codec.decode(rows), _dequant(q, sb[:, :1], sb[:, 1:]), atol=1e-6)
+    _, rows, codec = read_table_rows(b, 6)
+    assert codec.precision == "fp16" and rows.tobytes() == half.tobytes()
+
+
+@pytest.mark.parametrize(
+    "quantized,needle",
+    [
+        ({"t": "int4"}, "unknown --quantized layout"),
+        ({"t": "tbe-int8:30"}, "hold no 30 int8 values"),
+        ({"nope": "fused8"}, "unknown tables"),
+    ],
+)
+def test_unusable_quantized_layouts_are_named(quantized, needle):
+    state = {"embedding_bags.t.weight": torch.zeros(4, 16, dtype=torch.uint8)}
+    with pytest.raises(ModelFileError, match=needle):
+        find_tables(state, quantized=quantized)
+
+
+def test_int4_or_integer_weights_are_refused_naming_the_tensor():
+    state = {"embedding_bags.t.weight": torch.zeros(4, 16, dtype=torch.int32)}
+    with pytest.raises(ModelFileError, match="embedding_bags.t.weight' is torch.int32"):
+        find_tables(state)
 
 
 def test_a_file_that_needs_unpickling_is_refused_naming_the_file_and_nothing_runs(tmp_path):
@@ -216,7 +330,10 @@ def test_the_command_line_lists_and_writes_tables(tmp_path, capsys):
     np.save(tmp_path / "keys.npy", np.arange(100, 106, dtype=np.int64))
     assert main([path, "--list"]) == 0
     out = capsys.readouterr().out
-    assert "1 table(s)" in out and "0: users: 6 rows x 4 (model.embedding_bags.users.weight)" in out
+    assert (
+        "1 table(s)" in out
+        and "0: users: 6 rows x 4 fp32 (model.embedding_bags.users.weight)" in out
+    )
     assert not (tmp_path / "out").exists()
     assert (
         main(

@@ -1,0 +1,137 @@
+"""Quantize trained tables into fp16 or int8 (``ps-loader quantize``), with their error.
+
+Reads HugeCTR sparse directories or ``.npz`` tables (one given path, or every table of a
+ps.json), encodes them with :class:`triton_rec.precision.RowCodec` (the one definition
+of each precision, the same code the server runs when it converts a table itself) and
+writes encoded ``.npz`` tables (:mod:`triton_rec.formats.npz_table`), which the node
+store takes as they are. Reports per table the bytes per row before and after and the
+error of every value against the source: max abs and RMS.
+
+Optionally writes a copy of the ps.json whose ``sparse_files`` name the written tables
+and whose ``embedding_precision`` names their precision, ready to serve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from triton_rec.formats.tables import read_table_rows, write_table_rows
+from triton_rec.precision import RowCodec
+
+# values per chunk when encoding and measuring the error (bounds the float64 temporaries)
+_CHUNK_VALUES = 1 << 22
+
+
+@dataclass
+class QuantizedTable:
+    """One table written by :func:`quantize_table`.
+
+    Attributes:
+        label: ``model.table`` or the source's name.
+        source, path: the table read and the ``.npz`` written.
+        rows, dim: table shape; precision: what ``path`` holds.
+        bytes_before, bytes_after: bytes per row of the source and of the written rows.
+        max_abs, rms: the error of every value (decoded written row - source value).
+    """
+
+    label: str
+    source: str
+    path: str
+    precision: str
+    rows: int
+    dim: int
+    bytes_before: int
+    bytes_after: int
+    max_abs: float
+    rms: float
+
+
+def quantize_rows(vectors_of, n: int, codec: RowCodec):
+    """Encode ``n`` rows in chunks: ``vectors_of(a, b)`` gives float32 rows ``a..b``.
+    Returns ``(rows, max_abs, rms)`` with the error of the decoded rows."""
+    out = codec.empty(n)
+    step = max(1, _CHUNK_VALUES // codec.dim)
+    worst, squares = 0.0, 0.0
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        v = vectors_of(a, b)
+        codec.encode(v, out=out[a:b])
+        d = codec.decode(out[a:b]).astype(np.float64) - v
+        if d.size:
+            worst = max(worst, float(np.abs(d).max()))
+            squares += float(np.einsum("ij,ij->", d, d))
+    rms = math.sqrt(squares / (n * codec.dim)) if n else 0.0
+    return out, worst, rms
+
+
+def quantize_table(
+    source: str, vec_size: int, precision: str, path: str, label: Optional[str] = None
+) -> QuantizedTable:
+    """Encode the table at ``source`` into ``precision`` and write it to ``path`` (.npz)."""
+    keys, rows, src = read_table_rows(source, vec_size)
+    codec = RowCodec(precision, vec_size)
+
+    def vectors_of(a: int, b: int) -> np.ndarray:
+        return rows[a:b] if src.precision == "fp32" else src.decode(rows[a:b])
+
+    out, worst, rms = quantize_rows(vectors_of, int(keys.shape[0]), codec)
+    write_table_rows(path, keys, out, codec)
+    return QuantizedTable(
+        label or os.path.basename(os.path.normpath(source)),
+        source,
+        path,
+        precision,
+        int(keys.shape[0]),
+        vec_size,
+        src.row_bytes,
+        codec.row_bytes,
+        worst,
+        rms,
+    )
+
+
+def output_name(label: str, precision: str) -> str:
+    """File name of a quantized table: ``<label>.<precision>.npz`` (a source's ``.npz``
+    suffix dropped, path separators replaced)."""
+    base = label[:-4] if label.endswith(".npz") else label
+    return f"{base.replace(os.sep, '_')}.{precision}.npz"
+
+
+def rewrite_ps_json(
+    ps_path: str, written: Dict[str, Sequence[QuantizedTable]], out_path: str
+) -> None:
+    """A copy of ``ps_path`` in which each model of ``written`` (model -> its tables in
+    ps.json order) names the written tables (paths relative to ``out_path``'s
+    directory) and their ``embedding_precision``."""
+    with open(ps_path, encoding="utf-8") as f:
+        doc = json.load(f)
+    base = os.path.dirname(os.path.abspath(out_path))
+    for entry in doc.get("models", []):
+        tables = written.get(entry.get("model"))
+        if not tables:
+            continue
+        entry["sparse_files"] = [os.path.relpath(os.path.abspath(t.path), base) for t in tables]
+        entry["embedding_precision"] = [t.precision for t in tables]
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+
+
+def describe(t: QuantizedTable) -> str:
+    """One line of the command's report."""
+    return (
+        f"{t.label}: {t.rows} rows x {t.dim}, {t.bytes_before} -> {t.bytes_after} B/row "
+        f"({t.bytes_after / t.bytes_before:.3f}x), max abs error {t.max_abs:.3g}, "
+        f"RMS {t.rms:.3g} -> {t.path}"
+    )
+
+
+def as_json(tables: List[QuantizedTable]) -> str:
+    """The report as a JSON list (one object per table)."""
+    return json.dumps([asdict(t) for t in tables], indent=1)
