@@ -14,10 +14,11 @@ Three sections, every figure also as a ratio to fp32 measured in the same run:
    of their PSS over the layout file and over the cache segment, read from
    ``/proc/<pid>/smaps``: what the node pays for the table once, however many instances.
 3. **Fused lookup** at each ``--dims``: one table of ``--table-mb`` MB in fp32 (larger
-   than the CPU caches), held in each precision; every round draws ``--batch`` keys
+   than the CPU caches), converted into a node store layout in each precision and
+   mapped as an instance maps it (every page resident); every round draws ``--batch`` keys
    uniformly from the table and runs ``_native.lookup`` (probe + gather + decode into
-   float32, one thread) for each precision on the same keys (each precision with its own
-   copy of the hash index, so that none finds the batch's index slots warm), starting
+   float32, one thread) for each precision on the same keys (each layout has its own
+   hash index, so none finds the batch's index slots warm), starting
    with a different precision each round. Medians over ``--rounds`` of ns per key; the
    speed-ups are medians of the per-round ratios. Beside it, the raw gather
    ceiling of each precision: ``np.take`` of the encoded rows with precomputed row ids
@@ -186,18 +187,25 @@ def pss_of_instances(entries: list, dim: int, store: str, shm_dir: str) -> list:
 # ----------------------------------------------------------------------------- speed
 
 
-def lookup_speed(dims, table_mb: float, batch: int, rounds: int, rng) -> list:
+def lookup_speed(dims, table_mb: float, batch: int, rounds: int, store: str, rng) -> list:
+    from triton_rec.formats.tables import write_table
+    from triton_rec.storage.node_store import load_table
+
     out = []
     for dim in dims:
         rows = max(batch, int(table_mb * 1e6 / (4 * dim)))
         keys = unique_random_keys(rng, rows)
-        # one index per precision: the same keys, but no precision finds the index
-        # slots warm from another one's lookup of the same batch
-        index = _native.build_index(keys)
-        indexes = {p: index.copy() for p in PRECISIONS}
-        vectors = random_vectors(rng, rows, dim)
-        tables = {p: RowCodec(p, dim).encode(vectors) for p in PRECISIONS if p != "fp32"}
-        tables["fp32"] = vectors
+        source = os.path.join(store, f"lookup_{dim}")
+        write_table(source, keys, random_vectors(rng, rows, dim))
+        # what the server maps: one node store layout per precision (its own hash index,
+        # so no precision finds the batch's index slots warm from another one's lookup),
+        # every page resident, as an instance loads it (prefault)
+        loaded = {
+            p: load_table(_table_params(source, dim, p), store, prefault=True) for p in PRECISIONS
+        }
+        tables = {p: np.asarray(t.vectors) for p, t in loaded.items()}
+        indexes = {p: t.index for p, t in loaded.items()}
+        index = indexes["fp32"]
         outs = {p: np.empty((batch, dim), np.float32) for p in PRECISIONS}
         raw = {p: np.empty((batch, tables[p].shape[1]), tables[p].dtype) for p in PRECISIONS}
         ids = np.empty(batch, np.int64)
@@ -246,7 +254,9 @@ def lookup_speed(dims, table_mb: float, batch: int, rounds: int, rng) -> list:
                     ),
                 }
             )
-        del tables, vectors, index, indexes, keys
+        del tables, index, indexes, keys, loaded
+        for name in os.listdir(os.path.join(store, "layouts")):  # keep the disk use bounded
+            os.unlink(os.path.join(store, "layouts", name))
     return out
 
 
@@ -367,7 +377,7 @@ def main(argv=None) -> int:
         pss = [] if args.no_pss else pss_of_instances(mem, max(dims), store, shm)
         print(f"memory measured in {time.monotonic() - t0:.1f} s", flush=True)
         t0 = time.monotonic()
-        speed = lookup_speed(dims, args.table_mb, args.batch, args.rounds, rng)
+        speed = lookup_speed(dims, args.table_mb, args.batch, args.rounds, store, rng)
         print(f"lookups measured in {time.monotonic() - t0:.1f} s", flush=True)
     text = tables_md(mem, pss, speed, args.batch)
     print(text)

@@ -52,25 +52,31 @@ def held_out(model_dir: Path, samples: int):
     return truth.sample(samples, np.random.default_rng([meta["seed"], HELD_OUT_STREAM]))
 
 
-def model_params(model_dir: Path, precision: str):
-    """The model's ps.json entry with every table in ``precision``, parsed."""
+def model_params(model_dir: Path, precision: Optional[str]):
+    """The model's ps.json entry with every table in ``precision``, parsed (``None``: the
+    committed entry as it is, without ``embedding_precision``: the plain fp32 path)."""
     model_dir = Path(model_dir)
     entry = json.loads((model_dir / "dlrm_ps_entry.json").read_text())
-    entry["embedding_precision"] = [precision] * len(entry["sparse_files"])
+    if precision is not None:
+        entry["embedding_precision"] = [precision] * len(entry["sparse_files"])
     # the entry's paths are relative to the model repository (two levels up)
     doc = {"supportlonglong": True, "models": [entry]}
     return parse_ps_config(doc, str(model_dir.parents[1])).models[0]
 
 
-def predict(model_dir: Path, precision: str, data, store_dir: str, cache_dir: str) -> np.ndarray:
-    """Predictions of the served model with its tables in ``precision``."""
+def predict(
+    model_dir: Path, precision: Optional[str], data, store_dir: str, cache_dir: str
+) -> np.ndarray:
+    """Predictions of the served model with its tables in ``precision`` (``None``: the
+    committed entry as it is, see :func:`model_params`)."""
     params = model_params(model_dir, precision)
     spec = InstanceSpec(store_dir=store_dir, cache_dir=cache_dir, prefault=False)
     session = open_ranking_session(params, spec, str(model_dir))
+    want = precision or "fp32"
     try:
         for table in session.cached_tables:  # the served tables really are encoded
-            if table.codec != RowCodec(precision, table.vec_size):
-                raise AssertionError(f"{table.name}: served as {table.codec}, not {precision}")
+            if table.codec != RowCodec(want, table.vec_size):
+                raise AssertionError(f"{table.name}: served as {table.codec}, not {want}")
         out = []
         for a in range(0, len(data), BATCH):
             r = data.hugectr_request(a, min(len(data), a + BATCH))
@@ -121,7 +127,7 @@ def table_md(results: Dict[str, Dict]) -> str:
     base = results["fp32"]["auc"] if "fp32" in results else float("nan")
     for p, r in results.items():
         lines.append(
-            f"| {p} | {r['row_bytes']} | {r['auc']:.6f} | {r['auc'] - base:+.6f} | "
+            f"| {p} | {r['row_bytes']} | {r['auc']:.6f} | {r['auc'] - base:+.1e} | "
             f"{r['max_abs_diff']:.2e} | {r['mean_abs_diff']:.2e} |"
         )
     return "\n".join(lines)

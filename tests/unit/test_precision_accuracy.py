@@ -7,6 +7,8 @@ embedding weights went through an independent numpy reading of each encoding (fp
 rounding; FBGEMM's row-wise 8-bit rule), so the bounds hold for the right reason.
 """
 
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,13 @@ def test_int8_held_out_auc_stays_within_0_005_of_fp32(results):
     assert abs(results["int8"]["auc"] - results["fp32"]["auc"]) <= 0.005
     # and the model still ranks (the demo's fp32 AUC is well above chance)
     assert results["fp32"]["auc"] > 0.8
+
+
+def test_explicit_fp32_tables_answer_bit_for_bit_as_the_plain_fp32_path(results, data, tmp_path):
+    # the committed ps entry as it is (no embedding_precision key), its own store and cache
+    with tempfile.TemporaryDirectory(prefix="trec-accuracy-test-", dir="/dev/shm") as shm:
+        plain = pa.predict(pa.DEFAULT_MODEL_DIR, None, data, str(tmp_path / "store"), shm)
+    np.testing.assert_array_equal(results["fp32"]["predictions"], plain)
 
 
 def test_the_encoded_tables_really_served_the_answers(results):
