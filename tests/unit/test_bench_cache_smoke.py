@@ -1,25 +1,15 @@
 """benchmarks/bench_cache.py runs end to end on tiny sizes and prints every table
 (so the benchmark cannot rot silently)."""
 
-import importlib.util
 import json
 import os
-import sys
 import time
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_cache.py")
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_cache", os.path.abspath(_PATH))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_cache", mod)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.benchmark_scripts import load_benchmark
 
 
 def test_bench_cache_runs_on_tiny_sizes_and_prints_every_table(capsys, tmp_path):
-    bc = _load()
+    bc = load_benchmark("bench_cache")
     out_json = tmp_path / "bench_cache.json"
     t0 = time.perf_counter()
     rc = bc.main(

@@ -1,26 +1,15 @@
 """benchmarks/bench_precision.py runs end to end on tiny sizes and prints every table
 (so the benchmark cannot rot silently), and its memory figures are the real sizes."""
 
-import importlib.util
 import json
 import os
-import sys
 
+from tests.benchmark_scripts import load_benchmark
 from triton_rec.precision import PRECISIONS, RowCodec
-
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_precision.py")
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_precision", os.path.abspath(_PATH))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_precision", mod)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_bench_precision_runs_on_tiny_sizes_and_prints_every_table(capsys, tmp_path):
-    bp = _load()
+    bp = load_benchmark("bench_precision")
     out_json, png = tmp_path / "p.json", tmp_path / "p.png"
     rc = bp.main(["--quick", "--dims", "8,32", "--json", str(out_json), "--png", str(png)])
     text = capsys.readouterr().out

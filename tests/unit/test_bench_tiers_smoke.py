@@ -2,28 +2,18 @@
 RocksDB, the node-local layout, shared-memory caches) and reports sane figures, so the
 benchmark cannot rot silently."""
 
-import importlib.util
 import json
 import os
-import sys
 import time
 
 import pytest
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_tiers.py")
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_tiers", os.path.abspath(_PATH))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_tiers", mod)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.benchmark_scripts import load_benchmark
 
 
 @pytest.mark.slow  # the benchmark script end to end (RocksDB, several sizes)
 def test_bench_tiers_runs_on_tiny_sizes_with_sane_figures(capsys, tmp_path):
-    bt = _load()
+    bt = load_benchmark("bench_tiers")
     paths = {k: tmp_path / f"bench_tiers.{k}" for k in ("json", "md", "png")}
     try:  # the plot needs matplotlib, which only the `bench` extra installs
         import matplotlib  # noqa: F401

@@ -1,24 +1,11 @@
 """The offline cache-policy simulator (benchmarks/cache_sim.py) on small traces."""
 
-import importlib.util
-import os
-import sys
-
 import numpy as np
 import pytest
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "cache_sim.py")
+from tests.benchmark_scripts import load_benchmark
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("cache_sim", os.path.abspath(_PATH))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("cache_sim", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cs = _load()
+cs = load_benchmark("cache_sim")
 
 ONLINE = ("lru", "tinylfu", "tinylfu_255", "lru_full", "tinylfu_full", "belady_demand")
 

@@ -18,31 +18,18 @@ key at a time (a lookup, then an insert on a miss: the demand fill of the servin
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
-import sys
 import tempfile
 
 import numpy as np
 import pytest
 
+from tests.benchmark_scripts import load_benchmark
 from triton_rec.cache.array_cache import SKETCH_MAX as ARRAY_SKETCH_MAX
 from triton_rec.cache.array_cache import ArrayEmbeddingCache, HostCacheView
 from triton_rec.cache.shm_cache import SharedEmbeddingCache
 from triton_rec.config.ps_json import CachePolicy
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "cache_sim.py")
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("cache_sim", os.path.abspath(_PATH))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("cache_sim", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cs = _load()
+cs = load_benchmark("cache_sim")
 
 M64 = (1 << 64) - 1
 # src/native/shm_cache.hpp (layout comment): sketch counter of key k in row r is
