@@ -322,11 +322,16 @@ def tables_md(mem: list, pss: list, speed: list, batch: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(mem: list, speed: list, path: str) -> None:
-    import matplotlib
+def plot(mem: list, speed: list, path: str) -> bool:
+    """The store-memory and lookup-speed ratios as bars; False without matplotlib."""
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (the 'bench' extra): no plot", flush=True)
+        return False
 
     dims = sorted({r["dim"] for r in speed} | {r["dim"] for r in mem})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -350,6 +355,7 @@ def plot(mem: list, speed: list, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    return True
 
 
 def main(argv=None) -> int:
