@@ -9,6 +9,9 @@ error of every value against the source: max abs and RMS.
 
 Optionally writes a copy of the ps.json whose ``sparse_files`` name the written tables
 and whose ``embedding_precision`` names their precision, ready to serve.
+
+A source already in the requested precision (an encoded ``.npz``) is copied row for row,
+not requantized (its error against itself is 0), as the node store takes it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class QuantizedTable:
         rows, dim: table shape; precision: what ``path`` holds.
         bytes_before, bytes_after: bytes per row of the source and of the written rows.
         max_abs, rms: the error of every value (decoded written row - source value).
+        copied: the source already held ``precision``: its rows were written as they are.
     """
 
     label: str
@@ -50,11 +54,33 @@ class QuantizedTable:
     bytes_after: int
     max_abs: float
     rms: float
+    copied: bool = False
+
+    @property
+    def table_bytes_before(self) -> int:
+        """Bytes of all the source's rows."""
+        return self.rows * self.bytes_before
+
+    @property
+    def table_bytes_after(self) -> int:
+        """Bytes of all the written rows."""
+        return self.rows * self.bytes_after
+
+    def as_dict(self) -> dict:
+        """The fields and the table totals (the JSON report's object)."""
+        d = asdict(self)
+        d["table_bytes_before"] = self.table_bytes_before
+        d["table_bytes_after"] = self.table_bytes_after
+        return d
 
 
 def quantize_rows(vectors_of, n: int, codec: RowCodec):
     """Encode ``n`` rows in chunks: ``vectors_of(a, b)`` gives float32 rows ``a..b``.
-    Returns ``(rows, max_abs, rms)`` with the error of the decoded rows."""
+    Returns ``(rows, max_abs, rms)`` with the error of the decoded rows.
+
+    The error is measured chunk by chunk as :meth:`RowCodec.roundtrip_error` defines it
+    (decoded encoded value - value, in float64), on the rows encoded once: the maxima
+    combine by max, the RMS from the summed squares over all ``n * dim`` values."""
     out = codec.empty(n)
     step = max(1, _CHUNK_VALUES // codec.dim)
     worst, squares = 0.0, 0.0
@@ -73,14 +99,21 @@ def quantize_rows(vectors_of, n: int, codec: RowCodec):
 def quantize_table(
     source: str, vec_size: int, precision: str, path: str, label: Optional[str] = None
 ) -> QuantizedTable:
-    """Encode the table at ``source`` into ``precision`` and write it to ``path`` (.npz)."""
+    """Encode the table at ``source`` into ``precision`` and write it to ``path`` (.npz).
+
+    A source already holding ``precision`` is written row for row (``copied``, error 0).
+    Raises :class:`triton_rec.errors.ModelFileError` for an unreadable source."""
     keys, rows, src = read_table_rows(source, vec_size)
     codec = RowCodec(precision, vec_size)
+    copied = src == codec
+    if copied:  # requantizing decoded int8 values need not give the same bytes back
+        out, worst, rms = rows, 0.0, 0.0
+    else:
 
-    def vectors_of(a: int, b: int) -> np.ndarray:
-        return rows[a:b] if src.precision == "fp32" else src.decode(rows[a:b])
+        def vectors_of(a: int, b: int) -> np.ndarray:
+            return rows[a:b] if src.precision == "fp32" else src.decode(rows[a:b])
 
-    out, worst, rms = quantize_rows(vectors_of, int(keys.shape[0]), codec)
+        out, worst, rms = quantize_rows(vectors_of, int(keys.shape[0]), codec)
     write_table_rows(path, keys, out, codec)
     return QuantizedTable(
         label or os.path.basename(os.path.normpath(source)),
@@ -93,6 +126,7 @@ def quantize_table(
         codec.row_bytes,
         worst,
         rms,
+        copied,
     )
 
 
@@ -125,13 +159,15 @@ def rewrite_ps_json(
 
 def describe(t: QuantizedTable) -> str:
     """One line of the command's report."""
+    how = " (already in this precision: copied)" if t.copied else ""
     return (
         f"{t.label}: {t.rows} rows x {t.dim}, {t.bytes_before} -> {t.bytes_after} B/row "
-        f"({t.bytes_after / t.bytes_before:.3f}x), max abs error {t.max_abs:.3g}, "
-        f"RMS {t.rms:.3g} -> {t.path}"
+        f"({t.bytes_after / t.bytes_before:.3f}x; table {t.table_bytes_before:,} -> "
+        f"{t.table_bytes_after:,} B), max abs error {t.max_abs:.3g}, "
+        f"RMS {t.rms:.3g} -> {t.path}{how}"
     )
 
 
 def as_json(tables: List[QuantizedTable]) -> str:
     """The report as a JSON list (one object per table)."""
-    return json.dumps([asdict(t) for t in tables], indent=1)
+    return json.dumps([t.as_dict() for t in tables], indent=1)

@@ -30,13 +30,11 @@ row-wise quantized weights stay int8, row for row, in an encoded ``.npz`` (the p
 fields printed then include ``embedding_precision``); other floating dtypes (bfloat16,
 float64) are stored as float32. Quantized layouts read:
 
-- TorchRec's quantized ``EmbeddingBagCollection`` saved with split scale and bias
-  (``quant_state_dict_split_scale_bias``): ``<table>.weight`` uint8 ``[N, D]`` beside
-  ``<table>.weight_qscale`` and ``<table>.weight_qbias`` (float16 ``[N, 1]``): found by
-  itself. (torchrec ``torchrec/quant/embedding_modules.py``, ``EmbeddingBagCollection
-  .__init__`` registers these buffers from fbgemm_gpu's
-  ``split_embedding_weights_with_scale_bias(split_scale_bias_mode=2)``,
-  ``split_table_batched_embeddings_ops_inference.py``.)
+- TorchRec's quantized ``EmbeddingBagCollection`` / ``EmbeddingCollection`` saved with
+  split scale and bias (``quant_state_dict_split_scale_bias=True``): ``<table>.weight``
+  uint8 ``[N, D]`` beside ``<table>.weight_qscale`` and ``<table>.weight_qbias``
+  (float16 ``[N, 1]`` each; ``[N]`` and float32 accepted too): found by itself, the
+  scale and bias widened to float32 (exact) behind the D bytes.
 - a uint8 weight whose layout the file does not say: name it with
   ``--quantized NAME=LAYOUT``: ``fused8`` (FBGEMM/caffe2 fused 8-bit row-wise,
   ``FloatToFused8BitRowwiseQuantized``: D bytes then float32 scale and bias, our int8
@@ -44,7 +42,34 @@ float64) are stored as float32. Quantized layouts read:
   it unsplit: float16 scale, float16 bias, D bytes, padding), ``tbe-fp16:D`` (the bytes
   of D float16 values, then padding).
 
-int4/int2 tables are refused, naming the tensor.
+int4/int2 tables are refused, naming the tensor (TorchRec saves their weights as its
+``UInt4Tensor`` / ``UInt2Tensor`` subclasses, which weights-only loading refuses; the
+message then says so).
+
+Where TorchRec's names and shapes come from (pytorch/torchrec at a48cef79, pytorch/FBGEMM
+at 71d6f8b2):
+
+- ``torchrec/quant/embedding_modules.py`` lines 457-488 (``EmbeddingBagCollection
+  .__init__``) and 847-869 (``EmbeddingCollection``): per table, the module
+  ``embedding_bags[<name>]`` / ``embeddings[<name>]`` registers the buffer ``weight``
+  and, in split mode only, ``weight_qscale`` and ``weight_qbias``, from
+  ``split_embedding_weights_with_scale_bias(split_scale_bias_mode=2 if
+  quant_state_dict_split_scale_bias else 0)``;
+- ``torchrec/distributed/quant_state.py`` lines 57-97 (``post_state_dict_hook``): the
+  sharded modules write the same ``<prefix>.<table>.weight`` / ``.weight_qscale`` /
+  ``.weight_qbias`` keys (always split: mode 2, line 156);
+- ``fbgemm_gpu/fbgemm_gpu/split_table_batched_embeddings_ops_inference.py`` line 1705
+  (``split_embedding_weights_with_scale_bias``): mode 2 drops the row padding and
+  returns ``q [N, D]`` and ``scale``, ``bias`` as ``[N, 1]`` float16 views of the 4
+  bytes in front of each row (behind it with ``reverse_qparam``); mode 0 returns the
+  padded row as it is (``rounded_row_size_in_bytes``, line 74: ``D + 4`` bytes rounded
+  up to ``row_alignment``): the ``tbe-int8:D`` layout. FP16 tables come out as uint8
+  bytes (``[N, 2 D]`` and padding): ``tbe-fp16:D``. Mode 1 (``q`` plus a uint8
+  ``[N, 4]`` scale-bias tensor) is in no TorchRec state dict, and no TorchRec module
+  names a combined ``qscalebias`` tensor.
+
+An unsplit uint8 weight is not guessed: a TBE row (``4 + D`` bytes and padding) and an
+FBGEMM fused row (``D + 8`` bytes) can have the same width.
 """
 
 from __future__ import annotations
@@ -68,6 +93,9 @@ QUANTIZED_LAYOUTS = ("fused8", "tbe-int8", "tbe-fp16")
 _TBE_SCALE_BIAS_BYTES = 4  # float16 scale + float16 bias in front of a TBE INT8 row
 _TORCHREC_RE = re.compile(r"(?:^|\.)(?:embedding_bags|embeddings)\.([^.]+)\.weight$")
 _LISTED_KEYS = 40
+# the tensor subclasses of TorchRec's int4 / int2 table weights (torchrec/tensor_types.py
+# lines 157 and 168), registered as the weight by torchrec/quant/embedding_modules.py 474-477
+_SUBBYTE_TENSOR_CLASSES = ("UInt4Tensor", "UInt2Tensor")
 
 
 @dataclass(frozen=True)
@@ -145,6 +173,13 @@ def load_state_dict(path: str) -> Dict[str, Any]:
         # loading with weights_only=False, which is exactly what must not be done with a
         # file of unknown origin: only our own words are shown ("from None").
         unsafe = _unsafe_globals(torch, path)
+        subbyte = [g for g in unsafe if g.rsplit(".", 1)[-1] in _SUBBYTE_TENSOR_CLASSES]
+        if subbyte:
+            raise ModelFileError(
+                path,
+                f"refused: it holds TorchRec int4/int2 quantized weights ({', '.join(subbyte)}); "
+                "only fp32, fp16 and 8-bit row-wise (int8) tables can be imported",
+            ) from None
         if unsafe:
             raise ModelFileError(
                 path,

@@ -271,3 +271,49 @@ def test_quantize_refuses_table_selections_it_cannot_honour(tmp_path, capsys, ex
     assert ps_loader_main(argv) == 2
     assert needle in capsys.readouterr().err
     assert not (tmp_path / "q").exists()  # refused before writing anything
+
+
+def test_a_source_already_in_the_precision_is_copied_not_requantized(tmp_path, capsys):
+    keys, vecs = _table(n=400, d=8, seed=4)
+    codec = RowCodec("int8", 8)
+    rows = codec.encode(vecs)
+    rows[:, :8] ^= 3  # not what encoding the decoded values again would give
+    src = tmp_path / "t.npz"
+    write_table_rows(str(src), keys, rows, codec)
+    argv = ["quantize", str(src), "--vec-size", "8", "--precision", "int8"]
+    assert ps_loader_main([*argv, "--out", str(tmp_path / "q"), "--json"]) == 0
+    [r] = json.loads(capsys.readouterr().out)
+    assert r["copied"] is True and r["max_abs"] == 0.0 and r["rms"] == 0.0
+    assert r["path"] == str(tmp_path / "q" / "t.int8.npz")
+    k, out, c = read_table_rows(r["path"], 8)
+    assert c == codec and out.tobytes() == rows.tobytes()
+    np.testing.assert_array_equal(k, keys)
+    assert ps_loader_main([*argv, "--out", str(tmp_path / "q")]) == 0
+    assert "already in this precision: copied" in capsys.readouterr().out
+
+
+def test_an_encoded_source_is_measured_against_its_decoded_values(tmp_path, capsys):
+    keys, vecs = _table(n=300, d=16, seed=6)
+    fp16 = RowCodec("fp16", 16)
+    src = tmp_path / "t.npz"
+    write_table_rows(str(src), keys, fp16.encode(vecs), fp16)
+    argv = ["quantize", str(src), "--vec-size", "16", "--precision", "int8", "--json"]
+    assert ps_loader_main([*argv, "--out", str(tmp_path / "q")]) == 0
+    [r] = json.loads(capsys.readouterr().out)
+    half = _fp16_reference(vecs)  # the source's values
+    err = _int8_reference(half).astype(np.float64) - half
+    assert r["copied"] is False
+    assert r["max_abs"] == pytest.approx(np.abs(err).max(), rel=1e-6)
+    assert r["rms"] == pytest.approx(np.sqrt(np.mean(err * err)), rel=1e-6)
+    assert (r["bytes_before"], r["bytes_after"]) == (32, 24)
+    assert (r["table_bytes_before"], r["table_bytes_after"]) == (300 * 32, 300 * 24)
+
+
+def test_the_text_report_gives_the_table_bytes_before_and_after(tmp_path, capsys):
+    keys, vecs = _table(n=1000, d=8)
+    src = tmp_path / "t0_sparse_0.model"
+    write_table(str(src), keys, vecs)
+    argv = ["quantize", str(src), "--vec-size", "8", "--precision", "fp16"]
+    assert ps_loader_main([*argv, "--out", str(tmp_path / "q")]) == 0
+    line = capsys.readouterr().out
+    assert "1000 rows x 8, 32 -> 16 B/row (0.500x; table 32,000 -> 16,000 B)" in line

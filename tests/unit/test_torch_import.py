@@ -271,6 +271,112 @@ def test_int4_or_integer_weights_are_refused_naming_the_tensor():
         find_tables(state)
 
 
+class UInt4Tensor(torch.Tensor):
+    """Named as TorchRec's int4 weight subclass (torchrec/tensor_types.py)."""
+
+
+def test_torchrec_int4_weights_are_refused_as_int4_naming_the_class(tmp_path):
+    w = torch.zeros(4, 8, dtype=torch.uint8).as_subclass(UInt4Tensor)
+    path = _save(tmp_path, {"embedding_bags.t.weight": w}, "int4.pt")
+    with pytest.raises(ModelFileError, match=r"int4/int2 .*UInt4Tensor") as e:
+        import_tables(path, str(tmp_path / "out"))
+    assert str(e.value).startswith(path + ": refused")
+    assert not (tmp_path / "out").exists()
+
+
+def _split_state(collection, n=64, d=12, seed=11, scale_dtype=np.float16, shape=(-1, 1)):
+    """A TorchRec quantized collection's state dict in split mode (from the rule of
+    fbgemm's mode 2, written here): q uint8 [n, d], weight_qscale / weight_qbias."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, 256, size=(n, d), dtype=np.uint8)
+    scale = (rng.random(n) * 0.02).astype(scale_dtype).reshape(shape)
+    bias = (rng.standard_normal(n) * 0.1).astype(scale_dtype).reshape(shape)
+    prefix = f"model.sparse.ec.{collection}.t"
+    state = {
+        f"{prefix}.weight": torch.from_numpy(q),
+        f"{prefix}.weight_qscale": torch.from_numpy(scale),
+        f"{prefix}.weight_qbias": torch.from_numpy(bias),
+    }
+    # our int8 rows, from the layout's definition: q, float32 scale, float32 bias
+    trailer = np.stack([scale.reshape(n), bias.reshape(n)], axis=1).astype("<f4")
+    expected = np.concatenate([q, trailer.view(np.uint8)], axis=1)
+    return state, q, expected
+
+
+@pytest.mark.parametrize(
+    "collection,scale_dtype,shape",
+    [
+        ("embeddings", np.float16, (-1, 1)),  # EmbeddingCollection, as fbgemm writes it
+        ("embedding_bags", np.float32, (-1,)),  # float32 [N] columns are taken too
+    ],
+)
+def test_split_scale_bias_rows_are_bit_exact_and_serve_their_values(
+    tmp_path, capsys, collection, scale_dtype, shape
+):
+    from triton_rec.config.ps_json import TableParams
+    from triton_rec.precision import RowCodec
+    from triton_rec.storage import node_store
+
+    state, q, expected = _split_state(collection, scale_dtype=scale_dtype, shape=shape)
+    path = _save(tmp_path, state)
+    assert main([path, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "0: t: 64 rows x 12 int8" in out
+    fields = json.loads(out.split("ps.json: ", 1)[1])
+    assert fields["embedding_precision"] == ["int8"]
+    assert fields["embedding_vecsize_per_table"] == [12]
+    [npz] = fields["sparse_files"]
+    keys, rows, codec = read_table_rows(npz, 12)
+    assert codec == RowCodec("int8", 12)
+    assert rows.tobytes() == expected.tobytes()  # q, scale and bias exactly as saved
+    # the node store maps the rows as they are; lookups decode q * scale + bias
+    store = str(tmp_path / "store")
+    res = node_store.ensure_layout(npz, 12, store, precision="int8")
+    assert res.n_rows == 64
+    table = node_store.load_table(TableParams("t", npz, 12, 4, 0.0, precision="int8"), store)
+    assert np.asarray(table.vectors).tobytes() == expected.tobytes()
+    sb = expected[:, 12:].copy().view("<f4")
+    want = q.astype(np.float32) * sb[:, :1] + sb[:, 1:]
+    pick = np.array([63, 0, 17, 5], np.int64)
+    got, missing = table.lookup(keys[pick])
+    assert missing == 0
+    np.testing.assert_array_equal(got, want[pick])
+
+
+def test_fp16_weights_serve_exactly_their_half_values(tmp_path):
+    from triton_rec.config.ps_json import TableParams
+    from triton_rec.storage import node_store
+
+    w = (torch.randn(33, 6) * 0.5).half()
+    [t] = import_tables(_save(tmp_path, {"embeddings.h.weight": w}), str(tmp_path / "out"))
+    assert (t.precision, t.vec_size, t.rows) == ("fp16", 6, 33)
+    table = node_store.load_table(
+        TableParams("h", t.path, 6, 4, 0.0, precision="fp16"), str(tmp_path / "store")
+    )
+    assert np.asarray(table.vectors).tobytes() == w.numpy().tobytes()  # not converted
+    got, missing = table.lookup(np.arange(33, dtype=np.int64)[::-1].copy())
+    assert missing == 0
+    np.testing.assert_array_equal(got, w.float().numpy()[::-1])
+
+
+@pytest.mark.parametrize(
+    "bad,needle",
+    [
+        ("weight_qscale", r"weight_qscale' is torch.float16 \[64, 2\]"),
+        ("weight_qbias", r"weight_qbias' is torch.uint8"),
+    ],
+)
+def test_split_scale_or_bias_of_the_wrong_shape_or_dtype_is_named(bad, needle):
+    state, _, _ = _split_state("embedding_bags")
+    key = f"model.sparse.ec.embedding_bags.t.{bad}"
+    if bad == "weight_qscale":
+        state[key] = torch.zeros(64, 2, dtype=torch.float16)
+    else:
+        state[key] = torch.zeros(64, 1, dtype=torch.uint8)
+    with pytest.raises(ModelFileError, match=needle):
+        find_tables(state)
+
+
 def test_a_file_that_needs_unpickling_is_refused_naming_the_file_and_nothing_runs(tmp_path):
     marker = tmp_path / "executed"
     state = {"emb.weight": torch.randn(3, 2), "obj": _TouchOnLoad(marker)}
