@@ -24,8 +24,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from triton_rec.formats.tables import read_table_rows, write_table_rows
-from triton_rec.precision import RowCodec
+from triton_rec.formats.tables import is_npz, read_table_rows, write_table_rows
+from triton_rec.precision import RowCodec, transcode
 
 # values per chunk when encoding and measuring the error (bounds the float64 temporaries)
 _CHUNK_VALUES = 1 << 22
@@ -74,24 +74,23 @@ class QuantizedTable:
         return d
 
 
-def quantize_rows(vectors_of, n: int, codec: RowCodec):
-    """Encode ``n`` rows in chunks: ``vectors_of(a, b)`` gives float32 rows ``a..b``.
-    Returns ``(rows, max_abs, rms)`` with the error of the decoded rows.
-
-    The error is measured chunk by chunk as :meth:`RowCodec.roundtrip_error` defines it
-    (decoded encoded value - value, in float64), on the rows encoded once: the maxima
-    combine by max, the RMS from the summed squares over all ``n * dim`` values."""
-    out = codec.empty(n)
-    step = max(1, _CHUNK_VALUES // codec.dim)
+def quantize_rows(rows: np.ndarray, src: RowCodec, codec: RowCodec):
+    """``rows`` of ``src`` encoded in ``codec``, in chunks (:func:`~triton_rec.precision
+    .transcode`). Returns ``(rows, max_abs, rms)``: the error of the decoded encoded
+    values against the source's values, as :meth:`RowCodec.roundtrip_error` defines it
+    (in float64), measured chunk by chunk on the rows encoded once: the maxima combine by
+    max, the RMS from the summed squares over all ``n * dim`` values."""
     worst, squares = 0.0, 0.0
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        v = vectors_of(a, b)
-        codec.encode(v, out=out[a:b])
-        d = codec.decode(out[a:b]).astype(np.float64) - v
+
+    def measure(a: int, b: int, vectors: np.ndarray, encoded: np.ndarray) -> None:
+        nonlocal worst, squares
+        d = codec.decode(encoded).astype(np.float64) - vectors
         if d.size:
             worst = max(worst, float(np.abs(d).max()))
             squares += float(np.einsum("ij,ij->", d, d))
+
+    out = transcode(rows, src, codec, _CHUNK_VALUES, measure)
+    n = int(rows.shape[0])
     rms = math.sqrt(squares / (n * codec.dim)) if n else 0.0
     return out, worst, rms
 
@@ -109,11 +108,7 @@ def quantize_table(
     if copied:  # requantizing decoded int8 values need not give the same bytes back
         out, worst, rms = rows, 0.0, 0.0
     else:
-
-        def vectors_of(a: int, b: int) -> np.ndarray:
-            return rows[a:b] if src.precision == "fp32" else src.decode(rows[a:b])
-
-        out, worst, rms = quantize_rows(vectors_of, int(keys.shape[0]), codec)
+        out, worst, rms = quantize_rows(rows, src, codec)
     write_table_rows(path, keys, out, codec)
     return QuantizedTable(
         label or os.path.basename(os.path.normpath(source)),
@@ -133,7 +128,7 @@ def quantize_table(
 def output_name(label: str, precision: str) -> str:
     """File name of a quantized table: ``<label>.<precision>.npz`` (a source's ``.npz``
     suffix dropped, path separators replaced)."""
-    base = label[:-4] if label.endswith(".npz") else label
+    base = label[: -len(".npz")] if is_npz(label) else label
     return f"{base.replace(os.sep, '_')}.{precision}.npz"
 
 

@@ -353,7 +353,8 @@ def _quantized_rows(state, key: str, q: np.ndarray, source: str, layout: Optiona
     if layout is None and qscale is not None and qbias is not None:  # TorchRec, split
         scale = _column(qscale, f"{module}.weight_qscale", n, source)
         bias = _column(qbias, f"{module}.weight_qbias", n, source)
-        return _int8_rows(q, scale, bias), RowCodec("int8", width)
+        codec = RowCodec("int8", width)
+        return codec.pack_int8(q, scale, bias), codec
     if layout is None:
         raise ModelFileError(
             source,
@@ -380,9 +381,8 @@ def _quantized_rows(state, key: str, q: np.ndarray, source: str, layout: Optiona
         raise ModelFileError(source, f"'{key}' rows of {width} bytes hold no {d} int8 values")
     sb = np.ascontiguousarray(q[:, :_TBE_SCALE_BIAS_BYTES]).view(np.float16)  # [N, 2]
     data = q[:, _TBE_SCALE_BIAS_BYTES : _TBE_SCALE_BIAS_BYTES + d]
-    return _int8_rows(data, sb[:, :1].astype(np.float32), sb[:, 1:].astype(np.float32)), (
-        RowCodec("int8", d)
-    )
+    codec = RowCodec("int8", d)
+    return codec.pack_int8(data, sb[:, :1], sb[:, 1:]), codec
 
 
 def _column(t: Any, key: str, n: int, source: str) -> np.ndarray:
@@ -394,17 +394,6 @@ def _column(t: Any, key: str, n: int, source: str) -> np.ndarray:
             source, f"'{key}' is {t.dtype} {list(t.shape)}, not a float [{n}, 1] column"
         )
     return t.detach().to(device="cpu", dtype=torch.float32).reshape(n, 1).numpy()
-
-
-def _int8_rows(q: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """Our int8 rows (:mod:`triton_rec.precision`): q, then float32 scale and bias (a
-    float16 scale or bias widens exactly)."""
-    n, d = q.shape
-    rows = RowCodec("int8", d).empty(n)
-    rows[:, :d] = q
-    sb = np.concatenate([scale, bias], axis=1).astype("<f4")
-    rows[:, d:] = sb.view(np.uint8).reshape(n, INT8_TRAILER_BYTES)
-    return rows
 
 
 def _check_keys(table: TorchTable, keys: Any) -> np.ndarray:

@@ -25,7 +25,7 @@ A row array (:meth:`RowCodec.empty`) is ``float32 [N, D]``, ``float16 [N, D]`` o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -152,9 +152,21 @@ class RowCodec:
             rng = hi - lo
             inv = xp.float32(255.0) / (rng + xp.float32(_INT8_EPS))
             q = xp.rint((v - lo) * inv)
-            rows[:, : self.dim] = xp.clip(q, 0, 255).astype(xp.uint8)
-            sb = xp.concatenate([rng / xp.float32(255.0), lo], axis=1).astype(xp.float32)
-            rows[:, self.dim :] = sb.view(xp.uint8).reshape(v.shape[0], INT8_TRAILER_BYTES)
+            self.pack_int8(xp.clip(q, 0, 255), rng / xp.float32(255.0), lo, out=rows)
+        return rows
+
+    def pack_int8(self, q: Any, scale: Any, bias: Any, out: Optional[Any] = None) -> Any:
+        """int8 rows from their parts: ``q`` ``[N, dim]`` (values 0..255), ``scale`` and
+        ``bias`` ``[N, 1]`` (any float dtype; float16 widens exactly). Into ``out`` if
+        given."""
+        if self.precision != "int8":
+            raise ValueError(f"pack_int8: the codec is {self.precision}, not int8")
+        xp = _xp_of(q)
+        n = q.shape[0]
+        rows = self.empty(n, xp) if out is None else out
+        rows[:, : self.dim] = q.astype(xp.uint8)
+        sb = xp.concatenate([scale, bias], axis=1).astype(xp.float32)
+        rows[:, self.dim :] = sb.view(xp.uint8).reshape(n, INT8_TRAILER_BYTES)
         return rows
 
     def decode(self, rows: Any, out: Optional[Any] = None) -> Any:
@@ -179,6 +191,29 @@ class RowCodec:
             return 0.0, 0.0
         d = self.decode(self.encode(v)).astype(np.float64) - v
         return float(np.abs(d).max()), float(np.sqrt(np.mean(d * d)))
+
+
+def transcode(
+    rows: np.ndarray,
+    src: RowCodec,
+    dst: RowCodec,
+    chunk_values: int = 1 << 22,
+    on_chunk: Optional[Callable[[int, int, np.ndarray, np.ndarray], None]] = None,
+) -> np.ndarray:
+    """``rows`` of ``src`` re-encoded in ``dst`` (decoded, then encoded), ``chunk_values``
+    values at a time so that no full float32 copy of a large table is made.
+    ``on_chunk(a, b, vectors, encoded)`` runs after rows ``a..b``: their float32 values
+    and their ``dst`` rows (for progress, or to measure the error)."""
+    n = int(rows.shape[0])
+    out = dst.empty(n)
+    step = max(1, chunk_values // max(1, src.dim))
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        vectors = rows[a:b] if src.precision == "fp32" else src.decode(rows[a:b])
+        dst.encode(vectors, out=out[a:b])
+        if on_chunk is not None:
+            on_chunk(a, b, vectors, out[a:b])
+    return out
 
 
 def _xp_of(a: Any):

@@ -67,6 +67,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -207,6 +208,12 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+// Offset within a set of its valid[ways] bytes: in the 8 header bytes after the mutex
+// when they fit, else after the ticks (the set layout above).
+constexpr uint64_t valid_offset(uint64_t ways) noexcept {
+  return ways <= kShmCacheHeaderValidWays ? 64 - kShmCacheHeaderValidWays : 64 + 16 * ways;
+}
+
 inline bool is_pow2(uint64_t x) noexcept { return x && !(x & (x - 1)); }
 
 inline unsigned log2_pow2(uint64_t x) noexcept {
@@ -248,8 +255,7 @@ inline ShmCacheLayout shm_cache_layout(const ShmCacheParams& p) {
   }
   ShmCacheLayout l{};
   const uint64_t w = p.ways;
-  const uint64_t valid_bytes = w <= kShmCacheHeaderValidWays ? 0 : round_up(w, 8);
-  l.vec_offset = round_up(64 + 16 * w + valid_bytes, 64);
+  l.vec_offset = round_up(std::max(64 + 16 * w, shm_detail::valid_offset(w) + round_up(w, 8)), 64);
   if (static_cast<uint32_t>(p.precision) >= kNumPrecisions) {
     throw std::invalid_argument("unknown row precision " +
                                 std::to_string(static_cast<uint32_t>(p.precision)));
@@ -695,6 +701,7 @@ class ShmCache {
     policy_ = static_cast<CachePolicy>(h_->policy);
     stride_ = h_->set_stride;
     vec_off_ = h_->vec_offset;
+    valid_off_ = shm_detail::valid_offset(ways_);
     sets_ = base_ + h_->sets_offset;
     set_shift_ = 64 - shm_detail::log2_pow2(num_sets_);
     sketch_width_ = h_->sketch_width;
@@ -737,9 +744,7 @@ class ShmCache {
     return reinterpret_cast<std::atomic<uint64_t>*>(set + 64 + 8 * ways_);
   }
   std::atomic<uint8_t>* valid(uint8_t* set) const noexcept {
-    const size_t off =
-        ways_ <= kShmCacheHeaderValidWays ? 64 - kShmCacheHeaderValidWays : 64 + 16 * size_t{ways_};
-    return reinterpret_cast<std::atomic<uint8_t>*>(set + off);
+    return reinterpret_cast<std::atomic<uint8_t>*>(set + valid_off_);
   }
   uint8_t* vec(uint8_t* set, int w) const noexcept {
     return set + vec_off_ + static_cast<size_t>(w) * fmt_.row_bytes;
@@ -903,7 +908,7 @@ class ShmCache {
   ShmCacheHeader* h_;
   uint8_t* sets_;
   std::atomic<uint64_t>* sketch_;
-  uint64_t num_sets_, stride_, vec_off_, sketch_width_;
+  uint64_t num_sets_, stride_, vec_off_, valid_off_, sketch_width_;
   uint32_t ways_, dim_;
   RowFormat fmt_;
   unsigned set_shift_;

@@ -34,6 +34,14 @@ def _int8_reference(v):
     return qv.astype(np.float32) * (rng / np.float32(255)) + lo
 
 
+def _sparse_source(tmp_path, n, d=8):
+    """A HugeCTR sparse directory of ``_table(n, d)``: ``(keys, vectors, path)``."""
+    keys, vecs = _table(n=n, d=d)
+    src = tmp_path / "t0_sparse_0.model"
+    write_table(str(src), keys, vecs)
+    return keys, vecs, src
+
+
 REFERENCE = {"fp16": _fp16_reference, "int8": _int8_reference}
 
 
@@ -137,7 +145,7 @@ def test_quantize_reports_the_real_error_in_any_chunking(monkeypatch, precision)
     want_max, want_rms = np.abs(err).max(), np.sqrt(np.mean(err * err))
     for chunk in (1 << 22, 16 * 7, 16):  # one chunk, uneven chunks, one row per chunk
         monkeypatch.setattr(q, "_CHUNK_VALUES", chunk)
-        rows, worst, rms = q.quantize_rows(lambda a, b: vecs[a:b], len(vecs), codec)
+        rows, worst, rms = q.quantize_rows(vecs, RowCodec("fp32", 16), codec)
         assert worst == pytest.approx(want_max, rel=1e-6)
         assert rms == pytest.approx(want_rms, rel=1e-6)
         np.testing.assert_allclose(codec.decode(rows), REFERENCE[precision](vecs), atol=1e-6)
@@ -199,9 +207,7 @@ def test_quantize_a_ps_json_model_and_serve_the_written_copy(tmp_path, capsys, p
 
 
 def test_quantize_one_sparse_directory(tmp_path, capsys):
-    keys, vecs = _table(n=100, d=8)
-    src = tmp_path / "t0_sparse_0.model"
-    write_table(str(src), keys, vecs)
+    keys, vecs, src = _sparse_source(tmp_path, n=100, d=8)
     argv = ["quantize", str(src), "--vec-size", "8", "--precision", "int8"]
     assert ps_loader_main([*argv, "--out", str(tmp_path / "q")]) == 0
     path = tmp_path / "q" / "t0_sparse_0.model.int8.npz"
@@ -220,9 +226,7 @@ def test_quantize_one_sparse_directory(tmp_path, capsys):
     ],
 )
 def test_quantize_refuses_unclear_arguments(tmp_path, capsys, extra, needle):
-    keys, vecs = _table(n=10)
-    src = tmp_path / "t0_sparse_0.model"
-    write_table(str(src), keys, vecs)
+    keys, vecs, src = _sparse_source(tmp_path, n=10)
     argv = ["quantize", str(src), "--precision", "fp16", "--out", str(tmp_path / "q"), *extra]
     assert ps_loader_main(argv) == 2
     assert needle in capsys.readouterr().err
@@ -310,9 +314,7 @@ def test_an_encoded_source_is_measured_against_its_decoded_values(tmp_path, caps
 
 
 def test_the_text_report_gives_the_table_bytes_before_and_after(tmp_path, capsys):
-    keys, vecs = _table(n=1000, d=8)
-    src = tmp_path / "t0_sparse_0.model"
-    write_table(str(src), keys, vecs)
+    keys, vecs, src = _sparse_source(tmp_path, n=1000, d=8)
     argv = ["quantize", str(src), "--vec-size", "8", "--precision", "fp16"]
     assert ps_loader_main([*argv, "--out", str(tmp_path / "q")]) == 0
     line = capsys.readouterr().out

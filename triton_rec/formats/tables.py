@@ -16,7 +16,9 @@ from triton_rec.formats.npz_table import (
 from triton_rec.precision import RowCodec
 
 
-def _is_npz(path: str) -> bool:
+def is_npz(path: str) -> bool:
+    """Whether ``path`` names an ``.npz`` table (else a HugeCTR sparse directory): the
+    one rule, by suffix."""
     return str(path).endswith(".npz")
 
 
@@ -27,7 +29,7 @@ def read_table(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
     decoded); raises :class:`triton_rec.errors.ModelFileError` naming the file on any
     problem.
     """
-    if _is_npz(path):
+    if is_npz(path):
         return read_npz_table(path, vec_size)
     return read_sparse_dir(path, vec_size)
 
@@ -35,7 +37,7 @@ def read_table(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
 def read_table_rows(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray, RowCodec]:
     """``(keys, rows, codec)``: the table's rows as the source holds them: float32 for
     HugeCTR sparse files and plain ``.npz`` tables, encoded for an encoded ``.npz``."""
-    if _is_npz(path):
+    if is_npz(path):
         return read_npz_rows(path, vec_size)
     keys, vectors = read_sparse_dir(path, vec_size)
     return keys, vectors, RowCodec("fp32", vec_size)
@@ -43,7 +45,7 @@ def read_table_rows(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray, R
 
 def write_table(path: str, keys: np.ndarray, vectors: np.ndarray) -> None:
     """Write a float32 table in the format implied by ``path`` (see :func:`read_table`)."""
-    if _is_npz(path):
+    if is_npz(path):
         write_npz_table(path, keys, vectors)
     else:
         write_sparse_dir(path, keys, vectors)
@@ -52,7 +54,7 @@ def write_table(path: str, keys: np.ndarray, vectors: np.ndarray) -> None:
 def write_table_rows(path: str, keys: np.ndarray, rows: np.ndarray, codec: RowCodec) -> None:
     """Write a table in ``codec``'s precision: an ``.npz`` for any precision, a HugeCTR
     sparse directory for fp32 only (the format has no other)."""
-    if _is_npz(path):
+    if is_npz(path):
         write_npz_rows(path, keys, rows, codec)
     elif codec.precision == "fp32":
         write_sparse_dir(path, keys, rows)

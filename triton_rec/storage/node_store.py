@@ -135,8 +135,8 @@ from triton_rec.errors import (  # noqa: F401  (re-exported)
     StoreError,
 )
 from triton_rec.formats.hugectr_sparse import KEY_FILE, VECTOR_FILE
-from triton_rec.formats.tables import read_table, read_table_rows
-from triton_rec.precision import DEFAULT_PRECISION, RowCodec
+from triton_rec.formats.tables import is_npz, read_table, read_table_rows
+from triton_rec.precision import DEFAULT_PRECISION, RowCodec, transcode
 from triton_rec.storage.table import MADV_POPULATE_READ, EmbeddingTable, mapping_of
 from triton_rec.util.procfs import flock_exclusive
 
@@ -525,7 +525,7 @@ def _fingerprint(
 ) -> Tuple[str, Optional[int]]:
     """(fingerprint, rows implied by the file sizes or None): metadata only, no data read."""
     real = os.path.realpath(source_path)
-    npz = str(source_path).endswith(".npz")  # the rule of formats.tables.read_table
+    npz = is_npz(source_path)
     files = [real] if npz else [os.path.join(real, KEY_FILE), os.path.join(real, VECTOR_FILE)]
     parts: list = [FORMAT_VERSION, real, int(vec_size), precision]
     sizes = []
@@ -877,15 +877,16 @@ def _source_rows(
     if src == codec:
         return keys, rows
     n = int(keys.shape[0])
-    out = codec.empty(n)
-    step = max(1, (HASH_CHUNK // 4) // max(1, 4 * codec.dim))
     label = f"{src.precision} -> {codec.precision}"
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        part = rows[s:e] if src.precision == "fp32" else src.decode(rows[s:e])
-        codec.encode(part, out=out[s:e])
-        if progress:
-            progress(e * codec.row_bytes, n * codec.row_bytes)
+
+    report = None
+    if progress is not None:
+        tell = progress
+
+        def report(a: int, b: int, vectors: np.ndarray, encoded: np.ndarray) -> None:
+            tell(b * codec.row_bytes, n * codec.row_bytes)
+
+    out = transcode(rows, src, codec, HASH_CHUNK // 16, report)
     log.info("%s: encoded %d rows (%s)", source_path, n, label)
     return keys, out
 
