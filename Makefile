@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp src/triton_backend/*.cpp src/triton_backend/*.h src/triton_backend/*.hpp)
+NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp src/native/kernels/*.cu src/triton_backend/*.cpp src/triton_backend/*.h src/triton_backend/*.hpp)
 # Debian packages: libpython3.11 (the Triton Python stub links it), libb64-0d (perf_analyzer),
 # redis-server + openssl (the Redis Cluster tier and its tests).
 APT_PACKAGES ?= libpython3.11 libb64-0d redis-server openssl

@@ -23,6 +23,8 @@
 namespace py = pybind11;
 namespace tr = triton_rec;
 
+void register_gpu(py::module_& m);  // bindings_gpu.cpp
+
 namespace {
 
 PyObject* g_duplicate_key_error = nullptr;  // triton_rec._native.DuplicateKeyError
@@ -936,6 +938,7 @@ void register_dense_net(py::module_& m) {
           py::arg("dense"), py::arg("embeddings"),
           "predict(dense: float32[B, dense_dim], embeddings: list of float32[B, slots, vec]) "
           "-> float32[B, label_dim]");
+  register_gpu(m);
   m.def(
       "sgemm_source", []() { return tr::sgemm_source(); },
       "The BLAS library the native dense executor multiplies with (\"loops\": none found).");

@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "hd.hpp"  // mix64, index_probe (also compiled into the GPU kernels)
 #include "row_codec.hpp"
 
 namespace triton_rec {
@@ -49,13 +50,6 @@ constexpr size_t kMinKeysPerThread = 2048;
 #else
 #define TRITON_REC_PREFETCH(p) ((void)(p))
 #endif
-
-// splitmix64 finalizer: a bijective, strong 64-bit mixer.
-inline uint64_t mix64(uint64_t z) noexcept {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // Number of slots of the index of a table with `num_keys` keys.
 inline uint64_t index_capacity(uint64_t num_keys) {
@@ -122,17 +116,12 @@ namespace detail {
 // `num_rows` < 0 disables the upper bound check. A (corrupt) index without any
 // empty slot is scanned at most once, so this always terminates.
 inline int64_t find(const IndexView& ix, int64_t key, uint64_t h, int64_t num_rows) {
-  const uint64_t mask = ix.mask();
-  for (uint64_t n = 0; n < ix.capacity; ++n, h = (h + 1) & mask) {
-    const int64_t* s = ix.slot(h);
-    const int64_t row = s[1];
-    if (row == kEmptyRow) return kEmptyRow;
-    if (s[0] == key) {
-      if (row < 0 || (num_rows >= 0 && row >= num_rows)) throw_bad_row(h, key, row, num_rows);
-      return row;
-    }
+  uint64_t slot = 0;
+  const int64_t row = index_probe(ix.slots, ix.capacity, key, h, &slot);
+  if (row != kEmptyRow && (row < 0 || (num_rows >= 0 && row >= num_rows))) {
+    throw_bad_row(slot, key, row, num_rows);
   }
-  return kEmptyRow;
+  return row;
 }
 
 inline void prefetch_bytes(const void* p, size_t bytes) noexcept {

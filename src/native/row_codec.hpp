@@ -21,6 +21,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "hd.hpp"  // half_to_float, int8_value: the arithmetic the GPU kernels share
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define TRITON_REC_X86_DISPATCH 1
@@ -55,30 +57,6 @@ using DecodeFn = void (*)(const void* src, float* dst, size_t dim);
 
 namespace codec_detail {
 
-inline float half_to_float(uint16_t h) noexcept {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);  // inf / NaN (payload kept)
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;  // +-0
-  } else {        // subnormal half: normalise
-    exp = 113;
-    while (!(mant & 0x400u)) {
-      mant <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 inline void decode_fp32(const void* src, float* dst, size_t dim) {
   std::memcpy(dst, src, dim * sizeof(float));
 }
@@ -101,10 +79,7 @@ inline void decode_int8_portable(const void* src, float* dst, size_t dim) {
   const auto* s = static_cast<const uint8_t*>(src);
   float scale, bias;
   int8_trailer(s, dim, scale, bias);
-  for (size_t j = 0; j < dim; ++j) {
-    volatile float prod = static_cast<float>(s[j]) * scale;  // keep two roundings
-    dst[j] = prod + bias;
-  }
+  for (size_t j = 0; j < dim; ++j) dst[j] = int8_value(s[j], scale, bias);  // two roundings
 }
 
 #ifdef TRITON_REC_X86_DISPATCH
@@ -136,10 +111,7 @@ __attribute__((target("avx2,f16c"))) inline void decode_int8_avx2(const void* sr
     const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
     _mm256_storeu_ps(dst + j, _mm256_add_ps(_mm256_mul_ps(f, vs), vb));
   }
-  for (; j < dim; ++j) {
-    volatile float prod = static_cast<float>(s[j]) * scale;
-    dst[j] = prod + bias;
-  }
+  for (; j < dim; ++j) dst[j] = int8_value(s[j], scale, bias);
 }
 
 inline bool cpu_has_avx2_f16c() noexcept {

@@ -70,6 +70,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from triton_rec import _native
 from triton_rec.config.ps_json import CACHE_POLICIES, CachePolicy
 from triton_rec.errors import ConfigError, CupyUnavailableError
 from triton_rec.precision import DEFAULT_PRECISION, RowCodec
@@ -87,48 +88,48 @@ __all__ = [
 #: this order
 POLICIES = CACHE_POLICIES
 
-SKETCH_ROWS = 4
-SKETCH_MAX = 255  # uint8 counters saturate here
-AGING_FACTOR = 10  # halve the sketch after AGING_FACTOR * capacity counted keys
-SKETCH_WIDTH_FACTOR = 8  # sketch counters per row: >= 8 per slot
+# The layout constants the kernels and their CPU twin share (src/native/array_cache_rules.hpp,
+# exported by _native): defined there once.
+SKETCH_ROWS = int(_native.ARRAY_CACHE_SKETCH_ROWS)
+SKETCH_MAX = int(_native.ARRAY_CACHE_SKETCH_MAX)  # uint8 counters saturate here
+AGING_FACTOR = int(_native.ARRAY_CACHE_AGING_FACTOR)  # halve after AGING_FACTOR * capacity keys
+SKETCH_WIDTH_FACTOR = int(_native.ARRAY_CACHE_SKETCH_WIDTH_FACTOR)  # counters per row: >= 8/slot
 
 # meta[] slots
-(
-    _CLOCK,
-    _INCS,
-    _CAPACITY,
-    _POLICY,
-    _WAYS,
-    _VEC,
-    _MAGIC,
-    _AGINGS,
-    _INSERTS,
-    _UPDATES,
-    _EVICTIONS,
-    _REJECTED,
-    _OVERFLOW,
-    _ERASED,
-    _RECOVERED,
-    _PRECISION,  # RowCodec.code of the rows (was reserved: 0, fp32, in older caches)
-) = range(16)
-META_LEN = 16
+_META = _native.ARRAY_CACHE_META
+_CLOCK = _META["clock"]
+_INCS = _META["incs"]
+_CAPACITY = _META["capacity"]
+_POLICY = _META["policy"]
+_WAYS = _META["ways"]
+_VEC = _META["vec"]
+_MAGIC = _META["magic"]
+_RECOVERED = _META["recovered_sets"]
+_PRECISION = _META["precision"]  # RowCodec.code of the rows (0, fp32, in older caches)
+META_LEN = int(_native.ARRAY_CACHE_META_LEN)
 #: node-wide counters kept in meta (written under the writer lock, so exact)
 _WRITER_COUNTERS = {
-    "inserts": _INSERTS,
-    "updates": _UPDATES,
-    "evictions": _EVICTIONS,
-    "rejected": _REJECTED,
-    "overflow": _OVERFLOW,
-    "erased": _ERASED,
-    "recovered_sets": _RECOVERED,
-    "sketch_agings": _AGINGS,
+    k: _META[k]
+    for k in (
+        "inserts",
+        "updates",
+        "evictions",
+        "rejected",
+        "overflow",
+        "erased",
+        "recovered_sets",
+        "sketch_agings",
+    )
 }
+_STATUS_HIT = _native.ARRAY_CACHE_STATUS.index("hit")
+_STATUS_TORN = _native.ARRAY_CACHE_STATUS.index("torn")
+_WRITE_MODES = tuple(_native.ARRAY_CACHE_WRITE_MODES)
 MAGIC = 0x5452454341434845  # "TRECACHE"
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 # per-row seeds of the sketch hashes (odd 64-bit constants; row r adds _SEEDS[r])
-_SEEDS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
+_SEEDS = tuple(int(v) for v in _native.ARRAY_CACHE_SKETCH_SEEDS)
 _I64_MIN = np.int64(np.iinfo(np.int64).min)
 _I64_MAX = np.int64(np.iinfo(np.int64).max)
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -182,6 +183,11 @@ def _xp_of(array):
     if mod == "cupy":
         return importlib.import_module("cupy")
     raise ConfigError(f"state arrays must be numpy or cupy arrays, got {type(array)!r}")
+
+
+def _host(a) -> np.ndarray:
+    """``a`` in host memory (a CuPy array copied back)."""
+    return a.get() if type(a).__module__.split(".")[0] == "cupy" else np.asarray(a)
 
 
 def splitmix64(keys, xp=np):
@@ -405,6 +411,13 @@ class ArrayEmbeddingCache:
         # Test hook: called as hook(cache, sets) between the gather and the second read of
         # ``seq`` in a query (simulates a writer running concurrently with the reader).
         self._between_reads = None
+        # CuPy: the kernels (src/native/kernels/cache_kernels.cu) do every query and write;
+        # the array code of this class is their reference, run with numpy.
+        self._gpu: Any = None
+        if self._device_id is not None:
+            from triton_rec.gpu.kernels import load_kernels
+
+            self._gpu = _native.DeviceCache(load_kernels(self._device_id), self.native_view())
 
     def state_arrays(self) -> Dict[str, Any]:
         """The live state arrays, ``name -> array`` (to share them: IPC, shared memory)."""
@@ -414,6 +427,39 @@ class ArrayEmbeddingCache:
     def slots(self) -> int:
         """Vectors the cache can hold (``num_sets * ways``)."""
         return self.num_sets * self.ways
+
+    def addresses(self) -> Dict[str, int]:
+        """The address of each state array (host memory for numpy, device memory for CuPy)."""
+        if _is_cupy(self.xp):
+            return {n: int(a.data.ptr) for n, a in self._arrays.items()}
+        return {n: int(a.ctypes.data) for n, a in self._arrays.items()}
+
+    def native_view(self):
+        """The state as the kernels and their CPU twin read it (``_native.CacheView``;
+        valid while this cache's arrays live)."""
+        return _native.CacheView(
+            self.addresses(),
+            num_sets=self.num_sets,
+            ways=self.ways,
+            dim=self.vec_size,
+            precision=self.codec.code,
+            policy=POLICIES.index(self.policy),
+            sketch_width=self.sketch_width,
+        )
+
+    def native_plan(self) -> Dict[str, Any]:
+        """What the native backend's GPU path reads this cache with: the state arrays'
+        device addresses and the geometry (keys of :class:`_native.CacheView`)."""
+        return {
+            "arrays": self.addresses(),
+            "num_sets": self.num_sets,
+            "ways": self.ways,
+            "dim": self.vec_size,
+            "precision": self.codec.code,
+            "policy": POLICIES.index(self.policy),
+            "sketch_width": self.sketch_width,
+            "device": self._device_id,
+        }
 
     # ----------------------------------------------------------------- helpers
     def _keys(self, keys):
@@ -473,7 +519,7 @@ class ArrayEmbeddingCache:
         if int(self.meta[_INCS]) >= AGING_FACTOR * self.capacity:
             self.sketch >>= 1
             self.meta[_INCS] = 0
-            self.meta[_AGINGS] += 1
+            self.meta[_WRITER_COUNTERS["sketch_agings"]] += 1
 
     def _tick(self):
         """Advance the shared clock; returns its new value as a 1-element xp array."""
@@ -542,6 +588,8 @@ class ArrayEmbeddingCache:
         m = int(k.shape[0])
         if m == 0:
             return xp.zeros((0, self.vec_size), dtype=np.float32), xp.zeros(0, dtype=np.bool_)
+        if self._gpu is not None:
+            return self._query_kernel(xp.ascontiguousarray(k), m)
         s = self.set_of(k)
         hit, way, vec, ok = self._read(k, s)
         torn = 0
@@ -560,6 +608,48 @@ class ArrayEmbeddingCache:
         hits = int(hit.sum())
         self._count(lookups=m, hits=hits, misses=m - hits, torn=torn)
         return out, hit
+
+    def _query_kernel(self, k, m: int):
+        xp = self.xp
+        out = xp.empty((m, self.vec_size), dtype=np.float32)
+        status = xp.empty(m, dtype=np.uint8)
+        xp.cuda.get_current_stream().synchronize()  # the keys may still be in flight
+        self._gpu.query_device(k.data.ptr, m, out.data.ptr, status.data.ptr)
+        hit = status == _STATUS_HIT
+        hits = int(hit.sum())
+        torn = int((status == _STATUS_TORN).sum())
+        self._count(lookups=m, hits=hits, misses=m - hits, torn=torn)
+        return out, hit
+
+    def query_host(self, keys: np.ndarray, out: np.ndarray, status: np.ndarray) -> int:
+        """Look host ``keys`` up into host memory: ``out`` float32 ``[M, D]`` (zeros for a
+        miss), ``status`` uint8 ``[M]`` (1 hit, 0 miss); returns the hits. With CuPy one
+        kernel launch (keys in and answers out through pinned staging); with numpy the
+        reference :meth:`query`."""
+        k = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+        m = int(k.shape[0])
+        if self._gpu is None:
+            vec, hit = self.query(k)
+            out[...] = vec
+            status[...] = hit
+            return int(np.count_nonzero(hit))
+        hits, torn = self._gpu.query(k, out, status)
+        if torn:
+            status[status == _STATUS_TORN] = 0
+        self._count(lookups=m, hits=hits, misses=m - hits, torn=torn)
+        return int(hits)
+
+    def _write_kernel(self, mode: str, keys, vectors=None) -> Dict[str, int]:
+        """insert / update / erase by the write kernel (CuPy), under the writer lock."""
+        k = np.ascontiguousarray(_host(keys), dtype=np.int64).reshape(-1)
+        rows = None
+        if vectors is not None:
+            rows = self.codec.as_rows(np.asarray(_host(vectors)), "vectors")
+            if rows.shape[0] != k.shape[0]:
+                raise ValueError(f"vectors must hold {k.shape[0]} rows, got {tuple(rows.shape)}")
+        with self.lock:
+            counts = self._gpu.write(_WRITE_MODES.index(mode), k, rows)
+        return dict(zip(_native.ARRAY_CACHE_WRITE_COUNTS, (int(c) for c in counts)))
 
     # ----------------------------------------------------------------- writes
     @_on_device
@@ -581,6 +671,9 @@ class ArrayEmbeddingCache:
 
         Returns ``{"inserted", "updated", "evicted", "rejected", "overflow"}``.
         """
+        if self._gpu is not None:
+            got = self._write_kernel("insert", keys, vectors)
+            return {n: got[n] for n in ("inserted", "updated", "evicted", "rejected", "overflow")}
         k = self._keys(keys)
         v = self._vectors(vectors, int(k.shape[0]))
         res = dict(inserted=0, updated=0, evicted=0, rejected=0, overflow=0)
@@ -673,6 +766,8 @@ class ArrayEmbeddingCache:
     def update(self, keys, vectors) -> int:
         """Overwrite the vectors of the ``keys`` that are cached (others are ignored;
         last occurrence wins). Does not count as an access. Returns keys updated."""
+        if self._gpu is not None:
+            return self._write_kernel("update", keys, vectors)["updated"]
         k = self._keys(keys)
         v = self._vectors(vectors, int(k.shape[0]))
         if k.shape[0] == 0:
@@ -690,6 +785,8 @@ class ArrayEmbeddingCache:
     @_on_device
     def erase(self, keys) -> int:
         """Remove ``keys`` from the cache; returns how many were cached."""
+        if self._gpu is not None:
+            return self._write_kernel("erase", keys)["erased"]
         k = self._keys(keys)
         if k.shape[0] == 0:
             return 0
@@ -705,6 +802,10 @@ class ArrayEmbeddingCache:
     @_on_device
     def clear(self) -> None:
         """Empty the cache and reset the TinyLFU sketch (the clock keeps running)."""
+        if self._gpu is not None:
+            with self.lock:
+                self._gpu.clear()
+            return
         every = self.xp.arange(self.num_sets, dtype=np.int64)
         with self.lock:
             self._begin_write(every)
@@ -720,6 +821,9 @@ class ArrayEmbeddingCache:
     def repair(self) -> int:
         """Invalidate every set a dead writer left odd and make it even; returns their
         number. Safe at any time (takes the writer lock)."""
+        if self._gpu is not None:
+            with self.lock:
+                return int(self._gpu.repair())
         with self.lock:
             bad = self.xp.flatnonzero(self.seq & 1)
             n = int(bad.shape[0])
@@ -782,7 +886,15 @@ class HostCacheView:
 
     def query(self, keys: np.ndarray, out: np.ndarray, hit_mask: np.ndarray) -> int:
         """``out[i]`` = vector of ``keys[i]`` where ``hit_mask[i]`` is set (other rows
-        untouched); returns the hits."""
+        unspecified: the device cache writes zeros); returns the hits. On a GPU one kernel
+        launch, keys in and answers out through pinned staging
+        (:meth:`ArrayEmbeddingCache.query_host`)."""
+        if self.cache._gpu is not None:
+            status = hit_mask if hit_mask.dtype == np.uint8 else np.empty(len(keys), np.uint8)
+            hits = self.cache.query_host(keys, out, status)
+            if status is not hit_mask:
+                hit_mask[:] = status
+            return hits
         vec, hit = self.cache.query(keys)
         hit = self._host(hit)
         idx = np.flatnonzero(hit)

@@ -1,0 +1,393 @@
+// Driving the GPU kernels (src/native/kernels/cache_kernels.cu) from the host: module,
+// streams with their pinned staging, and the launch sequences of a lookup, a cache write
+// and the HugeCTR path. One implementation for both users: the native core (_native, which
+// the engine's device cache and the benchmarks call) and the native backend
+// (python_host.cpp, the request path of KIND_GPU instances).
+//
+// Staging: a Lane is one CUDA stream with its pinned host and device buffers, used by one
+// thread at a time. A host-to-host lookup is: keys copied into pinned memory, one
+// host-to-device copy, one kernel per table, one device-to-host copy of the answers and
+// statuses, one synchronization.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "array_cache_twin.hpp"
+#include "cuda_driver.hpp"
+
+namespace triton_rec {
+namespace gpu {
+
+using cuda::CUdeviceptr;
+using cuda::CUfunction;
+using cuda::CUstream;
+using cuda::Driver;
+
+// The kernels of one module (the PTX of cache_kernels.cu), loaded on one device.
+class Kernels {
+ public:
+  Kernels(std::shared_ptr<cuda::Device> device, const std::string& ptx)
+      : device_(std::move(device)) {
+    const Driver& d = Driver::get();
+    device_->make_current();
+    d.check(d.cuModuleLoadData(&module_, ptx.c_str()), "cuModuleLoadData (the kernels' PTX)");
+    get(&query, "trec_cache_query");
+    get(&write, "trec_cache_write");
+    get(&clear, "trec_cache_clear");
+    get(&repair, "trec_cache_repair");
+    get(&table_lookup, "trec_table_lookup");
+    get(&combine, "trec_combine");
+    sms_ = device_->multiprocessors();
+  }
+  ~Kernels() {
+    if (module_ != nullptr) {
+      device_->make_current();
+      Driver::get().cuModuleUnload(module_);
+    }
+  }
+  Kernels(const Kernels&) = delete;
+  Kernels& operator=(const Kernels&) = delete;
+
+  const cuda::Device& device() const { return *device_; }
+  // Blocks for `items` work items of `per_block` each: enough to fill the device, never
+  // more than the items need (the kernels loop when there are more items than threads).
+  unsigned grid(int64_t items, int64_t per_block) const {
+    const int64_t need = (items + per_block - 1) / per_block;
+    return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(need, int64_t{sms_} * 16)));
+  }
+
+  CUfunction query = nullptr, write = nullptr, clear = nullptr, repair = nullptr;
+  CUfunction table_lookup = nullptr, combine = nullptr;
+
+ private:
+  void get(CUfunction* f, const char* name) {
+    Driver::get().check(Driver::get().cuModuleGetFunction(f, module_, name), name);
+  }
+  std::shared_ptr<cuda::Device> device_;
+  cuda::CUmodule module_ = nullptr;
+  int sms_ = 1;
+};
+
+constexpr unsigned kBlock = 256;       // threads per block of every kernel
+constexpr int64_t kWarpsPerBlock = 8;  // kBlock / 32: keys (sets) per block per pass
+
+inline void launch(CUfunction f, unsigned grid, CUstream stream, void** args, const char* what) {
+  Driver::get().check(
+      Driver::get().cuLaunchKernel(f, grid, 1, 1, kBlock, 1, 1, 0, stream, args, nullptr), what);
+}
+
+// Device memory that grows (never shrinks) to the largest size asked for.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  CUdeviceptr reserve(size_t bytes) {
+    if (bytes > bytes_) {
+      release();
+      Driver::get().check(Driver::get().cuMemAlloc(&ptr_, bytes), "cuMemAlloc");
+      bytes_ = bytes;
+    }
+    return ptr_;
+  }
+  CUdeviceptr ptr() const { return ptr_; }
+
+ private:
+  void release() {
+    if (ptr_ != 0) Driver::get().cuMemFree(ptr_);
+    ptr_ = 0;
+    bytes_ = 0;
+  }
+  CUdeviceptr ptr_ = 0;
+  size_t bytes_ = 0;
+};
+
+// Pinned (page-locked) host memory of our own: the registry of what this process pinned
+// through pinned_alloc, so a copy to or from it skips the staging buffer.
+class PinnedRegistry {
+ public:
+  static PinnedRegistry& get() {
+    static PinnedRegistry r;
+    return r;
+  }
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    Driver::get().check(Driver::get().cuMemHostAlloc(&p, std::max<size_t>(bytes, 1),
+                                                     cuda::CU_MEMHOSTALLOC_PORTABLE),
+                        "cuMemHostAlloc");
+    std::lock_guard<std::mutex> lock(mu_);
+    ranges_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    return p;
+  }
+  void free(void* p) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ranges_.erase(reinterpret_cast<uintptr_t>(p));
+    }
+    Driver::get().cuMemFreeHost(p);
+  }
+  // Whether [p, p + bytes) lies in one pinned allocation of ours.
+  bool contains(const void* p, size_t bytes) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ranges_.upper_bound(a);
+    if (it == ranges_.begin()) return false;
+    --it;
+    return a + bytes <= it->first + it->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<uintptr_t, size_t> ranges_;
+};
+
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() { release(); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  char* reserve(size_t bytes) {
+    if (bytes > bytes_) {
+      release();
+      ptr_ = static_cast<char*>(PinnedRegistry::get().alloc(bytes));
+      bytes_ = bytes;
+    }
+    return ptr_;
+  }
+
+ private:
+  void release() {
+    if (ptr_ != nullptr) PinnedRegistry::get().free(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  char* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+inline size_t align256(size_t n) { return (n + 255) & ~size_t{255}; }
+
+// A stream and its staging buffers; one thread at a time.
+class Lane {
+ public:
+  explicit Lane(std::shared_ptr<const Kernels> kernels) : kernels_(std::move(kernels)) {
+    const Driver& d = Driver::get();
+    kernels_->device().make_current();
+    d.check(d.cuStreamCreate(&stream_, cuda::CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    const CUdeviceptr done = done_.reserve(256);
+    d.check(d.cuMemsetD8Async(done, 0, 256, stream_), "cuMemsetD8Async");
+    sync();
+  }
+  ~Lane() {
+    if (stream_ != nullptr) {
+      kernels_->device().make_current();
+      Driver::get().cuStreamSynchronize(stream_);
+      Driver::get().cuStreamDestroy(stream_);
+    }
+  }
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  const Kernels& kernels() const { return *kernels_; }
+  CUstream stream() const { return stream_; }
+  // The launch counter the kernels' last block uses (zero between launches).
+  CUdeviceptr done() const { return done_.ptr(); }
+  void enter() const { kernels_->device().make_current(); }
+  void sync() const {
+    Driver::get().check(Driver::get().cuStreamSynchronize(stream_), "cuStreamSynchronize");
+  }
+  void to_device(CUdeviceptr dst, const void* src, size_t bytes) const {
+    if (bytes)
+      Driver::get().check(Driver::get().cuMemcpyHtoDAsync(dst, src, bytes, stream_),
+                          "cuMemcpyHtoDAsync");
+  }
+  void to_host(void* dst, CUdeviceptr src, size_t bytes) const {
+    if (bytes)
+      Driver::get().check(Driver::get().cuMemcpyDtoHAsync(dst, src, bytes, stream_),
+                          "cuMemcpyDtoHAsync");
+  }
+
+  // Staging memory, carved into 256-byte aligned parts of the sizes asked for.
+  struct Parts {
+    std::vector<size_t> offsets;
+    size_t total = 0;
+    explicit Parts(std::initializer_list<size_t> sizes) {
+      for (size_t s : sizes) {
+        offsets.push_back(total);
+        total += align256(s);
+      }
+    }
+  };
+  char* host(const Parts& p) { return host_.reserve(p.total); }
+  CUdeviceptr device(const Parts& p) { return device_.reserve(p.total); }
+
+ private:
+  std::shared_ptr<const Kernels> kernels_;
+  CUstream stream_ = nullptr;
+  DeviceBuffer done_;
+  DeviceBuffer device_;
+  PinnedBuffer host_;
+};
+
+// What a table of a lookup is on the device: the cache (its state view) or a whole table
+// (static: device memory; uvm: pinned host memory the device maps), in the node store's
+// index layout (hash_index.hpp).
+struct DeviceTable {
+  const int64_t* slots = nullptr;  // device addresses
+  uint64_t capacity = 0;
+  const uint8_t* vectors = nullptr;
+  int64_t rows = 0;
+  int64_t precision = 0;
+  int64_t dim = 0;
+  float default_value = 0.0f;
+};
+
+struct LookupTarget {
+  bool cache = true;
+  xcache::View view{};  // cache
+  DeviceTable table{};  // otherwise
+  int64_t dim() const { return cache ? view.dim : table.dim; }
+};
+
+// Launches the lookup of n keys at keys (device) into out [n, dim] and status [n] (device),
+// on the lane's stream; nothing waits for it.
+inline void launch_lookup(Lane& lane, const LookupTarget& t, CUdeviceptr keys, int64_t n,
+                          CUdeviceptr out, CUdeviceptr status) {
+  if (n <= 0) return;
+  const Kernels& k = lane.kernels();
+  CUstream s = lane.stream();
+  if (t.cache) {
+    xcache::View v = t.view;
+    CUdeviceptr done = lane.done();
+    void* args[] = {&v, &keys, &n, &out, &status, &done};
+    launch(k.query, k.grid(n, kWarpsPerBlock), s, args, "trec_cache_query");
+    return;
+  }
+  DeviceTable tb = t.table;
+  const int64_t row_bytes = encoded_row_bytes(static_cast<uint32_t>(tb.precision), tb.dim);
+  void* args[] = {&tb.slots,
+                  &tb.capacity,
+                  &tb.vectors,
+                  &tb.rows,
+                  &tb.precision,
+                  &tb.dim,
+                  const_cast<int64_t*>(&row_bytes),
+                  &keys,
+                  &n,
+                  &out,
+                  &status,
+                  &tb.default_value};
+  launch(k.table_lookup, k.grid(n, kWarpsPerBlock), s, args, "trec_table_lookup");
+}
+
+// A host-to-host lookup of one table: keys[0..n) -> out [n, dim] and status[0..n), through
+// the lane's staging (or straight to and from the caller's memory when it is pinned memory
+// of ours). Returns when the answers are in place.
+inline void lookup_host(Lane& lane, const LookupTarget& t, const int64_t* keys, int64_t n,
+                        float* out, uint8_t* status) {
+  if (n <= 0) return;
+  lane.enter();
+  const size_t kb = static_cast<size_t>(n) * 8, ob = static_cast<size_t>(n * t.dim()) * 4,
+               sb = static_cast<size_t>(n);
+  const Lane::Parts parts{kb, ob, sb};
+  char* h = lane.host(parts);
+  const CUdeviceptr d = lane.device(parts);
+  PinnedRegistry& pinned = PinnedRegistry::get();
+  const void* kin = keys;
+  if (!pinned.contains(keys, kb)) {
+    std::memcpy(h + parts.offsets[0], keys, kb);
+    kin = h + parts.offsets[0];
+  }
+  const bool out_pinned = pinned.contains(out, ob);
+  void* oh = out_pinned ? static_cast<void*>(out) : h + parts.offsets[1];
+  lane.to_device(d + parts.offsets[0], kin, kb);
+  launch_lookup(lane, t, d + parts.offsets[0], n, d + parts.offsets[1], d + parts.offsets[2]);
+  lane.to_host(oh, d + parts.offsets[1], ob);
+  lane.to_host(h + parts.offsets[2], d + parts.offsets[2], sb);
+  lane.sync();
+  if (!out_pinned) std::memcpy(out, oh, ob);
+  std::memcpy(status, h + parts.offsets[2], sb);
+}
+
+// A write of the device cache (the caller holds its writer lock): keys[0..n) with rows
+// [n, row_bytes] (insert, update; null for erase), grouped on the host, one kernel. Adds
+// the call's counts (xcache::WriteCount order) to counts.
+inline void write_host(Lane& lane, const xcache::View& view, int32_t mode, const int64_t* keys,
+                       int64_t n, const uint8_t* rows, int64_t* counts) {
+  if (n <= 0) return;
+  lane.enter();
+  thread_local xcache::GroupedWrites g;
+  xcache::group_writes(view, keys, n, &g);
+  const int64_t m = g.size(), touched = g.touched();
+  const size_t rb = rows != nullptr ? static_cast<size_t>(n * view.row_bytes) : 0;
+  const size_t mb = static_cast<size_t>(m) * 8, tb = static_cast<size_t>(touched) * 8;
+  const size_t cb = 8 * xcache::kWriteCounts;
+  const Lane::Parts parts{mb, mb, tb, tb + 8, rb, static_cast<size_t>(m) * 4, cb};
+  char* h = lane.host(parts);
+  const CUdeviceptr d = lane.device(parts);
+  std::memcpy(h + parts.offsets[0], g.keys.data(), mb);
+  std::memcpy(h + parts.offsets[1], g.src.data(), mb);
+  std::memcpy(h + parts.offsets[2], g.sets.data(), tb);
+  std::memcpy(h + parts.offsets[3], g.starts.data(), tb + 8);
+  if (rb) std::memcpy(h + parts.offsets[4], rows, rb);
+  std::memset(h + parts.offsets[6], 0, cb);
+  // one copy of everything up to the row targets, then the zeroed counters
+  lane.to_device(d, h, parts.offsets[5]);
+  lane.to_device(d + parts.offsets[6], h + parts.offsets[6], cb);
+  xcache::View v = view;
+  int32_t md = mode;
+  CUdeviceptr a0 = d + parts.offsets[0], a1 = d + parts.offsets[1], a2 = d + parts.offsets[2],
+              a3 = d + parts.offsets[3], a4 = d + parts.offsets[4], a5 = d + parts.offsets[5],
+              a6 = d + parts.offsets[6], done = lane.done();
+  int64_t t = touched;
+  void* args[] = {&v, &md, &a0, &a1, &a2, &a3, &t, &a4, &a5, &a6, &done};
+  const Kernels& k = lane.kernels();
+  launch(k.write, k.grid(touched, kWarpsPerBlock), lane.stream(), args, "trec_cache_write");
+  lane.to_host(h + parts.offsets[6], a6, cb);
+  lane.sync();
+  const auto* got = reinterpret_cast<const int64_t*>(h + parts.offsets[6]);
+  for (int i = 0; i < xcache::kWriteCounts; ++i) counts[i] += got[i];
+}
+
+// clear (or repair) of the device cache; returns the sets healed.
+inline int64_t clear_or_repair(Lane& lane, const xcache::View& view, bool clear) {
+  lane.enter();
+  const Lane::Parts parts{8 * xcache::kWriteCounts};
+  char* h = lane.host(parts);
+  const CUdeviceptr d = lane.device(parts);
+  std::memset(h, 0, parts.total);
+  lane.to_device(d, h, parts.total);
+  xcache::View v = view;
+  CUdeviceptr r = d;
+  void* args[] = {&v, &r};
+  const Kernels& k = lane.kernels();
+  const int64_t items =
+      clear ? std::max(view.num_sets, xcache::kSketchRows * view.sketch_width / 4) : view.num_sets;
+  launch(clear ? k.clear : k.repair, k.grid(items, kBlock), lane.stream(), args,
+         clear ? "trec_cache_clear" : "trec_cache_repair");
+  lane.to_host(h, d, parts.total);
+  lane.sync();
+  return reinterpret_cast<const int64_t*>(h)[xcache::kWRecovered];
+}
+
+// HugeCTR's slot combiner on the device: out [segments, dim] from vectors by ptr (device).
+inline void launch_combine(Lane& lane, CUdeviceptr vectors, CUdeviceptr ptr, int64_t segments,
+                           int64_t dim, bool mean, CUdeviceptr out) {
+  if (segments <= 0) return;
+  int32_t m = mean ? 1 : 0;
+  void* args[] = {&vectors, &ptr, &segments, &dim, &m, &out};
+  const Kernels& k = lane.kernels();
+  launch(k.combine, k.grid(segments * dim, kBlock), lane.stream(), args, "trec_combine");
+}
+
+}  // namespace gpu
+}  // namespace triton_rec

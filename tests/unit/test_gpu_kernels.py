@@ -1,0 +1,106 @@
+"""The GPU kernels without a GPU: they compile (NVRTC, to PTX for sm_80 and sm_90), and
+their rules, run by the CPU twin (the same C++ the kernels include), agree bit for bit with
+the numpy reference (ArrayEmbeddingCache) on random and adversarial operation sequences.
+The kernels themselves run against the same reference in tests/gpu (``make gpu-check``)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tests.xcache_harness import TwinCache, keys_in_set, operations, rows_for, run_against_reference
+from triton_rec import _native
+from triton_rec.cache.array_cache import ArrayEmbeddingCache
+from triton_rec.gpu import kernels, nvrtc
+
+KERNELS = ("trec_cache_query", "trec_cache_write", "trec_cache_clear", "trec_cache_repair",
+           "trec_table_lookup", "trec_combine")  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", kernels.CI_ARCHS)
+def test_kernels_compile_to_ptx_for_each_architecture(arch):
+    ptx = kernels.ptx(arch)
+    assert re.search(rf"\.target sm_{arch}\b", ptx), ptx[:400]
+    for name in KERNELS:  # every kernel the driver code looks up is there
+        assert re.search(rf"\.entry {name}\(", ptx), name
+
+
+def test_a_kernel_that_does_not_compile_is_refused_with_the_compilers_log():
+    with pytest.raises(nvrtc.NvrtcError, match="(?s)broken.cu does not compile.*undefined_thing"):
+        nvrtc.compile_ptx("__global__ void k() { undefined_thing(); }", "broken.cu", 80)
+
+
+def test_the_embedded_sources_are_the_repository_files():
+    # _native embeds them at build time: a stale build would compile other kernels
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "src" / "native"
+    for name, text in kernels.sources().items():
+        path = next(root.rglob(name))
+        assert path.read_text() == text, f"{name}: rebuild the native module (make install)"
+    assert kernels.main_file() == "cache_kernels.cu"
+
+
+def test_arch_for_picks_the_newest_supported_architecture_not_above_the_device():
+    archs = nvrtc.supported_archs()
+    assert kernels.arch_for(90) == max(a for a in archs if a <= 90)
+    assert kernels.arch_for(86) == max(a for a in archs if a <= 86)
+    with pytest.raises(nvrtc.NvrtcError):
+        kernels.arch_for(min(archs) - 1)
+
+
+def test_the_driver_is_optional_and_says_why_it_is_missing():
+    why = _native.cuda_unavailable()
+    if why:  # this machine: no driver; asking for a device names the cause
+        with pytest.raises(RuntimeError, match="CUDA"):
+            _native.cuda_device_info(0)
+    else:
+        assert _native.cuda_device_info(0)["compute_capability"] >= 50
+
+
+CASES = [
+    # (capacity, vec_size, ways, policy, precision, seed)
+    (64, 8, 8, "lru", "fp32", 1),
+    (50, 5, 4, "lru", "fp32", 2),
+    (300, 16, 8, "tinylfu", "fp32", 3),
+    (40, 13, 1, "lru", "int8", 4),
+    (200, 7, 64, "tinylfu", "fp16", 5),
+    (128, 33, 32, "lru", "int8", 6),
+    (90, 4, 3, "tinylfu", "int8", 7),
+]
+
+
+@pytest.mark.parametrize("capacity,vec,ways,policy,precision,seed", CASES)
+def test_the_cpu_twin_of_the_kernels_agrees_with_the_numpy_reference(
+    capacity, vec, ways, policy, precision, seed
+):
+    ref = ArrayEmbeddingCache(capacity, vec, ways=ways, policy=policy, precision=precision)
+    twin = TwinCache(ref)
+
+    def make_odd(sets):
+        twin.arrays["seq"][sets] |= 1
+
+    seen = run_against_reference(ref, twin, twin.state, operations(ref, seed, 120), make_odd)
+    # the sequence exercised what it is there for
+    assert seen["hits"] > 0 and seen["misses"] > 0 and seen["inserted"] > 0
+    assert seen["evicted"] + seen["overflow"] > 0 and seen["recovered"] + seen["torn"] > 0
+    if policy == "tinylfu":
+        assert seen["rejected"] > 0
+
+
+def test_the_twin_stamps_lru_order_and_halves_the_tinylfu_sketch_as_the_reference():
+    ref = ArrayEmbeddingCache(16, 4, ways=4, policy="tinylfu")
+    twin = TwinCache(ref)
+    crowd = keys_in_set(ref, 0, 9)
+    ops = [("insert", (crowd[:4], rows_for(ref, crowd[:4])))]
+    ops += [("query", (crowd[[0, 2]],))] * 3  # 0 and 2 recent, 1 and 3 old
+    ops += [("query", (np.repeat(crowd[4:6], 40),))]  # 4, 5 now frequent: admitted over 1, 3
+    ops += [("insert", (crowd[4:9], rows_for(ref, crowd[4:9])))]
+    ops += [("query", (np.arange(1000, dtype=np.int64),))] * 2  # past 10 x slots: aging
+    seen = run_against_reference(ref, twin, twin.state, ops, lambda s: None)
+    assert ref.stats()["sketch_agings"] >= 1
+    # 4 ways: keys 4 and 5 (40 queries each) replace the two old ways 1 and 3; keys 6 and 7
+    # (never seen) lose to 0 and 2 (queried 3 times); key 8 finds no way left to give
+    assert (seen["inserted"], seen["evicted"], seen["rejected"], seen["overflow"]) == (6, 2, 2, 1)
