@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -97,14 +98,19 @@ def default_backend_dir(path: Optional[str] = None) -> Path:
 
 
 def _pytriton_root() -> Path:
-    try:
-        import pytriton  # noqa: F401  (only to locate the wheel's files)
-    except ImportError as e:
-        raise RuntimeNotFound(
-            "the Triton server wheel is missing: pip install 'triton-rec[server]' "
-            "(or nvidia-pytriton==0.7.0)"
-        ) from e
-    return Path(pytriton.__file__).resolve().parent / "tritonserver"
+    """The wheel's ``pytriton/tritonserver`` folder, found without importing ``pytriton``:
+    its ``__init__`` imports pytriton's client and tritonclient, which a node that only
+    serves may lack. :func:`importlib.util.find_spec` of a top-level package runs none of
+    its code."""
+    spec = importlib.util.find_spec("pytriton")
+    for location in (spec.submodule_search_locations or ()) if spec is not None else ():
+        root = Path(location).resolve() / "tritonserver"
+        if root.is_dir():
+            return root
+    raise RuntimeNotFound(
+        "the Triton server wheel is missing: pip install 'triton-rec[server]' "
+        "(or nvidia-pytriton==0.7.0)"
+    )
 
 
 def tritonserver_binary() -> Path:
@@ -115,6 +121,17 @@ def tritonserver_binary() -> Path:
 def runtime_library_dir() -> Path:
     """Directory of the shared libraries the server and the stub link (``nvidia_pytriton.libs``)."""
     return _pytriton_root().parent.parent / "nvidia_pytriton.libs"
+
+
+def python_backend_stub() -> Path:
+    """The wheel's Python backend stub built for this interpreter's Python version."""
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = _pytriton_root() / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    if not stub.exists():
+        raise RuntimeNotFound(
+            f"no Triton Python backend stub for Python {ver} in {stub.parent.parent}"
+        )
+    return stub
 
 
 def _install(src: Path, dst: Path) -> None:
@@ -136,13 +153,7 @@ def prepare_backend_dir(dest: Optional[Path] = None, path: Optional[str] = None)
     py.mkdir(parents=True, exist_ok=True)
     for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
         _install(root / "backends" / "python" / name, py / name)
-    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
-    if not stub.exists():
-        raise RuntimeNotFound(
-            f"no Triton Python backend stub for Python {ver} in {stub.parent.parent}"
-        )
-    _install(stub, py / "triton_python_backend_stub")
+    _install(python_backend_stub(), py / "triton_python_backend_stub")
     if not (BACKEND_SOURCES / "hps" / "model.py").is_file():
         raise RuntimeNotFound(f"the backends' model.py files are missing in {BACKEND_SOURCES}")
     for name in NATIVE_BACKENDS:
