@@ -29,6 +29,7 @@ is ``triton_rec.errors.StoreError``), so either import path names the same class
     +-- UpdateMessageError
     +-- CupyUnavailableError (also an ImportError)
     +-- RuntimeNotFound (also a RuntimeError)
+    +-- RequestPathUnavailable (also a RuntimeError)
 
 The native extension's own classes derive from this root too (src/native/bindings.cpp):
 ``_native.DuplicateKeyError`` and ``_native.CorruptIndexError`` are TritonRecErrors and
@@ -153,3 +154,9 @@ class CupyUnavailableError(TritonRecError, ImportError):
 
 class RuntimeNotFound(TritonRecError, RuntimeError):
     """The Triton server wheel (nvidia-pytriton) is not installed in this environment."""
+
+
+class RequestPathUnavailable(TritonRecError, RuntimeError):
+    """The chosen request path cannot serve in this environment (the Python path where
+    Triton's Python backend stub cannot read the environment's numpy); the message names
+    the cause and the ways out."""

@@ -15,6 +15,10 @@ The server binary comes from the PyPI wheel ``nvidia-pytriton`` (Triton 2.51, CP
 library path and this virtual environment first on ``PATH`` (the stub uses the
 site-packages of the first Python on ``PATH``), waits until it is ready and stops it.
 
+The Python request path needs a stub that can read the numpy its environment imports:
+:func:`check_python_request_path` refuses to start one that cannot
+(:data:`STUB_PRE_NUMPY2_MARK`).
+
 Command line: ``triton-rec-server serve --model-repository DIR`` or
 ``python -m triton_rec.runtime serve ...`` (used by
 ``make serve``: tritonserver in the foreground, its instance processes supervised by
@@ -37,9 +41,9 @@ import sysconfig
 import time
 import urllib.request
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Callable, List, Optional, Sequence, Union
+from typing import IO, TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from triton_rec.errors import RuntimeNotFound
+from triton_rec.errors import RequestPathUnavailable, RuntimeNotFound, TritonRecError
 
 if TYPE_CHECKING:
     from triton_rec.triton.supervisor import Supervisor
@@ -132,6 +136,106 @@ def python_backend_stub() -> Path:
             f"no Triton Python backend stub for Python {ver} in {stub.parent.parent}"
         )
     return stub
+
+
+#: A Python backend stub holds these bytes exactly when it was built with a pybind11 older
+#: than 2.12, the first release that supports numpy 2. Such a stub reads a dtype's item
+#: size at numpy 1's descriptor offsets (``PyArrayDescr_Proxy``), which numpy 2 changed:
+#: ``pb_utils.Tensor.as_numpy()`` then returns arrays of the right shape and dtype but not
+#: the request's values (seen on a GPU node with numpy 2.5 and the 3.12 stub: ROWINDEX
+#: [0, 1, 2, ...] read as [0, 0, 0, ...]; on a CPU machine with numpy 2.2 and the 3.11
+#: stub: an INT64 input [0, ..., 5] read as six zeros, and the array returned refused
+#: with "output tensor shape does not match size of output").
+#:
+#: Where this comes from: pybind11's ``include/pybind11/numpy.h`` imports numpy's C API with
+#: ``module_::import("numpy.core.multiarray")`` up to v2.11 (a literal in the binary); from
+#: v2.12 on it builds the name at run time (``numpy._core`` under numpy 2), and no other
+#: code of the stub names ``numpy.core`` (python_backend's ``src/``). python_backend's
+#: ``CMakeLists.txt`` fetches pybind11 v2.10.0 up to branch r24.10, which is Triton 2.51,
+#: the server of the PyPI wheel nvidia-pytriton 0.7.0 (its stubs hold these bytes), and
+#: v2.12.0 from r24.11 (Triton 2.52; python_backend PR #384). Keyed on the stub itself, not
+#: on a version: a wheel whose stub is fixed, or a stub built from source with a newer
+#: pybind11, starts without a refusal (and the wheel's files hold the Triton version as no
+#: string: libtritonserver builds it from instruction operands; only a running server
+#: reports it).
+STUB_PRE_NUMPY2_MARK = b"numpy.core.multiarray\0"
+
+
+def stub_predates_numpy2(stub: Path) -> bool:
+    """Whether the Python backend stub ``stub`` cannot read numpy >= 2 arrays
+    (:data:`STUB_PRE_NUMPY2_MARK`)."""
+    return STUB_PRE_NUMPY2_MARK in Path(stub).read_bytes()
+
+
+def stub_python(env: Mapping[str, str]) -> str:
+    """The interpreter whose environment the Python backend stub takes in a server with
+    environment ``env``: the stub embeds libpython, which finds its prefix (and so its
+    site-packages) through the first ``python3`` on ``PATH`` (:meth:`TritonServer.environment`
+    puts this environment's first)."""
+    return shutil.which("python3", path=env.get("PATH")) or sys.executable
+
+
+#: :func:`stub_numpy_version`'s answers, per interpreter and the variables that decide
+#: what it imports.
+_NUMPY_VERSIONS: Dict[tuple, Optional[str]] = {}
+
+
+def stub_numpy_version(env: Mapping[str, str]) -> Optional[str]:
+    """The version of the numpy that a Python backend stub built with pybind11 < 2.12
+    imports in a server with environment ``env`` (None where it imports none), asked of
+    :func:`stub_python` the way such a stub starts it: pybind11 2.10/2.11 initialize
+    Python >= 3.11 with ``PyConfig_InitIsolatedConfig`` (``PYTHONPATH`` and the other
+    ``PYTHON*`` variables and the user site ignored: ``python3 -I``), older Pythons with
+    ``Py_InitializeEx`` (the environment honoured). The stub is the one of this
+    interpreter's version. Cached per interpreter and the variables it reads (one numpy
+    import, ~0.2 s)."""
+    python = stub_python(env)
+    isolated = sys.version_info >= (3, 11)
+    key: tuple = (python, isolated)
+    if not isolated:
+        key += (env.get("HOME"), *sorted((k, v) for k, v in env.items() if k.startswith("PYTHON")))
+    if key not in _NUMPY_VERSIONS:
+        version = None
+        cmd = [
+            python,
+            *(["-I"] if isolated else []),
+            "-c",
+            "import numpy; print(numpy.__version__)",
+        ]
+        try:
+            out = subprocess.run(cmd, env=dict(env), capture_output=True, text=True, timeout=60)
+            if out.returncode == 0:
+                version = out.stdout.strip() or None
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        _NUMPY_VERSIONS[key] = version
+    return _NUMPY_VERSIONS[key]
+
+
+def check_python_request_path(env: Mapping[str, str], stub: Optional[Path] = None) -> None:
+    """Refuse (:class:`~triton_rec.errors.RequestPathUnavailable`) a Python request path whose
+    stub (default: :func:`python_backend_stub`) cannot read the numpy that a server with
+    environment ``env`` gives it: numpy >= 2 with a stub built before pybind11 supported it
+    (:data:`STUB_PRE_NUMPY2_MARK`). The native request path never calls this."""
+    stub = Path(stub) if stub is not None else python_backend_stub()
+    if not stub_predates_numpy2(stub):
+        return
+    version = stub_numpy_version(env)
+    try:
+        major = int(version.split(".")[0]) if version else 0
+    except ValueError:
+        return
+    if major < 2:
+        return
+    raise RequestPathUnavailable(
+        f"the Python request path cannot run here: its Triton Python backend stub ({stub}) "
+        "was built with a pybind11 older than 2.12, which predates numpy 2 (the stubs of "
+        "Triton 2.51 and earlier, as in nvidia-pytriton 0.7.0), and the environment it "
+        f"imports ({stub_python(env)}) has numpy {version}: request tensors would read as "
+        "wrong values (every element as the first). Either install numpy < 2 in that environment "
+        "(pip install 'numpy<2'), or serve on the native request path, the default (leave "
+        f"out --request-path python and unset {REQUEST_PATH_ENV})."
+    )
 
 
 def _install(src: Path, dst: Path) -> None:
@@ -343,10 +447,21 @@ class TritonServer:
         env.update(self.extra_env)
         return env
 
+    def check_request_path(self) -> None:
+        """Refuse a request path that cannot serve with this server's environment
+        (:class:`~triton_rec.errors.RequestPathUnavailable`): the Python path where its stub
+        cannot read the environment's numpy (:func:`check_python_request_path`). The native
+        path has nothing to check."""
+        if self.request_path == "python":
+            check_python_request_path(self.environment())
+
     def launch(self, die_with_parent: bool = False) -> TritonServer:
         """Start the server process (in its own session: its process group is its pid)
         and, with ``supervise``, its supervisor; does not wait. ``die_with_parent``: the
-        server gets SIGTERM (a graceful stop) if this process dies first."""
+        server gets SIGTERM (a graceful stop) if this process dies first. Raises
+        :class:`~triton_rec.errors.RequestPathUnavailable` before starting anything where
+        :meth:`check_request_path` refuses."""
+        self.check_request_path()
         prepare_backend_dir(self.backend_dir, self.request_path)
         out: Union[int, IO[bytes], None] = subprocess.DEVNULL
         err: Optional[int] = subprocess.STDOUT
@@ -559,9 +674,14 @@ def main(argv=None) -> int:
         backend_dir=args.backend_directory,
         request_path=args.request_path,
     )
-    if args.print_command:
-        print(" ".join(server.command()))
-        return 0
+    try:
+        if args.print_command:
+            print(" ".join(server.command()))
+            return 0
+        server.check_request_path()
+    except TritonRecError as e:  # no wheel, or a request path that cannot serve here
+        print(f"triton-rec-server: {e}", file=sys.stderr)
+        return 2
     return serve(server)
 
 
