@@ -6,9 +6,19 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp src/native/kernels/*.cu src/triton_backend/*.cpp src/triton_backend/*.h src/triton_backend/*.hpp)
-# Debian packages: libpython3.11 (the Triton Python stub links it), libb64-0d (perf_analyzer),
-# redis-server + openssl (the Redis Cluster tier and its tests).
-APT_PACKAGES ?= libpython3.11 libb64-0d redis-server openssl
+# libpython3.X.so.1.0 of the Python in use (the venv's, else $(PYTHON)): the Triton Python stub
+# and the native backend link it. An interpreter built with --enable-shared (pyenv, uv, conda,
+# a CUDA image's venv) brings its own, which the launcher puts first on the stub's library
+# path (triton_rec.triton.runtime.python_library_dir); one that has none needs the Debian/Ubuntu
+# package named after its version (libpython3.11 for Debian 12's python3, libpython3.12, ...).
+PY_IN_USE := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+LIBPYTHON_PACKAGE := $(shell $(PY_IN_USE) -c 'import os, sys, sysconfig as c; \
+  d, so = c.get_config_var("LIBDIR") or "", c.get_config_var("INSTSONAME") or ""; \
+  own = ".so" in so and os.path.exists(os.path.join(d, so)); \
+  print("" if own else "libpython%d.%d" % sys.version_info[:2])' 2>/dev/null)
+# Debian packages: $(LIBPYTHON_PACKAGE) (above; none when the interpreter has its own),
+# libb64-0d (perf_analyzer), redis-server + openssl (the Redis Cluster tier and its tests).
+APT_PACKAGES ?= $(LIBPYTHON_PACKAGE) libb64-0d redis-server openssl
 
 .PHONY: all install system-deps triton demo serve lint test unit e2e bench perf clean
 
