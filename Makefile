@@ -4,7 +4,12 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# The project's extras installed into the venv, resolved together; on a GPU node add gpu
+# (CUDA 12) or gpu-cuda13 (docs/operations.md, "On a GPU node"):
+#   make serve EXTRAS=server,test,tiers,lint,gpu
+EXTRAS ?= server,test,tiers,lint
+comma  := ,
+STAMP  := $(VENV)/.installed-$(subst $(comma),+,$(EXTRAS))
 NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp src/native/kernels/*.cu src/triton_backend/*.cpp src/triton_backend/*.h src/triton_backend/*.hpp)
 # libpython3.X.so.1.0 of the Python in use (the venv's, else $(PYTHON)): the Triton Python stub
 # and the native backend link it. An interpreter built with --enable-shared (pyenv, uv, conda,
@@ -36,7 +41,7 @@ $(STAMP): pyproject.toml CMakeLists.txt $(NATIVE)
 	$(MAKE) system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[server,test,tiers,lint]'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
 install: $(STAMP)
