@@ -25,7 +25,7 @@ LIBPYTHON_PACKAGE := $(shell $(PY_IN_USE) -c 'import os, sys, sysconfig as c; \
 # libb64-0d (perf_analyzer), redis-server + openssl (the Redis Cluster tier and its tests).
 APT_PACKAGES ?= $(LIBPYTHON_PACKAGE) libb64-0d redis-server openssl
 
-.PHONY: all install system-deps triton demo serve lint test unit e2e bench perf clean
+.PHONY: all install system-deps triton demo serve lint test unit e2e bench perf clean gpu-check
 
 all: install
 
@@ -88,3 +88,17 @@ perf: $(STAMP)
 
 clean:
 	rm -rf build $(VENV) model_repository/*/1/*.model
+
+# On a machine with a GPU: the GPU tests (tests/gpu, `pytest -m gpu`: kernels against the
+# numpy reference, CUDA IPC between processes, device tables, dense graphs, served models on
+# both request paths), then the GPU benchmark with its floors. GPU_PY: a Python whose
+# environment has this project (pip install -e .), CuPy and NVRTC (the gpu extra); GPU_OUT:
+# where the logs and the JSON go. Does not install anything (a GPU node may have no network:
+# docs/operations.md, "On a GPU node").
+GPU_PY  ?= $(PY)
+GPU_OUT ?= benchmarks/out
+gpu-check: SHELL := /bin/bash
+gpu-check:
+	mkdir -p $(GPU_OUT)
+	set -o pipefail; $(GPU_PY) -m pytest -m gpu tests/gpu -q -rfE 2>&1 | tee $(GPU_OUT)/gpu_tests.log
+	set -o pipefail; $(GPU_PY) benchmarks/bench_gpu.py --json $(GPU_OUT)/bench_gpu.json 2>&1 | tee $(GPU_OUT)/bench_gpu.log

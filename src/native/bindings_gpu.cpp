@@ -276,11 +276,9 @@ class DeviceTable {
     bytes_ = gpu::align256(ib) + vb;
   }
   ~DeviceTable() {
+    k_->device().make_current();
     if (host_ != nullptr) gpu::PinnedRegistry::get().free(host_);
-    if (dev_ != 0) {
-      k_->device().make_current();
-      cu::Driver::get().cuMemFree(dev_);
-    }
+    if (dev_ != 0) cu::Driver::get().cuMemFree(dev_);
   }
 
   // keys -> out [n, dim], status [n] (1 found, 0 absent: default value); returns absent.
@@ -355,15 +353,21 @@ class CudaGraph {
 // Page-locked host memory of ours (lookups copy straight to and from it), as a buffer.
 class PinnedMemory {
  public:
-  explicit PinnedMemory(size_t bytes) : bytes_(bytes) {
+  PinnedMemory(size_t bytes, int device) : bytes_(bytes) {
     py::gil_scoped_release release;
+    dev_ = std::make_shared<cu::Device>(device);
+    dev_->make_current();
     p_ = gpu::PinnedRegistry::get().alloc(bytes);
   }
-  ~PinnedMemory() { gpu::PinnedRegistry::get().free(p_); }
+  ~PinnedMemory() {
+    dev_->make_current();
+    gpu::PinnedRegistry::get().free(p_);
+  }
   void* data() const { return p_; }
   size_t size() const { return bytes_; }
 
  private:
+  std::shared_ptr<cu::Device> dev_;
   void* p_;
   size_t bytes_;
 };
@@ -483,7 +487,11 @@ void register_gpu(py::module_& m) {
 
   py::class_<GpuKernels, std::shared_ptr<GpuKernels>>(
       m, "GpuKernels", "The kernels (PTX of cache_kernels.cu) loaded on one device.")
-      .def(py::init<int, const std::string&>(), py::arg("device"), py::arg("ptx"))
+      .def(py::init([](int device, const py::bytes& image) {
+             return std::make_shared<GpuKernels>(device, std::string(image));
+           }),
+           py::arg("device"), py::arg("image"),
+           "image: the module (cubin, or PTX) of triton_rec.gpu.kernels.image")
       .def_property_readonly("device", [](const GpuKernels& k) { return k.device().ordinal(); });
 
   py::class_<DeviceCache>(m, "DeviceCache", "The device cache's kernels on its state arrays.")
@@ -546,7 +554,7 @@ void register_gpu(py::module_& m) {
 
   py::class_<PinnedMemory>(m, "PinnedMemory", py::buffer_protocol(),
                            "Page-locked host memory; lookups copy straight to and from it.")
-      .def(py::init<size_t>(), py::arg("nbytes"))
+      .def(py::init<size_t, int>(), py::arg("nbytes"), py::arg("device") = 0)
       .def_buffer([](PinnedMemory& p) {
         return py::buffer_info(p.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(p.size())}, {1});

@@ -33,11 +33,12 @@ using cuda::Driver;
 // The kernels of one module (the PTX of cache_kernels.cu), loaded on one device.
 class Kernels {
  public:
-  Kernels(std::shared_ptr<cuda::Device> device, const std::string& ptx)
+  // `image`: cubin, or PTX (NUL-terminated: std::string's c_str)
+  Kernels(std::shared_ptr<cuda::Device> device, const std::string& image)
       : device_(std::move(device)) {
     const Driver& d = Driver::get();
     device_->make_current();
-    d.check(d.cuModuleLoadData(&module_, ptx.c_str()), "cuModuleLoadData (the kernels' PTX)");
+    d.check(d.cuModuleLoadData(&module_, image.c_str()), "cuModuleLoadData (the kernels)");
     get(&query, "trec_cache_query");
     get(&write, "trec_cache_write");
     get(&clear, "trec_cache_clear");
@@ -118,10 +119,13 @@ class PinnedRegistry {
     static PinnedRegistry r;
     return r;
   }
+  // (a context current on the calling thread) Portable and mapped: every context may copy
+  // from it, and a kernel may read it (uvm tables).
   void* alloc(size_t bytes) {
     void* p = nullptr;
-    Driver::get().check(Driver::get().cuMemHostAlloc(&p, std::max<size_t>(bytes, 1),
-                                                     cuda::CU_MEMHOSTALLOC_PORTABLE),
+    Driver::get().check(Driver::get().cuMemHostAlloc(
+                            &p, std::max<size_t>(bytes, 1),
+                            cuda::CU_MEMHOSTALLOC_PORTABLE | cuda::CU_MEMHOSTALLOC_DEVICEMAP),
                         "cuMemHostAlloc");
     std::lock_guard<std::mutex> lock(mu_);
     ranges_[reinterpret_cast<uintptr_t>(p)] = bytes;

@@ -27,6 +27,15 @@ def test_kernels_compile_to_ptx_for_each_architecture(arch):
         assert re.search(rf"\.entry {name}\(", ptx), name
 
 
+@pytest.mark.parametrize("cc", kernels.CI_ARCHS)
+def test_a_device_gets_machine_code_for_its_own_architecture(cc):
+    # cubin (an ELF image) loads on any driver that knows the architecture; PTX only on
+    # a driver at least as new as the NVRTC that made it
+    assert nvrtc.has_cubin()
+    assert kernels.image(cc)[:4] == b"\x7fELF"
+    assert kernels.image(cc + 1 if cc + 1 not in nvrtc.supported_archs() else 999)[:4] != b"\x7fELF"
+
+
 def test_a_kernel_that_does_not_compile_is_refused_with_the_compilers_log():
     with pytest.raises(nvrtc.NvrtcError, match="(?s)broken.cu does not compile.*undefined_thing"):
         nvrtc.compile_ptx("__global__ void k() { undefined_thing(); }", "broken.cu", 80)

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: Tuple[Set[str], ...] = (
     {"errors"},  # the root of every error the engine raises
     {"", "_native", "util", "precision"},  # __init__, the C++ core, small helpers, row encodings
+    {"gpu"},  # the GPU kernels: NVRTC, compiled and loaded on a device through _native
     {"config"},  # ps.json, config.pbtxt, model files
     {"formats"},  # readers/writers of trained-model files
     {"storage"},  # tables, the node-local store, Redis/RocksDB tiers

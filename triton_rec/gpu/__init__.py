@@ -7,8 +7,9 @@
   headers they share with the native core, embedded in ``_native`` at build time), compiled
   for a device or an architecture, cached; :func:`~triton_rec.gpu.kernels.load_kernels`
   loads them on a device for the engine (``_native.GpuKernels``).
-- :mod:`triton_rec.gpu.dense_graph`: a HugeCTR network's forward pass captured as one
-  CUDA graph per batch-size bucket.
+
+(A HugeCTR network's forward pass captured as CUDA graphs is a dense executor:
+:mod:`triton_rec.dense.graphs`.)
 
 The kernels run through the CUDA driver API that ``_native`` loads at run time
 (``src/native/cuda_driver.hpp``); CuPy allocates the device arrays and shares them

@@ -5,9 +5,11 @@ native core (``hd.hpp``, ``array_cache_rules.hpp``: the per-key and per-set rule
 twin runs too), embedded in ``_native`` when it is built (``_native.GPU_KERNEL_SOURCES``),
 so an installed wheel and a checkout compile exactly what the native core was built with.
 
-PTX is made for the virtual architecture of the device (its compute capability, or the
-newest NVRTC knows below it): the driver finishes the compilation at load. CI compiles
-for :data:`CI_ARCHS` with no device (tests/unit/test_gpu_kernels.py).
+On a device the kernels are compiled to machine code (cubin) for its architecture when
+NVRTC knows it (:func:`image`): a driver loads that whatever PTX version it understands,
+so an NVRTC newer than the driver's CUDA still works; else to PTX for the newest virtual
+architecture below the device, which the driver compiles at load. CI compiles PTX for
+:data:`CI_ARCHS` with no device (tests/unit/test_gpu_kernels.py).
 """
 
 from __future__ import annotations
@@ -57,13 +59,28 @@ def arch_for(compute_capability: int) -> int:
     return max(usable)
 
 
+def _program():
+    src = sources()
+    main = main_file()
+    return src[main], main, {name: text for name, text in src.items() if name != main}
+
+
 @functools.cache
 def ptx(arch: int) -> str:
     """The kernels compiled to PTX for ``compute_<arch>`` (cached per process)."""
-    src = sources()
-    main = main_file()
-    headers = {name: text for name, text in src.items() if name != main}
-    return nvrtc.compile_ptx(src[main], main, int(arch), headers)
+    source, main, headers = _program()
+    return nvrtc.compile_ptx(source, main, int(arch), headers)
+
+
+@functools.cache
+def image(compute_capability: int) -> bytes:
+    """What a device of ``compute_capability`` loads: cubin for ``sm_<cc>`` when this NVRTC
+    compiles for it, else the PTX of :func:`arch_for` (cached per process)."""
+    cc = int(compute_capability)
+    if nvrtc.has_cubin() and cc in nvrtc.supported_archs():
+        source, main, headers = _program()
+        return nvrtc.compile_cubin(source, main, cc, headers)
+    return ptx(arch_for(cc)).encode()
 
 
 def device_info(device: int) -> dict:
@@ -79,13 +96,12 @@ def load_kernels(device: int):
     with _lock:
         k = _loaded.get(device)
         if k is None:
-            arch = arch_for(device_info(device)["compute_capability"])
-            k = _native.GpuKernels(device, ptx(arch))
+            k = _native.GpuKernels(device, image(device_info(device)["compute_capability"]))
             _loaded[device] = k
         return k
 
 
-def plan_ptx(device: int) -> str:
-    """The PTX a native backend instance on ``device`` loads (the same as
+def plan_image(device: int) -> bytes:
+    """The module a native backend instance on ``device`` loads (the same as
     :func:`load_kernels`'s)."""
-    return ptx(arch_for(device_info(int(device))["compute_capability"]))
+    return image(device_info(int(device))["compute_capability"])

@@ -86,6 +86,14 @@ def _declare(lib: ctypes.CDLL) -> None:
     for f in ("nvrtcGetNumSupportedArchs", "nvrtcGetSupportedArchs"):
         if hasattr(lib, f):
             getattr(lib, f).argtypes = [ctypes.POINTER(c_int)]
+    if hasattr(lib, "nvrtcGetCUBIN"):  # NVRTC 11.1+
+        lib.nvrtcGetCUBINSize.argtypes = [p, ctypes.POINTER(c_size)]
+        lib.nvrtcGetCUBIN.argtypes = [p, ctypes.c_char_p]
+
+
+def has_cubin() -> bool:
+    """Whether this NVRTC compiles to SASS (cubin) as well as PTX (11.1 and newer)."""
+    return hasattr(_library()[0], "nvrtcGetCUBIN")
 
 
 def library_path() -> str:
@@ -137,6 +145,23 @@ def compile_ptx(
     virtual architecture ``compute_<arch>`` (e.g. 90). ``headers`` maps the names its
     ``#include "..."`` lines use to their text. Raises NvrtcError with the compiler's log
     when it does not compile."""
+    return _compile(source, name, f"compute_{int(arch)}", headers, options, False).decode()
+
+
+def compile_cubin(
+    source: str,
+    name: str,
+    arch: int,
+    headers: Optional[Dict[str, str]] = None,
+    options: Sequence[str] = (),
+) -> bytes:
+    """As :func:`compile_ptx`, to machine code (cubin) for ``sm_<arch>``: a driver loads it
+    as it is, whatever PTX version it understands (PTX from an NVRTC newer than the
+    driver's CUDA would not load)."""
+    return _compile(source, name, f"sm_{int(arch)}", headers, options, True)
+
+
+def _compile(source, name, target, headers, options, cubin: bool) -> bytes:
     lib = _library()[0]
     headers = dict(headers or {})
     prog = ctypes.c_void_p()
@@ -154,7 +179,7 @@ def compile_ptx(
         "nvrtcCreateProgram",
     )
     try:
-        opts = [f"--gpu-architecture=compute_{int(arch)}", "--std=c++17", *options]
+        opts = [f"--gpu-architecture={target}", "--std=c++17", *options]
         result = lib.nvrtcCompileProgram(prog, len(opts), _strings(opts))
         size = ctypes.c_size_t()
         lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
@@ -162,12 +187,17 @@ def compile_ptx(
         lib.nvrtcGetProgramLog(prog, log)
         if result != 0:
             raise NvrtcError(
-                f"{name} does not compile for compute_{arch} "
+                f"{name} does not compile for {target} "
                 f"(NVRTC {'.'.join(map(str, version()))}):\n{log.value.decode(errors='replace')}"
             )
-        _check(lib, lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "nvrtcGetPTXSize")
-        ptx = ctypes.create_string_buffer(size.value)
-        _check(lib, lib.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
-        return ptx.value.decode()
+        get_size, get = (
+            (lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN)
+            if cubin
+            else (lib.nvrtcGetPTXSize, lib.nvrtcGetPTX)
+        )
+        _check(lib, get_size(prog, ctypes.byref(size)), "nvrtcGet(PTX|CUBIN)Size")
+        image = ctypes.create_string_buffer(size.value)
+        _check(lib, get(prog, image), "nvrtcGet(PTX|CUBIN)")
+        return image.raw.rstrip(b"\0") if not cubin else image.raw
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
