@@ -102,3 +102,4 @@ gpu-check:
 	mkdir -p $(GPU_OUT)
 	set -o pipefail; $(GPU_PY) -m pytest -m gpu tests/gpu -q -rfE 2>&1 | tee $(GPU_OUT)/gpu_tests.log
 	set -o pipefail; $(GPU_PY) benchmarks/bench_gpu.py --json $(GPU_OUT)/bench_gpu.json 2>&1 | tee $(GPU_OUT)/bench_gpu.log
+	set -o pipefail; $(GPU_PY) benchmarks/bench_gpu_served.py --json $(GPU_OUT)/bench_gpu_served.json 2>&1 | tee $(GPU_OUT)/bench_gpu_served.log

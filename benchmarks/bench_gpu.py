@@ -150,10 +150,13 @@ def lookup_size(cupy, args, m, ask, dim, cache, table, floor, index, rows) -> di
     }
     for fn in impls.values():  # warm, and every answer checked against the CPU path
         fn()
-    for name in ("floor", "cache", "table"):
+    for name in ("floor", "table"):
         assert np.array_equal(outs[name][0], cpu_out), f"{name} answers wrongly"
     cache.query_host(k_pin, outs["cache"][0], status)
-    hit_rate = float(np.count_nonzero(status == 1) / m)
+    hit = status == 1  # a set-associative cache drops keys of over-full sets: misses
+    hit_rate = float(np.count_nonzero(hit) / m)
+    assert np.array_equal(outs["cache"][0][hit], cpu_out[hit]), "the cache answers wrongly"
+    assert hit_rate > 0.97, hit_rate
     reps = max(1, int(2e5 // m))
     times: dict = {k: [] for k in impls}
     for r in range(args.rounds):
@@ -189,7 +192,7 @@ def dense_section(cupy, args) -> dict:
     cpu_net = HugeCTRNetwork.load(net_json, dense_file)
     native = _native.DenseNet(cpu_net.native_program(), cpu_net)
     gpu_net = HugeCTRNetwork.load(net_json, dense_file, xp=cupy)
-    graphs = DenseGraphs(gpu_net, max(args.batches), 0)
+    graphs = DenseGraphs.load(net_json, dense_file, None, max(args.batches), 0)
     rng = np.random.default_rng(2)
     out = {}
     for b in args.batches:

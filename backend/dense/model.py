@@ -65,6 +65,7 @@ class TritonPythonModel:
                 model_parameter(config, "config"),
                 settings.intra_op_threads,
                 placement.xp,
+                placement.device,
             )
             self.session = DenseSession(self.model_name, dense, params.max_batch_size, params)
         except TritonRecError as e:

@@ -3,6 +3,7 @@
 // networks, pinned memory. Everything that touches a GPU goes through the driver API
 // loaded at run time (cuda_driver.hpp): this module builds and imports on machines
 // without CUDA, and says why when asked for a GPU there.
+#include <dlfcn.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -67,35 +68,22 @@ const uint8_t* rows_of(const py::array& rows, int64_t n, int64_t row_bytes) {
 
 xc::View make_view(py::dict a, int64_t num_sets, int64_t ways, int64_t dim, int64_t precision,
                    int64_t policy, int64_t sketch_width) {
-  if (num_sets < 1 || ways < 1 || ways > xc::kMaxWays || dim < 1 || precision < 0 ||
-      precision > 2 || policy < 0 || policy > 1) {
-    throw py::value_error("bad cache geometry");
-  }
   auto addr = [&](const char* k) -> uintptr_t {
-    if (!a.contains(k)) return 0;
-    return a[k].cast<uintptr_t>();
+    return a.contains(k) ? a[k].cast<uintptr_t>() : uintptr_t{0};
   };
-  xc::View v{};
-  v.keys = reinterpret_cast<int64_t*>(addr("keys"));
-  v.valid = reinterpret_cast<uint8_t*>(addr("valid"));
-  v.ticks = reinterpret_cast<int64_t*>(addr("ticks"));
-  v.vectors = reinterpret_cast<uint8_t*>(addr("vectors"));
-  v.seq = reinterpret_cast<int64_t*>(addr("seq"));
-  v.meta = reinterpret_cast<int64_t*>(addr("meta"));
-  v.sketch = reinterpret_cast<uint8_t*>(addr("sketch"));
-  if (!v.keys || !v.valid || !v.ticks || !v.vectors || !v.seq || !v.meta ||
-      (policy == xc::kPolicyTinyLfu && (!v.sketch || sketch_width < 64))) {
-    throw py::value_error("cache view: a state array address is missing");
+  gpu::StateAddresses s;
+  s.keys = addr("keys");
+  s.valid = addr("valid");
+  s.ticks = addr("ticks");
+  s.vectors = addr("vectors");
+  s.seq = addr("seq");
+  s.meta = addr("meta");
+  s.sketch = addr("sketch");
+  try {
+    return gpu::make_view(s, num_sets, ways, dim, precision, policy, sketch_width);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
   }
-  v.num_sets = num_sets;
-  v.ways = ways;
-  v.dim = dim;
-  v.row_bytes = tr::encoded_row_bytes(static_cast<uint32_t>(precision), dim);
-  v.sketch_width = policy == xc::kPolicyTinyLfu ? sketch_width : 0;
-  v.slots = num_sets * ways;
-  v.precision = precision;
-  v.policy = policy;
-  return v;
 }
 
 struct CacheView {
@@ -305,6 +293,34 @@ class DeviceTable {
     return absent;
   }
 
+  // Overwrites rows row_ids[i] with rows[i] (online updates of a table held whole).
+  void write_rows(const py::array& row_ids, const py::array& rows) {
+    if (row_ids.ndim() != 1) throw py::value_error("row_ids must be 1-D");
+    const auto* ids = data_of<int64_t>(row_ids, "row_ids", 'i', 8, false);
+    const int64_t n = row_ids.shape(0);
+    const int64_t rb = tr::encoded_row_bytes(static_cast<uint32_t>(t_.precision), t_.dim);
+    const uint8_t* src = rows_of(rows, n, rb);
+    for (int64_t i = 0; i < n; ++i) {
+      if (ids[i] < 0 || ids[i] >= t_.rows) throw py::value_error("row id outside the table");
+    }
+    py::gil_scoped_release release;
+    k_->device().make_current();
+    const auto base = reinterpret_cast<uintptr_t>(t_.vectors);
+    if (uvm_) {  // pinned host memory: the device reads it where it is
+      char* vectors = host_ + (base - base_);
+      for (int64_t i = 0; i < n; ++i) std::memcpy(vectors + ids[i] * rb, src + i * rb, rb);
+      return;
+    }
+    auto lease = k_->take();
+    const gpu::Lane::Parts parts{static_cast<size_t>(n * rb)};
+    char* h = lease.lane->host(parts);
+    std::memcpy(h, src, static_cast<size_t>(n * rb));
+    for (int64_t i = 0; i < n; ++i) {
+      lease.lane->to_device(base + ids[i] * rb, h + i * rb, static_cast<size_t>(rb));
+    }
+    lease.lane->sync();
+  }
+
   py::dict plan() const {
     py::dict d;
     d["slots"] = reinterpret_cast<uintptr_t>(t_.slots);
@@ -348,6 +364,96 @@ class CudaGraph {
   std::shared_ptr<cu::Device> dev_;
   cu::CUgraph graph_;
   cu::CUgraphExec exec_;
+};
+
+// cuBLAS, loaded at run time from the library the caller names (the one CuPy loaded):
+// float32 GEMMs on a stream of the caller's, so that a stream capture records them (CuPy
+// refuses cuBLAS calls while its stream is capturing; cuBLAS itself supports capture).
+// Row-major C [m, n] = A [m, k] B [k, n] is the column-major C^T = B^T A^T. One handle
+// per object: one thread at a time.
+class Cublas {
+ public:
+  Cublas(const std::string& library, int device) {
+    lib_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib_ == nullptr) {
+      const char* why = dlerror();
+      throw cu::CudaError("cannot load cuBLAS (" + library + "): " + (why ? why : "?"));
+    }
+    sym(create_, "cublasCreate_v2");
+    sym(destroy_, "cublasDestroy_v2");
+    sym(set_stream_, "cublasSetStream_v2");
+    sym(sgemm_, "cublasSgemm_v2");
+    sym(sgemm_batched_, "cublasSgemmStridedBatched");
+    set_workspace_ = reinterpret_cast<SetWorkspace>(dlsym(lib_, "cublasSetWorkspace_v2"));
+    dev_ = std::make_shared<cu::Device>(device);
+    dev_->make_current();
+    check(create_(&handle_), "cublasCreate");
+    if (set_workspace_ != nullptr) {  // no allocation inside a capture (cuBLAS's advice)
+      const size_t bytes = size_t{32} << 20;
+      workspace_.reserve(bytes);
+      check(set_workspace_(handle_, reinterpret_cast<void*>(workspace_.ptr()), bytes),
+            "cublasSetWorkspace");
+    }
+  }
+  ~Cublas() {
+    dev_->make_current();
+    if (handle_ != nullptr) destroy_(handle_);
+  }
+
+  // C [m, n] = A [m, k] B [k, n], float32 row-major, device addresses, on `stream`
+  void sgemm(uintptr_t stream, int64_t m, int64_t n, int64_t k, uintptr_t a, uintptr_t b,
+             uintptr_t c) {
+    prepare(stream);
+    const float one = 1.0f, zero = 0.0f;
+    check(sgemm_(handle_, 0, 0, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one,
+                 reinterpret_cast<const float*>(b), static_cast<int>(n),
+                 reinterpret_cast<const float*>(a), static_cast<int>(k), &zero,
+                 reinterpret_cast<float*>(c), static_cast<int>(n)),
+          "cublasSgemm");
+  }
+  // batch x (C [m, n] = A [m, k] B [k, n]), each operand contiguous after the other
+  void sgemm_batched(uintptr_t stream, int64_t batch, int64_t m, int64_t n, int64_t k, uintptr_t a,
+                     uintptr_t b, uintptr_t c) {
+    prepare(stream);
+    const float one = 1.0f, zero = 0.0f;
+    check(sgemm_batched_(
+              handle_, 0, 0, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one,
+              reinterpret_cast<const float*>(b), static_cast<int>(n), static_cast<long long>(k * n),
+              reinterpret_cast<const float*>(a), static_cast<int>(k), static_cast<long long>(m * k),
+              &zero, reinterpret_cast<float*>(c), static_cast<int>(n),
+              static_cast<long long>(m * n), static_cast<int>(batch)),
+          "cublasSgemmStridedBatched");
+  }
+
+ private:
+  using Handle = void*;
+  using SetWorkspace = int (*)(Handle, void*, size_t);
+  template <class F>
+  void sym(F& f, const char* name) {
+    f = reinterpret_cast<F>(dlsym(lib_, name));
+    if (f == nullptr) throw cu::CudaError(std::string("cuBLAS has no ") + name);
+  }
+  static void check(int status, const char* what) {
+    if (status != 0)
+      throw cu::CudaError(std::string(what) + " failed: cuBLAS status " + std::to_string(status));
+  }
+  void prepare(uintptr_t stream) {
+    dev_->make_current();
+    check(set_stream_(handle_, reinterpret_cast<void*>(stream)), "cublasSetStream");
+  }
+  void* lib_ = nullptr;
+  Handle handle_ = nullptr;
+  std::shared_ptr<cu::Device> dev_;
+  gpu::DeviceBuffer workspace_;
+  int (*create_)(Handle*) = nullptr;
+  int (*destroy_)(Handle) = nullptr;
+  int (*set_stream_)(Handle, void*) = nullptr;
+  int (*sgemm_)(Handle, int, int, int, int, int, const float*, const float*, int, const float*, int,
+                const float*, float*, int) = nullptr;
+  int (*sgemm_batched_)(Handle, int, int, int, int, int, const float*, const float*, int, long long,
+                        const float*, int, long long, const float*, float*, int, long long,
+                        int) = nullptr;
+  SetWorkspace set_workspace_ = nullptr;
 };
 
 // Page-locked host memory of ours (lookups copy straight to and from it), as a buffer.
@@ -515,6 +621,7 @@ void register_gpu(py::module_& m) {
            py::arg("kernels"), py::arg("index"), py::arg("vectors"), py::arg("precision"),
            py::arg("dim"), py::arg("default_value"), py::arg("mode"))
       .def("lookup", &DeviceTable::lookup, py::arg("keys"), py::arg("out"), py::arg("status"))
+      .def("write_rows", &DeviceTable::write_rows, py::arg("row_ids"), py::arg("rows"))
       .def("plan", &DeviceTable::plan)
       .def_property_readonly("nbytes", &DeviceTable::nbytes)
       .def_property_readonly("uvm", &DeviceTable::uvm);
@@ -551,6 +658,13 @@ void register_gpu(py::module_& m) {
           py::arg("device"), py::arg("stream"))
       .def("launch", &CudaGraph::launch, py::arg("stream"))
       .def_property_readonly("exec", &CudaGraph::exec);
+
+  py::class_<Cublas>(m, "Cublas", "float32 GEMMs through cuBLAS on a caller's stream (capturable).")
+      .def(py::init<const std::string&, int>(), py::arg("library"), py::arg("device"))
+      .def("sgemm", &Cublas::sgemm, py::arg("stream"), py::arg("m"), py::arg("n"), py::arg("k"),
+           py::arg("a"), py::arg("b"), py::arg("c"))
+      .def("sgemm_batched", &Cublas::sgemm_batched, py::arg("stream"), py::arg("batch"),
+           py::arg("m"), py::arg("n"), py::arg("k"), py::arg("a"), py::arg("b"), py::arg("c"));
 
   py::class_<PinnedMemory>(m, "PinnedMemory", py::buffer_protocol(),
                            "Page-locked host memory; lookups copy straight to and from it.")

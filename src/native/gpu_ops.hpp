@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -242,6 +243,42 @@ class Lane {
   PinnedBuffer host_;
 };
 
+// The device cache's state view from its arrays' addresses and its geometry (what
+// ArrayEmbeddingCache.native_plan hands over); std::invalid_argument when inconsistent.
+struct StateAddresses {
+  uintptr_t keys = 0, valid = 0, ticks = 0, vectors = 0, seq = 0, meta = 0, sketch = 0;
+};
+
+inline xcache::View make_view(const StateAddresses& a, int64_t num_sets, int64_t ways, int64_t dim,
+                              int64_t precision, int64_t policy, int64_t sketch_width) {
+  if (num_sets < 1 || ways < 1 || ways > xcache::kMaxWays || dim < 1 || precision < 0 ||
+      precision > 2 || policy < 0 || policy > 1) {
+    throw std::invalid_argument("device cache: bad geometry");
+  }
+  if (!a.keys || !a.valid || !a.ticks || !a.vectors || !a.seq || !a.meta ||
+      (policy == xcache::kPolicyTinyLfu &&
+       (!a.sketch || sketch_width < 64 || (sketch_width & (sketch_width - 1))))) {
+    throw std::invalid_argument("device cache: a state array address is missing");
+  }
+  xcache::View v{};
+  v.keys = reinterpret_cast<int64_t*>(a.keys);
+  v.valid = reinterpret_cast<uint8_t*>(a.valid);
+  v.ticks = reinterpret_cast<int64_t*>(a.ticks);
+  v.vectors = reinterpret_cast<uint8_t*>(a.vectors);
+  v.seq = reinterpret_cast<int64_t*>(a.seq);
+  v.meta = reinterpret_cast<int64_t*>(a.meta);
+  v.sketch = policy == xcache::kPolicyTinyLfu ? reinterpret_cast<uint8_t*>(a.sketch) : nullptr;
+  v.num_sets = num_sets;
+  v.ways = ways;
+  v.dim = dim;
+  v.row_bytes = encoded_row_bytes(static_cast<uint32_t>(precision), dim);
+  v.sketch_width = policy == xcache::kPolicyTinyLfu ? sketch_width : 0;
+  v.slots = num_sets * ways;
+  v.precision = precision;
+  v.policy = policy;
+  return v;
+}
+
 // What a table of a lookup is on the device: the cache (its state view) or a whole table
 // (static: device memory; uvm: pinned host memory the device maps), in the node store's
 // index layout (hash_index.hpp).
@@ -381,6 +418,11 @@ inline int64_t clear_or_repair(Lane& lane, const xcache::View& view, bool clear)
   lane.to_host(h, d, parts.total);
   lane.sync();
   return reinterpret_cast<const int64_t*>(h)[xcache::kWRecovered];
+}
+
+// A captured graph (the dense network of a batch bucket) on the lane's stream.
+inline void launch_graph(Lane& lane, cuda::CUgraphExec graph) {
+  Driver::get().check(Driver::get().cuGraphLaunch(graph, lane.stream()), "cuGraphLaunch");
 }
 
 // HugeCTR's slot combiner on the device: out [segments, dim] from vectors by ptr (device).

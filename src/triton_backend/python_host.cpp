@@ -32,6 +32,7 @@
 #include "backend_util.hpp"
 #include "blas.hpp"
 #include "dense_net.hpp"
+#include "gpu_ops.hpp"
 #include "hash_index.hpp"
 #include "request_kernels.hpp"
 #include "shm_cache.hpp"
@@ -234,6 +235,10 @@ struct NativeTable {
   std::optional<tr::ShmCache> cache;  // the shared cache, when the table has one
   tr::IndexView index{nullptr, 0};
   tr::TableView vectors{nullptr, 0, {}};
+  // KIND_GPU: the device cache (misses by the engine's rules) or a whole table on the
+  // device (static, uvm)
+  bool device = false;
+  tr::gpu::LookupTarget target{};
 
   void count(Stat s, int64_t v) const { __atomic_fetch_add(stats + s, v, __ATOMIC_RELAXED); }
 };
@@ -256,9 +261,108 @@ struct NativePlan {
   int64_t limit_des = 0, limit_cat = 0, limit_rows = 0;  // elements of the largest valid request
   std::unique_ptr<tr::DenseNet> net;
   Ref program;  // the int64 program array the net was decoded from (kept alive)
+  // KIND_GPU: the kernels and this instance's stream with its staging; a hugectr model's
+  // dense network as CUDA graphs (DenseGraphs.native_plan): inputs, and per batch bucket
+  // (ascending) its size, graph and output
+  std::shared_ptr<tr::gpu::Kernels> kernels;
+  std::unique_ptr<tr::gpu::Lane> lane;
+  struct Bucket {
+    int64_t batch;
+    tr::cuda::CUgraphExec graph;
+    tr::cuda::CUdeviceptr out;
+  };
+  std::vector<Bucket> buckets;
+  tr::cuda::CUdeviceptr dense_in = 0;
+  std::vector<tr::cuda::CUdeviceptr> emb_in;
+  bool gpu() const { return kernels != nullptr; }
 };
 
 int64_t as_int(PyObject* o) { return o != nullptr ? PyLong_AsLongLong(o) : -1; }
+
+uintptr_t as_address(PyObject* o) {
+  return o != nullptr ? static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(o)) : 0;
+}
+
+// The "gpu" entry of a plan: the device and the kernels' module (bytes); this instance's
+// kernels and lane.
+void read_gpu(PyObject* gpu, NativePlan* plan) {
+  const int device = static_cast<int>(as_int(PyDict_GetItemString(gpu, "device")));
+  PyObject* image = PyDict_GetItemString(gpu, "image");
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (image == nullptr || PyBytes_AsStringAndSize(image, &data, &size) != 0) {
+    PyErr_Clear();
+    throw std::runtime_error("native plan: the GPU entry has no kernel image");
+  }
+  auto dev = std::make_shared<tr::cuda::Device>(device);
+  plan->kernels = std::make_shared<tr::gpu::Kernels>(dev, std::string(data, size));
+  plan->lane = std::make_unique<tr::gpu::Lane>(plan->kernels);
+}
+
+// A table's "device_cache" (ArrayEmbeddingCache.native_plan) or "device_table"
+// (DeviceTableCache.native_plan) entry.
+void read_device_table(PyObject* t, tr::Precision precision, NativeTable* nt) {
+  nt->device = true;
+  if (PyObject* c = PyDict_GetItemString(t, "device_cache")) {
+    PyObject* arrays = PyDict_GetItemString(c, "arrays");
+    auto addr = [&](const char* k) { return as_address(PyDict_GetItemString(arrays, k)); };
+    tr::gpu::StateAddresses a;
+    a.keys = addr("keys");
+    a.valid = addr("valid");
+    a.ticks = addr("ticks");
+    a.vectors = addr("vectors");
+    a.seq = addr("seq");
+    a.meta = addr("meta");
+    a.sketch = addr("sketch");
+    PyErr_Clear();  // no sketch: fine
+    auto num = [&](const char* k) { return as_int(PyDict_GetItemString(c, k)); };
+    nt->target.cache = true;
+    nt->target.view = tr::gpu::make_view(a, num("num_sets"), num("ways"), num("dim"),
+                                         num("precision"), num("policy"), num("sketch_width"));
+    if (nt->target.view.dim != nt->dim ||
+        nt->target.view.precision != static_cast<int64_t>(precision)) {
+      throw std::runtime_error("native plan: the device cache's vec_size or precision differs");
+    }
+    return;
+  }
+  PyObject* d = PyDict_GetItemString(t, "device_table");
+  if (d == nullptr) throw std::runtime_error("native plan: a GPU table has no device entry");
+  nt->target.cache = false;
+  tr::gpu::DeviceTable& tb = nt->target.table;
+  tb.slots = reinterpret_cast<const int64_t*>(as_address(PyDict_GetItemString(d, "slots")));
+  tb.capacity = static_cast<uint64_t>(as_int(PyDict_GetItemString(d, "capacity")));
+  tb.vectors = reinterpret_cast<const uint8_t*>(as_address(PyDict_GetItemString(d, "vectors")));
+  tb.rows = as_int(PyDict_GetItemString(d, "rows"));
+  tb.precision = static_cast<int64_t>(precision);
+  tb.dim = nt->dim;
+  tb.default_value = nt->default_value;
+  if (tb.slots == nullptr || tb.vectors == nullptr || tb.capacity < 16 ||
+      (tb.capacity & (tb.capacity - 1)) != 0) {
+    throw std::runtime_error("native plan: bad device table");
+  }
+}
+
+// A hugectr model's "dense_gpu" entry (DenseGraphs.native_plan).
+void read_dense_gpu(PyObject* g, NativePlan* plan) {
+  plan->dense_in = as_address(PyDict_GetItemString(g, "dense_in"));
+  PyObject* emb = PyDict_GetItemString(g, "emb_in");
+  for (Py_ssize_t i = 0; emb != nullptr && i < PyList_Size(emb); ++i) {
+    plan->emb_in.push_back(as_address(PyList_GetItem(emb, i)));
+  }
+  PyObject* buckets = PyDict_GetItemString(g, "buckets");
+  for (Py_ssize_t i = 0; buckets != nullptr && i < PyList_Size(buckets); ++i) {
+    PyObject* b = PyList_GetItem(buckets, i);
+    plan->buckets.push_back(
+        {as_int(PyTuple_GetItem(b, 0)),
+         reinterpret_cast<tr::cuda::CUgraphExec>(as_address(PyTuple_GetItem(b, 1))),
+         as_address(PyTuple_GetItem(b, 2))});
+  }
+  if (PyErr_Occurred()) throw std::runtime_error(python_error());
+  if (plan->dense_in == 0 || plan->emb_in.size() != plan->slots.size() || plan->buckets.empty() ||
+      plan->buckets.back().batch < plan->max_batch_size) {
+    throw std::runtime_error("native plan: bad GPU dense network");
+  }
+}
 
 // (address, size) tuple -> its two integers
 bool pair(PyObject* t, uintptr_t* a, int64_t* b) {
@@ -288,6 +392,8 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
   plan->max_batch_size = as_int(get("max_batch_size"));
   plan->device_id = static_cast<int32_t>(as_int(get("device_id")));
   plan->output = PyUnicode_AsUTF8(get("output"));
+  PyObject* gpu = PyDict_GetItemString(d, "gpu");
+  if (gpu != nullptr && gpu != Py_None) read_gpu(gpu, plan.get());
   PyObject* info = get("info_outputs");
   for (Py_ssize_t i = 0; i < PyList_Size(info); ++i) {
     plan->info_outputs.emplace_back(PyUnicode_AsUTF8(PyList_GetItem(info, i)));
@@ -306,6 +412,16 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
     plan->limit_des = as_int(PyDict_GetItemString(limits, "DES"));
     plan->limit_cat = as_int(PyDict_GetItemString(limits, "CATCOLUMN"));
     plan->limit_rows = as_int(PyDict_GetItemString(limits, "ROWINDEX"));
+    PyObject* dense_gpu = PyDict_GetItemString(d, "dense_gpu");
+    if (dense_gpu != nullptr && dense_gpu != Py_None) {
+      if (!plan->gpu()) throw std::runtime_error("native plan: a GPU network without kernels");
+      read_dense_gpu(dense_gpu, plan.get());
+    }
+  }
+  if (plan->hugectr && plan->gpu() && plan->buckets.empty()) {
+    throw std::runtime_error("native plan: GPU tables need the network on the GPU too");
+  }
+  if (plan->hugectr && plan->buckets.empty()) {
     PyObject* program = get("program");
     Py_buffer view;
     if (PyObject_GetBuffer(program, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
@@ -326,7 +442,7 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
         plan->net->num_tables() != plan->slots.size()) {
       throw std::runtime_error("native plan: the dense program disagrees with the model");
     }
-  } else {
+  } else if (!plan->hugectr) {
     plan->maxnum = ints("maxnum");
     int64_t per_sample = 0;
     for (int64_t m : plan->maxnum) per_sample += m;
@@ -344,7 +460,10 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
         static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(PyDict_GetItemString(t, "stats"))));
     uintptr_t addr = 0;
     int64_t n = 0;
-    if (PyObject* c = PyDict_GetItemString(t, "cache")) {
+    if (PyDict_GetItemString(t, "device_cache") != nullptr ||
+        PyDict_GetItemString(t, "device_table") != nullptr) {
+      read_device_table(t, precision, &nt);
+    } else if (PyObject* c = PyDict_GetItemString(t, "cache")) {
       if (!pair(c, &addr, &n)) throw std::runtime_error("native plan: bad cache address");
       nt.cache = tr::ShmCache::attach(reinterpret_cast<void*>(addr), static_cast<size_t>(n));
       if (static_cast<int64_t>(nt.cache->vec_size()) != nt.dim ||
@@ -364,6 +483,11 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
     }
     if (PyErr_Occurred()) throw std::runtime_error(python_error());
     plan->tables.push_back(nt);
+  }
+  for (const NativeTable& nt : plan->tables) {
+    if (nt.device != plan->gpu()) {
+      throw std::runtime_error("native plan: GPU and host tables mixed in one model");
+    }
   }
   const size_t per_table = plan->hugectr ? plan->slots.size() : plan->maxnum.size();
   if (plan->tables.size() != per_table || (plan->hugectr && plan->mean.size() != per_table)) {
@@ -694,6 +818,162 @@ void lookup_table(const InstanceState& st, size_t t, const int64_t* keys, int64_
   nt.count(kStoreNs, static_cast<int64_t>(now_ns() - t0));
 }
 
+// -- the GPU path (KIND_GPU): the instance's stream, keys in, one kernel per table --------
+
+// After table t's lookup on the GPU (its statuses and answers in host memory): the table's
+// statistics, and a cache's misses answered by the engine's rules (finish_query writes
+// their answers into `out`). Returns whether `out` changed.
+bool settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
+                      uint8_t* status, uint64_t ns, bool exact, Defaults* d) {
+  const NativeTable& nt = st.plan->tables[t];
+  int64_t hits = 0, corrupt = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    hits += status[i] == tr::xcache::kHit;
+    corrupt += status[i] == 3;
+  }
+  if (!nt.target.cache) {  // static / uvm: the whole table; what it lacks no tier holds
+    if (corrupt != 0) throw std::runtime_error("corrupt device table: a slot names no row");
+    const int64_t absent = n - hits;
+    d->not_found += absent;
+    if (absent) nt.count(kNotFound, absent);
+    nt.count(kLookups, n);
+    nt.count(kHits, hits);
+    nt.count(kMisses, absent);
+    nt.count(kCacheNs, static_cast<int64_t>(ns));
+    return false;
+  }
+  if (hits == n) {
+    nt.count(kLookups, n);
+    nt.count(kHits, n);
+    nt.count(kCacheNs, static_cast<int64_t>(ns));
+    return false;
+  }
+  for (int64_t i = 0; i < n; ++i) status[i] = status[i] == tr::xcache::kHit;  // torn: a miss
+  finish_query(st, t, keys, n, out, status, hits, ns, exact, d);
+  return true;
+}
+
+// An hps request on the GPU: keys[0..n_keys) of every table -> answer (floats), through
+// pinned staging: one copy in, one kernel per table, one copy out, one synchronization.
+void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const int32_t* counts,
+             int64_t floats, float* answer, bool exact, Defaults* d) {
+  const NativePlan& plan = *st.plan;
+  tr::gpu::Lane& lane = *plan.lane;
+  lane.enter();
+  const size_t kb = static_cast<size_t>(n_keys) * 8, fb = static_cast<size_t>(floats) * 4;
+  const tr::gpu::Lane::Parts parts{kb, fb, static_cast<size_t>(n_keys)};
+  char* h = lane.host(parts);
+  const tr::cuda::CUdeviceptr dv = lane.device(parts);
+  const size_t o1 = parts.offsets[1], o2 = parts.offsets[2];
+  const uint64_t t0 = now_ns();
+  std::memcpy(h, keys, kb);
+  lane.to_device(dv, h, kb);
+  int64_t kpos = 0, fpos = 0;
+  for (size_t t = 0; t < plan.tables.size(); ++t) {
+    tr::gpu::launch_lookup(lane, plan.tables[t].target, dv + kpos * 8, counts[t],
+                           dv + o1 + fpos * 4, dv + o2 + kpos);
+    kpos += counts[t];
+    fpos += counts[t] * plan.tables[t].dim;
+  }
+  lane.to_host(h + o1, dv + o1, fb);
+  lane.to_host(h + o2, dv + o2, static_cast<size_t>(n_keys));
+  lane.sync();
+  const uint64_t ns = now_ns() - t0;
+  auto* out = reinterpret_cast<float*>(h + o1);
+  auto* status = reinterpret_cast<uint8_t*>(h + o2);
+  kpos = fpos = 0;
+  for (size_t t = 0; t < plan.tables.size(); ++t) {
+    settle_gpu_table(st, t, keys + kpos, counts[t], out + fpos, status + kpos, ns, exact, d);
+    kpos += counts[t];
+    fpos += counts[t] * plan.tables[t].dim;
+  }
+  std::memcpy(answer, out, fb);
+}
+
+// A hugectr request on the GPU (keys regrouped by table in s.keys, row pointers in s.ptrs,
+// rows rows of them): the lookups, each slot combined into the network's input, the
+// network's graph for the smallest bucket that holds n samples, one synchronization.
+// When a cache missed, its vectors come to the host for the engine's rules and go back,
+// and the slots and the network run again.
+void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n_cat, int64_t rows,
+                 const float* des, float* answer, bool exact, Defaults* d) {
+  const NativePlan& plan = *st.plan;
+  tr::gpu::Lane& lane = *plan.lane;
+  lane.enter();
+  const size_t tables = plan.tables.size();
+  std::vector<int64_t> voff(tables + 1, 0);  // each table's vectors, in floats
+  for (size_t t = 0; t < tables; ++t) {
+    voff[t + 1] = voff[t] + (s.key_starts[t + 1] - s.key_starts[t]) * plan.tables[t].dim;
+  }
+  const size_t kb = static_cast<size_t>(n_cat) * 8, pb = static_cast<size_t>(rows) * 8;
+  const size_t db = static_cast<size_t>(n * plan.dense_dim) * 4;
+  const size_t vb = static_cast<size_t>(voff[tables]) * 4,
+               ob = static_cast<size_t>(n * plan.label_dim) * 4;
+  const tr::gpu::Lane::Parts parts{kb, pb, db, vb, static_cast<size_t>(n_cat), ob};
+  char* h = lane.host(parts);
+  const tr::cuda::CUdeviceptr dv = lane.device(parts);
+  const auto& o = parts.offsets;
+  const uint64_t t0 = now_ns();
+  std::memcpy(h, s.keys.data(), kb);
+  std::memcpy(h + o[1], s.ptrs.data(), pb);
+  std::memcpy(h + o[2], des, db);
+  lane.to_device(dv, h, o[2]);  // keys and row pointers
+  lane.to_device(plan.dense_in, h + o[2], db);
+  for (size_t t = 0; t < tables; ++t) {
+    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
+    tr::gpu::launch_lookup(lane, plan.tables[t].target, dv + first * 8, count,
+                           dv + o[3] + voff[t] * 4, dv + o[4] + first);
+  }
+  const auto& bucket = *std::find_if(plan.buckets.begin(), plan.buckets.end(),
+                                     [&](const auto& b) { return b.batch >= n; });
+  auto dense = [&] {
+    int64_t block = 0;
+    for (size_t t = 0; t < tables; ++t) {
+      const int64_t segments = n * plan.slots[t];
+      tr::gpu::launch_combine(lane, dv + o[3] + voff[t] * 4, dv + o[1] + block * 8, segments,
+                              plan.tables[t].dim, plan.mean[t], plan.emb_in[t]);
+      block += segments + 1;
+    }
+    tr::gpu::launch_graph(lane, bucket.graph);
+    lane.to_host(h + o[5], bucket.out, ob);
+  };
+  dense();
+  lane.to_host(h + o[4], dv + o[4], static_cast<size_t>(n_cat));
+  lane.sync();
+  const uint64_t ns = now_ns() - t0;
+  auto* status = reinterpret_cast<uint8_t*>(h + o[4]);
+  auto* vectors = reinterpret_cast<float*>(h + o[3]);
+  std::vector<char> missed(tables, 0);
+  bool any = false;
+  for (size_t t = 0; t < tables; ++t) {
+    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
+    for (int64_t i = 0; i < count && plan.tables[t].target.cache; ++i) {
+      if (status[first + i] != tr::xcache::kHit) {
+        missed[t] = 1;
+        any = true;
+        lane.to_host(h + o[3] + voff[t] * 4, dv + o[3] + voff[t] * 4,
+                     static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
+        break;
+      }
+    }
+  }
+  if (any) lane.sync();
+  for (size_t t = 0; t < tables; ++t) {
+    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
+    settle_gpu_table(st, t, s.keys.data() + first, count, vectors + voff[t], status + first, ns,
+                     exact, d);
+    if (missed[t]) {
+      lane.to_device(dv + o[3] + voff[t] * 4, h + o[3] + voff[t] * 4,
+                     static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
+    }
+  }
+  if (any) {
+    dense();
+    lane.sync();
+  }
+  std::memcpy(answer, h + o[5], ob);
+}
+
 // A response with the answer `shape` (FP32) allocated; *buffer is where it goes.
 TRITONSERVER_Error* answer(TRITONBACKEND_Response* response, const NativePlan& plan,
                            const std::vector<int64_t>& shape, float** buffer) {
@@ -828,6 +1108,10 @@ bool hps_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* ok)
   TRITONSERVER_Error* err = answer(response, plan, {floats}, &out);
   if (err == nullptr) {
     err = guarded(st, [&] {
+      if (plan.gpu()) {
+        hps_gpu(st, keys, n_keys, s.counts.data(), floats, out, exact == 1, &d);
+        return;
+      }
       for (int64_t t = 0; t < tables; ++t) {  // straight into the response buffer
         lookup_table(st, static_cast<size_t>(t), keys, s.counts[t], out, &s, exact == 1, &d);
         keys += s.counts[t];
@@ -901,6 +1185,10 @@ bool hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request, bool*
   TRITONSERVER_Error* err = answer(response, plan, shape, &out);
   if (err == nullptr) {
     err = guarded(st, [&] {
+      if (plan.gpu()) {
+        hugectr_gpu(st, s, n, n_cat, n_rows, des, out, exact == 1, &d);
+        return;
+      }
       s.combined.resize(static_cast<size_t>(tables));
       s.embeddings.clear();
       int64_t block = 0;

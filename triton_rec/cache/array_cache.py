@@ -902,6 +902,14 @@ class HostCacheView:
         hit_mask[:] = hit
         return int(idx.shape[0])
 
+    def device_plan(self) -> Optional[dict]:
+        """What the native backend's GPU path reads this cache with (``device_cache``:
+        :meth:`ArrayEmbeddingCache.native_plan`), or None for a cache in host memory."""
+        if self.cache._gpu is None:
+            return None
+        plan = self.cache.native_plan()
+        return {"device": plan["device"], "device_cache": plan}
+
     def insert(self, keys: np.ndarray, vectors: np.ndarray) -> Dict[str, int]:
         """Insert rows into the wrapped cache; returns its insert counters."""
         return self.cache.insert(keys, vectors)

@@ -1,8 +1,10 @@
 """A HugeCTR network's forward pass on the GPU as CUDA graphs, one per batch-size bucket.
 
-The executor is the one every path uses (:class:`~triton_rec.dense.hugectr_network.HugeCTRNetwork`,
-here with CuPy: cuBLAS GEMMs and CuPy's element-wise kernels). Run op by op it pays a
-launch (and Python) per layer: ~2.5 ms for the held-out DLRM whatever the batch. Captured
+The executor is the one every path uses (:class:`~triton_rec.dense.hugectr_network.HugeCTRNetwork`),
+here with :class:`~triton_rec.gpu.blas.CapturableCupy`: cuBLAS GEMMs (through a handle of
+our own: CuPy refuses cuBLAS while capturing) and CuPy's element-wise kernels. Run op by
+op it pays a launch (and Python) per layer: ~2.5 ms for the held-out DLRM whatever the
+batch (measured on an H200, the issue 23 baseline). Captured
 once per bucket (1, 2, 4, ... up to ``max_batch_size``) into a CUDA graph that reads fixed
 input buffers and writes a fixed output buffer, a request is: its inputs copied into the
 first rows of the buffers, one graph launch for the smallest bucket that holds it, its
@@ -26,6 +28,7 @@ import numpy as np
 
 from triton_rec import _native
 from triton_rec.dense import DenseModel, TableSpec
+from triton_rec.gpu.blas import CapturableCupy
 
 
 def buckets(max_batch_size: int) -> List[int]:
@@ -40,7 +43,8 @@ def buckets(max_batch_size: int) -> List[int]:
 
 
 class DenseGraphs(DenseModel):
-    """``network`` (a CuPy :class:`HugeCTRNetwork`) captured per batch bucket on ``device``.
+    """``network`` (a :class:`HugeCTRNetwork` built with :class:`CapturableCupy`, see
+    :meth:`load`) captured per batch bucket on ``device``.
 
     ``predict`` takes host (numpy) or device inputs and returns a host array (the
     :class:`~triton_rec.dense.DenseModel` interface); larger batches than
@@ -50,6 +54,8 @@ class DenseGraphs(DenseModel):
     def __init__(self, network: Any, max_batch_size: int, device: int):
         import cupy  # only here: a GPU instance
 
+        if not isinstance(network.xp, CapturableCupy):
+            raise TypeError("DenseGraphs needs a network built with CapturableCupy (load())")
         self.network = network
         self.device = int(device)
         self.max_batch_size = max(1, int(max_batch_size))
@@ -69,6 +75,27 @@ class DenseGraphs(DenseModel):
                 for b in buckets(mb):
                     self._graphs[b] = self._capture(b)
             self.stream.synchronize()
+
+    @classmethod
+    def load(
+        cls,
+        network_file: str,
+        dense_file: str,
+        non_trainable_file: Any = None,
+        max_batch_size: int = 1,
+        device: int = 0,
+    ) -> DenseGraphs:
+        """Load a HugeCTR network onto ``device`` and capture its graphs."""
+        import cupy
+
+        from triton_rec.dense.hugectr_network import HugeCTRNetwork
+
+        xp = CapturableCupy(cupy, device)
+        return cls(
+            HugeCTRNetwork.load(network_file, dense_file, non_trainable_file, xp=xp),
+            max_batch_size,
+            device,
+        )
 
     def _capture(self, b: int):
         inputs = (self.dense_in[:b], [e[:b] for e in self.emb_in])

@@ -388,7 +388,7 @@ def _build_inner_product(spec: _Spec, ins):
         w, b = p
 
         def forward(v):
-            y = v @ w
+            y = xp.matmul(v, w)  # xp.matmul: a capturable GEMM on the GPU
             y += b  # y is new: add the bias in place
             return [y]
 
@@ -453,7 +453,7 @@ def _build_mlp(spec: _Spec, ins):
     def make(p, stats, xp):
         def forward(v):
             for i in range(n):
-                v = v @ p[2 * i]  # a new array: bias and activation in place
+                v = xp.matmul(v, p[2 * i])  # a new array: bias and activation in place
                 if biases[i]:
                     v += p[2 * i + 1]
                 if acts[i]:
@@ -575,7 +575,7 @@ def _build_interaction(spec: _Spec, ins):
 
         def forward(m, e):
             z = xp.concatenate([m[:, None, :], e], axis=1)
-            gram = z @ z.transpose(0, 2, 1)
+            gram = xp.matmul(z, z.transpose(0, 2, 1))
             pad = xp.zeros((m.shape[0], 1), dtype=xp.float32)
             return [xp.concatenate([m, gram[:, ii, jj], pad], axis=1)]
 
@@ -612,10 +612,10 @@ def _build_multi_cross(spec: _Spec, ins):
             for i in range(layers):
                 if proj:
                     u, v, b = p[3 * i : 3 * i + 3]
-                    xl = x0 * ((xl @ u) @ v + b) + xl
+                    xl = x0 * (xp.matmul(xp.matmul(xl, u), v) + b) + xl
                 else:
                     w, b = p[2 * i : 2 * i + 2]
-                    xl = x0 * (xl @ w)[:, None] + xl + b
+                    xl = x0 * xp.matmul(xl, w)[:, None] + xl + b
             return [xl]
 
         return forward

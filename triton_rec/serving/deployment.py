@@ -30,6 +30,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
+from triton_rec.cache.device_table import DEVICE_TABLE_MODES, DeviceTableCache
 from triton_rec.config.model_config import InstanceSettings
 from triton_rec.config.model_files import confine
 from triton_rec.config.ps_json import (
@@ -312,6 +313,9 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
                 directory=spec.cache_dir,
                 namespace=shm_namespace(table, spec.cache_dir),
             )
+        if params.embedding_cache_type.value in DEVICE_TABLE_MODES and not uses_tiers(params):
+            # static / uvm: the whole node-local table on the GPU (device_table.py)
+            return DeviceTableCache(table, params.embedding_cache_type.value, spec.device_id)
         from triton_rec.cache.gpu_share import open_shared_cache, shm_dir
 
         shared = open_shared_cache(
@@ -351,11 +355,13 @@ class DensePlacement:
         xp: the array module of a HugeCTR network (numpy, or CuPy on the device).
         on_device: the executor runs on the instance's GPU.
         why: the reason, for the load log.
+        device: the GPU it runs on (None on the host).
     """
 
     xp: Any
     on_device: bool
     why: str
+    device: Optional[int] = None
 
 
 def dense_placement(params: ModelParams, spec: InstanceSpec) -> DensePlacement:
@@ -375,7 +381,9 @@ def dense_placement(params: ModelParams, spec: InstanceSpec) -> DensePlacement:
     except CupyUnavailableError as e:
         return DensePlacement(np, False, f"runs on the host with numpy: {e}")
     cupy.cuda.Device(spec.device_id).use()  # this process's arrays go to its GPU
-    return DensePlacement(cupy, True, f"CuPy on GPU {spec.device_id}")
+    return DensePlacement(
+        cupy, True, f"CUDA graphs (cuBLAS + CuPy) on GPU {spec.device_id}", spec.device_id
+    )
 
 
 def gpu_placement(
@@ -413,10 +421,13 @@ def load_dense_model(
     config_network: Optional[str] = None,
     threads: int = InstanceSettings.intra_op_threads,
     xp: Any = None,
+    device: Optional[int] = None,
 ):
     """The dense part of a whole model, from its ps.json entry (``threads``: onnxruntime's
     intra-op pool; the numpy executor runs in BLAS's pool, sized per process; ``xp``:
-    the array module of a HugeCTR network, :attr:`DensePlacement.xp`, default numpy).
+    the array module of a HugeCTR network, :attr:`DensePlacement.xp`, default numpy;
+    ``device``: a GPU, where a HugeCTR network runs as CUDA graphs per batch-size bucket,
+    :class:`~triton_rec.dense.graphs.DenseGraphs`).
 
     - ``dense_file`` ending in ``.onnx``: run with onnxruntime (tables' layout from the
       ONNX inputs, combiners from ``network_file`` if given, else ``sum``);
@@ -438,6 +449,16 @@ def load_dense_model(
             f"model '{params.model}': a HugeCTR dense file needs a network JSON "
             "('network_file' in ps.json or the config.pbtxt parameter 'config')"
         )
+    if device is not None:
+        from triton_rec.dense.graphs import DenseGraphs
+
+        return DenseGraphs.load(
+            network,
+            params.dense_file,
+            params.non_trainable_params_file,
+            max(1, int(params.max_batch_size)),
+            int(device),
+        )
     from triton_rec.dense.hugectr_network import HugeCTRNetwork
 
     return HugeCTRNetwork.load(
@@ -458,8 +479,10 @@ def open_ranking_session(
     between the two, so a model refused for what its network says opens no table."""
     from triton_rec.serving.ranking import RankingSession
 
-    xp = (placement or dense_placement(params, spec)).xp
-    dense = load_dense_model(params, model_dir, config_network, spec.intra_op_threads, xp)
+    where = placement or dense_placement(params, spec)
+    dense = load_dense_model(
+        params, model_dir, config_network, spec.intra_op_threads, where.xp, where.device
+    )
     if check_dense is not None:
         check_dense(dense)
     tables = open_tables(params, spec)

@@ -20,13 +20,14 @@ import numpy as np
 from triton_rec.cache.cached_table import DEFAULT_CAUSES
 from triton_rec.config.ps_json import ModelParams
 from triton_rec.dense import Combiner, DenseModel, combine_slots, to_host
+from triton_rec.dense.graphs import DenseGraphs
 from triton_rec.errors import ConfigError
 from triton_rec.serving.hugectr_request import (
     HugeCTRRequest,
     parse_embedding_request,
     parse_hugectr_request,
 )
-from triton_rec.serving.session import TableSet, native_table_plans
+from triton_rec.serving.session import TableSet, gpu_plan, native_table_plans
 
 
 class RankingSession:
@@ -150,12 +151,19 @@ class RankingSession:
         elements of each input (``limits``) and the dense ``program``
         (:meth:`~triton_rec.dense.hugectr_network.HugeCTRNetwork.native_program`)."""
         tables = native_table_plans(self.cached_tables)
+        if tables is None:
+            return None
+        gpu = gpu_plan(tables)
         make_program = getattr(self.dense, "native_program", None)
         program = make_program() if make_program is not None else None
-        if tables is None or program is None:
+        # on a GPU: the network as CUDA graphs (DenseGraphs); on the host: its program
+        dense_gpu = self.dense.native_plan() if isinstance(self.dense, DenseGraphs) else None
+        if (gpu is None and program is None) or (gpu is not None and dense_gpu is None):
             return None
         return {
             "kind": "hugectr",
+            "gpu": gpu,
+            "dense_gpu": dense_gpu,
             "tables": tables,
             "slots": list(self.slots),
             "mean": [Combiner(c) == Combiner.MEAN for c in self.combiners],

@@ -58,9 +58,11 @@ def native_table_plans(tables: Sequence[CachedTable]) -> Optional[List[dict]]:
     :attr:`~triton_rec.precision.RowCodec.code`), ``default_value``, ``stats``
     (address of its :data:`~triton_rec.cache.cached_table.NATIVE_FIELDS` counters) and
     either ``cache`` (address, bytes of a CPU shared cache: misses come back to
-    :meth:`CachedTable.finish_query`) or, without a cache, the node-local table's
-    ``index`` (address, capacity) and ``vectors`` (address, rows). The addresses stay
-    valid while the tables are open."""
+    :meth:`CachedTable.finish_query`), or on a GPU ``device_cache`` (the device cache's
+    state: misses come back the same way) or ``device_table`` (a static/uvm table held
+    whole), with ``device``, or, without a cache, the node-local table's ``index``
+    (address, capacity) and ``vectors`` (address, rows). The addresses stay valid while
+    the tables are open."""
     out = []
     for ct in tables:
         entry: Dict[str, object] = {
@@ -69,8 +71,12 @@ def native_table_plans(tables: Sequence[CachedTable]) -> Optional[List[dict]]:
             "stats": int(ct.stats.native.ctypes.data),
             "precision": int(ct.codec.code),
         }
+        device_plan = getattr(ct.cache, "device_plan", None)
+        gpu = device_plan() if device_plan is not None else None
         if isinstance(ct.cache, SharedEmbeddingCache):
             entry["cache"] = ct.cache.native_address()
+        elif gpu is not None:
+            entry.update(gpu)
         elif ct.cache is None and type(ct.store) is LocalTableStore:
             t = ct.store.table
             index, vectors = t.index, t.vectors
@@ -86,6 +92,20 @@ def native_table_plans(tables: Sequence[CachedTable]) -> Optional[List[dict]]:
             return None
         out.append(entry)
     return out
+
+
+def gpu_plan(tables: Sequence[dict]) -> Optional[dict]:
+    """The ``gpu`` entry of a native plan whose tables live on a GPU: the device and the
+    kernels' module (:func:`triton_rec.gpu.kernels.plan_image`); None for host tables."""
+    devices = {t["device"] for t in tables if "device" in t}
+    if not devices:
+        return None
+    if len(devices) > 1 or any("device" not in t for t in tables):
+        return None  # tables on several devices, or some on the host: Python answers
+    from triton_rec.gpu.kernels import plan_image
+
+    (device,) = devices
+    return {"device": int(device), "image": plan_image(int(device))}
 
 
 @dataclass
@@ -281,6 +301,7 @@ class LookupSession:
             return None
         return {
             "kind": "hps",
+            "gpu": gpu_plan(tables),
             "tables": tables,
             "max_batch_size": int(self.params.max_batch_size),
             "maxnum": list(self._maxnum),

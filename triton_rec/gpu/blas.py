@@ -1,0 +1,94 @@
+"""Matrix products that a CUDA graph can capture.
+
+CuPy refuses to call cuBLAS while its current stream is being captured (CuPy 14:
+``NotImplementedError: calling cuBLAS API during stream capture is currently unsupported``,
+seen on the H200 node); cuBLAS itself supports capture. :class:`CapturableCupy` is CuPy with
+``matmul`` done through a cuBLAS handle of our own (``_native.Cublas``, the library CuPy
+loaded, on CuPy's current stream) and everything else CuPy's: the array module a
+:class:`~triton_rec.dense.hugectr_network.HugeCTRNetwork` is built with when it runs as CUDA
+graphs (:mod:`triton_rec.dense.graphs`).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import glob
+import os
+from typing import Any, List
+
+from triton_rec import _native
+from triton_rec.gpu.nvrtc import _site_dirs
+
+_WHEEL_GLOBS = ("nvidia/cu13/lib/libcublas.so.*", "nvidia/cublas/lib/libcublas.so.*")
+
+
+def library_path() -> str:
+    """The cuBLAS library to use: the one already loaded in this process (CuPy's), else
+    one of the NVIDIA wheels, else the dynamic loader's ``libcublas.so``."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rsplit(" ", 1)[-1].strip()
+                if os.path.basename(path).startswith("libcublas.so"):
+                    return path
+    except OSError:
+        pass
+    found: List[str] = []
+    for d in _site_dirs():
+        for pattern in _WHEEL_GLOBS:
+            found += sorted(glob.glob(os.path.join(d, pattern)))
+    if found:
+        return found[0]
+    return ctypes.util.find_library("cublas") or "libcublas.so"
+
+
+class CapturableCupy:
+    """CuPy, with ``matmul`` through ``_native.Cublas`` on CuPy's current stream.
+
+    Args:
+        cupy: the CuPy module.
+        device: the CUDA device the handle works on.
+    """
+
+    __name__ = "cupy"
+
+    def __init__(self, cupy: Any, device: int):
+        self._cupy = cupy
+        cupy.cuda.Device(device).use()
+        (cupy.ones((2, 2), cupy.float32) @ cupy.ones((2, 2), cupy.float32)).sum()  # loads cuBLAS
+        self._blas = _native.Cublas(library_path(), int(device))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cupy, name)
+
+    def matmul(self, a, b):
+        """``a @ b`` for float32 ``a [..., m, k]`` and ``b [k, n]`` or ``[k]``, or batched
+        ``a [B, m, k] @ b [B, k, n]``: the product as ``numpy.matmul`` defines it."""
+        cp = self._cupy
+        f32 = cp.float32
+        stream = cp.cuda.get_current_stream().ptr
+        if b.ndim == 1:
+            return self.matmul(a, b[:, None])[..., 0]
+        k, n = int(b.shape[-2]), int(b.shape[-1])
+        if b.ndim == 2:
+            a2 = cp.ascontiguousarray(a, dtype=f32).reshape(-1, k)
+            b2 = cp.ascontiguousarray(b, dtype=f32)
+            c = cp.empty((a2.shape[0], n), dtype=f32)
+            if c.size and k:
+                self._blas.sgemm(stream, a2.shape[0], n, k, a2.data.ptr, b2.data.ptr, c.data.ptr)
+            elif c.size:
+                c.fill(0)
+            return c.reshape(*a.shape[:-1], n)
+        if a.ndim == 3 and b.ndim == 3 and a.shape[0] == b.shape[0]:
+            a3 = cp.ascontiguousarray(a, dtype=f32)
+            b3 = cp.ascontiguousarray(b, dtype=f32)
+            batch, m = int(a3.shape[0]), int(a3.shape[1])
+            c = cp.empty((batch, m, n), dtype=f32)
+            if c.size and k:
+                self._blas.sgemm_batched(
+                    stream, batch, m, n, k, a3.data.ptr, b3.data.ptr, c.data.ptr
+                )
+            elif c.size:
+                c.fill(0)
+            return c
+        raise ValueError(f"matmul of {a.shape} and {b.shape} is not supported here")
