@@ -16,7 +16,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 #: numpy dtype -> Triton datatype name (the ones this project's models take and give)
-DATATYPES = {
+DATATYPES: Dict[np.dtype, str] = {
     np.dtype(np.float32): "FP32",
     np.dtype(np.int64): "INT64",
     np.dtype(np.int32): "INT32",
