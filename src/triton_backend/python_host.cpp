@@ -274,6 +274,7 @@ struct NativePlan {
   std::vector<Bucket> buckets;
   tr::cuda::CUdeviceptr dense_in = 0;
   std::vector<tr::cuda::CUdeviceptr> emb_in;
+  int64_t host_max_batch = 0;  // requests of at most this many samples: `net` on the host
   bool gpu() const { return kernels != nullptr; }
 };
 
@@ -345,6 +346,7 @@ void read_device_table(PyObject* t, tr::Precision precision, NativeTable* nt) {
 // A hugectr model's "dense_gpu" entry (DenseGraphs.native_plan).
 void read_dense_gpu(PyObject* g, NativePlan* plan) {
   plan->dense_in = as_address(PyDict_GetItemString(g, "dense_in"));
+  plan->host_max_batch = std::max<int64_t>(0, as_int(PyDict_GetItemString(g, "host_max_batch")));
   PyObject* emb = PyDict_GetItemString(g, "emb_in");
   for (Py_ssize_t i = 0; emb != nullptr && i < PyList_Size(emb); ++i) {
     plan->emb_in.push_back(as_address(PyList_GetItem(emb, i)));
@@ -421,7 +423,10 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
   if (plan->hugectr && plan->gpu() && plan->buckets.empty()) {
     throw std::runtime_error("native plan: GPU tables need the network on the GPU too");
   }
-  if (plan->hugectr && plan->buckets.empty()) {
+  PyObject* program_obj = PyDict_GetItemString(d, "program");
+  const bool host_dense =
+      plan->host_max_batch > 0 && program_obj != nullptr && program_obj != Py_None;
+  if (plan->hugectr && (plan->buckets.empty() || host_dense)) {
     PyObject* program = get("program");
     Py_buffer view;
     if (PyObject_GetBuffer(program, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
@@ -890,6 +895,58 @@ void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const
   std::memcpy(answer, out, fb);
 }
 
+// A hugectr request of few samples (at most host_max_batch) on a GPU instance: the lookups
+// on the GPU (the cache), then the slots combined and the network run on the host, where
+// such a batch is fastest (DenseGraphs.calibrate).
+void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int64_t n_cat,
+                            const float* des, float* answer, bool exact, Defaults* d) {
+  const NativePlan& plan = *st.plan;
+  tr::gpu::Lane& lane = *plan.lane;
+  lane.enter();
+  const size_t tables = plan.tables.size();
+  std::vector<int64_t> voff(tables + 1, 0);
+  for (size_t t = 0; t < tables; ++t) {
+    voff[t + 1] = voff[t] + (s.key_starts[t + 1] - s.key_starts[t]) * plan.tables[t].dim;
+  }
+  const size_t kb = static_cast<size_t>(n_cat) * 8, vb = static_cast<size_t>(voff[tables]) * 4;
+  const tr::gpu::Lane::Parts parts{kb, vb, static_cast<size_t>(n_cat)};
+  char* h = lane.host(parts);
+  const tr::cuda::CUdeviceptr dv = lane.device(parts);
+  const auto& o = parts.offsets;
+  const uint64_t t0 = now_ns();
+  std::memcpy(h, s.keys.data(), kb);
+  lane.to_device(dv, h, kb);
+  for (size_t t = 0; t < tables; ++t) {
+    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
+    tr::gpu::launch_lookup(lane, plan.tables[t].target, dv + first * 8, count,
+                           dv + o[1] + voff[t] * 4, dv + o[2] + first);
+  }
+  lane.to_host(h + o[1], dv + o[1], vb);
+  lane.to_host(h + o[2], dv + o[2], static_cast<size_t>(n_cat));
+  lane.sync();
+  const uint64_t ns = now_ns() - t0;
+  auto* vectors = reinterpret_cast<float*>(h + o[1]);
+  auto* status = reinterpret_cast<uint8_t*>(h + o[2]);
+  s.combined.resize(tables);
+  s.embeddings.clear();
+  int64_t block = 0;
+  for (size_t t = 0; t < tables; ++t) {
+    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
+    const int64_t dim = plan.tables[t].dim, segments = n * plan.slots[t];
+    settle_gpu_table(st, t, s.keys.data() + first, count, vectors + voff[t], status + first, ns,
+                     exact, d);
+    auto& combined = s.combined[t];
+    combined.resize(static_cast<size_t>(segments * dim));
+    if (!tr::combine_segments(vectors + voff[t], count, dim, s.ptrs.data() + block, segments,
+                              plan.mean[t], combined.data())) {
+      throw std::runtime_error("row pointers outside the table's keys");
+    }
+    s.embeddings.push_back(combined.data());
+    block += segments + 1;
+  }
+  plan.net->predict(n, des, s.embeddings, answer, &s.dense, tr::find_sgemm());
+}
+
 // A hugectr request on the GPU (keys regrouped by table in s.keys, row pointers in s.ptrs,
 // rows rows of them): the lookups, each slot combined into the network's input, the
 // network's graph for the smallest bucket that holds n samples, one synchronization.
@@ -1185,6 +1242,10 @@ bool hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request, bool*
   TRITONSERVER_Error* err = answer(response, plan, shape, &out);
   if (err == nullptr) {
     err = guarded(st, [&] {
+      if (plan.gpu() && plan.net && n <= plan.host_max_batch) {
+        hugectr_gpu_host_dense(st, s, n, n_cat, des, out, exact == 1, &d);
+        return;
+      }
       if (plan.gpu()) {
         hugectr_gpu(st, s, n, n_cat, n_rows, des, out, exact == 1, &d);
         return;

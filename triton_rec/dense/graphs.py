@@ -12,6 +12,14 @@ rows of the output copied back. Rows are independent in every HugeCTR layer this
 runs (no layer mixes samples: :mod:`triton_rec.dense.hugectr_network` refuses reshapes
 that would), so the rows past the request's, left from earlier ones, change nothing.
 
+Small batches: a graph is a chain of dependent kernels (about 30 for the demo DLRM), whose
+launch latencies add up to ~100 us even at batch 1, where the native CPU executor takes a
+few microseconds (measured on an H200 node: benchmarks/RESULTS.md). So at load each bucket
+is timed both ways (:meth:`DenseGraphs.calibrate`), and a request of at most
+:attr:`DenseGraphs.host_max_batch` samples runs the network on the host (the native
+executor, the embeddings still looked up on the GPU): the latency of the CPU path, the
+GPU's cache. Larger batches run as graphs (at batch 1024: ~10x faster than the CPU).
+
 Memory: the buffers, each graph's output and the intermediate arrays come from a memory
 pool of this object's own (the graphs hold raw addresses, so nothing else may ever get
 those blocks); the buckets share the intermediates (a graph runs only on this object's
@@ -51,12 +59,18 @@ class DenseGraphs(DenseModel):
     ``max_batch_size`` run in chunks. Thread-safety: one call at a time (a lock).
     """
 
-    def __init__(self, network: Any, max_batch_size: int, device: int):
+    def __init__(self, network: Any, max_batch_size: int, device: int, host_network: Any = None):
         import cupy  # only here: a GPU instance
 
         if not isinstance(network.xp, CapturableCupy):
             raise TypeError("DenseGraphs needs a network built with CapturableCupy (load())")
         self.network = network
+        #: the same network with numpy (host weights): its native program runs the batches
+        #: of at most host_max_batch samples (calibrate); None: every batch on the GPU
+        self.host_network = host_network
+        self.host_max_batch = 0
+        self._host_net: Any = None  # the native executor of host_network, once calibrated
+        self._program: Any = None
         self.device = int(device)
         self.max_batch_size = max(1, int(max_batch_size))
         self._lock = threading.Lock()
@@ -91,11 +105,56 @@ class DenseGraphs(DenseModel):
         from triton_rec.dense.hugectr_network import HugeCTRNetwork
 
         xp = CapturableCupy(cupy, device)
-        return cls(
+        graphs = cls(
             HugeCTRNetwork.load(network_file, dense_file, non_trainable_file, xp=xp),
             max_batch_size,
             device,
+            HugeCTRNetwork.load(network_file, dense_file, non_trainable_file),
         )
+        graphs.calibrate()
+        return graphs
+
+    def calibrate(self, reps: int = 20) -> int:
+        """Time each bucket on the GPU (inputs in, prediction out) and with the host
+        network's native executor; :attr:`host_max_batch` becomes the largest bucket up to
+        which the host is at least twice as fast (0 when it never is, or without a native
+        program). Returns it."""
+        import time
+
+        program = self.native_program()
+        self.host_max_batch = 0
+        if program is None:
+            return 0
+        net = _native.DenseNet(program, self.host_network)
+        self._host_net = None  # time the graphs themselves
+        rng = np.random.default_rng(0)
+        for b in sorted(self._graphs):
+            dense = rng.standard_normal((b, self.dense_dim)).astype(np.float32)
+            embs = [
+                rng.standard_normal((b, int(t.slot_num), int(t.vec_size))).astype(np.float32)
+                for t in self.tables
+            ]
+            best = {}
+            for name, fn in (("gpu", self.predict), ("host", net.predict)):
+                fn(dense, embs)
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn(dense, embs)
+                best[name] = (time.perf_counter() - t0) / reps
+            if 2 * best["host"] > best["gpu"]:
+                break
+            self.host_max_batch = b
+        self._host_net = net if self.host_max_batch else None
+        return self.host_max_batch
+
+    def native_program(self):
+        """The host network's program for the native executor (the batches of at most
+        :attr:`host_max_batch` samples), or None."""
+        if self.host_network is None:
+            return None
+        if self._program is None:  # once: the program points into arrays it keeps alive
+            self._program = self.host_network.native_program()
+        return self._program
 
     def _capture(self, b: int):
         inputs = (self.dense_in[:b], [e[:b] for e in self.emb_in])
@@ -135,6 +194,8 @@ class DenseGraphs(DenseModel):
         cupy = self._cupy
         batch = int(np.shape(dense)[0])
         _, dense, embeddings = self._check_inputs(dense, embeddings, np)
+        if self._host_net is not None and batch <= self.host_max_batch:
+            return self._host_net.predict(dense, embeddings)
         out = np.empty((batch, self.label_dim), dtype=np.float32)
         with self._lock, cupy.cuda.Device(self.device):
             for start in range(0, batch, self.max_batch_size):
@@ -152,6 +213,7 @@ class DenseGraphs(DenseModel):
         of the inputs, and per bucket (ascending) its batch size, graph and output."""
         return {
             "device": self.device,
+            "host_max_batch": int(self.host_max_batch),
             "dense_in": int(self.dense_in.data.ptr),
             "emb_in": [int(e.data.ptr) for e in self.emb_in],
             "buckets": [
