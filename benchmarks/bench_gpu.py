@@ -115,6 +115,9 @@ def lookup_section(cupy, args) -> dict:
     module = cupy.RawModule(code=FLOOR_KERNEL)
     floor_fn = module.get_function("floor_lookup")
     d_slots, d_rows = cupy.asarray(index), cupy.asarray(rows)
+    # those copies ran on CuPy's default stream, which the floor's non-blocking stream does
+    # not wait for: finish them first
+    cupy.cuda.Device().synchronize()
     sms = cupy.cuda.Device(0).attributes["MultiProcessorCount"]
     results = {}
     for m in args.sizes:

@@ -67,6 +67,7 @@ def test_the_kernels_agree_with_the_numpy_reference(
 
     def make_odd(sets):
         dev.seq[cupy.asarray(sets)] |= 1
+        cupy.cuda.Device().synchronize()  # CuPy's stream: done before the kernels' streams run
 
     seen = run_against_reference(ref, k, k.state, operations(ref, seed, 120), make_odd)
     assert seen["hits"] > 0 and seen["inserted"] > 0 and seen["evicted"] + seen["overflow"] > 0
