@@ -6,11 +6,13 @@ model-instance process on that GPU through CUDA IPC (:mod:`triton_rec.cache.gpu_
 algorithm only uses array operations that numpy and CuPy both provide, with ``xp`` the
 array module, so the CPU test suite runs exactly the algorithm the GPU runs, with numpy.
 
-.. warning::
-   The CuPy path has **not run on GPU hardware**: the machines this was written and
-   tested on have no GPU and no CuPy. Everything below was exercised with ``xp=numpy``
-   only (including multi-process sharing over /dev/shm). CuPy is an optional dependency,
-   imported only when a device cache is requested (``xp="cupy"``).
+With numpy this class *is* the algorithm, run as written: the reference. With CuPy the
+same state lives in device memory and every query and write runs as a CUDA kernel
+(``src/native/kernels/cache_kernels.cu`` through ``_native.DeviceCache``), whose rules are
+C++ that the CPU twin also runs; both are held bit for bit to this reference
+(tests/unit/test_gpu_kernels.py on the CPU, tests/gpu on a GPU, where they passed on an
+H200). CuPy is an optional dependency, imported only when a device cache is requested
+(``xp="cupy"``).
 
 State (all arrays; names as in :meth:`ArrayEmbeddingCache.state_arrays`)::
 

@@ -11,11 +11,10 @@ Implementations:
   dense file, executed with numpy (or CuPy: same code, ``xp`` argument).
 
 The array code here and in the executors is written once over the array API that numpy
-and CuPy share (``xp``). A KIND_GPU instance runs a HugeCTR network with CuPy when it can
-import it (:func:`triton_rec.serving.deployment.dense_placement`): inputs go to the device
-in ``predict`` (``xp.asarray``), the prediction comes back with :func:`to_host`. CuPy is
-an optional import and is **untested**: these machines have no GPU; every test runs with
-numpy (standing in for CuPy where the wiring is tested).
+and CuPy share (``xp``). A KIND_GPU instance runs a HugeCTR network on its GPU when it can
+import CuPy (:func:`triton_rec.serving.deployment.dense_placement`), captured as CUDA
+graphs (:class:`triton_rec.dense.graphs.DenseGraphs`, which tests/gpu holds to the numpy
+executor on an H200); CI runs numpy.
 """
 
 from __future__ import annotations

@@ -39,8 +39,9 @@ What is accepted at the top level: ``{"layers": [...]}`` with any other keys ign
 ``"sum"``/``"mean"``.
 
 Array module: every operation is written once over the subset of the array API numpy and
-CuPy share (``xp``). CuPy is imported by the caller, never here, and that path is
-**untested** (no GPU on the development machines); the tests run numpy.
+CuPy share (``xp``; matrix products as ``xp.matmul``, which the GPU graphs route to a cuBLAS
+handle of their own: :mod:`triton_rec.gpu.blas`). CuPy is imported by the caller, never
+here; CI runs numpy, tests/gpu runs the CuPy executor as CUDA graphs on a GPU.
 """
 
 from __future__ import annotations
