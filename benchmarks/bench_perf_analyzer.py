@@ -174,19 +174,7 @@ def held_out(meta: dict, n: int):
 
 def ensemble_request(data, a: int, b: int) -> dict:
     """The same samples as ``data.hugectr_request(a, b)`` in the ensemble's layout."""
-    req = data.hugectr_request(a, b)
-    keys, counts = [], []
-    for k, offsets in data.sparse:
-        s = (len(offsets) - 1) // len(data)
-        part = k[offsets[a * s] : offsets[b * s]]
-        keys.append(part)
-        counts.append(len(part))
-    return {
-        "DES": req["DES"],
-        "KEYS": np.concatenate(keys).astype(np.int64),
-        "NUMKEYS": np.array(counts, np.int32),
-        "ROWINDEX": req["ROWINDEX"],
-    }
+    return data.ensemble_request(a, b)
 
 
 def _entry(arr: np.ndarray) -> dict:

@@ -455,6 +455,24 @@ class ClickData:
             "ROWINDEX": np.concatenate(rowindex),
         }
 
+    def ensemble_request(self, a: int = 0, b: Optional[int] = None) -> Dict[str, np.ndarray]:
+        """The same samples as :meth:`hugectr_request` in the ensemble's layout: ``DES``,
+        ``KEYS`` (table-major), ``NUMKEYS`` (keys per table) and ``ROWINDEX``."""
+        b = len(self) if b is None else b
+        req = self.hugectr_request(a, b)
+        keys, counts = [], []
+        for k, offsets in self.sparse:
+            s = (len(offsets) - 1) // len(self)
+            part = k[offsets[a * s] : offsets[b * s]]
+            keys.append(part)
+            counts.append(len(part))
+        return {
+            "DES": req["DES"],
+            "KEYS": np.concatenate(keys).astype(np.int64),
+            "NUMKEYS": np.array(counts, np.int32),
+            "ROWINDEX": req["ROWINDEX"],
+        }
+
 
 def make_table_keys(seed: int, t: int, rows: int) -> np.ndarray:
     """Unique, non-contiguous, non-negative int64 ids (hash-like) for table ``t``'s rows."""

@@ -68,23 +68,32 @@ const uint8_t* rows_of(const py::array& rows, int64_t n, int64_t row_bytes) {
 
 xc::View make_view(py::dict a, int64_t num_sets, int64_t ways, int64_t dim, int64_t precision,
                    int64_t policy, int64_t sketch_width) {
-  auto addr = [&](const char* k) -> uintptr_t {
+  const gpu::StateAddresses s = gpu::state_addresses([&](const char* k) -> uintptr_t {
     return a.contains(k) ? a[k].cast<uintptr_t>() : uintptr_t{0};
-  };
-  gpu::StateAddresses s;
-  s.keys = addr("keys");
-  s.valid = addr("valid");
-  s.ticks = addr("ticks");
-  s.vectors = addr("vectors");
-  s.seq = addr("seq");
-  s.meta = addr("meta");
-  s.sketch = addr("sketch");
+  });
   try {
     return gpu::make_view(s, num_sets, ways, dim, precision, policy, sketch_width);
   } catch (const std::invalid_argument& e) {
     throw py::value_error(e.what());
   }
 }
+
+// A write's arguments, checked: the keys, and the rows (none for an erase) of the cache's
+// row size.
+struct WriteArgs {
+  const int64_t* keys;
+  int64_t n;
+  const uint8_t* rows = nullptr;
+  py::array held;  // the rows array (kept while the write runs)
+  WriteArgs(const xc::View& v, int32_t mode, const py::array& k, const py::object& r)
+      : keys(keys_of(k)), n(k.shape(0)) {
+    if (mode < xc::kModeInsert || mode > xc::kModeErase) throw py::value_error("bad write mode");
+    if (mode == xc::kModeErase) return;
+    held = py::array::ensure(r);
+    if (!held) throw py::value_error("rows must be an array");
+    rows = rows_of(held, n, v.row_bytes);
+  }
+};
 
 struct CacheView {
   xc::View v;
@@ -146,6 +155,22 @@ class GpuKernels {
   std::vector<std::unique_ptr<gpu::Lane>> free_;
 };
 
+// A host-to-host lookup of `target` (GIL released, on a lane of `k`): keys -> out [n, dim],
+// status [n]; returns n and the statuses for the caller to count.
+std::pair<int64_t, const uint8_t*> host_lookup(GpuKernels& k, const gpu::LookupTarget& target,
+                                               const py::array& keys, const py::array& out,
+                                               const py::array& status) {
+  const int64_t* kp = keys_of(keys);
+  const int64_t n = keys.shape(0);
+  check_out(out, status, n, target.dim());
+  float* op = data_of<float>(out, "out", 'f', 4, true);
+  uint8_t* sp = data_of<uint8_t>(status, "status", 'u', 1, true);
+  py::gil_scoped_release release;
+  auto lease = k.take();
+  gpu::lookup_host(*lease.lane, target, kp, n, op, sp);
+  return {n, sp};
+}
+
 // The device cache: a state view in device memory and the kernels.
 class DeviceCache {
  public:
@@ -154,22 +179,13 @@ class DeviceCache {
 
   // keys (host) -> out [n, dim] float32 and status [n] (host); returns (hits, torn).
   py::tuple query(const py::array& keys, const py::array& out, const py::array& status) {
-    const int64_t* kp = keys_of(keys);
-    const int64_t n = keys.shape(0);
-    check_out(out, status, n, v_.dim);
-    float* op = data_of<float>(out, "out", 'f', 4, true);
-    uint8_t* sp = data_of<uint8_t>(status, "status", 'u', 1, true);
+    gpu::LookupTarget t;
+    t.view = v_;
+    const auto [n, sp] = host_lookup(*k_, t, keys, out, status);
     int64_t hits = 0, torn = 0;
-    {
-      py::gil_scoped_release release;
-      auto lease = k_->take();
-      gpu::LookupTarget t;
-      t.view = v_;
-      gpu::lookup_host(*lease.lane, t, kp, n, op, sp);
-      for (int64_t i = 0; i < n; ++i) {
-        hits += sp[i] == xc::kHit;
-        torn += sp[i] == xc::kTorn;
-      }
+    for (int64_t i = 0; i < n; ++i) {
+      hits += sp[i] == xc::kHit;
+      torn += sp[i] == xc::kTorn;
     }
     return py::make_tuple(hits, torn);
   }
@@ -186,16 +202,9 @@ class DeviceCache {
   }
 
   py::tuple write(int32_t mode, const py::array& keys, const py::object& rows) {
-    if (mode < xc::kModeInsert || mode > xc::kModeErase) throw py::value_error("bad write mode");
-    const int64_t* kp = keys_of(keys);
-    const int64_t n = keys.shape(0);
-    const uint8_t* rp = nullptr;
-    py::array r;
-    if (mode != xc::kModeErase) {
-      r = py::array::ensure(rows);
-      if (!r) throw py::value_error("rows must be an array");
-      rp = rows_of(r, n, v_.row_bytes);
-    }
+    const WriteArgs w(v_, mode, keys, rows);
+    const int64_t *kp = w.keys, n = w.n;
+    const uint8_t* rp = w.rows;
     int64_t counts[xc::kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
     {
       py::gil_scoped_release release;
@@ -271,23 +280,14 @@ class DeviceTable {
 
   // keys -> out [n, dim], status [n] (1 found, 0 absent: default value); returns absent.
   int64_t lookup(const py::array& keys, const py::array& out, const py::array& status) {
-    const int64_t* kp = keys_of(keys);
-    const int64_t n = keys.shape(0);
-    check_out(out, status, n, t_.dim);
-    float* op = data_of<float>(out, "out", 'f', 4, true);
-    uint8_t* sp = data_of<uint8_t>(status, "status", 'u', 1, true);
+    gpu::LookupTarget t;
+    t.cache = false;
+    t.table = t_;
+    const auto [n, sp] = host_lookup(*k_, t, keys, out, status);
     int64_t absent = 0, corrupt = 0;
-    {
-      py::gil_scoped_release release;
-      auto lease = k_->take();
-      gpu::LookupTarget t;
-      t.cache = false;
-      t.table = t_;
-      gpu::lookup_host(*lease.lane, t, kp, n, op, sp);
-      for (int64_t i = 0; i < n; ++i) {
-        absent += sp[i] != 1;
-        corrupt += sp[i] == 3;
-      }
+    for (int64_t i = 0; i < n; ++i) {
+      absent += sp[i] != 1;
+      corrupt += sp[i] == 3;
     }
     if (corrupt) throw std::runtime_error("corrupt index: a slot names a row outside the table");
     return absent;
@@ -536,15 +536,9 @@ void register_gpu(py::module_& m) {
   m.def(
       "cache_twin_write",
       [](const CacheView& c, int32_t mode, const py::array& keys, const py::object& rows) {
-        const int64_t* kp = keys_of(keys);
-        const int64_t n = keys.shape(0);
-        const uint8_t* rp = nullptr;
-        py::array r;
-        if (mode != xc::kModeErase) {
-          r = py::array::ensure(rows);
-          if (!r) throw py::value_error("rows must be an array");
-          rp = rows_of(r, n, c.v.row_bytes);
-        }
+        const WriteArgs w(c.v, mode, keys, rows);
+        const int64_t *kp = w.keys, n = w.n;
+        const uint8_t* rp = w.rows;
         int64_t counts[xc::kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
         {
           py::gil_scoped_release release;

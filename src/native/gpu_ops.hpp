@@ -249,6 +249,21 @@ struct StateAddresses {
   uintptr_t keys = 0, valid = 0, ticks = 0, vectors = 0, seq = 0, meta = 0, sketch = 0;
 };
 
+// The state arrays by the names ArrayEmbeddingCache.addresses() gives them: get(name) is
+// an array's address, or 0 (no sketch without tinylfu).
+template <class Get>
+StateAddresses state_addresses(Get&& get) {
+  StateAddresses a;
+  a.keys = get("keys");
+  a.valid = get("valid");
+  a.ticks = get("ticks");
+  a.vectors = get("vectors");
+  a.seq = get("seq");
+  a.meta = get("meta");
+  a.sketch = get("sketch");
+  return a;
+}
+
 inline xcache::View make_view(const StateAddresses& a, int64_t num_sets, int64_t ways, int64_t dim,
                               int64_t precision, int64_t policy, int64_t sketch_width) {
   if (num_sets < 1 || ways < 1 || ways > xcache::kMaxWays || dim < 1 || precision < 0 ||

@@ -306,15 +306,8 @@ void read_device_table(PyObject* t, tr::Precision precision, NativeTable* nt) {
   nt->device = true;
   if (PyObject* c = PyDict_GetItemString(t, "device_cache")) {
     PyObject* arrays = PyDict_GetItemString(c, "arrays");
-    auto addr = [&](const char* k) { return as_address(PyDict_GetItemString(arrays, k)); };
-    tr::gpu::StateAddresses a;
-    a.keys = addr("keys");
-    a.valid = addr("valid");
-    a.ticks = addr("ticks");
-    a.vectors = addr("vectors");
-    a.seq = addr("seq");
-    a.meta = addr("meta");
-    a.sketch = addr("sketch");
+    const tr::gpu::StateAddresses a = tr::gpu::state_addresses(
+        [&](const char* k) { return as_address(PyDict_GetItemString(arrays, k)); });
     PyErr_Clear();  // no sketch: fine
     auto num = [&](const char* k) { return as_int(PyDict_GetItemString(c, k)); };
     nt->target.cache = true;

@@ -43,19 +43,9 @@ def _fused(server, protocol, model, data, a, b):
 
 
 def _ensemble(server, protocol, data, a, b):
-    req = data.hugectr_request(a, b)
-    keys, counts = [], []
-    for k, offsets in data.sparse:
-        s = (len(offsets) - 1) // len(data)
-        part = k[offsets[a * s] : offsets[b * s]]
-        keys.append(part)
-        counts.append(len(part))
-    inputs = [
-        ("DES", req["DES"], "FP32"),
-        ("KEYS", np.concatenate(keys).astype(np.int64), "INT64"),
-        ("NUMKEYS", np.array(counts, np.int32), "INT32"),
-        ("ROWINDEX", req["ROWINDEX"], "INT32"),
-    ]
+    req = data.ensemble_request(a, b)
+    types = {"DES": "FP32", "KEYS": "INT64", "NUMKEYS": "INT32", "ROWINDEX": "INT32"}
+    inputs = [(name, req[name], t) for name, t in types.items()]
     return infer_raw(server, protocol, "dlrm_ensemble", inputs, outputs=("PREDICTION",)).as_numpy(
         "PREDICTION"
     )

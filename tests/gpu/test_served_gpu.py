@@ -147,19 +147,7 @@ def test_the_ensemble_on_the_gpu_answers_as_on_the_cpu(servers):
     data = _dlrm_data(100)
     g, c = Client(gpu.http_url), Client(cpu.http_url)
     for a, b in ((0, 1), (1, 33), (33, 100)):
-        req = data.hugectr_request(a, b)
-        keys, counts = [], []
-        for k, offsets in data.sparse:
-            s = (len(offsets) - 1) // len(data)
-            part = k[offsets[a * s] : offsets[b * s]]
-            keys.append(part)
-            counts.append(len(part))
-        inputs = {
-            "DES": req["DES"],
-            "KEYS": np.concatenate(keys).astype(np.int64),
-            "NUMKEYS": np.array(counts, np.int32),
-            "ROWINDEX": req["ROWINDEX"],
-        }
+        inputs = data.ensemble_request(a, b)
         got = g.infer("dlrm_ensemble", inputs, ("PREDICTION",))["PREDICTION"]
         want = c.infer("dlrm_ensemble", inputs, ("PREDICTION",))["PREDICTION"]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
