@@ -113,3 +113,22 @@ def test_the_twin_stamps_lru_order_and_halves_the_tinylfu_sketch_as_the_referenc
     # 4 ways: keys 4 and 5 (40 queries each) replace the two old ways 1 and 3; keys 6 and 7
     # (never seen) lose to 0 and 2 (queried 3 times); key 8 finds no way left to give
     assert (seen["inserted"], seen["evicted"], seen["rejected"], seen["overflow"]) == (6, 2, 2, 1)
+
+
+def test_the_kernels_bindings_check_their_arguments_as_the_rest_of_native():
+    ref = ArrayEmbeddingCache(16, 4, ways=4)
+    view = TwinCache(ref).view
+    keys = np.arange(3, dtype=np.int64)
+    out, status = np.empty((3, 4), np.float32), np.empty(3, np.uint8)
+    _native.cache_twin_query(view, keys, out, status)  # well formed
+    with pytest.raises(TypeError, match="out must be float32"):
+        _native.cache_twin_query(view, keys, out.astype(np.float64), status)
+    with pytest.raises(ValueError, match=r"out has shape \(4, 3\), expected \(3, 4\)"):
+        _native.cache_twin_query(view, keys, np.empty((4, 3), np.float32), status)
+    with pytest.raises(TypeError, match="status must be uint8"):
+        _native.cache_twin_query(view, keys, out, status.view(np.int8))
+    with pytest.raises(ValueError, match="keys must be 1-D"):
+        _native.cache_twin_query(view, keys.reshape(1, 3), out, status)
+    with pytest.raises(ValueError, match="status must be writable"):
+        status.flags.writeable = False
+        _native.cache_twin_query(view, keys, out, status)
