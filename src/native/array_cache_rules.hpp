@@ -58,6 +58,9 @@ constexpr int64_t kMaxWays = 64;
 constexpr uint8_t kMiss = 0;
 constexpr uint8_t kHit = 1;
 constexpr uint8_t kTorn = 2;  // a writer was in the key's set twice: reported as a miss
+// What trec_table_lookup says of a key a whole table (static, uvm) lacks: kMiss (the default
+// value), or this when the index names a row outside the table (a corrupt index).
+constexpr uint8_t kCorrupt = 3;
 
 // Per-call counters of a write (write_set's `result`), in this order.
 enum WriteCount : int {

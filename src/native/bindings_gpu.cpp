@@ -277,8 +277,8 @@ class DeviceTable {
     const auto [n, sp] = host_lookup(*k_, t, keys, out, status);
     int64_t absent = 0, corrupt = 0;
     for (int64_t i = 0; i < n; ++i) {
-      absent += sp[i] != 1;
-      corrupt += sp[i] == 3;
+      absent += sp[i] != xc::kHit;
+      corrupt += sp[i] == xc::kCorrupt;
     }
     if (corrupt) throw std::runtime_error("corrupt index: a slot names a row outside the table");
     return absent;

@@ -19,6 +19,7 @@
 #include <dlfcn.h>
 #include <strings.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -820,14 +821,14 @@ void lookup_table(const InstanceState& st, size_t t, const int64_t* keys, int64_
 
 // After table t's lookup on the GPU (its statuses and answers in host memory): the table's
 // statistics, and a cache's misses answered by the engine's rules (finish_query writes
-// their answers into `out`). Returns whether `out` changed.
-bool settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
+// their answers into `out`).
+void settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
                       uint8_t* status, uint64_t ns, bool exact, Defaults* d) {
   const NativeTable& nt = st.plan->tables[t];
   int64_t hits = 0, corrupt = 0;
   for (int64_t i = 0; i < n; ++i) {
     hits += status[i] == tr::xcache::kHit;
-    corrupt += status[i] == 3;
+    corrupt += status[i] == tr::xcache::kCorrupt;
   }
   if (!nt.target.cache) {  // static / uvm: the whole table; what it lacks no tier holds
     if (corrupt != 0) throw std::runtime_error("corrupt device table: a slot names no row");
@@ -838,17 +839,16 @@ bool settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, in
     nt.count(kHits, hits);
     nt.count(kMisses, absent);
     nt.count(kCacheNs, static_cast<int64_t>(ns));
-    return false;
+    return;
   }
   if (hits == n) {
     nt.count(kLookups, n);
     nt.count(kHits, n);
     nt.count(kCacheNs, static_cast<int64_t>(ns));
-    return false;
+    return;
   }
   for (int64_t i = 0; i < n; ++i) status[i] = status[i] == tr::xcache::kHit;  // torn: a miss
   finish_query(st, t, keys, n, out, status, hits, ns, exact, d);
-  return true;
 }
 
 // An hps request on the GPU: keys[0..n_keys) of every table -> answer (floats), through
@@ -888,6 +888,28 @@ void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const
   std::memcpy(answer, out, fb);
 }
 
+// Where each table's vectors go when the keys of a regrouped hugectr request (s.key_starts)
+// are looked up: offsets in floats, one past the last table's end.
+std::vector<int64_t> vector_offsets(const NativePlan& plan, const Scratch& s) {
+  std::vector<int64_t> voff(plan.tables.size() + 1, 0);
+  for (size_t t = 0; t < plan.tables.size(); ++t) {
+    voff[t + 1] = voff[t] + (s.key_starts[t + 1] - s.key_starts[t]) * plan.tables[t].dim;
+  }
+  return voff;
+}
+
+// Launches every table's lookup of a regrouped hugectr request: its keys (from `keys`, all
+// tables' as in s.keys) into vectors + voff[t] floats and status (one per key).
+void launch_hugectr_lookups(const NativePlan& plan, tr::gpu::Lane& lane, const Scratch& s,
+                            const std::vector<int64_t>& voff, tr::cuda::CUdeviceptr keys,
+                            tr::cuda::CUdeviceptr vectors, tr::cuda::CUdeviceptr status) {
+  for (size_t t = 0; t < plan.tables.size(); ++t) {
+    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
+    tr::gpu::launch_lookup(lane, plan.tables[t].target, keys + first * 8, count,
+                           vectors + voff[t] * 4, status + first);
+  }
+}
+
 // A hugectr request of few samples (at most host_max_batch) on a GPU instance: the lookups
 // on the GPU (the cache), then the slots combined and the network run on the host, where
 // such a batch is fastest (DenseGraphs.calibrate).
@@ -897,10 +919,7 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
   tr::gpu::Lane& lane = *plan.lane;
   lane.enter();
   const size_t tables = plan.tables.size();
-  std::vector<int64_t> voff(tables + 1, 0);
-  for (size_t t = 0; t < tables; ++t) {
-    voff[t + 1] = voff[t] + (s.key_starts[t + 1] - s.key_starts[t]) * plan.tables[t].dim;
-  }
+  const std::vector<int64_t> voff = vector_offsets(plan, s);
   const size_t kb = static_cast<size_t>(n_cat) * 8, vb = static_cast<size_t>(voff[tables]) * 4;
   const tr::gpu::Lane::Parts parts{kb, vb, static_cast<size_t>(n_cat)};
   char* h = lane.host(parts);
@@ -909,11 +928,7 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
   const uint64_t t0 = now_ns();
   std::memcpy(h, s.keys.data(), kb);
   lane.to_device(dv, h, kb);
-  for (size_t t = 0; t < tables; ++t) {
-    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
-    tr::gpu::launch_lookup(lane, plan.tables[t].target, dv + first * 8, count,
-                           dv + o[1] + voff[t] * 4, dv + o[2] + first);
-  }
+  launch_hugectr_lookups(plan, lane, s, voff, dv, dv + o[1], dv + o[2]);
   lane.to_host(h + o[1], dv + o[1], vb);
   lane.to_host(h + o[2], dv + o[2], static_cast<size_t>(n_cat));
   lane.sync();
@@ -951,10 +966,7 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
   tr::gpu::Lane& lane = *plan.lane;
   lane.enter();
   const size_t tables = plan.tables.size();
-  std::vector<int64_t> voff(tables + 1, 0);  // each table's vectors, in floats
-  for (size_t t = 0; t < tables; ++t) {
-    voff[t + 1] = voff[t] + (s.key_starts[t + 1] - s.key_starts[t]) * plan.tables[t].dim;
-  }
+  const std::vector<int64_t> voff = vector_offsets(plan, s);
   const size_t kb = static_cast<size_t>(n_cat) * 8, pb = static_cast<size_t>(rows) * 8;
   const size_t db = static_cast<size_t>(n * plan.dense_dim) * 4;
   const size_t vb = static_cast<size_t>(voff[tables]) * 4,
@@ -969,11 +981,7 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
   std::memcpy(h + o[2], des, db);
   lane.to_device(dv, h, o[2]);  // keys and row pointers
   lane.to_device(plan.dense_in, h + o[2], db);
-  for (size_t t = 0; t < tables; ++t) {
-    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
-    tr::gpu::launch_lookup(lane, plan.tables[t].target, dv + first * 8, count,
-                           dv + o[3] + voff[t] * 4, dv + o[4] + first);
-  }
+  launch_hugectr_lookups(plan, lane, s, voff, dv, dv + o[3], dv + o[4]);
   const auto& bucket = *std::find_if(plan.buckets.begin(), plan.buckets.end(),
                                      [&](const auto& b) { return b.batch >= n; });
   auto dense = [&] {
@@ -995,17 +1003,17 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
   auto* vectors = reinterpret_cast<float*>(h + o[3]);
   std::vector<char> missed(tables, 0);
   bool any = false;
-  for (size_t t = 0; t < tables; ++t) {
-    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
-    for (int64_t i = 0; i < count && plan.tables[t].target.cache; ++i) {
-      if (status[first + i] != tr::xcache::kHit) {
-        missed[t] = 1;
-        any = true;
-        lane.to_host(h + o[3] + voff[t] * 4, dv + o[3] + voff[t] * 4,
-                     static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
-        break;
-      }
+  for (size_t t = 0; t < tables; ++t) {  // a cache that missed: its vectors to the host
+    const uint8_t* first = status + s.key_starts[t];
+    const uint8_t* last = status + s.key_starts[t + 1];
+    if (!plan.tables[t].target.cache ||
+        std::all_of(first, last, [](uint8_t v) { return v == tr::xcache::kHit; })) {
+      continue;
     }
+    missed[t] = 1;
+    any = true;
+    lane.to_host(h + o[3] + voff[t] * 4, dv + o[3] + voff[t] * 4,
+                 static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
   }
   if (any) lane.sync();
   for (size_t t = 0; t < tables; ++t) {

@@ -158,7 +158,7 @@ extern "C" __global__ void trec_cache_repair(xc::View c, int64_t* result) {
 
 // A whole table on the device (static: device memory; uvm: pinned host memory mapped into
 // the device), in the node store's layout (hash_index.hpp): out[i, :] = the row of keys[i]
-// decoded, or default_value with status 0 when no slot holds it; status 3 for a slot
+// decoded, or default_value with status kMiss when no slot holds it; kCorrupt for a slot
 // that names a row outside the table (a corrupt index). A warp per key.
 extern "C" __global__ void trec_table_lookup(const int64_t* slots, uint64_t capacity,
                                              const uint8_t* vectors, int64_t rows,
@@ -179,7 +179,8 @@ extern "C" __global__ void trec_table_lookup(const int64_t* slots, uint64_t capa
     } else {
       for (int64_t j = lane; j < dim; j += kWarp) dst[j] = default_value;
     }
-    if (lane == 0) status[i] = row >= 0 && row < rows ? 1 : row == -1 ? 0 : 3;
+    if (lane == 0)
+      status[i] = row >= 0 && row < rows ? xc::kHit : row == -1 ? xc::kMiss : xc::kCorrupt;
   }
 }
 
