@@ -117,7 +117,7 @@ def test_the_twin_stamps_lru_order_and_halves_the_tinylfu_sketch_as_the_referenc
 
 def test_the_kernels_bindings_check_their_arguments_as_the_rest_of_native():
     ref = ArrayEmbeddingCache(16, 4, ways=4)
-    view = TwinCache(ref).view
+    view = ref.native_view()  # the cache's own view of its (numpy) arrays
     keys = np.arange(3, dtype=np.int64)
     out, status = np.empty((3, 4), np.float32), np.empty(3, np.uint8)
     _native.cache_twin_query(view, keys, out, status)  # well formed

@@ -439,19 +439,14 @@ class ArrayEmbeddingCache:
     def native_view(self):
         """The state as the kernels and their CPU twin read it (``_native.CacheView``;
         valid while this cache's arrays live)."""
-        return _native.CacheView(
-            self.addresses(),
-            num_sets=self.num_sets,
-            ways=self.ways,
-            dim=self.vec_size,
-            precision=self.codec.code,
-            policy=POLICIES.index(self.policy),
-            sketch_width=self.sketch_width,
-        )
+        plan = self.native_plan()
+        del plan["device"]
+        return _native.CacheView(**plan)
 
     def native_plan(self) -> Dict[str, Any]:
         """What the native backend's GPU path reads this cache with: the state arrays'
-        device addresses and the geometry (keys of :class:`_native.CacheView`)."""
+        addresses (``arrays``) and the geometry, as :class:`_native.CacheView` takes them,
+        and the ``device`` (None for numpy)."""
         return {
             "arrays": self.addresses(),
             "num_sets": self.num_sets,
@@ -646,7 +641,7 @@ class ArrayEmbeddingCache:
         k = np.ascontiguousarray(_host(keys), dtype=np.int64).reshape(-1)
         rows = None
         if vectors is not None:
-            rows = self.codec.as_rows(np.asarray(_host(vectors)), "vectors")
+            rows = self.codec.as_rows(_host(vectors), "vectors")
             if rows.shape[0] != k.shape[0]:
                 raise ValueError(f"vectors must hold {k.shape[0]} rows, got {tuple(rows.shape)}")
         with self.lock:
@@ -883,9 +878,6 @@ class HostCacheView:
         self.capacity = cache.capacity
         self.policy = cache.policy
 
-    def _host(self, a) -> np.ndarray:
-        return a.get() if _is_cupy(self.cache.xp) else a
-
     def query(self, keys: np.ndarray, out: np.ndarray, hit_mask: np.ndarray) -> int:
         """``out[i]`` = vector of ``keys[i]`` where ``hit_mask[i]`` is set (other rows
         unspecified: the device cache writes zeros); returns the hits. On a GPU one kernel
@@ -898,9 +890,9 @@ class HostCacheView:
                 hit_mask[:] = status
             return hits
         vec, hit = self.cache.query(keys)
-        hit = self._host(hit)
+        hit = _host(hit)
         idx = np.flatnonzero(hit)
-        out[idx] = self._host(vec)[idx]
+        out[idx] = _host(vec)[idx]
         hit_mask[:] = hit
         return int(idx.shape[0])
 
@@ -930,7 +922,7 @@ class HostCacheView:
 
     def keys(self) -> np.ndarray:
         """The cached keys, as a host (numpy) array."""
-        return self._host(self.cache.cached_keys())
+        return _host(self.cache.cached_keys())
 
     def size(self) -> int:
         """Number of keys currently cached."""
