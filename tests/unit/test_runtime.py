@@ -24,7 +24,14 @@ from triton_rec.errors import RequestPathUnavailable, RuntimeNotFound
 from triton_rec.triton import runtime
 
 WHEEL = importlib.util.find_spec("pytriton") is not None
-needs_wheel = pytest.mark.skipif(not WHEEL, reason="the Triton server wheel is not installed")
+
+
+@pytest.fixture()
+def wheel() -> None:
+    """The Triton server wheel, which the test environment installs (the server extra):
+    without it the tests that read its files fail, saying so."""
+    if not WHEEL:
+        pytest.fail("the Triton server wheel is not installed (pip install -e '.[server]')")
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -40,8 +47,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 # ---- finding the wheel's files -------------------------------------------------------------
 
 
-@needs_wheel
-def test_the_wheel_files_are_found_without_importing_pytriton():
+def test_the_wheel_files_are_found_without_importing_pytriton(wheel):
     out = _python(
         """
         import sys
@@ -98,9 +104,7 @@ def _env_with_numpy(tmp_path: Path, version: str) -> dict:
 
 
 @pytest.fixture()
-def old_stub() -> Path:
-    if not WHEEL:
-        pytest.skip("the Triton server wheel is not installed")
+def old_stub(wheel) -> Path:
     return runtime.python_backend_stub()
 
 
