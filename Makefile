@@ -10,7 +10,8 @@ PY     := $(VENV)/bin/python
 EXTRAS ?= server,test,tiers,lint
 comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),+,$(EXTRAS))
-NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp src/native/kernels/*.cu src/triton_backend/*.cpp src/triton_backend/*.h src/triton_backend/*.hpp)
+NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp src/native/kernels/*.cu src/triton_backend/*.cpp src/triton_backend/*.h src/triton_backend/*.hpp \
+	benchmarks/*.cpp)
 # libpython3.X.so.1.0 of the Python in use (the venv's, else $(PYTHON)): the Triton Python stub
 # and the native backend link it. An interpreter built with --enable-shared (pyenv, uv, conda,
 # a CUDA image's venv) brings its own, which the launcher puts first on the stub's library
@@ -25,7 +26,8 @@ LIBPYTHON_PACKAGE := $(shell $(PY_IN_USE) -c 'import os, sys, sysconfig as c; \
 # libb64-0d (perf_analyzer), redis-server + openssl (the Redis Cluster tier and its tests).
 APT_PACKAGES ?= $(LIBPYTHON_PACKAGE) libb64-0d redis-server openssl
 
-.PHONY: all install system-deps triton demo serve lint test unit e2e bench perf clean gpu-check
+.PHONY: all install system-deps triton demo serve lint test unit e2e bench perf clean gpu-check \
+	gpu-tests gpu-bench gpu-served
 
 all: install
 
@@ -93,13 +95,21 @@ clean:
 # numpy reference, CUDA IPC between processes, device tables, dense graphs, served models on
 # both request paths), then the GPU benchmark with its floors. GPU_PY: a Python whose
 # environment has this project (pip install -e .), CuPy and NVRTC (the gpu extra); GPU_OUT:
-# where the logs and the JSON go. Does not install anything (a GPU node may have no network:
+# where the logs and the JSON go; GPU_BENCH_ARGS / GPU_SERVED_ARGS: the benchmarks' options.
+# Does not install anything (a GPU node may have no network:
 # docs/operations.md, "On a GPU node").
 GPU_PY  ?= $(PY)
 GPU_OUT ?= benchmarks/out
-gpu-check: SHELL := /bin/bash
-gpu-check:
+GPU_BENCH_ARGS  ?=
+GPU_SERVED_ARGS ?=
+gpu-check: gpu-tests gpu-bench gpu-served
+gpu-tests gpu-bench gpu-served: SHELL := /bin/bash
+gpu-tests:
 	mkdir -p $(GPU_OUT)
 	set -o pipefail; $(GPU_PY) -m pytest -m gpu tests/gpu -q -rfE 2>&1 | tee $(GPU_OUT)/gpu_tests.log
-	set -o pipefail; $(GPU_PY) benchmarks/bench_gpu.py --json $(GPU_OUT)/bench_gpu.json 2>&1 | tee $(GPU_OUT)/bench_gpu.log
-	set -o pipefail; $(GPU_PY) benchmarks/bench_gpu_served.py --json $(GPU_OUT)/bench_gpu_served.json 2>&1 | tee $(GPU_OUT)/bench_gpu_served.log
+gpu-bench:
+	mkdir -p $(GPU_OUT)
+	set -o pipefail; $(GPU_PY) benchmarks/bench_gpu.py $(GPU_BENCH_ARGS) --json $(GPU_OUT)/bench_gpu.json 2>&1 | tee $(GPU_OUT)/bench_gpu.log
+gpu-served:
+	mkdir -p $(GPU_OUT)
+	set -o pipefail; $(GPU_PY) benchmarks/bench_gpu_served.py $(GPU_SERVED_ARGS) --json $(GPU_OUT)/bench_gpu_served.json 2>&1 | tee $(GPU_OUT)/bench_gpu_served.log

@@ -1,34 +1,51 @@
 #!/usr/bin/env python3
 """Served KIND_GPU against KIND_CPU on one node, in one server and one run (issue 23).
 
-The demo repository (``make demo``) with each measured model twice: ``<model>_gpu``
-(instance group KIND_GPU, ``--gpu-count`` instances) and ``<model>_cpu`` (KIND_CPU,
-``--cpu-count``), both on the native request path. Models: ``dlrm_hps`` and ``hps_demo``
-(hps lookups) and ``dlrm`` (the HugeCTR DLRM).
+The demo repository (``make demo``) with each measured model five times, all in one
+server on the native request path:
 
-1. Throughput: ``--clients`` processes, one keep-alive HTTP connection each (binary
-   tensors, ``clients/raw_http.py``), send batch-``--batch`` requests of one variant for
-   ``--seconds``; rounds alternate the variants (gpu, cpu, cpu, gpu, ...). Keys are Zipf
-   over the tables (the caches warm first); infer/s = answered requests / time, median
-   over rounds; the ratio is GPU / CPU.
-2. Latency: one connection, batch-1 DLRM requests one after the other, p50 and p99 of
-   each variant.
+- ``<model>_gpu`` / ``<model>_cpu``: instance group KIND_GPU (``--gpu-count`` instances) /
+  KIND_CPU (``--cpu-count``), the demo's ps.json entry (a dynamic cache of half of each
+  table: requests with misses);
+- ``<model>_gpu_static`` / ``<model>_cpu_mapped``: the whole table where the instance
+  reads it, every key answered there (the all-hit workload): on the GPU
+  ``embedding_cache_type`` ``static`` (the table in device memory), on the CPU
+  ``gpucache: false`` (the mapped node-store table). Not ``static`` on the CPU: there it
+  is a set-associative cache of the table's size, whose over-full sets keep missing (4.5%
+  of the demo DLRM's keys);
+- ``<model>_floor``: the native floor backend (``trec_floor``) with the model's inputs and
+  outputs: what Triton and a C++ backend cost with no work, the ceiling of any variant.
 
-    python benchmarks/bench_gpu_served.py [--clients 16] [--seconds 4] [--rounds 2]
+Models: ``dlrm_hps`` and ``hps_demo`` (hps lookups) and ``dlrm`` (the HugeCTR DLRM).
+
+1. Throughput: ``benchmarks/loadgen.cpp`` (built here with g++; a Python client's CPU per
+   request would take the cores being measured) keeps ``--clients`` keep-alive HTTP
+   connections busy with batch-``--batch`` requests (binary tensors, keys Zipf over the
+   tables) for ``--seconds``; rounds alternate the variants. Per variant, the median over
+   rounds of infer/s and, as the profile of where a request's time goes: the server's CPU
+   time per request (``/proc``), Triton's per-request queue and compute times and
+   requests per execution (the statistics extension), and the load generator's CPU.
+2. Latency: one connection, batch-1 DLRM requests one after the other, p50 and p99.
+
+``--waits block,spin`` runs everything once per way a GPU instance waits for its stream
+(``TRITON_REC_GPU_WAIT``), each in a server of its own.
+
+    python benchmarks/bench_gpu_served.py [--clients 16] [--seconds 3] [--rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
-import multiprocessing as mp
 import os
 import re
 import shutil
 import statistics
+import struct
+import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -38,28 +55,90 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from machine import machine_info  # noqa: E402
 
-from clients.raw_http import Client, encode_request  # noqa: E402
+from clients.raw_http import encode_request  # noqa: E402
 from triton_rec.formats.tables import read_table  # noqa: E402
 from triton_rec.triton.runtime import TritonServer  # noqa: E402
 
 DEMO = os.path.join(ROOT, "model_repository")
 MODELS = ("dlrm_hps", "hps_demo", "dlrm")
+#: the measured variants of each model (module docstring), in round order
+VARIANTS = ("floor", "gpu", "cpu", "gpu_static", "cpu_mapped")
+LOADGEN_SOURCE = os.path.join(ROOT, "benchmarks", "loadgen.cpp")
+
+
+def build_loadgen(out_dir: str) -> str:
+    """Compile loadgen.cpp (g++ -O2); the executable's path."""
+    exe = os.path.join(out_dir, "loadgen")
+    subprocess.run(["g++", "-O2", "-std=c++17", "-pthread", LOADGEN_SOURCE, "-o", exe], check=True)
+    return exe
+
+
+def write_bodies(path: str, bodies) -> str:
+    """Requests (body, header length) in loadgen's file format."""
+    with open(path, "wb") as f:
+        for body, hl in bodies:
+            f.write(struct.pack("<II", hl, len(body)))
+            f.write(body)
+    return path
+
+
+def run_loadgen(exe: str, url: str, model: str, bodies_file: str, clients: int, seconds: float):
+    """One loadgen run: its JSON report (raises when a request failed)."""
+    host, port = url.rsplit(":", 1)
+    out = subprocess.run(
+        [exe, host, port, model, bodies_file, str(clients), str(seconds)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    r = json.loads(out.stdout)
+    if r["failed"]:
+        raise RuntimeError(f"{model}: {r['failed']} requests failed: {r['first_error']}")
+    return r
+
+
+def _floor_parameters(model: str, entry: dict) -> dict:
+    """trec_floor's parameters for a model with ``entry``'s interface (its ps.json entry)."""
+    if model == "dlrm":
+        from examples.dlrm.torch_dlrm import load_trained
+
+        cfg = load_trained(os.path.join(DEMO, "dlrm", "1")).config
+        return {"tables": len(cfg.tables), "slots": cfg.total_slots}
+    return {"vec_sizes": ",".join(str(v) for v in entry["embedding_vecsize_per_table"])}
 
 
 def build_repository(path: str, gpu_count: int, cpu_count: int, gpu_kind: str = "KIND_GPU") -> str:
-    """Each measured model twice, with its files in its own version folder (ps.json paths
-    rewritten: every folder of a repository is a model)."""
+    """Each measured model in its variants (module docstring), with its files in its own
+    version folder (ps.json paths rewritten: every folder of a repository is a model)."""
     os.makedirs(path)
     with open(os.path.join(DEMO, "ps.json")) as f:
         ps = json.load(f)
     entries = {m["model"]: m for m in ps["models"]}
     ps["models"] = []
     for model in MODELS:
-        for kind, count in (("gpu", gpu_count), ("cpu", cpu_count)):
-            name = f"{model}_{kind}"
+        with open(os.path.join(DEMO, model, "config.pbtxt")) as f:
+            demo_cfg = f.read()
+        for variant in VARIANTS:
+            name = f"{model}_{variant}"
             version = os.path.join(path, name, "1")
             os.makedirs(version)
+            cfg = demo_cfg.replace(f'name: "{model}"', f'name: "{name}"')
+            kind, count = (gpu_kind, gpu_count) if "gpu" in variant else ("KIND_CPU", cpu_count)
+            group = f"instance_group [ {{ count: {count} kind: {kind} }} ]"
+            cfg = re.sub(r"instance_group \[.*?\]", group, cfg, flags=re.S)
+            if variant == "floor":
+                cfg = re.sub(r'backend: "\w+"', 'backend: "trec_floor"', cfg)
+                cfg = re.sub(r"parameters \{.*", "", cfg, flags=re.S)
+                for k, v in _floor_parameters(model, entries[model]).items():
+                    cfg += f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
+                with open(os.path.join(path, name, "config.pbtxt"), "w") as f:
+                    f.write(cfg)
+                continue
             entry = dict(entries[model], model=name)
+            if variant == "gpu_static":
+                entry["embedding_cache_type"] = "static"
+            elif variant == "cpu_mapped":
+                entry["gpucache"] = False
 
             def local(rel: str, version=version, name=name) -> str:
                 src = os.path.join(DEMO, rel)
@@ -73,11 +152,6 @@ def build_repository(path: str, gpu_count: int, cpu_count: int, gpu_kind: str = 
                 if entry.get(key):
                     entry[key] = local(entry[key])
             ps["models"].append(entry)
-            with open(os.path.join(DEMO, model, "config.pbtxt")) as f:
-                cfg = f.read().replace(f'name: "{model}"', f'name: "{name}"')
-            kind_name = gpu_kind if kind == "gpu" else "KIND_CPU"
-            group = f"instance_group [ {{ count: {count} kind: {kind_name} }} ]"
-            cfg = re.sub(r"instance_group \[.*?\]", group, cfg, flags=re.S)
             for f in os.listdir(os.path.join(DEMO, model, "1")):  # e.g. the network JSON
                 if f.endswith(".json"):
                     shutil.copy(os.path.join(DEMO, model, "1", f), os.path.join(version, f))
@@ -127,71 +201,126 @@ def dlrm_bodies(batch: int, n: int) -> list:
     return bodies
 
 
-def _client(url, model, bodies, seconds, start, q):
-    c = Client(url)
-    while time.time() < start:
-        time.sleep(0.001)
-    done, errors, i = 0, 0, 0
-    end = start + seconds
-    while time.time() < end:
-        body, hl = bodies[i % len(bodies)]
-        status, _, _ = c.post(model, body, hl)
-        done += status == 200
-        errors += status != 200
-        i += 1
-    q.put((done, errors))
+def server_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def throughput(url, model, bodies, clients, seconds) -> float:
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    start = time.time() + 0.5
-    procs = [
-        ctx.Process(target=_client, args=(url, model, bodies, seconds, start, q))
-        for _ in range(clients)
-    ]
-    for p in procs:
-        p.start()
-    results = [q.get() for _ in procs]
-    for p in procs:
-        p.join()
-    errors = sum(e for _, e in results)
-    if errors:
-        raise RuntimeError(f"{model}: {errors} requests failed")
-    return sum(d for d, _ in results) / seconds
+def model_stats(url: str, model: str) -> dict:
+    """Triton's cumulative statistics of a model: request count, execution count and the
+    nanoseconds of each phase (statistics extension)."""
+    host, port = url.rsplit(":", 1)
+    c = http.client.HTTPConnection(host, int(port), timeout=30)
+    c.request("GET", f"/v2/models/{model}/stats")
+    s = json.loads(c.getresponse().read())["model_stats"][0]
+    c.close()
+    i = s["inference_stats"]
+    out = {"requests": i["success"]["count"], "executions": s["execution_count"]}
+    for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
+        out[phase + "_ns"] = i[phase]["ns"]
+    return out
 
 
-def latency(url, model, bodies, n) -> dict:
-    c = Client(url)
-    times = []
-    for i in range(n):
-        body, hl = bodies[i % len(bodies)]
-        t0 = time.perf_counter()
-        status, _, _ = c.post(model, body, hl)
-        times.append(time.perf_counter() - t0)
-        if status != 200:
-            raise RuntimeError(f"{model}: HTTP {status}")
-    times.sort()
-    return {
-        "p50_us": round(times[len(times) // 2] * 1e6, 1),
-        "p99_us": round(times[int(n * 0.99)] * 1e6, 1),
+def measure(exe, srv, model, bodies_file, clients, seconds) -> dict:
+    """One round of one variant: infer/s and where each request's time went."""
+    url = srv.http_url
+    before, cpu0 = model_stats(url, model), server_cpu_seconds(srv.process.pid)
+    r = run_loadgen(exe, url, model, bodies_file, clients, seconds)
+    cpu1, after = server_cpu_seconds(srv.process.pid), model_stats(url, model)
+    n = max(after["requests"] - before["requests"], 1)
+    out = {
+        "infer_per_s": r["answered"] / r["seconds"],
+        "server_cpu_us": (cpu1 - cpu0) / r["answered"] * 1e6,
+        "client_cpu_us": r["cpu_s"] / r["answered"] * 1e6,
+        "requests_per_execution": n / max(after["executions"] - before["executions"], 1),
+        "p50_us": r["p50_us"],
+        "p99_us": r["p99_us"],
     }
+    for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
+        out[phase + "_us"] = (after[phase + "_ns"] - before[phase + "_ns"]) / n / 1e3
+    return out
+
+
+def serve_and_measure(args, repo, tmp, exe, bodies_files, single_files, wait) -> dict:
+    """Every model's variants in one server whose GPU instances wait the way ``wait``."""
+    env = {"TRITON_REC_STORE": os.path.join(tmp, "store"), "TRITON_REC_GPU_WAIT": wait}
+    report = {"throughput": {}, "latency_batch1": {}}
+    log = os.path.join(tmp, f"server-{wait}.log")
+    with TritonServer(repo, log_path=log, env=env) as srv:
+        url = srv.http_url
+        for model in MODELS:  # warm the caches and the connections
+            for v in VARIANTS:
+                run_loadgen(exe, url, f"{model}_{v}", bodies_files[model], 4, 1.0)
+        for model in MODELS:
+            rounds = {v: [] for v in VARIANTS}
+            for r in range(args.rounds):
+                for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                    rounds[v].append(
+                        measure(
+                            exe,
+                            srv,
+                            f"{model}_{v}",
+                            bodies_files[model],
+                            args.clients,
+                            args.seconds,
+                        )
+                    )
+            med = {
+                v: {k: round(statistics.median(x[k] for x in rs), 1) for k in rs[0]}
+                for v, rs in rounds.items()
+            }
+            rate = {v: m["infer_per_s"] for v, m in med.items()}
+            report["throughput"][model] = {
+                "variants": med,
+                "gpu_over_cpu": round(rate["gpu"] / rate["cpu"], 3),
+                "gpu_static_over_cpu_mapped": round(rate["gpu_static"] / rate["cpu_mapped"], 3),
+                "over_floor": {v: round(rate[v] / rate["floor"], 3) for v in VARIANTS[1:]},
+            }
+            print(f"[wait={wait}] {model} batch {args.batch}, {args.clients} connections:")
+            for v, m in med.items():
+                print(
+                    f"  {model}_{v:11s} {m['infer_per_s']:9.0f} infer/s "
+                    f"({m['infer_per_s'] / rate['floor']:.2f}x floor) | server CPU "
+                    f"{m['server_cpu_us']:6.1f} us/req | compute_infer {m['compute_infer_us']:7.1f}"
+                    f" us | queue {m['queue_us']:7.1f} us | {m['requests_per_execution']:.2f} "
+                    f"req/exec | p50 {m['p50_us']} us",
+                    flush=True,
+                )
+            print(
+                f"  GPU/CPU {rate['gpu'] / rate['cpu']:.2f}x (whole table: "
+                f"{rate['gpu_static'] / rate['cpu_mapped']:.2f}x)",
+                flush=True,
+            )
+        lat = {}
+        for v in VARIANTS:
+            model = f"dlrm_{v}"
+            run_loadgen(exe, url, model, single_files, 1, 0.5)
+            r = run_loadgen(exe, url, model, single_files, 1, args.seconds)
+            lat[v] = {"p50_us": r["p50_us"], "p99_us": r["p99_us"]}
+        lat["gpu_over_cpu_p50"] = round(lat["gpu"]["p50_us"] / max(lat["cpu"]["p50_us"], 1), 3)
+        report["latency_batch1"]["dlrm"] = lat
+        print(f"[wait={wait}] dlrm batch 1, one connection: {json.dumps(lat)}", flush=True)
+    return report
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--gpu-count", type=int, default=4)
     ap.add_argument("--cpu-count", type=int, default=8)
+    ap.add_argument("--waits", default="block", help="comma-separated: block, spin")
     ap.add_argument("--json", default=None)
     # KIND_CPU here checks the benchmark itself on a machine without a GPU
     ap.add_argument("--gpu-kind", default="KIND_GPU", choices=("KIND_GPU", "KIND_CPU"))
     args = ap.parse_args(argv)
     rng = np.random.default_rng(1)
     tmp = tempfile.mkdtemp(prefix="trec-served-")
+    exe = build_loadgen(tmp)
     repo = build_repository(
         os.path.join(tmp, "repo"), args.gpu_count, args.cpu_count, args.gpu_kind
     )
@@ -200,45 +329,16 @@ def main(argv=None) -> int:
         "hps_demo": hps_bodies("hps_demo", args.batch, 64, rng),
         "dlrm": dlrm_bodies(args.batch, 64),
     }
-    single = dlrm_bodies(1, 200)
+    files = {m: write_bodies(os.path.join(tmp, f"{m}.bin"), b) for m, b in bodies.items()}
+    single = write_bodies(os.path.join(tmp, "dlrm1.bin"), dlrm_bodies(1, 200))
     report = {
         "machine": machine_info(),
         "command": "python benchmarks/bench_gpu_served.py " + " ".join(argv or sys.argv[1:]),
         "settings": vars(args),
-        "throughput": {},
-        "latency_batch1": {},
+        "by_wait": {},
     }
-    env = {"TRITON_REC_STORE": os.path.join(tmp, "store")}
-    with TritonServer(repo, log_path=os.path.join(tmp, "server.log"), env=env) as srv:
-        url = srv.http_url
-        for model, b in bodies.items():  # warm the caches and the connections
-            for kind in ("gpu", "cpu"):
-                throughput(url, f"{model}_{kind}", b, 4, 1.0)
-        for model, b in bodies.items():
-            rates = {"gpu": [], "cpu": []}
-            for r in range(args.rounds):
-                order = ("gpu", "cpu") if r % 2 == 0 else ("cpu", "gpu")
-                for kind in order:
-                    rates[kind].append(
-                        throughput(url, f"{model}_{kind}", b, args.clients, args.seconds)
-                    )
-            med = {k: statistics.median(v) for k, v in rates.items()}
-            report["throughput"][model] = {
-                "infer_per_s": {k: round(v, 1) for k, v in med.items()},
-                "gpu_over_cpu": round(med["gpu"] / med["cpu"], 3),
-            }
-            print(
-                f"served {model} batch {args.batch}, {args.clients} connections: KIND_GPU "
-                f"{med['gpu']:8.0f} infer/s | KIND_CPU {med['cpu']:8.0f} infer/s | "
-                f"GPU/CPU {med['gpu'] / med['cpu']:.2f}x",
-                flush=True,
-            )
-        for kind in ("gpu", "cpu"):
-            latency(url, f"dlrm_{kind}", single, 50)
-        lat = {k: latency(url, f"dlrm_{k}", single, 400) for k in ("gpu", "cpu")}
-        lat["gpu_over_cpu_p50"] = round(lat["gpu"]["p50_us"] / lat["cpu"]["p50_us"], 3)
-        report["latency_batch1"]["dlrm"] = lat
-        print(f"served dlrm batch 1, one connection: {json.dumps(lat)}", flush=True)
+    for wait in args.waits.split(","):
+        report["by_wait"][wait] = serve_and_measure(args, repo, tmp, exe, files, single, wait)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -23,9 +23,13 @@ using CUfunction = struct CUfunc_st*;
 using CUstream = struct CUstream_st*;
 using CUgraph = struct CUgraph_st*;
 using CUgraphExec = struct CUgraphExec_st*;
+using CUevent = struct CUevent_st*;
 
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
+constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
+constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
+constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x1;
 constexpr unsigned CU_MEMHOSTALLOC_DEVICEMAP = 0x2;
 constexpr unsigned CU_MEMHOSTREGISTER_PORTABLE = 0x1;
@@ -64,6 +68,11 @@ struct Driver {
   CUresult (*cuStreamCreate)(CUstream*, unsigned) = nullptr;
   CUresult (*cuStreamDestroy)(CUstream) = nullptr;
   CUresult (*cuStreamSynchronize)(CUstream) = nullptr;
+  CUresult (*cuEventCreate)(CUevent*, unsigned) = nullptr;
+  CUresult (*cuEventDestroy)(CUevent) = nullptr;
+  CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
+  CUresult (*cuEventQuery)(CUevent) = nullptr;
+  CUresult (*cuEventSynchronize)(CUevent) = nullptr;
   CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
   CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
   CUresult (*cuMemHostAlloc)(void**, size_t, unsigned) = nullptr;
@@ -151,6 +160,11 @@ struct Driver {
     sym(cuStreamCreate, "cuStreamCreate");
     sym(cuStreamDestroy, "cuStreamDestroy_v2");
     sym(cuStreamSynchronize, "cuStreamSynchronize");
+    sym(cuEventCreate, "cuEventCreate");
+    sym(cuEventDestroy, "cuEventDestroy_v2");
+    sym(cuEventRecord, "cuEventRecord");
+    sym(cuEventQuery, "cuEventQuery");
+    sym(cuEventSynchronize, "cuEventSynchronize");
     sym(cuMemAlloc, "cuMemAlloc_v2");
     sym(cuMemFree, "cuMemFree_v2");
     sym(cuMemHostAlloc, "cuMemHostAlloc");

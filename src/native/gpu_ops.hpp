@@ -8,10 +8,17 @@
 // thread at a time. A host-to-host lookup is: keys copied into pinned memory, one
 // host-to-device copy, one kernel per table, one device-to-host copy of the answers and
 // statuses, one synchronization.
+//
+// The synchronization blocks the thread (an event made with CU_EVENT_BLOCKING_SYNC) instead
+// of letting the driver spin a core for the whole kernel, as cuStreamSynchronize does in a
+// context with the default scheduling: on a served node those cores are what the front end
+// and the other instances need. TRITON_REC_GPU_WAIT=spin restores the driver's wait
+// (docs/configuration.md, "Environment").
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -181,13 +188,27 @@ class PinnedBuffer {
 
 inline size_t align256(size_t n) { return (n + 255) & ~size_t{255}; }
 
+// How a Lane waits for its stream: "block" (the default) sleeps on a blocking-sync event,
+// "spin" calls cuStreamSynchronize (the driver's default wait: a busy core).
+inline bool spin_wait_from_env() {
+  const char* v = std::getenv("TRITON_REC_GPU_WAIT");
+  if (v == nullptr || *v == 0 || std::string(v) == "block") return false;
+  if (std::string(v) == "spin") return true;
+  throw std::runtime_error(std::string("TRITON_REC_GPU_WAIT must be 'block' or 'spin', not '") + v +
+                           "'");
+}
+
 // A stream and its staging buffers; one thread at a time.
 class Lane {
  public:
-  explicit Lane(std::shared_ptr<const Kernels> kernels) : kernels_(std::move(kernels)) {
+  explicit Lane(std::shared_ptr<const Kernels> kernels)
+      : kernels_(std::move(kernels)), spin_(spin_wait_from_env()) {
     const Driver& d = Driver::get();
     kernels_->device().make_current();
     d.check(d.cuStreamCreate(&stream_, cuda::CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    d.check(
+        d.cuEventCreate(&done_event_, cuda::CU_EVENT_BLOCKING_SYNC | cuda::CU_EVENT_DISABLE_TIMING),
+        "cuEventCreate");
     const CUdeviceptr done = done_.reserve(256);
     d.check(d.cuMemsetD8Async(done, 0, 256, stream_), "cuMemsetD8Async");
     sync();
@@ -198,6 +219,7 @@ class Lane {
       Driver::get().cuStreamSynchronize(stream_);
       Driver::get().cuStreamDestroy(stream_);
     }
+    if (done_event_ != nullptr) Driver::get().cuEventDestroy(done_event_);
   }
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
@@ -207,8 +229,15 @@ class Lane {
   // The launch counter the kernels' last block uses (zero between launches).
   CUdeviceptr done() const { return done_.ptr(); }
   void enter() const { kernels_->device().make_current(); }
+  // Waits until everything queued on the stream has run (see the file's comment).
   void sync() const {
-    Driver::get().check(Driver::get().cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    const Driver& d = Driver::get();
+    if (spin_) {
+      d.check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize");
+      return;
+    }
+    d.check(d.cuEventRecord(done_event_, stream_), "cuEventRecord");
+    d.check(d.cuEventSynchronize(done_event_), "cuEventSynchronize");
   }
   void to_device(CUdeviceptr dst, const void* src, size_t bytes) const {
     if (bytes)
@@ -237,7 +266,9 @@ class Lane {
 
  private:
   std::shared_ptr<const Kernels> kernels_;
+  const bool spin_;
   CUstream stream_ = nullptr;
+  cuda::CUevent done_event_ = nullptr;
   DeviceBuffer done_;
   DeviceBuffer device_;
   PinnedBuffer host_;

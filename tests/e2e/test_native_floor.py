@@ -120,3 +120,22 @@ def test_the_native_floor_answers_one_zero_per_sample_on_the_hugectr_interface(f
         ):
             client.infer("floor_ranking", inputs)
         assert client.is_server_ready()
+
+
+def test_loadgen_counts_answers_and_failures(floor_server, tmp_path):
+    """benchmarks/loadgen.cpp (the served GPU benchmark's load generator) against a real
+    server: every answer counted, an error answer counted as failed with its message."""
+    from clients.raw_http import encode_request
+    from tests.benchmark_scripts import load_benchmark
+
+    bench = load_benchmark("bench_gpu_served")
+    exe = bench.build_loadgen(str(tmp_path))
+    keys = np.arange(6, dtype=np.int64)[None, :]
+    good = encode_request({"KEYS": keys, "NUMKEYS": np.array([[4, 2]], np.int32)}, ["OUTPUT0"])
+    bad = encode_request({"KEYS": keys, "NUMKEYS": np.array([[4, 9]], np.int32)}, ["OUTPUT0"])
+    good_file = bench.write_bodies(str(tmp_path / "good.bin"), [good] * 3)
+    r = bench.run_loadgen(exe, floor_server.http_url, "floor", good_file, 2, 0.5)
+    assert r["answered"] > 10 and r["failed"] == 0 and r["p50_us"] > 0
+    bad_file = bench.write_bodies(str(tmp_path / "bad.bin"), [good, bad])
+    with pytest.raises(RuntimeError, match="requests failed: .*NUMKEYS"):
+        bench.run_loadgen(exe, floor_server.http_url, "floor", bad_file, 1, 0.3)
