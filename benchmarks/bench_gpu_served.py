@@ -27,8 +27,10 @@ Models: ``dlrm_hps`` and ``hps_demo`` (hps lookups) and ``dlrm`` (the HugeCTR DL
    requests per execution (the statistics extension), and the load generator's CPU.
 2. Latency: one connection, batch-1 DLRM requests one after the other, p50 and p99.
 
-``--waits block,spin`` runs everything once per way a GPU instance waits for its stream
-(``TRITON_REC_GPU_WAIT``), each in a server of its own.
+``--waits block,spin,yield`` runs everything once per way a GPU instance waits for its
+stream (``TRITON_REC_GPU_WAIT``), each in a server of its own. ``--perf VARIANTS`` records
+the server's stacks with ``perf`` (where installed) while those variants are measured;
+``--logs DIR`` keeps the servers' logs and profiles.
 
     python benchmarks/bench_gpu_served.py [--clients 16] [--seconds 3] [--rounds 2]
 """
@@ -201,11 +203,29 @@ def dlrm_bodies(batch: int, n: int) -> list:
     return bodies
 
 
-def server_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
+def _cpu_of(stat_path: str) -> float:
+    with open(stat_path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (/proc/PID/stat)."""
+    return _cpu_of(f"/proc/{pid}/stat")
+
+
+def thread_cpu_seconds(pid: int) -> dict:
+    """CPU seconds of a process's threads, summed by thread name (/proc/PID/task/*/comm):
+    which of the server's threads (HTTP front end, model instances, CUDA, ...) spend it."""
+    out: dict = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = re.sub(r"\d+$", "#", f.read().strip())
+            out[name] = out.get(name, 0.0) + _cpu_of(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:  # the thread ended
+            pass
+    return out
 
 
 def model_stats(url: str, model: str) -> dict:
@@ -223,13 +243,48 @@ def model_stats(url: str, model: str) -> dict:
     return out
 
 
-def measure(exe, srv, model, bodies_file, clients, seconds) -> dict:
-    """One round of one variant: infer/s and where each request's time went."""
-    url = srv.http_url
-    before, cpu0 = model_stats(url, model), server_cpu_seconds(srv.process.pid)
+def perf_record(pid: int, seconds: float, out: str):
+    """``perf record`` of the server's stacks for ``seconds`` into ``out`` (started in the
+    background; None where perf is not installed)."""
+    if shutil.which("perf") is None:
+        return None
+    cmd = ["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", out, "--", "sleep"]
+    return subprocess.Popen(
+        cmd + [str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def perf_report(proc, data: str) -> None:
+    """Wait for perf_record's process; its flat reports (self time >= 0.5% by thread name and
+    library, then by library and symbol) beside the data."""
+    proc.wait()
+    flat = ["perf", "report", "-i", data, "--stdio", "--no-children", "-g", "none"]
+    with open(data + ".txt", "w") as f:
+        for sort in ("comm,dso", "dso,sym"):
+            f.flush()
+            subprocess.run(
+                flat + ["--sort", sort, "--percent-limit", "0.5"],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            )
+
+
+def measure(exe, srv, model, bodies_file, clients, seconds, perf_out=None) -> dict:
+    """One round of one variant: infer/s and where each request's time went (with
+    ``perf_out``, a perf profile of the server during the round, where perf exists)."""
+    url, pid = srv.http_url, srv.process.pid
+    before, cpu0 = model_stats(url, model), server_cpu_seconds(pid)
+    threads0 = thread_cpu_seconds(pid)
+    prof = perf_record(pid, seconds * 0.8, perf_out) if perf_out else None
     r = run_loadgen(exe, url, model, bodies_file, clients, seconds)
-    cpu1, after = server_cpu_seconds(srv.process.pid), model_stats(url, model)
+    if prof is not None:
+        perf_report(prof, perf_out)
+    cpu1, after = server_cpu_seconds(pid), model_stats(url, model)
+    threads1 = thread_cpu_seconds(pid)
     n = max(after["requests"] - before["requests"], 1)
+    by_thread = {
+        name: (t - threads0.get(name, 0.0)) / r["answered"] * 1e6 for name, t in threads1.items()
+    }
     out = {
         "infer_per_s": r["answered"] / r["seconds"],
         "server_cpu_us": (cpu1 - cpu0) / r["answered"] * 1e6,
@@ -240,14 +295,22 @@ def measure(exe, srv, model, bodies_file, clients, seconds) -> dict:
     }
     for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
         out[phase + "_us"] = (after[phase + "_ns"] - before[phase + "_ns"]) / n / 1e3
+    # server CPU per request by thread name, the threads that spent >= 1 us of it
+    out.update({f"cpu_us[{k}]": v for k, v in sorted(by_thread.items()) if v >= 1.0})
     return out
 
 
 def serve_and_measure(args, repo, tmp, exe, bodies_files, single_files, wait) -> dict:
     """Every model's variants in one server whose GPU instances wait the way ``wait``."""
-    env = {"TRITON_REC_STORE": os.path.join(tmp, "store"), "TRITON_REC_GPU_WAIT": wait}
+    # each server its own store and shared-memory folder: nothing one leaves behind (its
+    # stop under load is issue 24's subject) reaches the next
+    env = {
+        "TRITON_REC_STORE": os.path.join(tmp, f"store-{wait}"),
+        "TRITON_REC_SHM_DIR": tempfile.mkdtemp(prefix=f"shm-{wait}-", dir=tmp),
+        "TRITON_REC_GPU_WAIT": wait,
+    }
     report = {"throughput": {}, "latency_batch1": {}}
-    log = os.path.join(tmp, f"server-{wait}.log")
+    log = os.path.join(args.logs or tmp, f"server-{wait}.log")
     with TritonServer(repo, log_path=log, env=env) as srv:
         url = srv.http_url
         for model in MODELS:  # warm the caches and the connections
@@ -257,18 +320,22 @@ def serve_and_measure(args, repo, tmp, exe, bodies_files, single_files, wait) ->
             rounds = {v: [] for v in VARIANTS}
             for r in range(args.rounds):
                 for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                    name = f"{model}_{v}"
+                    perf = (
+                        os.path.join(args.logs or tmp, f"perf-{wait}-{name}.data")
+                        if r == 0 and name in args.perf
+                        else None
+                    )
                     rounds[v].append(
                         measure(
-                            exe,
-                            srv,
-                            f"{model}_{v}",
-                            bodies_files[model],
-                            args.clients,
-                            args.seconds,
+                            exe, srv, name, bodies_files[model], args.clients, args.seconds, perf
                         )
                     )
             med = {
-                v: {k: round(statistics.median(x[k] for x in rs), 1) for k in rs[0]}
+                v: {
+                    k: round(statistics.median(x.get(k, 0.0) for x in rs), 1)
+                    for k in sorted(set().union(*rs))
+                }
                 for v, rs in rounds.items()
             }
             rate = {v: m["infer_per_s"] for v, m in med.items()}
@@ -286,6 +353,14 @@ def serve_and_measure(args, repo, tmp, exe, bodies_files, single_files, wait) ->
                     f"{m['server_cpu_us']:6.1f} us/req | compute_infer {m['compute_infer_us']:7.1f}"
                     f" us | queue {m['queue_us']:7.1f} us | {m['requests_per_execution']:.2f} "
                     f"req/exec | p50 {m['p50_us']} us",
+                    flush=True,
+                )
+                threads = {k[7:-1]: x for k, x in m.items() if k.startswith("cpu_us[")}
+                print(
+                    "      server CPU us/req by thread: "
+                    + ", ".join(
+                        f"{k} {x:.1f}" for k, x in sorted(threads.items(), key=lambda i: -i[1])
+                    ),
                     flush=True,
                 )
             print(
@@ -313,11 +388,18 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--gpu-count", type=int, default=4)
     ap.add_argument("--cpu-count", type=int, default=8)
-    ap.add_argument("--waits", default="block", help="comma-separated: block, spin")
+    ap.add_argument("--waits", default="block", help="comma-separated: block, spin, yield")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--logs", default=None, help="keep the servers' logs in this folder")
+    ap.add_argument(
+        "--perf",
+        default="",
+        help="comma-separated variants (e.g. dlrm_gpu_static) to profile with perf in round 1",
+    )
     # KIND_CPU here checks the benchmark itself on a machine without a GPU
     ap.add_argument("--gpu-kind", default="KIND_GPU", choices=("KIND_GPU", "KIND_CPU"))
     args = ap.parse_args(argv)
+    args.perf = [p for p in args.perf.split(",") if p]
     rng = np.random.default_rng(1)
     tmp = tempfile.mkdtemp(prefix="trec-served-")
     exe = build_loadgen(tmp)

@@ -12,11 +12,14 @@
 // The synchronization blocks the thread (an event made with CU_EVENT_BLOCKING_SYNC) instead
 // of letting the driver spin a core for the whole kernel, as cuStreamSynchronize does in a
 // context with the default scheduling: on a served node those cores are what the front end
-// and the other instances need. TRITON_REC_GPU_WAIT=spin restores the driver's wait
-// (docs/configuration.md, "Environment").
+// and the other instances need. TRITON_REC_GPU_WAIT chooses (Wait below;
+// docs/configuration.md, "The server: how a GPU instance waits").
 #pragma once
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -188,13 +191,20 @@ class PinnedBuffer {
 
 inline size_t align256(size_t n) { return (n + 255) & ~size_t{255}; }
 
-// How a Lane waits for its stream: "block" (the default) sleeps on a blocking-sync event,
-// "spin" calls cuStreamSynchronize (the driver's default wait: a busy core).
-inline bool spin_wait_from_env() {
+// How a Lane waits for its stream (TRITON_REC_GPU_WAIT): "block" (the default) sleeps on a
+// blocking-sync event; "spin" calls cuStreamSynchronize (the driver's default wait: a busy
+// core); "yield" polls the event, giving the core to any other runnable thread between
+// polls, for up to kYieldWaitNs, then sleeps as "block" does.
+enum class Wait { kBlock, kSpin, kYield };
+constexpr int64_t kYieldWaitNs = 200000;
+
+inline Wait wait_from_env() {
   const char* v = std::getenv("TRITON_REC_GPU_WAIT");
-  if (v == nullptr || *v == 0 || std::string(v) == "block") return false;
-  if (std::string(v) == "spin") return true;
-  throw std::runtime_error(std::string("TRITON_REC_GPU_WAIT must be 'block' or 'spin', not '") + v +
+  const std::string s = v == nullptr ? "" : v;
+  if (s.empty() || s == "block") return Wait::kBlock;
+  if (s == "spin") return Wait::kSpin;
+  if (s == "yield") return Wait::kYield;
+  throw std::runtime_error("TRITON_REC_GPU_WAIT must be 'block', 'spin' or 'yield', not '" + s +
                            "'");
 }
 
@@ -202,7 +212,7 @@ inline bool spin_wait_from_env() {
 class Lane {
  public:
   explicit Lane(std::shared_ptr<const Kernels> kernels)
-      : kernels_(std::move(kernels)), spin_(spin_wait_from_env()) {
+      : kernels_(std::move(kernels)), wait_(wait_from_env()) {
     const Driver& d = Driver::get();
     kernels_->device().make_current();
     d.check(d.cuStreamCreate(&stream_, cuda::CU_STREAM_NON_BLOCKING), "cuStreamCreate");
@@ -232,11 +242,23 @@ class Lane {
   // Waits until everything queued on the stream has run (see the file's comment).
   void sync() const {
     const Driver& d = Driver::get();
-    if (spin_) {
+    if (wait_ == Wait::kSpin) {
       d.check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize");
       return;
     }
     d.check(d.cuEventRecord(done_event_, stream_), "cuEventRecord");
+    if (wait_ == Wait::kYield) {
+      const auto start = std::chrono::steady_clock::now();
+      for (;;) {
+        const cuda::CUresult r = d.cuEventQuery(done_event_);
+        if (r == cuda::CUDA_SUCCESS) return;
+        if (r != cuda::CUDA_ERROR_NOT_READY) d.check(r, "cuEventQuery");
+        if (std::chrono::steady_clock::now() - start > std::chrono::nanoseconds(kYieldWaitNs)) {
+          break;
+        }
+        sched_yield();
+      }
+    }
     d.check(d.cuEventSynchronize(done_event_), "cuEventSynchronize");
   }
   void to_device(CUdeviceptr dst, const void* src, size_t bytes) const {
@@ -266,7 +288,7 @@ class Lane {
 
  private:
   std::shared_ptr<const Kernels> kernels_;
-  const bool spin_;
+  const Wait wait_;
   CUstream stream_ = nullptr;
   cuda::CUevent done_event_ = nullptr;
   DeviceBuffer done_;

@@ -17,6 +17,7 @@
 // every request of a model without a plan.
 #include <Python.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <strings.h>
 
 #include <algorithm>
@@ -1400,6 +1401,13 @@ TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   void* state = nullptr;
   if (auto* e = TRITONBACKEND_ModelInstanceState(instance, &state)) return e;
   const auto& st = *static_cast<InstanceState*>(state);
+  // Triton leaves its instance threads named "tritonserver": name this one after its model
+  // (15 characters at most), so `top -H` and /proc show which model a thread's CPU serves.
+  thread_local bool named = false;
+  if (!named) {
+    named = true;
+    pthread_setname_np(pthread_self(), ("trec:" + st.model_name).substr(0, 15).c_str());
+  }
   // per thread, reused: whether each request succeeded, when it was answered, and the
   // requests the native path left to the hosted model
   thread_local std::vector<char> ok;
