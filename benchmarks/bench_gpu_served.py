@@ -419,13 +419,21 @@ def main(argv=None) -> int:
         "settings": vars(args),
         "by_wait": {},
     }
+    failed = False
     for wait in args.waits.split(","):
-        report["by_wait"][wait] = serve_and_measure(args, repo, tmp, exe, files, single, wait)
+        try:
+            report["by_wait"][wait] = serve_and_measure(args, repo, tmp, exe, files, single, wait)
+        except RuntimeError as e:  # a server that did not start: its errors, then the next
+            failed = True
+            with open(os.path.join(args.logs or tmp, f"server-{wait}.log"), errors="replace") as f:
+                errors = [line.rstrip() for line in f if line.startswith("E")]
+            report["by_wait"][wait] = {"error": str(e)[-1500:], "server_errors": errors}
+            print(f"[wait={wait}] FAILED: the server's errors:", *errors, sep="\n", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -38,6 +38,16 @@ from triton_rec import _native
 from triton_rec.dense import DenseModel, TableSpec
 from triton_rec.gpu.blas import CapturableCupy
 
+#: One network's eager runs and captures at a time in a process. Triton loads models, and
+#: each model's instances, on parallel threads; on an H200, 16 DLRM instances of two models
+#: loading together failed with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (benchmarks/RESULTS.md,
+#: issue 23, call 7): another thread's CUDA work (kernel loads, cuBLAS set-up) broke a
+#: capture in progress. Loading serialized this way costs a few seconds for 16 instances.
+_CAPTURE_LOCK = threading.Lock()
+#: Captures of one bucket tried before the load fails: a capture can still be broken by
+#: CUDA work of a thread that does not take the lock (a device cache being created).
+CAPTURE_ATTEMPTS = 3
+
 
 def buckets(max_batch_size: int) -> List[int]:
     """The batch sizes a graph is captured for: powers of two below ``max_batch_size``,
@@ -86,8 +96,9 @@ class DenseGraphs(DenseModel):
                     cupy.zeros((mb, int(t.slot_num), int(t.vec_size)), dtype=cupy.float32)
                     for t in network.tables
                 ]
-                for b in buckets(mb):
-                    self._graphs[b] = self._capture(b)
+                with _CAPTURE_LOCK:
+                    for b in buckets(mb):
+                        self._graphs[b] = self._capture(b)
             self.stream.synchronize()
 
     @classmethod
@@ -162,12 +173,21 @@ class DenseGraphs(DenseModel):
         # gets the blocks the captured run will reuse (nothing is allocated while capturing)
         self.network.predict(*inputs)
         self.stream.synchronize()
-        _native.CudaGraph.begin_capture(self.device, self.stream.ptr)
-        try:
-            out = self.network.predict(*inputs)
-        finally:
-            graph = _native.CudaGraph.end_capture(self.device, self.stream.ptr)
-        return graph, out
+        for attempt in range(1, CAPTURE_ATTEMPTS + 1):
+            _native.CudaGraph.begin_capture(self.device, self.stream.ptr)
+            try:
+                out = self.network.predict(*inputs)
+            finally:
+                try:
+                    graph = _native.CudaGraph.end_capture(self.device, self.stream.ptr)
+                except RuntimeError as e:  # broken by another thread: capture again
+                    if "CAPTURE_INVALIDATED" not in str(e) or attempt == CAPTURE_ATTEMPTS:
+                        raise
+                    graph = None
+            if graph is not None:
+                return graph, out
+            self.stream.synchronize()
+        raise AssertionError("unreachable")
 
     # -- DenseModel ---------------------------------------------------------------------
     @property
