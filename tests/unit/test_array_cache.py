@@ -600,6 +600,29 @@ def test_the_owner_waits_for_attached_processes_before_freeing(shm_name):
     assert p.exitcode == 0
 
 
+def test_the_owner_does_not_wait_for_handles_of_its_own_process(shm_name):
+    # Instances of one model in one server: the owner's close must not wait the linger for
+    # the others (they close on the same unload); the memory stays until the last closes.
+    keys = np.arange(12)
+    owner = gpu_share.open_shared_cache(shm_name, 256, D, ways=8, policy="lru")
+    owner.cache.insert(keys, true_vec(keys))
+    second = gpu_share.open_shared_cache(shm_name, 256, D, ways=8, policy="lru")
+    try:
+        assert not second.owner
+        t0 = time.monotonic()
+        assert owner.close(linger=30) is False  # retained for the second handle
+        assert time.monotonic() - t0 < 5
+        assert gpu_share.retained_caches() == [shm_name]
+        out, hit = second.cache.query(keys)
+        assert hit.all() and np.array_equal(out, true_vec(keys))
+        assert second.close(linger=0) is True
+        assert gpu_share.retained_caches() == []
+    finally:
+        second.close(linger=0)
+        owner.close(linger=0)
+        gpu_share.release_retained()
+
+
 def test_attachments_of_processes_that_are_gone_do_not_hold_the_memory(shm_name):
     owner = gpu_share.open_shared_cache(shm_name, 256, D)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])

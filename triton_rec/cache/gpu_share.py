@@ -129,6 +129,12 @@ def _self_token() -> ProcessToken:
     return pid, start_time(pid)
 
 
+def _elsewhere(tokens: List[ProcessToken]) -> List[ProcessToken]:
+    """The attachments of other processes than this one."""
+    me = os.getpid()
+    return [t for t in tokens if t[0] != me]
+
+
 def _token_alive(pid: int, starttime: int) -> bool:
     """The owner / attachment check: the process ``pid`` that started at ``starttime``
     still runs. Without a start time the recorded process cannot be told apart from a
@@ -631,10 +637,11 @@ class SharedCache(HostCacheView):
 
         The owner also unpublishes the cache (removes its files, and the namespace
         directory if that left it empty) and frees the memory (on a GPU: drops its
-        device arrays, freed with their last reference) only when no other live process
-        is attached: it waits up to ``linger`` seconds (default :data:`OWNER_LINGER_S`)
-        for them, then, if some remain, retains the memory (logged) until
-        :func:`release_retained` finds them gone."""
+        device arrays, freed with their last reference) only when nothing else is attached:
+        it waits up to ``linger`` seconds (default :data:`OWNER_LINGER_S`) for other
+        processes (not for this process's own other handles), then, if some handle
+        remains, retains the memory (logged when another process holds it) until
+        :func:`release_retained` finds them all gone."""
         if self._closed:
             return True
         self._closed = True
@@ -650,17 +657,23 @@ class SharedCache(HostCacheView):
         if self.owner and self.files:
             remove_namespace_dir(os.path.dirname(self.files[0]))
         if self.owner and others:
+            # Wait only for other processes. Handles of this process (other instances of
+            # the model) close later on the same unload, perhaps after this one returns:
+            # waiting for them held every GPU model's unload for the whole linger, past
+            # tritonserver's exit timeout (seen on an H200: "Exit timeout expired", then a
+            # segfault at exit). Their memory is retained below and freed by the last.
             deadline = time.monotonic() + (OWNER_LINGER_S if linger is None else linger)
-            while others and time.monotonic() < deadline:
+            while _elsewhere(others) and time.monotonic() < deadline:
                 time.sleep(_POLL_S)
                 others = self.attached()
         if self.owner and others:
-            log.warning(
-                "shared cache %s: closed by its owner while processes %s are still attached; "
-                "its memory is retained until they detach",
-                self.name,
-                sorted({pid for pid, _ in others}),
-            )
+            if _elsewhere(others):
+                log.warning(
+                    "shared cache %s: closed by its owner while processes %s are still "
+                    "attached; its memory is retained until they detach",
+                    self.name,
+                    sorted({pid for pid, _ in _elsewhere(others)}),
+                )
             with _RETAINED_LOCK:
                 _RETAINED.append(_Retained(self.name, self.lock, self._keepalive))
             self._keepalive = None
