@@ -388,7 +388,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--gpu-count", type=int, default=4)
     ap.add_argument("--cpu-count", type=int, default=8)
-    ap.add_argument("--waits", default="block", help="comma-separated: block, spin, yield")
+    ap.add_argument("--waits", default="yield", help="comma-separated: yield, block, spin")
     ap.add_argument("--json", default=None)
     ap.add_argument("--logs", default=None, help="keep the servers' logs in this folder")
     ap.add_argument(
