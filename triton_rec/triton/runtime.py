@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -38,6 +39,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -351,6 +353,9 @@ class TritonServer:
         inherit_output: the server writes to this process's stdout/stderr (no log_path).
         request_path: ``native`` or ``python`` (:func:`resolve_request_path`; default
             ``$TRITON_REC_REQUEST_PATH``, else native).
+        strict_startup: exit when a model fails to load at start-up (Triton's default).
+            Without it the server serves every model that loads, the failed ones reported
+            by :meth:`failed_models` (and by :func:`serve`).
     """
 
     def __init__(
@@ -369,8 +374,10 @@ class TritonServer:
         supervisor_log: Optional[Callable[[str], None]] = None,
         inherit_output: bool = False,
         request_path: Optional[str] = None,
+        strict_startup: bool = False,
     ):
         self.model_repository = Path(model_repository).resolve()
+        self.strict_startup = strict_startup
         self.http_port = http_port or free_port()
         self.grpc_port = grpc_port or free_port()
         self.metrics_port = metrics_port or free_port()
@@ -423,6 +430,10 @@ class TritonServer:
             "--disable-auto-complete-config",
             *SERVER_LIMIT_FLAGS,
         ]
+        if not self.strict_startup:
+            # one broken model does not keep the others from serving (docs/operations.md,
+            # "Start-up with a broken model")
+            cmd.append("--exit-on-error=false")
         if self.explicit or self.supervise:
             # The supervisor reloads models through the repository API (explicit mode only).
             cmd.append("--model-control-mode=explicit")
@@ -520,6 +531,22 @@ class TritonServer:
         except OSError:
             return False
 
+    def model_index(self) -> List[dict]:
+        """The repository index (``POST /v2/repository/index``): one entry per model
+        version with ``name``, ``version``, ``state`` and, for a failed one, ``reason``."""
+        req = urllib.request.Request(
+            f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    def failed_models(self) -> List[dict]:
+        """The index entries of the models that failed to load (state ``UNAVAILABLE`` with
+        a reason; a model unloaded on purpose has none)."""
+        return [
+            m for m in self.model_index() if m.get("state") == "UNAVAILABLE" and m.get("reason")
+        ]
+
     def log_tail(self, lines: int = 60) -> str:
         """The last ``lines`` lines of the server log."""
         if not self.log_path or not self.log_path.exists():
@@ -591,6 +618,37 @@ class _PublicServer(TritonServer):
         ]
 
 
+def report_start(server: TritonServer, out: IO[str] = sys.stderr) -> None:
+    """Once ``server`` answers (its start-up loads done), one line with how many models it
+    serves and, for each model that failed to load, a line with the cause and how to load
+    it again once fixed. Returns quietly if the server exits first."""
+    while not server.is_live():
+        if server.process is None or server.process.poll() is not None:
+            return
+        time.sleep(0.2)
+    try:
+        index = server.model_index()
+    except OSError:
+        return
+    ready = [m["name"] for m in index if m.get("state") == "READY"]
+    failed = [m for m in index if m.get("state") == "UNAVAILABLE" and m.get("reason")]
+    print(f"triton-rec: serving {len(ready)} model(s): {', '.join(sorted(ready))}", file=out)
+    if failed:
+        how = (
+            f"once fixed, load it without a restart: POST http://HOST:{server.http_port}"
+            "/v2/repository/models/<model>/load"
+            if server.explicit or server.supervise
+            else "once fixed, restart the server (it runs without explicit model control)"
+        )
+        print(f"triton-rec: {len(failed)} model(s) failed to load; {how}", file=out)
+        for m in failed:
+            print(
+                f"triton-rec: FAILED {m['name']} (version {m.get('version')}): {m['reason']}",
+                file=out,
+            )
+    out.flush()
+
+
 def serve(server: TritonServer) -> int:
     """Run ``server`` in the foreground until it exits; SIGINT/SIGTERM/SIGHUP of this
     process are forwarded to it (a graceful stop, once). Returns its exit status after
@@ -614,6 +672,7 @@ def serve(server: TritonServer) -> int:
         signal.signal(sig, forward)
     server.launch(die_with_parent=True)
     assert server.process is not None  # set by launch()
+    threading.Thread(target=report_start, args=(server,), daemon=True).start()
     code = server.process.wait()
     server.stop()  # the supervisor, then whatever is left of the server's process group
     return code if code >= 0 else 128 - code
@@ -649,6 +708,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="do not replace dead instance processes (and keep Triton's default model control)",
     )
+    s.add_argument(
+        "--strict-startup",
+        action="store_true",
+        help="exit when any model fails to load at start-up (default: serve the models that "
+        "load and report the others)",
+    )
     s.add_argument("--print-command", action="store_true", help="print the command and exit")
     s.add_argument(
         "--allowed-roots",
@@ -673,6 +738,7 @@ def main(argv=None) -> int:
         env=env,
         backend_dir=args.backend_directory,
         request_path=args.request_path,
+        strict_startup=args.strict_startup,
     )
     try:
         if args.print_command:
