@@ -202,10 +202,19 @@ class DenseNet {
     if (r < 0 || r >= num_regs_) throw std::invalid_argument("dense program: bad register");
   }
 
+  // The numpy executor's _sigmoid: 1 / (1 + exp(-clip(x, -88, 88))). The clip is
+  // written with comparisons that let a NaN through, as np.clip does: std::min/std::max
+  // turned a NaN into -88 (a prediction of 6e-39 instead of NaN).
   static float sigmoid(float x) {
-    const float z = std::exp(-std::min(88.0f, std::max(-88.0f, x))) + 1.0f;
+    const float c = x < -88.0f ? -88.0f : (x > 88.0f ? 88.0f : x);
+    const float z = std::exp(-c) + 1.0f;
     return 1.0f / z;
   }
+
+  // np.maximum(x, 0): a NaN stays NaN (and -0 stays -0). `x > 0 ? x : 0` turned a NaN
+  // into 0, so an overflow (inf - inf) vanished in the first ReLU and every sample
+  // got the same finite prediction.
+  static float relu_of(float x) { return x < 0.0f ? 0.0f : x; }
 
   static void linear(int64_t rows, int64_t k, int64_t n, const float* x, const float* w,
                      const float* b, bool relu, float* y, SgemmFn gemm) {
@@ -216,7 +225,7 @@ class DenseNet {
         for (int64_t j = 0; j < n; ++j) yi[j] += b[j];
       }
       if (relu) {
-        for (int64_t j = 0; j < n; ++j) yi[j] = yi[j] > 0.0f ? yi[j] : 0.0f;
+        for (int64_t j = 0; j < n; ++j) yi[j] = relu_of(yi[j]);
       }
     }
   }
@@ -248,7 +257,7 @@ class DenseNet {
         break;
       }
       case DenseOp::kRelu:
-        for (int64_t i = 0; i < total_in; ++i) out[0][i] = in[0][i] > 0.0f ? in[0][i] : 0.0f;
+        for (int64_t i = 0; i < total_in; ++i) out[0][i] = relu_of(in[0][i]);
         break;
       case DenseOp::kSigmoid:
       case DenseOp::kSigmoidLoss:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.extreme_inputs import check_extreme_answers, extreme_inputs
 from triton_rec import _native
 from triton_rec.dense import Combiner, DenseModel, TableSpec, combine_slots
 from triton_rec.dense.hugectr_network import HugeCTRNetwork
@@ -135,8 +136,14 @@ def check_native(model, dense, embs, expected):
     if program is None:
         assert any(layer.native is None for layer in model.plan.layers), model
         return
-    got = _native.DenseNet(program, model).predict(dense, embs)
+    net = _native.DenseNet(program, model)
+    got = net.predict(dense, embs)
     np.testing.assert_allclose(got, expected, atol=ATOL, rtol=1e-5)
+    # Issue 24: on overflowing, infinite, NaN and denormal inputs as well.
+    for x_dense, x_embs in extreme_inputs(dense, embs):
+        with np.errstate(all="ignore"):  # numpy's overflow warnings: the point of the test
+            want = model.predict(x_dense, x_embs)
+        check_extreme_answers(net.predict(x_dense, x_embs), want, atol=ATOL)
 
 
 def _linear(d_in, d_out, seed, bias=True):

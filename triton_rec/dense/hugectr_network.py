@@ -342,7 +342,8 @@ def _then(f, g):
 def _sigmoid(xp, x):
     # 1 / (1 + exp(-x)) (src/layers/sigmoid_layer.cu, sigmoid kernel). Clipping to
     # [-88, 88] keeps exp finite in float32 (no overflow warning) and changes nothing
-    # above 88 (both give 1.0) and only denormals below -88 (< 1e-38).
+    # above 88 (both give 1.0) and only denormals below -88 (< 1e-38). A NaN stays NaN
+    # (np.clip keeps it; so does dense_net.hpp's sigmoid: docs/backends.md, "Extreme inputs").
     z = xp.exp(-xp.clip(x, -88.0, 88.0))
     z += 1.0
     return xp.reciprocal(z, out=z).astype(xp.float32, copy=False)
@@ -363,7 +364,9 @@ def _same_shape_unary(fn, native=None):
 
 
 def _build_relu(spec: _Spec, ins):
-    # src/layers/relu_layer.cu: x > 0 ? x : 0
+    # src/layers/relu_layer.cu: x > 0 ? x : 0, except that a NaN stays NaN here (np.maximum;
+    # as in PyTorch and onnxruntime): HugeCTR's kernel turns it into 0, which hid an
+    # overflow (inf - inf) behind an ordinary-looking prediction (issue 24).
     _need_inputs(spec, ins, 1)
     return _Built(
         [ins[0]],
