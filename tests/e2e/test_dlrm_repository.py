@@ -10,6 +10,7 @@ fed the same samples; held-out samples come from the generator the model was tra
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -72,3 +73,50 @@ def test_the_served_model_is_better_than_chance_on_held_out_data(demo_server, re
     served = np.concatenate([_fused(demo_server, "grpc", "dlrm", data, a, b) for a, b in CHUNKS])
     score = auc(data.labels, served)
     assert score > 0.75, score
+
+
+@pytest.mark.parametrize("tensor", ["DES", "EMBEDDINGS"])
+def test_the_dense_model_refuses_nan_in_embeddings_as_in_des(demo_server, reference, tensor):
+    # Issue 24: the dense backend refused NaN/inf in DES but computed with them in
+    # EMBEDDINGS; now both, on both request paths, with an error naming the tensor.
+    from tritonclient.utils import InferenceServerException
+
+    _, data, torch_pred = reference
+    req = data.ensemble_request(0, 3)
+    vec = 16  # both demo tables
+    embs = np.zeros(int(req["NUMKEYS"].sum()) * vec, np.float32)
+    des = req["DES"].copy()
+    if tensor == "DES":
+        des[9] = np.nan
+        needle = "DES holds a non-finite value (nan) at sample 1, feature 1"
+    else:
+        embs[int(req["NUMKEYS"][0]) * vec + 3] = np.inf  # table 1's first key
+        needle = "EMBEDDINGS holds a non-finite value (inf) at sample 0, table 1"
+    inputs = [
+        ("DES", des, "FP32"),
+        ("EMBEDDINGS", embs, "FP32"),
+        ("ROWINDEX", req["ROWINDEX"], "INT32"),
+    ]
+    with pytest.raises(InferenceServerException) as e:
+        infer_raw(demo_server, "grpc", "dlrm_dense", inputs)
+    assert "dlrm_dense" in str(e.value) and needle in str(e.value), str(e.value)
+    # the model still answers, and the ensemble around it too
+    embs[:] = 0
+    inputs[0], inputs[1] = ("DES", req["DES"], "FP32"), ("EMBEDDINGS", embs, "FP32")
+    assert infer_raw(demo_server, "http", "dlrm_dense", inputs).as_numpy("OUTPUT0").shape == (3,)
+    np.testing.assert_allclose(
+        _ensemble(demo_server, "http", data, 0, 3), torch_pred[:3], atol=1e-5, rtol=0
+    )
+
+
+@pytest.mark.parametrize("model", ["dlrm", "ensemble"])
+def test_an_overflowing_des_gives_nan_as_the_numpy_reference_does(demo_server, reference, model):
+    # Issue 24: DES = 3e38 is finite and accepted; the native dense executor answered
+    # 0.49968836 for every sample (its ReLU ate the NaN of inf - inf) where numpy gives NaN.
+    _, data, _ = reference
+    big = dataclasses.replace(data, dense=np.full_like(data.dense, 3e38))
+    if model == "ensemble":
+        out = _ensemble(demo_server, "grpc", big, 0, 4)
+    else:
+        out = _fused(demo_server, "grpc", "dlrm", big, 0, 4)
+    assert out.shape == (4,) and np.isnan(out).all(), out

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from triton_rec.errors import RequestError
-from triton_rec.serving.hugectr_request import parse_hugectr_request
+from triton_rec.serving.hugectr_request import parse_embedding_request, parse_hugectr_request
 
 
 def _build(samples, dense_dim=3, dtype=np.int64):
@@ -148,3 +148,50 @@ def test_a_damaged_rowindex_always_gets_a_request_error(seed):
         parse_hugectr_request("m", des, cat, rows, slots=slots, dense_dim=3, max_batch_size=64)
     except RequestError as e:
         assert "ROWINDEX" in str(e)
+
+
+def _embedding_request(n=3, slots=(2, 1), vec=(4, 2)):
+    """A dense-backend (ensemble) request: one key per slot, EMBEDDINGS table-major."""
+    rows = np.concatenate([np.arange(n * s + 1) for s in slots]).astype(np.int32)
+    embs = np.arange(sum(n * s * v for s, v in zip(slots, vec)), dtype=np.float32)
+    return np.zeros(n * 3, np.float32), embs, rows
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("tensor", ["DES", "EMBEDDINGS"])
+def test_the_dense_backend_refuses_non_finite_embeddings_as_it_refuses_non_finite_des(
+    tensor, value
+):
+    # Issue 24: EMBEDDINGS follows DES's rule, naming the input and where the value is.
+    des, embs, rows = _embedding_request()
+    n, dense, vectors, _ = parse_embedding_request("m", des, embs, rows, (2, 1), (4, 2), 3, 8)
+    assert n == 3 and [v.shape for v in vectors] == [(6, 4), (3, 2)]
+    if tensor == "DES":
+        des[4] = value
+        needle = f"DES holds a non-finite value ({np.float32(value)}) at sample 1, feature 1"
+    else:
+        # table 1 starts after table 0's 6 keys x 4 floats; its key 2 is sample 2's slot 0
+        embs[24 + 2 * 2 + 1] = value
+        needle = (
+            f"EMBEDDINGS holds a non-finite value ({np.float32(value)}) at sample 2, table 1, "
+            "slot 0 (the table's key 2), element 1"
+        )
+    with pytest.raises(RequestError) as e:
+        parse_embedding_request("m", des, embs, rows, (2, 1), (4, 2), 3, 8)
+    assert needle in str(e.value), str(e.value)
+
+
+def test_embeddings_of_a_multi_hot_slot_name_the_sample_that_holds_them():
+    # table 0: sample 0 has slots of 0 and 3 keys, sample 1 has 1 and 0 keys
+    rows = np.array([0, 0, 3, 4, 4], np.int32)
+    embs = np.zeros(4 * 2, np.float32)
+    embs[3 * 2] = np.nan  # key 3: sample 1, slot 0
+    with pytest.raises(RequestError, match=r"at sample 1, table 0, slot 0 \(the table's key 3\)"):
+        parse_embedding_request("m", np.zeros(2, np.float32), embs, rows, (2,), (2,), 1, 8)
+    embs[3 * 2], embs[2 * 2 + 1] = 0, -np.inf  # key 2: sample 0, slot 1
+    with pytest.raises(RequestError, match=r"\(-inf\) at sample 0, table 0, slot 1 .*element 1"):
+        parse_embedding_request("m", np.zeros(2, np.float32), embs, rows, (2,), (2,), 1, 8)
+    # denormals and values near the float32 limit are finite: accepted
+    embs[2 * 2 + 1] = 3e38
+    embs[0] = 1e-45
+    parse_embedding_request("m", np.zeros(2, np.float32), embs, rows, (2,), (2,), 1, 8)

@@ -184,6 +184,8 @@ def parse_embedding_request(
     ROWINDEX layout is the ``hugectr`` one, counted within each table's keys.
 
     Returns ``(num_samples, dense, per-table vectors [keys_t, vec_t], per-table row pointers)``.
+    NaN or inf in ``EMBEDDINGS`` is refused as in ``DES`` (RequestError naming the table,
+    the key and the element).
     """
     p = f"model '{model}'"
     if embeddings.dtype != np.float32:
@@ -201,4 +203,15 @@ def parse_embedding_request(
     for size, v in zip(sizes, vec_sizes):
         vectors.append(flat[pos : pos + size].reshape(-1, int(v)))
         pos += size
+    if not np.isfinite(flat).all():  # DES's rule (_samples_and_dense), for the same reason
+        for t, vec in enumerate(vectors):
+            bad = np.flatnonzero(~np.isfinite(vec))
+            if bad.size:
+                key, element = divmod(int(bad[0]), vec.shape[1])
+                seg = int(np.searchsorted(ptrs[t], key, side="right")) - 1  # sample * slots + slot
+                raise RequestError(
+                    f"{p}: EMBEDDINGS holds a non-finite value ({vec[key, element]}) at sample "
+                    f"{seg // slots[t]}, table {t}, slot {seg % slots[t]} (the table's key "
+                    f"{key}), element {element}"
+                )
     return n, dense, vectors, ptrs
