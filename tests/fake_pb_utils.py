@@ -21,6 +21,7 @@ BACKENDS = Path(__file__).resolve().parents[1] / "backend"
 
 class TritonError:
     INVALID_ARG = 3
+    UNAVAILABLE = 4
     INTERNAL = 6
 
     def __init__(self, message, code=INTERNAL):

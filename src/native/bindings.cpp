@@ -15,6 +15,7 @@
 
 #include "blas.hpp"
 #include "dense_net.hpp"
+#include "drain.hpp"
 #include "hash_index.hpp"
 #include "parent_watchdog.hpp"
 #include "py_checks.hpp"
@@ -312,6 +313,19 @@ PYBIND11_MODULE(_native, m) {
 
   m.attr("EMPTY_ROW") = tr::kEmptyRow;
   m.attr("MIN_CAPACITY") = tr::kMinCapacity;
+
+  py::class_<tr::DrainMap>(m, "DrainMap",
+                           "The drained stop's shared words (src/native/drain.hpp): a mapped "
+                           "64-byte file; triton_rec.triton.drain wraps it.")
+      .def(py::init<const std::string&>(), py::arg("path"))
+      .def_property_readonly("draining", &tr::DrainMap::draining)
+      .def_property_readonly("in_flight", &tr::DrainMap::in_flight)
+      .def("start_draining", &tr::DrainMap::start_draining)
+      .def("enter", &tr::DrainMap::enter,
+           "enter() -> bool: count an execute in flight; True if it must refuse (draining)")
+      .def("leave", &tr::DrainMap::leave, "leave(): the execute counted by enter() is done");
+  m.attr("DRAIN_FILE_BYTES") = tr::kDrainFileBytes;
+  m.attr("STOPPING_MESSAGE") = tr::kStoppingMessage;
 
   m.def("start_parent_watchdog", &tr::start_parent_watchdog, py::arg("grace_seconds"),
         py::arg("exit_code") = 1, py::arg("poll_ms") = 100,

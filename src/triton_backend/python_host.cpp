@@ -34,6 +34,7 @@
 #include "backend_util.hpp"
 #include "blas.hpp"
 #include "dense_net.hpp"
+#include "drain.hpp"
 #include "gpu_ops.hpp"
 #include "hash_index.hpp"
 #include "request_kernels.hpp"
@@ -1394,6 +1395,49 @@ TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(
   return nullptr;
 }
 
+// The drained stop (src/native/drain.hpp): this process's mapping of the launcher's drain
+// file, once; nullptr when the server was not started by the launcher.
+tr::DrainMap* process_drain() {
+  static tr::DrainMap* drain = []() -> tr::DrainMap* {
+    const char* path = std::getenv("TRITON_REC_DRAIN_FILE");
+    if (path == nullptr || *path == 0) return nullptr;
+    try {
+      return new tr::DrainMap(path);  // kept for the process's life
+    } catch (const std::exception&) {
+      return nullptr;  // the launcher has gone: nothing to drain for
+    }
+  }();
+  return drain;
+}
+
+// Counts an execute in flight for the launcher (drain.hpp) from construction to
+// destruction; `refuse`: the server is stopping.
+struct InFlight {
+  tr::DrainMap* drain = process_drain();
+  bool refuse = drain != nullptr && drain->enter();
+  ~InFlight() {
+    if (drain != nullptr) drain->leave();
+  }
+};
+
+// Every request of the call refused as retryable (UNAVAILABLE: HTTP 503, gRPC
+// UNAVAILABLE) because the server is stopping; nothing else is done.
+void refuse_stopping(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests,
+                     uint32_t request_count, uint64_t start) {
+  for (uint32_t r = 0; r < request_count; ++r) {
+    TRITONBACKEND_Response* response = nullptr;
+    if (auto* e = TRITONBACKEND_ResponseNew(&response, requests[r])) {
+      drop(e);
+    } else {
+      send(response, error(TRITONSERVER_ERROR_UNAVAILABLE, tr::kStoppingMessage));
+    }
+    const uint64_t end = now_ns();
+    drop(TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[r], false, start, start,
+                                                     end, end));
+    drop(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL));
+  }
+}
+
 TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
     TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests,
     const uint32_t request_count) {
@@ -1401,6 +1445,11 @@ TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   void* state = nullptr;
   if (auto* e = TRITONBACKEND_ModelInstanceState(instance, &state)) return e;
   const auto& st = *static_cast<InstanceState*>(state);
+  const InFlight in_flight;
+  if (in_flight.refuse) {
+    refuse_stopping(instance, requests, request_count, start);
+    return nullptr;
+  }
   // Triton leaves its instance threads named "tritonserver": name this one after its model
   // (15 characters at most), so `top -H` and /proc show which model a thread's CPU serves.
   thread_local bool named = false;

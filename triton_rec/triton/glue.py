@@ -21,6 +21,7 @@ import numpy as np
 
 from triton_rec.config.model_config import DEFAULT_INFO, EXACT_PARAMETER
 from triton_rec.errors import RequestError, RequestTooLarge  # noqa: F401  (re-exported)
+from triton_rec.triton.drain import STOPPING_MESSAGE, process_drain_file
 
 #: Per input name: (most elements a valid request of the model holds, bytes per element,
 #: how that number follows from the model's configuration). Built once at ``initialize``
@@ -149,7 +150,62 @@ def run_requests(
         counters: counts the requests answered with an error, by reason.
         options: read the request parameters the engine takes (:func:`exact_requested`)
             into the parsed request (a dataclass with an ``exact`` field).
+
+    The call is counted in flight for the drained stop (:mod:`triton_rec.triton.drain`):
+    once the server is stopping, every request of the call is refused as retryable
+    (``UNAVAILABLE``) before any work.
     """
+    drain = process_drain_file()
+    if drain is None:
+        return _run_requests(
+            pb_utils,
+            model_name,
+            requests,
+            input_names,
+            parse,
+            run,
+            respond,
+            limits,
+            counters,
+            options,
+        )
+    try:
+        if drain.enter():  # one error object per response: the stub frees each with it
+            return [
+                pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(STOPPING_MESSAGE, pb_utils.TritonError.UNAVAILABLE)
+                )
+                for _ in requests
+            ]
+        return _run_requests(
+            pb_utils,
+            model_name,
+            requests,
+            input_names,
+            parse,
+            run,
+            respond,
+            limits,
+            counters,
+            options,
+        )
+    finally:
+        drain.leave()
+
+
+def _run_requests(
+    pb_utils,
+    model_name: str,
+    requests: Sequence,
+    input_names: Sequence[str],
+    parse: Callable,
+    run: Callable[[List], List],
+    respond: Callable,
+    limits: Optional[InputLimits],
+    counters: Optional[RequestCounters],
+    options: bool,
+) -> List:
+    """:func:`run_requests` once the call is admitted."""
     responses = [None] * len(requests)
     parsed, slots = [], []
     for i, request in enumerate(requests):

@@ -39,6 +39,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import urllib.request
@@ -46,6 +47,12 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from triton_rec.errors import RequestPathUnavailable, RuntimeNotFound, TritonRecError
+from triton_rec.triton.drain import (
+    DRAIN_FILE_ENV,
+    DRAIN_WAIT_S,
+    DrainFile,
+    close_front_ends,
+)
 
 if TYPE_CHECKING:
     from triton_rec.triton.supervisor import Supervisor
@@ -323,6 +330,10 @@ def python_library_dir() -> str:
 #: request (:func:`triton_rec.triton.glue.check_input_size`).
 SERVER_LIMIT_FLAGS = ("--strict-readiness=false", "--grpc-infer-allocation-pool-size=0")
 
+#: tritonserver's exit timeout (``--exit-timeout-secs``): how long it waits for in-flight
+#: inferences and model unloads once told to stop (after the drain: triton_rec.triton.drain).
+EXIT_TIMEOUT_S = 10
+
 
 def _die_with_parent() -> None:
     """In the forked server, before exec: SIGTERM when the launching thread dies (Linux)."""
@@ -396,6 +407,8 @@ class TritonServer:
         self.supervisor: Optional[Supervisor] = None
         self.process: Optional[subprocess.Popen] = None
         self._log: Optional[IO[bytes]] = None
+        self.drain_file: Optional[DrainFile] = None
+        self._drain_dir: Optional[str] = None
 
     @property
     def http_url(self) -> str:
@@ -424,7 +437,7 @@ class TritonServer:
             "--http-address=127.0.0.1",
             "--grpc-address=127.0.0.1",
             "--allow-metrics=true",
-            "--exit-timeout-secs=10",
+            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
             # Our configs are complete; auto-completion would start an extra stub per
             # model (with a fixed 1 s wait inside the Python backend) at every load.
             "--disable-auto-complete-config",
@@ -482,11 +495,16 @@ class TritonServer:
             out = self._log
         elif self.inherit_output:
             out = err = None
+        env = self.environment()
+        # the drained stop's shared file (triton_rec.triton.drain), private to this server
+        self._drain_dir = tempfile.mkdtemp(prefix="triton-rec-")
+        self.drain_file = DrainFile.create(self._drain_dir)
+        env[DRAIN_FILE_ENV] = str(self.drain_file.path)
         self.process = subprocess.Popen(
             self.command(),
             stdout=out,
             stderr=err,
-            env=self.environment(),
+            env=env,
             start_new_session=True,
             preexec_fn=_die_with_parent if die_with_parent else None,
         )
@@ -565,13 +583,14 @@ class TritonServer:
             return sorted(by_model.get(model, ()))
         return sorted(p for pids in by_model.values() for p in pids)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGINT (graceful), then SIGKILL of the whole process group if it hangs."""
+    def stop(self, timeout: float = 30.0, sig: int = signal.SIGINT) -> None:
+        """The drained stop (:meth:`drain_and_signal` with ``sig``), then SIGKILL of the
+        whole process group if the server has not exited after ``timeout`` seconds."""
         self._stop_supervisor()
         if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            self.drain_and_signal(sig)
             try:
-                self.process.wait(timeout)
+                self.wait_closing_idle_connections(timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(10)
@@ -580,6 +599,39 @@ class TritonServer:
         if self._log:
             self._log.close()
             self._log = None
+        if self._drain_dir is not None:
+            shutil.rmtree(self._drain_dir, ignore_errors=True)
+            self._drain_dir = None
+
+    def drain_and_signal(self, sig: int = signal.SIGTERM, wait: float = DRAIN_WAIT_S) -> None:
+        """Take the server out of service, then tell it to stop (:mod:`triton_rec.triton.drain`):
+        every request from now on is refused as retryable; once the requests already in a
+        model are answered (at most ``wait`` seconds), tritonserver gets ``sig``. Follow
+        with :meth:`wait_closing_idle_connections`."""
+        assert self.process is not None
+        if self.drain_file is not None:
+            self.drain_file.start_draining()
+            deadline = time.monotonic() + wait
+            while self.drain_file.in_flight and time.monotonic() < deadline:
+                time.sleep(0.002)
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def wait_closing_idle_connections(self, timeout: float) -> int:
+        """Wait for the signalled server to exit (its status), closing its idle HTTP
+        keep-alive connections and its gRPC endpoint meanwhile (:func:`close_front_ends`:
+        Triton 2.51 waits for every HTTP connection to close before it stops, and answers
+        gRPC requests NOT_FOUND once it has unloaded the models).
+        Raises subprocess.TimeoutExpired after ``timeout`` seconds."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.process.wait(0.05)
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    raise
+            close_front_ends(self.process.pid, self.http_port, self.grpc_port)
 
     def _stop_supervisor(self) -> None:
         if self.supervisor is not None:
@@ -650,30 +702,40 @@ def report_start(server: TritonServer, out: IO[str] = sys.stderr) -> None:
 
 
 def serve(server: TritonServer) -> int:
-    """Run ``server`` in the foreground until it exits; SIGINT/SIGTERM/SIGHUP of this
-    process are forwarded to it (a graceful stop, once). Returns its exit status after
-    its instance processes have gone."""
+    """Run ``server`` in the foreground until it exits. SIGINT, SIGTERM or SIGHUP of this
+    process stop it once, drained (:meth:`TritonServer.drain_and_signal`: refuse new
+    requests as retryable, answer those in the models, then stop tritonserver). Returns
+    its exit status after its instance processes have gone."""
     stopping: List[int] = []
+    told = threading.Event()
 
     def forward(signum, _frame):
         if server.process is None or server.process.poll() is not None:
             return
         if stopping:
-            print(
-                "triton-rec: already stopping (tritonserver waits for its exit timeout)",
-                file=sys.stderr,
-                flush=True,
-            )
+            print("triton-rec: already stopping", file=sys.stderr, flush=True)
             return
         stopping.append(signum)
-        server.process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        told.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
     server.launch(die_with_parent=True)
     assert server.process is not None  # set by launch()
     threading.Thread(target=report_start, args=(server,), daemon=True).start()
-    code = server.process.wait()
+    while server.process.poll() is None and not told.wait(0.2):
+        pass
+    if stopping and server.process.poll() is None:
+        print(
+            "triton-rec: stopping: refusing new requests (retryable)", file=sys.stderr, flush=True
+        )
+        server._stop_supervisor()
+        server.drain_and_signal(signal.SIGINT if stopping[0] == signal.SIGINT else signal.SIGTERM)
+        try:
+            server.wait_closing_idle_connections(EXIT_TIMEOUT_S + 20)
+        except subprocess.TimeoutExpired:
+            pass  # stop() below kills what is left
+    code = server.process.wait() if server.process.poll() is not None else -signal.SIGKILL
     server.stop()  # the supervisor, then whatever is left of the server's process group
     return code if code >= 0 else 128 - code
 
