@@ -82,6 +82,7 @@ def _triton():
                 ("TRITONSERVER_ErrorDelete", None, [vp]),
                 ("TRITONSERVER_MetricFamilyNew", vp, [ctypes.POINTER(vp), ctypes.c_int, cp, cp]),
                 ("TRITONSERVER_MetricNew", vp, [ctypes.POINTER(vp), vp, ctypes.POINTER(vp), u64]),
+                ("TRITONSERVER_MetricDelete", vp, [vp]),
                 ("TRITONSERVER_MetricIncrement", vp, [vp, ctypes.c_double]),
                 ("TRITONSERVER_MetricSet", vp, [vp, ctypes.c_double]),
                 ("TRITONSERVER_MetricValue", vp, [vp, ctypes.POINTER(ctypes.c_double)]),
@@ -243,6 +244,15 @@ class Metric:
                 api.TRITONSERVER_ParameterDelete(p)
         self._handle = handle
 
+    def __del__(self):
+        # Released with the model that made it (an unload): Triton drops the series once
+        # no Metric refers to its labels (core src/metric_family.h, prom_metric_ref_cnt_).
+        # Kept, each reload leaked one wrapper per series (issue 24).
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            with contextlib.suppress(Exception):  # at interpreter exit the API may be gone
+                _triton().TRITONSERVER_MetricDelete(handle)
+
     def increment(self, value: float) -> None:
         """Add ``value``."""
         _check(_triton().TRITONSERVER_MetricIncrement(self._handle, float(value)))
@@ -260,11 +270,28 @@ class Metric:
 
 class MetricFamily:
     """A metric family in the server's registry (one name: one family, kept for the life
-    of the server, as the families of the Python backend's stubs are)."""
+    of the server, as the families of the Python backend's stubs are): made once per name
+    and kind, and handed out again to every model that asks (each load used to add a
+    family wrapper that was never freed, issue 24)."""
 
     COUNTER, GAUGE = "counter", "gauge"
+    _made: Dict[Tuple[str, str], MetricFamily] = {}
+    _made_lock = threading.Lock()
+
+    def __new__(cls, name: str, description: str, kind: str):
+        """The family of this name and kind: made on first use, the same one after."""
+        with cls._made_lock:
+            family = cls._made.get((name, kind))
+            if family is None:
+                family = super().__new__(cls)
+                family._make(name, description, kind)
+                cls._made[(name, kind)] = family
+            return family
 
     def __init__(self, name: str, description: str, kind: str):
+        pass  # made once, in __new__
+
+    def _make(self, name: str, description: str, kind: str) -> None:
         handle = ctypes.c_void_p()
         _check(
             _triton().TRITONSERVER_MetricFamilyNew(
