@@ -296,6 +296,40 @@ def test_the_onnx_model_reproduces_the_pytorch_dense_part(exported, model):
         np.testing.assert_allclose(prob, expected.numpy(), rtol=0, atol=1e-5)
 
 
+def test_the_onnx_dense_model_runs_a_large_batch_in_parts_of_run_samples(exported):
+    # Issue 24: onnxruntime keeps its arena at the largest run's size, and the requests of
+    # one execute call run together: runs of at most RUN_SAMPLES samples bound it.
+    pytest.importorskip("onnxruntime")
+    from triton_rec.dense import onnx_model
+
+    dense_model = onnx_model.OnnxDenseModel.load(
+        str(exported / "dlrm_dense.onnx"), str(exported / "dlrm.json"), threads=1
+    )
+    n = 2 * onnx_model.RUN_SAMPLES + 7
+    rng = np.random.default_rng(11)
+    dense = rng.standard_normal((n, 8)).astype(np.float32)
+    embs = [(0.3 * rng.standard_normal((n, s, 16))).astype(np.float32) for s in (4, 2)]
+    whole = dense_model.session.run(None, {"dense": dense, "emb_0": embs[0], "emb_1": embs[1]})
+    sizes = []
+    run = dense_model.session.run
+
+    class Counting:
+        def run(self, names, feeds):
+            sizes.append(len(feeds["dense"]))
+            return run(names, feeds)
+
+        def __getattr__(self, name):
+            return getattr(dense_model.session, name)
+
+    dense_model.session = Counting()
+    got = dense_model.predict(dense, embs)
+    assert sizes == [onnx_model.RUN_SAMPLES, onnx_model.RUN_SAMPLES, 7]
+    assert got.shape == (n, 1)
+    np.testing.assert_allclose(got, whole[0], rtol=1e-6, atol=1e-7)
+    assert dense_model.predict(dense[:3], [e[:3] for e in embs]).shape == (3, 1)
+    assert sizes[-1] == 3
+
+
 def test_interaction_orders_pairs_like_hugectr_and_ends_with_a_zero_pad():
     rng = np.random.default_rng(0)
     mlp = rng.standard_normal((3, 4)).astype(np.float32)
