@@ -23,8 +23,9 @@ LIBPYTHON_PACKAGE := $(shell $(PY_IN_USE) -c 'import os, sys, sysconfig as c; \
   own = ".so" in so and os.path.exists(os.path.join(d, so)); \
   print("" if own else "libpython%d.%d" % sys.version_info[:2])' 2>/dev/null)
 # Debian packages: $(LIBPYTHON_PACKAGE) (above; none when the interpreter has its own),
-# libb64-0d (perf_analyzer), redis-server + openssl (the Redis Cluster tier and its tests).
-APT_PACKAGES ?= $(LIBPYTHON_PACKAGE) libb64-0d redis-server openssl
+# libb64-0d (perf_analyzer), redis-server + openssl (the Redis Cluster tier and its tests),
+# libjemalloc2 (the server's allocator: TRITON_REC_MALLOC in triton_rec/triton/runtime.py).
+APT_PACKAGES ?= $(LIBPYTHON_PACKAGE) libb64-0d redis-server openssl libjemalloc2
 
 .PHONY: all install system-deps triton demo serve lint test unit e2e bench perf clean gpu-check \
 	gpu-tests gpu-bench gpu-served

@@ -146,8 +146,9 @@ def test_the_server_command_follows_the_startup_mode(tmp_path, strict):
 #: Runs per request path of the stop test (issue 24 asks for 20 each: TREC_STOP_RUNS=20).
 STOP_RUNS = int(os.environ.get("TREC_STOP_RUNS", "2"))
 #: Requests sent this long before the SIGTERM must be answered (the drain begins when the
-#: launcher receives the signal; a request sent just before may reach a model after it).
-ACCEPTED_MARGIN_S = 0.05
+#: launcher receives the signal; a request sent just before may reach a model after it:
+#: on 2 busy cores, one sent 50 ms before was once still unread by the server).
+ACCEPTED_MARGIN_S = 0.25
 OK, REFUSED, CONNECTION, OTHER = "ok", "refused (retryable)", "connection closed", "other"
 
 
@@ -282,3 +283,40 @@ def test_sigterm_under_load_answers_what_it_accepted_and_exits_cleanly(
         for t in loads:
             t.done.set()
         _stop(proc, log)
+
+
+# -- reloads ----------------------------------------------------------------------------
+
+
+def test_reloads_do_not_grow_the_server(tmp_path):
+    """benchmarks/bench_reload.py on the demo repository, shortened: unload/load cycles of
+    hps_demo and dlrm while hps_wdl serves; tritonserver's anonymous memory stays flat
+    (with glibc's allocator it grew ~27 kB a cycle; issue 24's target is < 1 MB per 1,000
+    cycles, measured in benchmarks/RESULTS.md) and every hps_wdl answer is right."""
+    from tests.benchmark_scripts import load_benchmark
+
+    bench = load_benchmark("bench_reload")
+    out = tmp_path / "reload.json"
+    assert (
+        bench.main(["--cycles", "150", "--warmup", "30", "--every", "15", "--json", str(out)]) == 0
+    )
+    report = json.loads(out.read_text())
+    assert report["served"]["errors"] == [] and report["served"]["answered"] > 0
+    assert report["models"]["slope_kb_per_cycle"] < 5, report["models"]
+
+
+def test_the_server_allocator_follows_the_environment(monkeypatch):
+    from triton_rec.errors import TritonRecError
+    from triton_rec.triton.runtime import MALLOC_ENV, server_allocator
+
+    assert server_allocator({MALLOC_ENV: "system"}) == ""
+    with pytest.raises(ValueError, match=MALLOC_ENV):
+        server_allocator({MALLOC_ENV: "tcmalloc"})
+    found = server_allocator({})
+    if found:  # installed (make installs libjemalloc2): preloaded by default
+        assert found.endswith("libjemalloc.so.2") and os.path.exists(found)
+        env = TritonServer(".", env={}).environment()
+        assert found in env["LD_PRELOAD"].split()
+    else:
+        with pytest.raises(TritonRecError, match="libjemalloc2"):
+            server_allocator({MALLOC_ENV: "jemalloc"})
