@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from machine import machine_info  # noqa: E402
+from machine import machine_info, process_memory_kb  # noqa: E402
 
 from clients.raw_http import Client  # noqa: E402
 from triton_rec.triton.runtime import TritonServer  # noqa: E402
@@ -49,15 +49,6 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 instance_group [ { count: 2 kind: KIND_CPU } ]
 parameters { key: "vec_sizes" value: { string_value: "8" } }
 """
-
-
-def rss_anon_kb(pid: int) -> int:
-    """The process's anonymous resident memory (kB, /proc/PID/status)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    raise RuntimeError("no RssAnon")
 
 
 def _post(url: str) -> None:
@@ -96,7 +87,7 @@ def cycle(srv: TritonServer, models, cycles: int, every: int) -> dict:
     samples = {}
     for i in range(cycles + 1):
         if i % every == 0:
-            samples[i] = rss_anon_kb(srv.process.pid)
+            samples[i] = process_memory_kb(srv.process.pid, "RssAnon")
         if i == cycles:
             break
         for m in models:

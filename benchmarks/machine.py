@@ -84,3 +84,13 @@ def evict_files(*paths: str) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def process_memory_kb(pid: int, field: str = "VmRSS") -> int:
+    """A process's memory figure from /proc/PID/status, in kB (``VmRSS``: resident;
+    ``RssAnon``: anonymous resident, what a leak grows)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/{pid}/status has no {field}")

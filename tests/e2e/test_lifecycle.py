@@ -320,3 +320,13 @@ def test_the_server_allocator_follows_the_environment(monkeypatch):
     else:
         with pytest.raises(TritonRecError, match="libjemalloc2"):
             server_allocator({MALLOC_ENV: "jemalloc"})
+
+
+def test_concurrent_oversized_requests_are_refused_and_the_server_stays_up():
+    """benchmarks/bench_big_requests.py, smaller: 4 requests of 40 MB at once on gRPC and
+    HTTP are each refused naming KEYS, the server stays ready, a good request is answered
+    (the 400 MB figures are in benchmarks/RESULTS.md)."""
+    from tests.benchmark_scripts import load_benchmark
+
+    bench = load_benchmark("bench_big_requests")
+    assert bench.main(["--mb", "40", "--concurrent", "4", "--settle", "0"]) == 0

@@ -156,21 +156,9 @@ def run_requests(
     (``UNAVAILABLE``) before any work.
     """
     drain = process_drain_file()
-    if drain is None:
-        return _run_requests(
-            pb_utils,
-            model_name,
-            requests,
-            input_names,
-            parse,
-            run,
-            respond,
-            limits,
-            counters,
-            options,
-        )
+    refuse = drain is not None and drain.enter()
     try:
-        if drain.enter():  # one error object per response: the stub frees each with it
+        if refuse:  # one error object per response: the stub frees each with it
             return [
                 pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(STOPPING_MESSAGE, pb_utils.TritonError.UNAVAILABLE)
@@ -190,7 +178,8 @@ def run_requests(
             options,
         )
     finally:
-        drain.leave()
+        if drain is not None:
+            drain.leave()
 
 
 def _run_requests(
