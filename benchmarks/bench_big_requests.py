@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mb", type=int, default=400)
     ap.add_argument("--concurrent", type=int, default=4)
     ap.add_argument("--settle", type=float, default=15.0)
+    ap.add_argument("--protocols", default="grpc,http", help="rounds, in order")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="trec-big-")
@@ -124,7 +125,7 @@ def main(argv=None) -> int:
         log_path=os.path.join(tmp, "server.log"),
         env={"TRITON_REC_STORE": os.path.join(tmp, "store")},
     ) as srv:
-        for protocol in ("grpc", "http"):
+        for protocol in args.protocols.split(","):
             r = round_of(srv, protocol, args.mb, args.concurrent, args.settle)
             report["rounds"].append(r)
             refused = all("KEYS" in o for o in r["outcomes"])
