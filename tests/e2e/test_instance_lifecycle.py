@@ -212,11 +212,14 @@ def test_no_orphans_after_a_sibling_instance_died(tmp_path, store_dir):
 
 
 def test_no_orphans_after_a_failed_start_up(tmp_path, store_dir):
+    # strict start-up: the server exits when a model fails (the default serves the others,
+    # tests/e2e/test_lifecycle.py)
     srv = TritonServer(
         life_repo(tmp_path, broken=True),
         log_path=tmp_path / "server.log",
         env={"TRITON_REC_STORE": str(store_dir)},
         request_path="python",
+        strict_startup=True,
     )
     shm_before = set(os.listdir("/dev/shm"))
     try:
