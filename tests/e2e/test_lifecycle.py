@@ -298,7 +298,7 @@ def test_reloads_do_not_grow_the_server(tmp_path):
     bench = load_benchmark("bench_reload")
     out = tmp_path / "reload.json"
     assert (
-        bench.main(["--cycles", "150", "--warmup", "30", "--every", "15", "--json", str(out)]) == 0
+        bench.main(["--cycles", "200", "--warmup", "60", "--every", "20", "--json", str(out)]) == 0
     )
     report = json.loads(out.read_text())
     assert report["served"]["errors"] == [] and report["served"]["answered"] > 0
