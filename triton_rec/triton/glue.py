@@ -165,84 +165,57 @@ def run_requests(
                 )
                 for _ in requests
             ]
-        return _run_requests(
-            pb_utils,
-            model_name,
-            requests,
-            input_names,
-            parse,
-            run,
-            respond,
-            limits,
-            counters,
-            options,
-        )
+        responses = [None] * len(requests)
+        parsed, slots = [], []
+        for i, request in enumerate(requests):
+            over = None
+            try:
+                tensors = []
+                for name in input_names:
+                    t = pb_utils.get_input_tensor_by_name(request, name)
+                    if t is None:
+                        raise RequestError(
+                            f"model '{model_name}': missing input {name} "
+                            f"(needs {', '.join(input_names)})"
+                        )
+                    if limits is not None and check_input_size(model_name, name, t, limits):
+                        over = name
+                    tensors.append(t.as_numpy())
+                request_parsed = parse(*tensors)
+                if options and exact_requested(model_name, request):
+                    request_parsed = dataclasses.replace(request_parsed, exact=True)
+                if over is not None and limits is not None:  # consistent, but larger than allowed
+                    n = tensors[list(input_names).index(over)].size
+                    raise too_large(model_name, over, n, limits[over])
+                parsed.append(request_parsed)
+                slots.append(i)
+            except RequestError as e:
+                if counters is not None:
+                    reason = (
+                        RESULT_REJECTED_TOO_LARGE
+                        if over is not None or isinstance(e, RequestTooLarge)
+                        else RESULT_REJECTED_INVALID
+                    )
+                    counters.counts[reason] += 1
+                responses[i] = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
+                )
+        try:
+            answers = run(parsed)
+        except Exception as e:  # a bug must not take the other requests' answers down
+            pb_utils.Logger.log_error(f"model '{model_name}': inference failed: {e!r}")
+            message = f"model '{model_name}': inference failed: {e}"
+            for i in slots:  # one error object per response, as above
+                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+            if counters is not None:
+                counters.counts[RESULT_FAILED] += len(slots)
+            return responses
+        for i, req, out in zip(slots, parsed, answers):
+            responses[i] = respond(req, out)
+        return responses
     finally:
         if drain is not None:
             drain.leave()
-
-
-def _run_requests(
-    pb_utils,
-    model_name: str,
-    requests: Sequence,
-    input_names: Sequence[str],
-    parse: Callable,
-    run: Callable[[List], List],
-    respond: Callable,
-    limits: Optional[InputLimits],
-    counters: Optional[RequestCounters],
-    options: bool,
-) -> List:
-    """:func:`run_requests` once the call is admitted."""
-    responses = [None] * len(requests)
-    parsed, slots = [], []
-    for i, request in enumerate(requests):
-        over = None
-        try:
-            tensors = []
-            for name in input_names:
-                t = pb_utils.get_input_tensor_by_name(request, name)
-                if t is None:
-                    raise RequestError(
-                        f"model '{model_name}': missing input {name} "
-                        f"(needs {', '.join(input_names)})"
-                    )
-                if limits is not None and check_input_size(model_name, name, t, limits):
-                    over = name
-                tensors.append(t.as_numpy())
-            request_parsed = parse(*tensors)
-            if options and exact_requested(model_name, request):
-                request_parsed = dataclasses.replace(request_parsed, exact=True)
-            if over is not None and limits is not None:  # consistent, but larger than allowed
-                n = tensors[list(input_names).index(over)].size
-                raise too_large(model_name, over, n, limits[over])
-            parsed.append(request_parsed)
-            slots.append(i)
-        except RequestError as e:
-            if counters is not None:
-                reason = (
-                    RESULT_REJECTED_TOO_LARGE
-                    if over is not None or isinstance(e, RequestTooLarge)
-                    else RESULT_REJECTED_INVALID
-                )
-                counters.counts[reason] += 1
-            responses[i] = pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
-            )
-    try:
-        answers = run(parsed)
-    except Exception as e:  # a bug must not take the other requests' answers down
-        pb_utils.Logger.log_error(f"model '{model_name}': inference failed: {e!r}")
-        err = pb_utils.TritonError(f"model '{model_name}': inference failed: {e}")
-        for i in slots:
-            responses[i] = pb_utils.InferenceResponse(error=err)
-        if counters is not None:
-            counters.counts[RESULT_FAILED] += len(slots)
-        return responses
-    for i, req, out in zip(slots, parsed, answers):
-        responses[i] = respond(req, out)
-    return responses
 
 
 def exact_requested(model_name: str, request) -> bool:
