@@ -537,6 +537,8 @@ class TritonServer:
             out = err = None
         env = self.environment()
         # the drained stop's shared file (triton_rec.triton.drain), private to this server
+        if self._drain_dir is not None:  # launched before: that server is gone
+            shutil.rmtree(self._drain_dir, ignore_errors=True)
         self._drain_dir = tempfile.mkdtemp(prefix="triton-rec-")
         self.drain_file = DrainFile.create(self._drain_dir)
         env[DRAIN_FILE_ENV] = str(self.drain_file.path)
