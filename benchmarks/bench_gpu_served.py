@@ -20,7 +20,7 @@ Models: ``dlrm_hps`` and ``hps_demo`` (hps lookups) and ``dlrm`` (the HugeCTR DL
 
 1. Throughput: ``benchmarks/loadgen.cpp`` (built here with g++; a Python client's CPU per
    request would take the cores being measured) keeps ``--clients`` keep-alive HTTP
-   connections busy with batch-``--batch`` requests (binary tensors, keys Zipf over the
+   connections busy with requests of each ``--batches`` size (binary tensors, keys Zipf over the
    tables) for ``--seconds``; rounds alternate the variants. Per variant, the median over
    rounds of infer/s and, as the profile of where a request's time goes: the server's CPU
    time per request (``/proc``), Triton's per-request queue and compute times and
@@ -33,6 +33,7 @@ the server's stacks with ``perf`` (where installed) while those variants are mea
 ``--logs DIR`` keeps the servers' logs and profiles.
 
     python benchmarks/bench_gpu_served.py [--clients 16] [--seconds 3] [--rounds 2]
+        [--batches 64,1024]   # 1,024 samples: lookups of 10k-80k keys, where the GPU shows
 """
 
 from __future__ import annotations
@@ -313,10 +314,10 @@ def serve_and_measure(args, repo, tmp, exe, bodies_files, single_files, wait) ->
     log = os.path.join(args.logs or tmp, f"server-{wait}.log")
     with TritonServer(repo, log_path=log, env=env) as srv:
         url = srv.http_url
-        for model in MODELS:  # warm the caches and the connections
+        for (model, _), feed in bodies_files.items():  # warm caches and connections
             for v in VARIANTS:
-                run_loadgen(exe, url, f"{model}_{v}", bodies_files[model], 4, 1.0)
-        for model in MODELS:
+                run_loadgen(exe, url, f"{model}_{v}", feed, 4, 1.0)
+        for (model, batch), feed in bodies_files.items():
             rounds = {v: [] for v in VARIANTS}
             for r in range(args.rounds):
                 for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
@@ -327,9 +328,7 @@ def serve_and_measure(args, repo, tmp, exe, bodies_files, single_files, wait) ->
                         else None
                     )
                     rounds[v].append(
-                        measure(
-                            exe, srv, name, bodies_files[model], args.clients, args.seconds, perf
-                        )
+                        measure(exe, srv, name, feed, args.clients, args.seconds, perf)
                     )
             med = {
                 v: {
@@ -339,13 +338,13 @@ def serve_and_measure(args, repo, tmp, exe, bodies_files, single_files, wait) ->
                 for v, rs in rounds.items()
             }
             rate = {v: m["infer_per_s"] for v, m in med.items()}
-            report["throughput"][model] = {
+            report["throughput"][f"{model}@{batch}"] = {
                 "variants": med,
                 "gpu_over_cpu": round(rate["gpu"] / rate["cpu"], 3),
                 "gpu_static_over_cpu_mapped": round(rate["gpu_static"] / rate["cpu_mapped"], 3),
                 "over_floor": {v: round(rate[v] / rate["floor"], 3) for v in VARIANTS[1:]},
             }
-            print(f"[wait={wait}] {model} batch {args.batch}, {args.clients} connections:")
+            print(f"[wait={wait}] {model} batch {batch}, {args.clients} connections:")
             for v, m in med.items():
                 print(
                     f"  {model}_{v:11s} {m['infer_per_s']:9.0f} infer/s "
@@ -385,7 +384,9 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument(
+        "--batches", default="64", help="samples per request, comma-separated (e.g. 64,1024)"
+    )
     ap.add_argument("--gpu-count", type=int, default=4)
     ap.add_argument("--cpu-count", type=int, default=8)
     ap.add_argument("--waits", default="yield", help="comma-separated: yield, block, spin")
@@ -406,12 +407,12 @@ def main(argv=None) -> int:
     repo = build_repository(
         os.path.join(tmp, "repo"), args.gpu_count, args.cpu_count, args.gpu_kind
     )
-    bodies = {
-        "dlrm_hps": hps_bodies("dlrm_hps", args.batch, 64, rng),
-        "hps_demo": hps_bodies("hps_demo", args.batch, 64, rng),
-        "dlrm": dlrm_bodies(args.batch, 64),
-    }
-    files = {m: write_bodies(os.path.join(tmp, f"{m}.bin"), b) for m, b in bodies.items()}
+    files = {}
+    for batch in (int(b) for b in args.batches.split(",")):
+        n = 64 if batch <= 256 else 16  # distinct requests per model and batch size
+        for model in MODELS:
+            made = dlrm_bodies(batch, n) if model == "dlrm" else hps_bodies(model, batch, n, rng)
+            files[(model, batch)] = write_bodies(os.path.join(tmp, f"{model}-{batch}.bin"), made)
     single = write_bodies(os.path.join(tmp, "dlrm1.bin"), dlrm_bodies(1, 200))
     report = {
         "machine": machine_info(),
