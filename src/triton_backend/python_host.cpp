@@ -1119,49 +1119,54 @@ TRITONSERVER_Error* guarded(const InstanceState& st, Work&& work) {
   }
 }
 
+// What the native path did with a request: answered it (its response sent), failed it (an
+// error response sent), or handed it over untouched to the Python path, which answers
+// what the native checks refused, naming the problem (and serves what is not native).
+enum class Native { kAnswered, kFailed, kHandedOver };
+
 // The hps interface: KEYS (INT64, table-major) and NUMKEYS (INT32 [T] or [1, T]).
 // Every check of LookupSession.parse_request and of the input limits; on any failure
-// false (nothing sent): the Python path answers, naming what is wrong.
-bool hps_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* ok) {
+// kHandedOver (nothing sent): the Python path answers, naming what is wrong.
+Native hps_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   const NativePlan& plan = *st.plan;
   Scratch& s = t_scratch;
   In keys_in, counts_in;
-  if (!find(request, "KEYS", &keys_in) || !find(request, "NUMKEYS", &counts_in)) return false;
+  if (!find(request, "KEYS", &keys_in) || !find(request, "NUMKEYS", &counts_in))
+    return Native::kHandedOver;
   const int64_t tables = static_cast<int64_t>(plan.tables.size());
   const int64_t* shape = counts_in.shape;
   const bool shape_ok = (counts_in.dims == 1 && shape[0] == tables) ||
                         (counts_in.dims == 2 && shape[0] == 1 && shape[1] == tables);
   if (keys_in.type != TRITONSERVER_TYPE_INT64 || counts_in.type != TRITONSERVER_TYPE_INT32 ||
       !shape_ok || counts_in.bytes != 4 * uint64_t(tables)) {
-    return false;
+    return Native::kHandedOver;
   }
   const int64_t n_keys = static_cast<int64_t>(keys_in.bytes / 8);
-  if (n_keys == 0 || n_keys > plan.max_keys) return false;
+  if (n_keys == 0 || n_keys > plan.max_keys) return Native::kHandedOver;
   s.counts.resize(static_cast<size_t>(tables));
   if (!read_cpu(counts_in.input, counts_in.buffers, counts_in.bytes,
                 reinterpret_cast<char*>(s.counts.data()))) {
-    return false;
+    return Native::kHandedOver;
   }
   int64_t total = 0, floats = 0, samples = 0;
   for (int64_t t = 0; t < tables; ++t) {
     const int64_t c = s.counts[t];
-    if (c < 0) return false;
+    if (c < 0) return Native::kHandedOver;
     total += c;
     floats += c * plan.tables[t].dim;
     samples = std::max(samples, (c + plan.maxnum[t] - 1) / plan.maxnum[t]);
   }
-  if (total != n_keys || samples > plan.max_batch_size) return false;
+  if (total != n_keys || samples > plan.max_batch_size) return Native::kHandedOver;
   const auto* keys = static_cast<const int64_t*>(data_of(keys_in, &s.copy[0]));
-  if (keys == nullptr) return false;
+  if (keys == nullptr) return Native::kHandedOver;
   const int exact = exact_of(request);
-  if (exact < 0) return false;
+  if (exact < 0) return Native::kHandedOver;
 
   // Checked: from here on the request is answered here.
   TRITONBACKEND_Response* response = nullptr;
   if (auto* e = TRITONBACKEND_ResponseNew(&response, request)) {
     drop(e);
-    *ok = false;
-    return true;
+    return Native::kFailed;
   }
   float* out = nullptr;
   Defaults d;
@@ -1179,43 +1184,43 @@ bool hps_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* ok)
       }
     });
   }
-  *ok = finish_response(plan, response, err, samples, d);
-  return true;
+  return finish_response(plan, response, err, samples, d) ? Native::kAnswered : Native::kFailed;
 }
 
 // The hugectr interface: DES (FP32), CATCOLUMN (INT64 or UINT32, sample-major), ROWINDEX
 // (INT32, one CSR block per table). Every check of parse_hugectr_request and of the input
-// limits (else false: the Python path names the problem); then per table the lookup and
+// limits (else kHandedOver: the Python path names the problem); then per table the lookup and
 // the slot combiner, and the dense network, all here.
-bool hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* ok) {
+Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   const NativePlan& plan = *st.plan;
   Scratch& s = t_scratch;
   In des_in, cat_in, rows_in;
   if (!find(request, "DES", &des_in) || !find(request, "CATCOLUMN", &cat_in) ||
       !find(request, "ROWINDEX", &rows_in)) {
-    return false;
+    return Native::kHandedOver;
   }
   const auto key_type = plan.uint32_keys ? TRITONSERVER_TYPE_UINT32 : TRITONSERVER_TYPE_INT64;
   if (des_in.type != TRITONSERVER_TYPE_FP32 || rows_in.type != TRITONSERVER_TYPE_INT32 ||
       cat_in.type != key_type) {
-    return false;
+    return Native::kHandedOver;
   }
   const int64_t key_size = plan.uint32_keys ? 4 : 8;
   const int64_t n_des = static_cast<int64_t>(des_in.bytes / 4);
   const int64_t n_cat = static_cast<int64_t>(cat_in.bytes) / key_size;
   const int64_t n_rows = static_cast<int64_t>(rows_in.bytes / 4);
   const int64_t tables = static_cast<int64_t>(plan.tables.size());
-  if (n_des > plan.limit_des || n_cat > plan.limit_cat || n_rows > plan.limit_rows) return false;
+  if (n_des > plan.limit_des || n_cat > plan.limit_cat || n_rows > plan.limit_rows)
+    return Native::kHandedOver;
   const int64_t extra = n_rows - tables;
-  if (extra <= 0 || extra % plan.total_slots != 0) return false;
+  if (extra <= 0 || extra % plan.total_slots != 0) return Native::kHandedOver;
   const int64_t n = extra / plan.total_slots;
-  if (n > plan.max_batch_size || n_des != n * plan.dense_dim) return false;
+  if (n > plan.max_batch_size || n_des != n * plan.dense_dim) return Native::kHandedOver;
   const auto* des = static_cast<const float*>(data_of(des_in, &s.copy[0]));
   const void* cat = data_of(cat_in, &s.copy[1]);
   const auto* rows = static_cast<const int32_t*>(data_of(rows_in, &s.copy[2]));
-  if (des == nullptr || cat == nullptr || rows == nullptr) return false;
+  if (des == nullptr || cat == nullptr || rows == nullptr) return Native::kHandedOver;
   for (int64_t i = 0; i < n_des; ++i) {
-    if (!std::isfinite(des[i])) return false;
+    if (!std::isfinite(des[i])) return Native::kHandedOver;
   }
   s.keys.resize(static_cast<size_t>(std::max<int64_t>(n_cat, 1)));
   s.key_starts.resize(static_cast<size_t>(tables + 1));
@@ -1226,16 +1231,15 @@ bool hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request, bool*
                                 tables, n, s.keys.data(), s.key_starts.data(), s.ptrs.data())
           : tr::regroup_hugectr(static_cast<const int64_t*>(cat), n_cat, rows, plan.slots.data(),
                                 tables, n, s.keys.data(), s.key_starts.data(), s.ptrs.data());
-  if (!regrouped) return false;
+  if (!regrouped) return Native::kHandedOver;
   const int exact = exact_of(request);
-  if (exact < 0) return false;
+  if (exact < 0) return Native::kHandedOver;
 
   // Checked: from here on the request is answered here.
   TRITONBACKEND_Response* response = nullptr;
   if (auto* e = TRITONBACKEND_ResponseNew(&response, request)) {
     drop(e);
-    *ok = false;
-    return true;
+    return Native::kFailed;
   }
   // upstream's [num_samples]; [num_samples, label_dim] for label_dim > 1 (RankingSession)
   std::vector<int64_t> shape{n};
@@ -1274,12 +1278,11 @@ bool hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request, bool*
       plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
     });
   }
-  *ok = finish_response(plan, response, err, n, d);
-  return true;
+  return finish_response(plan, response, err, n, d) ? Native::kAnswered : Native::kFailed;
 }
 
-bool native_path(const InstanceState& st, TRITONBACKEND_Request* request, bool* ok) {
-  return st.plan->hugectr ? hugectr_path(st, request, ok) : hps_path(st, request, ok);
+Native native_path(const InstanceState& st, TRITONBACKEND_Request* request) {
+  return st.plan->hugectr ? hugectr_path(st, request) : hps_path(st, request);
 }
 
 TRITONSERVER_Error* model_string(TRITONBACKEND_Model* model, ModelState* ms) {
@@ -1466,12 +1469,12 @@ TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   ends.assign(request_count, 0);
   rest.clear();
   for (uint32_t r = 0; r < request_count; ++r) {
-    bool good = false;
-    if (st.plan && native_path(st, requests[r], &good)) {
-      ok[r] = good;
-      ends[r] = now_ns();
-    } else {
+    const Native done = st.plan ? native_path(st, requests[r]) : Native::kHandedOver;
+    if (done == Native::kHandedOver) {
       rest.push_back(r);
+    } else {
+      ok[r] = done == Native::kAnswered;
+      ends[r] = now_ns();
     }
   }
   if (!rest.empty()) {
