@@ -10,8 +10,9 @@ PY     := $(VENV)/bin/python
 EXTRAS ?= server,test,tiers,lint
 comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),+,$(EXTRAS))
-NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp src/native/kernels/*.cu src/triton_backend/*.cpp src/triton_backend/*.h src/triton_backend/*.hpp \
-	benchmarks/*.cpp)
+NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp src/native/kernels/*.cu src/triton_backend/*.cpp src/triton_backend/*.h src/triton_backend/*.hpp)
+# C++ that clang-format checks: the package's, and the benchmarks' (built by the benchmarks)
+CXX_SOURCES := $(NATIVE) $(wildcard benchmarks/*.cpp)
 # libpython3.X.so.1.0 of the Python in use (the venv's, else $(PYTHON)): the Triton Python stub
 # and the native backend link it. An interpreter built with --enable-shared (pyenv, uv, conda,
 # a CUDA image's venv) brings its own, which the launcher puts first on the stub's library
@@ -68,7 +69,7 @@ serve: triton demo
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/clang-format --dry-run -Werror $(NATIVE)
+	$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
 	$(VENV)/bin/mypy triton_rec
 
 test: $(STAMP) demo
