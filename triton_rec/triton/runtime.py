@@ -771,14 +771,12 @@ def serve(server: TritonServer) -> int:
         print(
             "triton-rec: stopping: refusing new requests (retryable)", file=sys.stderr, flush=True
         )
-        server._stop_supervisor()
-        server.drain_and_signal(signal.SIGINT if stopping[0] == signal.SIGINT else signal.SIGTERM)
-        try:
-            server.wait_closing_idle_connections(EXIT_TIMEOUT_S + 20)
-        except subprocess.TimeoutExpired:
-            pass  # stop() below kills what is left
-    code = server.process.wait() if server.process.poll() is not None else -signal.SIGKILL
-    server.stop()  # the supervisor, then whatever is left of the server's process group
+    # drained while it runs (stop(): refuse new requests, answer those in the models, stop
+    # tritonserver, kill it if it is not gone after its exit timeout and a margin), then
+    # whatever is left of the server's process group
+    sig = signal.SIGINT if stopping[:1] == [signal.SIGINT] else signal.SIGTERM
+    server.stop(EXIT_TIMEOUT_S + 20, sig)
+    code = server.process.wait()
     return code if code >= 0 else 128 - code
 
 
