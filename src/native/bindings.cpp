@@ -17,6 +17,7 @@
 #include "dense_net.hpp"
 #include "drain.hpp"
 #include "hash_index.hpp"
+#include "local_misses.hpp"
 #include "parent_watchdog.hpp"
 #include "py_checks.hpp"
 #include "request_kernels.hpp"
@@ -269,6 +270,7 @@ bool regroup_hugectr(const py::handle& cat_obj, const py::handle& rowindex_obj,
 // Defined at the end of this file: the ShmCacheView class (shm_cache.hpp).
 void register_shm_cache(py::module_& m);
 void register_dense_net(py::module_& m);
+void register_local_misses(py::module_& m);
 
 PYBIND11_MODULE(_native, m) {
   m.doc() =
@@ -398,6 +400,7 @@ PYBIND11_MODULE(_native, m) {
   }();
 
   register_shm_cache(m);
+  register_local_misses(m);
   register_dense_net(m);
 }
 
@@ -700,6 +703,139 @@ class ShmCacheView {
 };
 
 }  // namespace
+
+namespace {
+
+// LocalMisses (local_misses.hpp): the misses of a shared cache in front of a node-local
+// table, answered in C++ (CachedTable.finish_query for such tables; its address goes into
+// the table's native plan). Holds the cache view, the table's arrays, the queue and the
+// statistics array, so what the core points into outlives it.
+class LocalMissesHandle {
+ public:
+  LocalMissesHandle(py::object view, const py::handle& index_obj, const py::handle& vectors_obj,
+                    int64_t precision, double default_value, double threshold, bool deferrable,
+                    py::object queue, const py::handle& stats_obj)
+      : view_obj_(std::move(view)), index_(py::reinterpret_borrow<py::object>(index_obj)),
+        vectors_(py::reinterpret_borrow<py::object>(vectors_obj)),
+        stats_(py::reinterpret_borrow<py::object>(stats_obj)), queue_(std::move(queue)) {
+    const ShmCacheView& v = view_obj_.cast<const ShmCacheView&>();
+    const tr::IndexView ix = require_index(index_obj);
+    const tr::Precision prec = require_precision(precision);
+    py::array vectors = require_array(vectors_obj, "vectors", row_dtype(prec), 2, false);
+    const py::ssize_t dim = dim_of_width(prec, vectors.shape(1), "vectors");
+    py::array stats = require_array(stats_obj, "stats", kInt64, 1, true);
+    if (stats.shape(0) < tr::kNumTableStats) {
+      throw py::value_error("stats must hold " + std::to_string(tr::kNumTableStats) + " counters");
+    }
+    tr::InsertQueue* q = queue_.is_none() ? nullptr : queue_.cast<tr::InsertQueue*>();
+    const tr::TableView table{vectors.data(), vectors.shape(0),
+                              tr::RowFormat(prec, static_cast<size_t>(dim))};
+    try {
+      core_ = std::make_unique<tr::LocalMisses>(
+          *ShmCacheView::Use(v), ix, table, static_cast<float>(default_value),
+          tr::MissRules{threshold, deferrable}, q, static_cast<int64_t*>(stats.mutable_data()));
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  }
+
+  uintptr_t address() const { return reinterpret_cast<uintptr_t>(core_.get()); }
+
+  void finish(const py::handle& keys_obj, const py::handle& out_obj, const py::handle& hit_obj,
+              int64_t hits, uint64_t query_ns, const py::handle& bounds_obj,
+              const py::handle& exact_obj, const py::handle& defaults_obj) const {
+    ShmCacheView::Use use(view_obj_.cast<const ShmCacheView&>());
+    py::array keys = require_array(keys_obj, "keys", kInt64, 1, false);
+    py::array out = require_array(out_obj, "out", kFloat32, 2, true);
+    py::array hit = require_array(hit_obj, "hit", kMask, 1, false);
+    py::array bounds = require_array(bounds_obj, "bounds", kInt64, 1, false);
+    const py::ssize_t m = keys.shape(0), segments = bounds.shape(0) - 1;
+    require_shape(out, "out", {m, static_cast<py::ssize_t>(core_->dim())});
+    require_shape(hit, "hit", {m});
+    if (segments < 1) throw py::value_error("bounds must hold at least two values");
+    const auto* b = static_cast<const int64_t*>(bounds.data());
+    if (b[0] != 0 || b[segments] != m) throw py::value_error("bounds must run from 0 to len(keys)");
+    for (py::ssize_t j = 0; j < segments; ++j) {
+      if (b[j + 1] < b[j]) throw py::value_error("bounds must not decrease");
+    }
+    py::array exact = require_array(exact_obj, "exact", kMask, 1, false);
+    require_shape(exact, "exact", {segments});
+    py::array defaults = require_array(defaults_obj, "defaults", kInt64, 2, true);
+    require_shape(defaults, "defaults", {segments, tr::kNumDefaultCauses});
+    const auto* h = static_cast<const uint8_t*>(hit.data());
+    int64_t counted = 0;
+    for (py::ssize_t i = 0; i < m; ++i) counted += h[i] != 0;
+    if (counted != hits) throw py::value_error("hits disagrees with hit");
+    require_disjoint(out, "out", keys, "keys");
+    const auto* k = static_cast<const int64_t*>(keys.data());
+    auto* o = static_cast<float*>(out.mutable_data());
+    const auto* e = static_cast<const uint8_t*>(exact.data());
+    auto* d = static_cast<int64_t*>(defaults.mutable_data());
+    py::gil_scoped_release release;
+    core_->finish(k, m, o, h, hits, query_ns, b, segments, e, d);
+  }
+
+ private:
+  // declared first, destroyed last: what core_ points into
+  py::object view_obj_, index_, vectors_, stats_, queue_;
+  std::unique_ptr<tr::LocalMisses> core_;
+};
+
+}  // namespace
+
+void register_local_misses(py::module_& m) {
+  py::tuple stat_names(static_cast<size_t>(tr::kNumTableStats)),
+      causes(static_cast<size_t>(tr::kNumDefaultCauses));
+  for (int i = 0; i < tr::kNumTableStats; ++i) stat_names[i] = tr::kTableStatNames[i];
+  for (int i = 0; i < tr::kNumDefaultCauses; ++i) causes[i] = tr::kDefaultCauseNames[i];
+  py::tuple info(static_cast<size_t>(tr::kNumDefaultCauses));
+  for (int i = 0; i < tr::kNumDefaultCauses; ++i) info[i] = tr::kDefaultInfo[i];
+  m.attr("TABLE_STAT_FIELDS") = stat_names;
+  m.attr("DEFAULT_CAUSES") = causes;
+  m.attr("DEFAULT_INFO") = info;
+  m.attr("EXACT_PARAMETER") = tr::kExactParameter;
+
+  py::class_<tr::InsertQueue>(
+      m, "InsertQueue",
+      "InsertQueue(max_pending: int) -- the background inserter of node-local tables "
+      "(src/native/local_misses.hpp): one native thread; at most max_pending batches wait, "
+      "beyond that a batch is dropped.")
+      .def(py::init([](int64_t max_pending) {
+             if (max_pending < 1) throw py::value_error("max_pending must be >= 1");
+             return std::make_unique<tr::InsertQueue>(static_cast<size_t>(max_pending));
+           }),
+           py::arg("max_pending"))
+      .def("drain", &tr::InsertQueue::drain, py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>(),
+           "drain(timeout: float) -> bool: wait until every queued batch is inserted")
+      .def("close", &tr::InsertQueue::close, py::call_guard<py::gil_scoped_release>(),
+           "close() -> None: stop the thread, dropping queued batches (idempotent)")
+      .def_property_readonly("pending", &tr::InsertQueue::pending,
+                             "batches queued or being inserted")
+      .def_property_readonly("failures", &tr::InsertQueue::failures,
+                             "(batches whose insert failed, the last failure's message)");
+
+  py::class_<LocalMissesHandle>(
+      m, "LocalMisses",
+      "LocalMisses(cache: ShmCacheView, index, vectors, precision: int, default_value: float, "
+      "hit_rate_threshold: float, deferrable: bool, queue: InsertQueue | None, stats: "
+      "int64[len(TABLE_STAT_FIELDS)]) -- the misses of a shared cache in front of a "
+      "node-local table, by HPS's rules, in C++ (src/native/local_misses.hpp).")
+      .def(py::init<py::object, const py::handle&, const py::handle&, int64_t, double, double, bool,
+                    py::object, const py::handle&>(),
+           py::arg("cache"), py::arg("index"), py::arg("vectors"), py::arg("precision"),
+           py::arg("default_value"), py::arg("hit_rate_threshold"), py::arg("deferrable"),
+           py::arg("queue"), py::arg("stats"))
+      .def("finish", &LocalMissesHandle::finish, py::arg("keys"), py::arg("out"), py::arg("hit"),
+           py::arg("hits"), py::arg("query_ns"), py::arg("bounds"), py::arg("exact"),
+           py::arg("defaults"),
+           "finish(keys: int64[M], out: float32[M, D], hit: uint8[M], hits: int, query_ns: int, "
+           "bounds: int64[R+1], exact: uint8[R], defaults: int64[R, 2]) -> None\n\n"
+           "CachedTable.finish_query for a node-local table: counts the lookup, answers the "
+           "misses (hit[i] == 0) into out, adds each request's default answers by cause.")
+      .def_property_readonly("address", &LocalMissesHandle::address,
+                             "the core's address, for the native backend's plan");
+}
 
 void register_shm_cache(py::module_& m) {
   // A triton_rec.errors.CacheError, and a RuntimeError as it always was.

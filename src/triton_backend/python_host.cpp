@@ -7,14 +7,16 @@
 // engine stays the single place of the semantics (ps.json, stores, caches, tiers, refresh,
 // updates, metrics, every error text), and no request crosses a process boundary.
 //
-// Data plane: when the hosted model hands over a native plan (an `hps` model whose tables
-// are node-local: a CPU shared cache, or the mapped table without a cache), a request is
+// Data plane: when the hosted model hands over a native plan (a model whose tables are
+// node-local: a CPU shared cache, or the mapped table without a cache), a request is
 // validated and answered here without the GIL: the shared cache (shm_cache.hpp) or the
-// table index (hash_index.hpp) writes the vectors straight into Triton's response buffer.
-// Python is entered only for what is not the hot path: a request the checks here do not
-// accept (Python then names what is wrong, with today's messages), the misses of a cache
-// query (CachedTable.finish_query: HPS's hit-rate rules, the store, the inserter), and
-// every request of a model without a plan.
+// table index (hash_index.hpp) writes the vectors straight into Triton's response buffer,
+// and a cache's misses are answered by HPS's rules by the table's LocalMisses
+// (local_misses.hpp: the fetch, the hit-rate rule, the background insert queue). Python
+// is entered only for what is not the hot path: a request the checks here do not accept
+// (Python then names what is wrong, with today's messages), the misses of a cache in
+// front of a tier store or on a GPU (the plan's `finish` handler), and every request of a
+// model without a plan. Each such call is counted (trec_python_calls_total).
 #include <Python.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -37,6 +39,7 @@
 #include "drain.hpp"
 #include "gpu_ops.hpp"
 #include "hash_index.hpp"
+#include "local_misses.hpp"
 #include "request_kernels.hpp"
 #include "shm_cache.hpp"
 #include "triton_api.h"
@@ -220,22 +223,27 @@ TRITONSERVER_Error* start_python() {
 
 // -- the native plan of an hps instance -------------------------------------------------
 
-// NATIVE_FIELDS of triton_rec/cache/cached_table.py
-enum Stat { kLookups = 0, kHits, kMisses, kSyncFetched, kCacheNs, kStoreNs, kNotFound };
+using tr::TableStat;
 
-// A request's keys answered with the default value, by cause: DEFAULT_CAUSES of
-// cached_table.py (not_found, async), sent as DEFAULT_INFO of model_config.py.
+// A request's keys answered with the default value, by cause (tr::DefaultCause, the
+// columns LocalMisses adds to), sent as tr::kDefaultInfo.
 struct Defaults {
-  int64_t not_found = 0, async = 0;
+  int64_t by_cause[tr::kNumDefaultCauses] = {0, 0};
+  int64_t not_found() const { return by_cause[tr::kCauseNotFound]; }
+  int64_t async() const { return by_cause[tr::kCauseAsync]; }
 };
-constexpr const char* kDefaultInfo[2] = {"DefaultNotFound", "DefaultAsync"};
-constexpr const char* kExactParameter = "exact";  // EXACT_PARAMETER of model_config.py
+using tr::kDefaultInfo;
+using tr::kExactParameter;
 
 struct NativeTable {
   int64_t dim = 0;
   float default_value = 0;
   int64_t* stats = nullptr;
   std::optional<tr::ShmCache> cache;  // the shared cache, when the table has one
+  // a cache's misses: in C++ (a node-local table), else the engine's handler in Python
+  // (CachedTable.native_finish: a tier store, a device cache), borrowed from the plan
+  const tr::LocalMisses* misses = nullptr;
+  PyObject* finish = nullptr;
   tr::IndexView index{nullptr, 0};
   tr::TableView vectors{nullptr, 0, {}};
   // KIND_GPU: the device cache (misses by the engine's rules) or a whole table on the
@@ -243,10 +251,11 @@ struct NativeTable {
   bool device = false;
   tr::gpu::LookupTarget target{};
 
-  void count(Stat s, int64_t v) const { __atomic_fetch_add(stats + s, v, __ATOMIC_RELAXED); }
+  void count(TableStat s, int64_t v) const { tr::count(stats, s, v); }
 };
 
 struct NativePlan {
+  Ref source;            // the plan's dict: what `finish` handlers and arrays belong to
   bool hugectr = false;  // the interface: hps (KEYS/NUMKEYS) or hugectr (DES/CATCOLUMN/ROWINDEX)
   std::vector<NativeTable> tables;
   int64_t max_batch_size = 0;
@@ -375,6 +384,8 @@ bool pair(PyObject* t, uintptr_t* a, int64_t* b) {
 std::unique_ptr<NativePlan> read_plan(PyObject* d) {
   if (d == Py_None) return nullptr;
   auto plan = std::make_unique<NativePlan>();
+  Py_INCREF(d);
+  plan->source.p = d;
   auto get = [&](const char* k) {
     PyObject* v = PyDict_GetItemString(d, k);
     if (v == nullptr) throw std::runtime_error(std::string("native plan has no '") + k + "'");
@@ -481,6 +492,18 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
       }
       nt.vectors = tr::TableView{reinterpret_cast<const void*>(addr), n,
                                  tr::RowFormat(precision, static_cast<size_t>(nt.dim))};
+    }
+    if (nt.cache || (nt.device && nt.target.cache)) {  // a cache: its miss handler
+      PyObject* misses = PyDict_GetItemString(t, "misses");
+      nt.finish = PyDict_GetItemString(t, "finish");
+      if (misses != nullptr && nt.cache) {
+        nt.misses = reinterpret_cast<const tr::LocalMisses*>(as_address(misses));
+        if (nt.misses == nullptr || nt.misses->dim() != nt.dim) {
+          throw std::runtime_error("native plan: bad miss handler");
+        }
+      } else if (nt.finish == nullptr || !PyCallable_Check(nt.finish)) {
+        throw std::runtime_error("native plan: a cache without a miss handler");
+      }
     }
     if (PyErr_Occurred()) throw std::runtime_error(python_error());
     plan->tables.push_back(nt);
@@ -769,27 +792,34 @@ struct Failed {
   std::string why;
 };
 
-// Misses of table `t`: CachedTable.finish_query in Python, on the request's own buffers;
-// adds the keys it answered with the default value to *d.
+// The misses of table `t`'s cache query (hit[i] == 0; `hits` hit, in query_ns): by the
+// table's handler, which answers them into `out` by HPS's rules and adds the keys it
+// answered with the default value to *d. In C++ for a node-local table (LocalMisses, no
+// GIL); else the engine's handler in Python (CachedTable.native_finish).
 void finish_query(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
                   uint8_t* hit, int64_t hits, uint64_t query_ns, bool exact, Defaults* d) {
+  const NativeTable& nt = st.plan->tables[t];
+  if (nt.misses != nullptr) {
+    const uint8_t want = exact ? 1 : 0;
+    nt.misses->finish(keys, n, out, hit, hits, query_ns, nullptr, 0, &want, d->by_cause);
+    return;
+  }
   Gil gil;
-  const int64_t dim = st.plan->tables[t].dim;
   Ref k(PyMemoryView_FromMemory(reinterpret_cast<char*>(const_cast<int64_t*>(keys)), n * 8,
                                 PyBUF_READ));
-  Ref o(PyMemoryView_FromMemory(reinterpret_cast<char*>(out), n * dim * 4, PyBUF_WRITE));
+  Ref o(PyMemoryView_FromMemory(reinterpret_cast<char*>(out), n * nt.dim * 4, PyBUF_WRITE));
   Ref h(PyMemoryView_FromMemory(reinterpret_cast<char*>(hit), n, PyBUF_WRITE));
-  Ref r(PyObject_CallMethod(st.hosted, "finish_query", "nOOOLKO", static_cast<Py_ssize_t>(t), k.p,
-                            o.p, h.p, static_cast<long long>(hits),
-                            static_cast<unsigned long long>(query_ns), exact ? Py_True : Py_False));
+  Ref r(PyObject_CallFunction(nt.finish, "OOOLKO", k.p, o.p, h.p, static_cast<long long>(hits),
+                              static_cast<unsigned long long>(query_ns),
+                              exact ? Py_True : Py_False));
   long long not_found = 0, deferred = 0;
   if (!r || !PyArg_ParseTuple(r.p, "LL", &not_found, &deferred)) throw Failed{python_error()};
-  d->not_found += not_found;
-  d->async += deferred;
+  d->by_cause[tr::kCauseNotFound] += not_found;
+  d->by_cause[tr::kCauseAsync] += deferred;
 }
 
-// The vectors of keys[0..n) of table t into out [n, dim]: the shared cache (misses by
-// the engine's rules, in Python) or the mapped table. What CachedTable.lookup does.
+// The vectors of keys[0..n) of table t into out [n, dim]: the shared cache (its misses by
+// the table's handler) or the mapped table. What CachedTable.lookup does.
 void lookup_table(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
                   Scratch* s, bool exact, Defaults* d) {
   if (n == 0) return;
@@ -800,9 +830,9 @@ void lookup_table(const InstanceState& st, size_t t, const int64_t* keys, int64_
     const int64_t hits = nt.cache->query(keys, static_cast<size_t>(n), out, s->hit.data());
     const uint64_t q = now_ns() - t0;
     if (hits == n) {
-      nt.count(kLookups, n);
-      nt.count(kHits, n);
-      nt.count(kCacheNs, static_cast<int64_t>(q));
+      nt.count(tr::kLookups, n);
+      nt.count(tr::kHits, n);
+      nt.count(tr::kCacheNs, static_cast<int64_t>(q));
     } else {
       finish_query(st, t, keys, n, out, s->hit.data(), hits, q, exact, d);
     }
@@ -811,12 +841,12 @@ void lookup_table(const InstanceState& st, size_t t, const int64_t* keys, int64_
   const uint64_t t0 = now_ns();
   const int64_t absent = tr::lookup(nt.index, nt.vectors, keys, static_cast<size_t>(n), out,
                                     nt.default_value, nullptr);
-  d->not_found += absent;
-  if (absent) nt.count(kNotFound, absent);
-  nt.count(kLookups, n);
-  nt.count(kMisses, n);
-  nt.count(kSyncFetched, n);
-  nt.count(kStoreNs, static_cast<int64_t>(now_ns() - t0));
+  d->by_cause[tr::kCauseNotFound] += absent;
+  if (absent) nt.count(tr::kNotFound, absent);
+  nt.count(tr::kLookups, n);
+  nt.count(tr::kMisses, n);
+  nt.count(tr::kSyncFetched, n);
+  nt.count(tr::kStoreNs, static_cast<int64_t>(now_ns() - t0));
 }
 
 // -- the GPU path (KIND_GPU): the instance's stream, keys in, one kernel per table --------
@@ -835,18 +865,18 @@ void settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, in
   if (!nt.target.cache) {  // static / uvm: the whole table; what it lacks no tier holds
     if (corrupt != 0) throw std::runtime_error("corrupt device table: a slot names no row");
     const int64_t absent = n - hits;
-    d->not_found += absent;
-    if (absent) nt.count(kNotFound, absent);
-    nt.count(kLookups, n);
-    nt.count(kHits, hits);
-    nt.count(kMisses, absent);
-    nt.count(kCacheNs, static_cast<int64_t>(ns));
+    d->by_cause[tr::kCauseNotFound] += absent;
+    if (absent) nt.count(tr::kNotFound, absent);
+    nt.count(tr::kLookups, n);
+    nt.count(tr::kHits, hits);
+    nt.count(tr::kMisses, absent);
+    nt.count(tr::kCacheNs, static_cast<int64_t>(ns));
     return;
   }
   if (hits == n) {
-    nt.count(kLookups, n);
-    nt.count(kHits, n);
-    nt.count(kCacheNs, static_cast<int64_t>(ns));
+    nt.count(tr::kLookups, n);
+    nt.count(tr::kHits, n);
+    nt.count(tr::kCacheNs, static_cast<int64_t>(ns));
     return;
   }
   for (int64_t i = 0; i < n; ++i) status[i] = status[i] == tr::xcache::kHit;  // torn: a miss
@@ -1081,8 +1111,8 @@ bool finish_response(const NativePlan& plan, TRITONBACKEND_Response* response,
   for (const std::string& info : plan.info_outputs) {
     if (err != nullptr) break;
     const int64_t v64 = info == "NumSample"       ? samples
-                        : info == kDefaultInfo[0] ? d.not_found
-                        : info == kDefaultInfo[1] ? d.async
+                        : info == kDefaultInfo[0] ? d.not_found()
+                        : info == kDefaultInfo[1] ? d.async()
                                                   : plan.device_id;
     const int32_t v = static_cast<int32_t>(v64);
     const int64_t one = 1;
@@ -1098,8 +1128,8 @@ bool finish_response(const NativePlan& plan, TRITONBACKEND_Response* response,
   if (err == nullptr) {
     drop(TRITONBACKEND_ResponseSetIntParameter(response, "NumSample", samples));
     drop(TRITONBACKEND_ResponseSetIntParameter(response, "DeviceID", plan.device_id));
-    drop(TRITONBACKEND_ResponseSetIntParameter(response, kDefaultInfo[0], d.not_found));
-    drop(TRITONBACKEND_ResponseSetIntParameter(response, kDefaultInfo[1], d.async));
+    drop(TRITONBACKEND_ResponseSetIntParameter(response, kDefaultInfo[0], d.not_found()));
+    drop(TRITONBACKEND_ResponseSetIntParameter(response, kDefaultInfo[1], d.async()));
   }
   return send(response, err);
 }

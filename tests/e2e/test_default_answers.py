@@ -146,3 +146,44 @@ def test_prometheus_counts_keys_no_tier_holds_per_table(server, two_tables):
     while counter() < 1 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert counter() >= 1
+
+
+def _python_calls(server, model):
+    """trec_python_calls_total of ``model``, by ``what`` (absent series: 0)."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    calls = {"request": 0.0, "misses": 0.0}
+    for ln in text.splitlines():
+        if ln.startswith("trec_python_calls_total{") and f'model="{model}"' in ln:
+            what = ln.split('what="', 1)[1].split('"', 1)[0]
+            calls[what] = float(ln.rsplit(" ", 1)[1])
+    return calls
+
+
+def test_no_well_formed_request_enters_python_misses_included(server, two_tables, request_path):
+    """On the native path a node-local model's requests never call into Python, whatever
+    they miss: fetched now (cold), answered with the default (warm, hit rate >= 0.9),
+    ``exact``, keys no tier holds; only the malformed ones do, one call each."""
+    if request_path != "native":
+        pytest.skip("the Python backend answers every request in Python by design")
+    before = _python_calls(server, "hps_two")
+    rng = np.random.default_rng(505)
+    good = 0
+    for protocol in ("http", "grpc"):
+        warm = _fresh(two_tables, rng, 60, 1)
+        assert _counts(_infer(server, protocol, warm)) == (0, 0)  # cold: fetched now
+        keys = [np.concatenate([warm[0], _fresh(two_tables, rng, 1, 0)[0]]), warm[1]]
+        assert _counts(_infer(server, protocol, keys)) == (0, 1)  # one miss, deferred
+        keys = [np.concatenate([warm[0], _fresh(two_tables, rng, 1, 0)[0]]), warm[1]]
+        r = _infer(server, protocol, keys, parameters={"exact": True})
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), _expected(two_tables, keys))
+        unknown = _fresh(two_tables, rng, 3, 1, unknown=1)
+        assert _counts(_infer(server, protocol, unknown)) == (2, 0)
+        good += 4
+    assert _python_calls(server, "hps_two") == before, f"{good} good requests entered Python"
+    tc = client_module("http")
+    bad = [np.arange(5, dtype=np.int64)], [np.arange(3, dtype=np.int64)]
+    for keys_per_table in bad:  # NUMKEYS has one count, the model two tables
+        with pytest.raises(tc.InferenceServerException, match="NUMKEYS"):
+            _infer(server, "http", keys_per_table)
+    after = _python_calls(server, "hps_two")
+    assert after == {"request": before["request"] + 2, "misses": before["misses"]}

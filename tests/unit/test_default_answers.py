@@ -138,15 +138,19 @@ def test_the_response_carries_the_counts_as_the_declared_outputs():
     assert resp.output("DefaultAsync").tolist() == [2]
 
 
-def test_the_native_backend_uses_the_same_names():
-    """python_host.cpp spells the response fields and the parameter as the engine does."""
-    from pathlib import Path
-
-    from triton_rec.cache.cached_table import NATIVE_FIELDS
+def test_the_names_both_sides_use_come_from_the_native_core():
+    """The response fields, the request parameter, the causes and the native counters are
+    defined once (src/native/seam.hpp) and taken from there; each counter the native side
+    keeps is one TableStats reports."""
+    from triton_rec import _native
+    from triton_rec.cache.cached_table import NATIVE_FIELDS, TableStats
     from triton_rec.config.model_config import EXACT_PARAMETER
 
-    src = (Path(__file__).parents[2] / "src/triton_backend/python_host.cpp").read_text()
-    assert f'kDefaultInfo[2] = {{"{DEFAULT_INFO[0]}", "{DEFAULT_INFO[1]}"}}' in src
-    assert f'kExactParameter = "{EXACT_PARAMETER}"' in src
-    assert DEFAULT_CAUSES == ("not_found", "async")  # Defaults {not_found, async} there
-    assert NATIVE_FIELDS[-1] == "not_found" and "kStoreNs, kNotFound }" in src
+    assert DEFAULT_INFO == _native.DEFAULT_INFO == ("DefaultNotFound", "DefaultAsync")
+    assert EXACT_PARAMETER == _native.EXACT_PARAMETER == "exact"
+    assert DEFAULT_CAUSES == _native.DEFAULT_CAUSES == ("not_found", "async")
+    assert NATIVE_FIELDS == _native.TABLE_STAT_FIELDS
+    stats = TableStats()
+    stats.native[:] = np.arange(1, len(NATIVE_FIELDS) + 1)
+    snap = stats.snapshot()
+    assert [snap[f] for f in NATIVE_FIELDS] == list(range(1, len(NATIVE_FIELDS) + 1))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
-from triton_rec.cache.cached_table import NATIVE_FIELDS, CachedTable, TableStats
+from triton_rec.cache.cached_table import NATIVE_FIELDS, CachedTable
 from triton_rec.config.ps_json import parse_ps_config
 from triton_rec.serving.deployment import InstanceSpec, open_session
 from triton_rec.serving.session import LookupSession
@@ -116,10 +116,9 @@ def test_finish_query_after_an_outside_query_answers_like_lookup(session):
     hit = np.empty(40, np.uint8)
     hits = ct.cache.query(keys, out, hit)
     assert 0 < hits < 40
-    stats = TableStats()
-    ct.stats = stats
+    before = ct.stats.snapshot()
     assert ct.finish_query(keys, out, hit, hits, query_ns=1000) == hits
     np.testing.assert_array_equal(out, expected_vectors(SEED, 0, keys, 8))
-    snap = stats.snapshot()
+    snap = {k: v - before[k] for k, v in ct.stats.snapshot().items()}
     assert (snap["lookups"], snap["hits"], snap["sync_fetched"]) == (40, hits, 40 - hits)
     assert snap["cache_ns"] >= 1000

@@ -37,7 +37,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Protocol, Sequence
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -75,13 +75,16 @@ class EmbeddingCache(Protocol):
         """The cache's counters (lookups, hits, inserts, evictions, ...)."""
 
 
-#: The counters the native backend's hot path keeps (``TableStats.native``), in order.
-NATIVE_FIELDS = ("lookups", "hits", "misses", "sync_fetched", "cache_ns", "store_ns", "not_found")
+#: The counters native code keeps (``TableStats.native``), in order: the hot path of the
+#: native backend and :class:`~triton_rec._native.LocalMisses` (defined in
+#: src/native/local_misses.hpp, ``TableStat``).
+NATIVE_FIELDS: Tuple[str, ...] = tuple(_native.TABLE_STAT_FIELDS)
 
 #: Why a key was answered with the default value: the columns of a ``defaults`` array
 #: (:meth:`CachedTable.lookup`), in order. ``not_found``: no tier holds the key;
 #: ``async``: a cache miss answered at once, fetched in the background (hit rate rule).
-DEFAULT_CAUSES = ("not_found", "async")
+#: Defined in src/native/local_misses.hpp (``DefaultCause``).
+DEFAULT_CAUSES: Tuple[str, ...] = tuple(_native.DEFAULT_CAUSES)
 
 
 def new_default_counts() -> np.ndarray:
@@ -164,6 +167,29 @@ class CachedTable:
                 f"{cache_codec.dim}, the store {self.codec.precision} rows of {self.codec.dim}"
             )
         self.stats = TableStats()
+        #: the misses in C++ when the cache sits in front of a node-local table (else None)
+        self.local_misses = self._open_local_misses()
+
+    def _open_local_misses(self) -> Optional[_native.LocalMisses]:
+        """A :class:`~triton_rec._native.LocalMisses` for a shared cache in front of a
+        node-local table: its misses are answered by this module's rules in C++ without
+        the GIL, on both request paths (src/native/local_misses.hpp). None otherwise."""
+        shm_view = getattr(self.cache, "shm_view", None)
+        table = self.store.native_table()
+        if shm_view is None or table is None:
+            return None
+        index, vectors = table
+        return _native.LocalMisses(
+            shm_view(),
+            index,
+            vectors,
+            self.codec.code,
+            self.default_value,
+            self.hit_rate_threshold,
+            self.inserter is not None,
+            None if self.inserter is None else self.inserter.native,
+            self.stats.native,
+        )
 
     def lookup(
         self,
@@ -224,6 +250,17 @@ class CachedTable:
         ``segments``, ``exact``, ``defaults``: as for :meth:`lookup`. Returns ``hits``."""
         assert self.cache is not None  # a query was answered by it
         m = keys.shape[0]
+        if self.local_misses is not None:
+            n = 1 if segments is None else len(segments)
+            bounds = np.zeros(n + 1, np.int64)
+            if segments is not None:
+                np.cumsum(segments, out=bounds[1:])
+            else:
+                bounds[1] = m
+            wants = np.zeros(n, np.uint8) if exact is None else np.asarray(exact, np.uint8)
+            by_cause = defaults if defaults is not None else np.zeros((n, 2), np.int64)
+            self.local_misses.finish(keys, out, hit, hits, query_ns, bounds, wants, by_cause)
+            return hits
         misses = m - hits
         if misses == 0:
             self.stats.add(lookups=m, hits=hits, cache_ns=query_ns)
@@ -278,6 +315,21 @@ class CachedTable:
             **counts,
         )
         return hits
+
+    def native_finish(
+        self, keys, out, hit, hits: int, query_ns: int, exact: bool
+    ) -> Tuple[int, int]:
+        """:meth:`finish_query` of one request on the native backend's buffers (``keys``,
+        its answer block ``out`` and the hit mask: memoryviews, written in place); the
+        handler a table's native plan gives the hot path when its misses need Python (a
+        tier store, a device cache). Returns the keys answered with the default value, by
+        cause (:data:`DEFAULT_CAUSES`)."""
+        k = np.frombuffer(keys, dtype=np.int64)
+        o = np.frombuffer(out, dtype=np.float32).reshape(k.shape[0], self.vec_size)
+        counts = np.zeros((1, len(DEFAULT_CAUSES)), dtype=np.int64)
+        mask = np.frombuffer(hit, dtype=np.uint8)
+        self.finish_query(k, o, mask, hits, query_ns, None, (exact,), counts)
+        return int(counts[0, 0]), int(counts[0, 1])
 
     def _deferred(
         self,
@@ -376,6 +428,9 @@ class BackgroundInserter:
 
     def __init__(self, max_pending: int = 64, name: str = "trec-inserter"):
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        #: the queue of the node-local tables' misses (CachedTable.local_misses): a native
+        #: thread, as bounded as this one
+        self.native = _native.InsertQueue(max_pending)
         self._throttle = LogThrottle()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -394,7 +449,7 @@ class BackgroundInserter:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._queue.unfinished_tasks == 0:
-                return True
+                return bool(self.native.drain(max(0.0, deadline - time.monotonic())))
             time.sleep(0.005)
         return False
 
@@ -419,9 +474,10 @@ class BackgroundInserter:
                 self._queue.task_done()
 
     def close(self) -> None:
-        """Stop the thread (waits up to 5 s for the batch in progress)."""
+        """Stop the threads (waits up to 5 s for the batch in progress)."""
         self._stop.set()
         self._thread.join(timeout=5)
+        self.native.close()
 
 
 class Refresher:

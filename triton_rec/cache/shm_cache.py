@@ -515,6 +515,11 @@ class SharedEmbeddingCache:
             raise CacheError(f"{self.path}: cache is closed")
         return self._view
 
+    def shm_view(self) -> Any:
+        """The native view of the segment (what :class:`~triton_rec._native.LocalMisses`
+        answers misses into)."""
+        return self._native()
+
     def native_address(self) -> Tuple[int, int]:
         """``(base address, bytes)`` of the mapped cache: the native backend queries it
         there directly (valid until :meth:`close`)."""

@@ -10,12 +10,14 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple, overload
 
+from triton_rec import _native
 from triton_rec.errors import ConfigError
 
 #: The keys of a response answered with the default value, by cause (our extension;
 #: the causes of :data:`triton_rec.cache.cached_table.DEFAULT_CAUSES`, in that order):
 #: response parameters of every ``hps``/``hugectr`` response, and optional outputs.
-DEFAULT_INFO = ("DefaultNotFound", "DefaultAsync")
+#: Defined in src/native/seam.hpp (the native backend sends the same).
+DEFAULT_INFO: Tuple[str, ...] = tuple(_native.DEFAULT_INFO)
 
 #: Optional INT32 outputs that carry the response parameters as tensors, for runtimes
 #: whose Python backend cannot attach response parameters (Triton 2.51): HPS's
@@ -24,7 +26,8 @@ HPS_INFO_OUTPUTS = ("NumSample", "DeviceID") + DEFAULT_INFO
 
 #: The request parameter that makes a request fetch every cache miss synchronously,
 #: whatever ``hit_rate_threshold`` says (a bool, or the string "true"/"false").
-EXACT_PARAMETER = "exact"
+#: Defined in src/native/seam.hpp (the native backend reads the same).
+EXACT_PARAMETER: str = _native.EXACT_PARAMETER
 
 
 def model_parameter(config: Dict[str, Any], key: str) -> Optional[str]:

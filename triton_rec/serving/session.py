@@ -57,12 +57,13 @@ def native_table_plans(tables: Sequence[CachedTable]) -> Optional[List[dict]]:
     needs Python for every lookup. Each entry: ``vec_size``, ``precision`` (the rows'
     :attr:`~triton_rec.precision.RowCodec.code`), ``default_value``, ``stats``
     (address of its :data:`~triton_rec.cache.cached_table.NATIVE_FIELDS` counters) and
-    either ``cache`` (address, bytes of a CPU shared cache: misses come back to
-    :meth:`CachedTable.finish_query`), or on a GPU ``device_cache`` (the device cache's
-    state: misses come back the same way) or ``device_table`` (a static/uvm table held
-    whole), with ``device``, or, without a cache, the node-local table's ``index``
-    (address, capacity) and ``vectors`` (address, rows). The addresses stay valid while
-    the tables are open."""
+    either ``cache`` (address, bytes of a CPU shared cache), or on a GPU ``device_cache``
+    (the device cache's state) or ``device_table`` (a static/uvm table held whole), with
+    ``device``, or, without a cache, the node-local table's ``index`` (address, capacity)
+    and ``vectors`` (address, rows). A table with a cache also names its miss handler:
+    ``misses`` (the address of its :class:`~triton_rec._native.LocalMisses`: a node-local
+    table, answered in C++) or ``finish`` (:meth:`CachedTable.native_finish`, called with
+    the GIL). The addresses stay valid while the tables are open."""
     out = []
     for ct in tables:
         entry: Dict[str, object] = {
@@ -73,19 +74,17 @@ def native_table_plans(tables: Sequence[CachedTable]) -> Optional[List[dict]]:
         }
         device_plan = getattr(ct.cache, "device_plan", None)
         gpu = device_plan() if device_plan is not None else None
+        if ct.cache is not None:  # the misses: in C++ (a node-local table) or in Python
+            if ct.local_misses is not None:
+                entry["misses"] = int(ct.local_misses.address)
+            else:
+                entry["finish"] = ct.native_finish
         if isinstance(ct.cache, SharedEmbeddingCache):
             entry["cache"] = ct.cache.native_address()
         elif gpu is not None:
             entry.update(gpu)
-        elif ct.cache is None and type(ct.store) is LocalTableStore:
-            t = ct.store.table
-            index, vectors = t.index, t.vectors
-            if not (
-                index.flags.c_contiguous
-                and vectors.flags.c_contiguous
-                and vectors.dtype == ct.codec.row_dtype
-            ):
-                return None
+        elif ct.cache is None and (table := ct.store.native_table()) is not None:
+            index, vectors = table
             entry["index"] = (int(index.ctypes.data), int(index.shape[0]))
             entry["vectors"] = (int(vectors.ctypes.data), int(vectors.shape[0]))
         else:  # a device cache, or a tier store without a cache: Python answers

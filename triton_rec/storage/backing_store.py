@@ -267,6 +267,12 @@ class BackingStore(abc.ABC):
 
     # -- import bookkeeping (writable tiers; see triton_rec.storage.tiers.import_table) --------
 
+    def native_table(self) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """``(index, vectors)`` of a node-local table that native code may read without
+        Python (the misses of a cache in front of it: :class:`~triton_rec._native.
+        LocalMisses`); None (the default) for every other store."""
+        return None
+
     def get_meta(self, name: str) -> Optional[str]:
         """A small string stored beside the table (e.g. the content digest of the sparse
         files it was imported from), or None. Stores without metadata return None."""
@@ -329,6 +335,18 @@ class LocalTableStore(BackingStore):
     def num_rows(self) -> int:
         """Rows of the table."""
         return self.table.num_rows
+
+    def native_table(self) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """The table's ``(index, vectors)`` as native code reads them (C-contiguous rows
+        of the codec's dtype), or None when they are not laid out that way."""
+        t = self.table
+        if not (
+            t.index.flags.c_contiguous
+            and t.vectors.flags.c_contiguous
+            and t.vectors.dtype == self.codec.row_dtype
+        ):
+            return None
+        return t.index, t.vectors
 
     def sample_keys(self, n: int) -> np.ndarray:
         """The first ``n`` keys of the table."""

@@ -8,12 +8,14 @@ backend would run, so the engine stays the single place where the semantics live
 
 - **control plane** (here, in Python): ``initialize``/``finalize`` of each model instance,
   the load log, background threads, metrics, and every request the native hot path does
-  not answer itself (malformed requests, cache misses, models whose features are not
-  native);
-- **data plane** (C++, GIL released): for an ``hps`` model whose tables are node-local
-  (mapped store, CPU shared cache or none) the backend validates ``KEYS``/``NUMKEYS``,
-  queries the shared cache or the table index and writes the answer straight into
-  Triton's response buffer (:meth:`HostedModel.native_plan` hands it the addresses).
+  not answer itself (malformed requests, models whose features are not native) or the
+  misses it hands back (a cache in front of a tier store or on a GPU), each call counted
+  (:data:`PYTHON_CALLS_METRIC`);
+- **data plane** (C++, GIL released): for a model whose tables are node-local (mapped
+  store, CPU shared cache or none) the backend validates the request, queries the shared
+  cache or the table index, answers the misses (:class:`~triton_rec._native.LocalMisses`)
+  and writes the answer straight into Triton's response buffer
+  (:meth:`HostedModel.native_plan` hands it the addresses).
 
 This module *is* ``triton_python_backend_utils`` for the hosted ``model.py``
 (:func:`load_model` registers it under that name): the same classes and calls, served
@@ -31,11 +33,10 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from triton_rec.cache.cached_table import DEFAULT_CAUSES
 from triton_rec.triton.glue import CURRENT_MODEL
 
 #: Read by :func:`triton_rec.triton.glue.prepare_process`: the model runs inside the
@@ -331,6 +332,16 @@ def _raw_response(resp) -> RawResponse:
     return (None, 0, outputs, resp.parameters)
 
 
+#: The counter of the calls from the native backend's request path into Python, by what
+#: was called (label ``what``): ``request``, a whole request answered by the hosted model
+#: (malformed, or a model without a native plan); ``misses``, a table's cache misses
+#: answered by the engine in Python (a tier store, a device cache). A node-local model's
+#: well-formed requests never enter Python, misses included (issue 25).
+PYTHON_CALLS_METRIC = "trec_python_calls_total"
+PYTHON_CALLS_HELP = "Calls from the native request path into Python (request, misses)"
+PYTHON_CALLS = ("request", "misses")
+
+
 class HostedModel:
     """One model instance's ``TritonPythonModel``, hosted in the server process.
 
@@ -355,6 +366,8 @@ class HostedModel:
         self.model = module.TritonPythonModel()
         with self._working():
             self.model.initialize(dict(args))
+        family = MetricFamily(PYTHON_CALLS_METRIC, PYTHON_CALLS_HELP, MetricFamily.COUNTER)
+        self._calls = {w: family.Metric({"model": self.name, "what": w}) for w in PYTHON_CALLS}
 
     @contextlib.contextmanager
     def _working(self):
@@ -371,6 +384,7 @@ class HostedModel:
             InferenceRequest({n: _as_tensor(n, *v) for n, v in r[0].items()}, r[1])
             for r in requests
         ]
+        self._calls["request"].increment(len(reqs))
         with self._working():
             responses = self.model.execute(reqs)
         return [_raw_response(r) for r in responses]
@@ -379,23 +393,23 @@ class HostedModel:
         """What the native hot path needs to answer this model's requests itself
         (:meth:`triton_rec.serving.session.LookupSession.native_plan` plus the response's
         names), or None when the model has none (it then answers everything here)."""
-        plan = getattr(self.model, "native_plan", None)
-        return plan() if plan is not None else None
+        make = getattr(self.model, "native_plan", None)
+        plan = make() if make is not None else None
+        for table in (plan or {}).get("tables", ()):
+            if table.get("finish") is not None:  # misses answered in Python: counted
+                table["finish"] = self._counted(table["finish"])
+        return plan
 
-    def finish_query(
-        self, table: int, keys, out, hit, hits: int, query_ns: int, exact: bool = False
-    ) -> Tuple[int, ...]:
-        """Answer the misses of a native cache query of table ``table`` (HPS rules:
-        :meth:`triton_rec.cache.cached_table.CachedTable.finish_query`); the buffers are
-        the request's keys, its answer block and the hit mask, written in place.
-        Returns the keys answered with the default value, by cause (``DEFAULT_CAUSES``)."""
-        ct = self.model.session.cached_tables[table]
-        keys = np.frombuffer(keys, dtype=np.int64)
-        out = np.frombuffer(out, dtype=np.float32).reshape(keys.shape[0], ct.vec_size)
-        defaults = np.zeros((1, len(DEFAULT_CAUSES)), dtype=np.int64)
-        hit_mask = np.frombuffer(hit, dtype=np.uint8)
-        ct.finish_query(keys, out, hit_mask, hits, query_ns, None, (exact,), defaults)
-        return tuple(int(v) for v in defaults[0])
+    def _counted(self, finish: Callable) -> Callable:
+        """``finish`` (a table's miss handler in Python), each call counted."""
+        metric = self._calls["misses"]
+
+        def counted(*args):
+            metric.increment(1)
+            with self._working():
+                return finish(*args)
+
+        return counted
 
     def finalize(self) -> None:
         """The hosted model's ``finalize`` (threads stopped, caches detached)."""

@@ -1,0 +1,329 @@
+// The misses of a shared cache whose table is node-local (issue 25): what
+// CachedTable.finish_query (triton_rec/cache/cached_table.py) does with them, in C++ and
+// without the GIL. Used by the native backend's hot path (python_host.cpp, through the
+// address a table's native plan hands it) and by CachedTable itself (bindings.cpp), so
+// both request paths run this one implementation for node-local tables; CachedTable's
+// Python rules serve the tier stores (Redis, RocksDB) and are held to this one by
+// tests/unit/test_local_misses.py.
+//
+// HPS's rules (the module docstring of cached_table.py): per request and table, the hit
+// rate over the request's distinct keys; at or above `hit_rate_threshold` the misses are
+// answered with the default value and queued for a background insert (InsertQueue),
+// below it they are fetched from the table now, answered and inserted. A static table,
+// a threshold above 1.0 or a request asking for `exact` answers always fetches.
+#pragma once
+
+#include <time.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "hash_index.hpp"
+#include "request_kernels.hpp"
+#include "seam.hpp"
+#include "shm_cache.hpp"
+
+namespace triton_rec {
+
+// CLOCK_MONOTONIC nanoseconds: what Python's time.perf_counter_ns reads.
+inline uint64_t monotonic_ns() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+class LocalMisses;
+
+// The background inserter of an instance's node-local tables (BackgroundInserter of
+// cached_table.py holds one beside its Python queue): one thread; at most `max_pending`
+// batches wait (the one being inserted not counted), beyond that a batch is dropped rather
+// than slowing the request down. A failed insert is counted and the next miss retries.
+class InsertQueue {
+ public:
+  explicit InsertQueue(size_t max_pending) : max_pending_(max_pending) {
+    worker_ = std::thread([this] { run(); });
+  }
+  ~InsertQueue() { close(); }
+  InsertQueue(const InsertQueue&) = delete;
+  InsertQueue& operator=(const InsertQueue&) = delete;
+
+  // Queues keys[0..n) of `table` for insertion; false when the queue is full or closed.
+  bool submit(const LocalMisses* table, const int64_t* keys, size_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_ || jobs_.size() >= max_pending_) return false;
+    jobs_.push_back({table, std::vector<int64_t>(keys, keys + n)});
+    wake_.notify_one();
+    return true;
+  }
+
+  // Waits up to `seconds` until every queued batch is inserted; whether it was.
+  bool drain(double seconds) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return idle_.wait_for(lock, std::chrono::duration<double>(seconds),
+                          [&] { return jobs_.empty() && current_ == nullptr; });
+  }
+
+  // Drops the batches of `table` and waits for the one in progress (a table going away).
+  void forget(const LocalMisses* table) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    jobs_.erase(
+        std::remove_if(jobs_.begin(), jobs_.end(), [&](const Job& j) { return j.table == table; }),
+        jobs_.end());
+    idle_.wait(lock, [&] { return current_ != table; });
+  }
+
+  // Stops the thread; queued batches are dropped (idempotent).
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closed_ = true;
+      jobs_.clear();
+    }
+    wake_.notify_all();
+    if (worker_.joinable()) worker_.join();
+    idle_.notify_all();
+  }
+
+  size_t pending() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return jobs_.size() + (current_ != nullptr);
+  }
+  // Batches whose insert failed, and the last failure's message.
+  std::pair<int64_t, std::string> failures() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {failures_, last_failure_};
+  }
+
+ private:
+  struct Job {
+    const LocalMisses* table;
+    std::vector<int64_t> keys;
+  };
+  void run();  // below LocalMisses
+
+  const size_t max_pending_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  std::deque<Job> jobs_;
+  const LocalMisses* current_ = nullptr;  // the table of the batch being inserted
+  bool closed_ = false;
+  int64_t failures_ = 0;
+  std::string last_failure_;
+  std::thread worker_;
+};
+
+// How a table answers its misses: its threshold, and whether a miss may be answered with
+// the default and inserted in the background (a queue exists and the table is not static).
+struct MissRules {
+  double hit_rate_threshold = 1.0;
+  bool deferrable = false;
+};
+
+// The misses of one table: the shared cache in front of the node-local table.
+// Thread-safe: finish() may run in any number of threads; the views must outlive it.
+class LocalMisses {
+ public:
+  LocalMisses(const ShmCache& cache, IndexView index, TableView table, float default_value,
+              MissRules rules, InsertQueue* queue, int64_t* stats)
+      : cache_(cache), index_(index), table_(table), default_value_(default_value), rules_(rules),
+        queue_(rules.deferrable ? queue : nullptr), stats_(stats) {
+    if (cache.format().precision != table.fmt.precision || cache.vec_size() != table.fmt.dim) {
+      throw std::invalid_argument("the cache's rows and the table's rows differ in format");
+    }
+    if (rules_.deferrable && queue_ == nullptr) {
+      throw std::invalid_argument("deferrable misses need an insert queue");
+    }
+  }
+  ~LocalMisses() {
+    if (queue_ != nullptr) queue_->forget(this);
+  }
+  LocalMisses(const LocalMisses&) = delete;
+  LocalMisses& operator=(const LocalMisses&) = delete;
+
+  int64_t dim() const noexcept { return static_cast<int64_t>(table_.fmt.dim); }
+
+  // The rest of a cache query of keys[0..m) into out [m, dim] (hit[i]: whether key i hit;
+  // `hits` of them, found in `query_ns`): counts the lookup and answers the misses. The
+  // keys are those of `segments` requests, request j's in [bounds[j], bounds[j+1])
+  // (bounds null: one request); exact[j]: request j asks for every miss fetched now (null:
+  // none does). defaults [segments, kNumDefaultCauses]: each request's keys answered with
+  // the default value are added here. Throws CorruptIndexError on a corrupt table.
+  void finish(const int64_t* keys, int64_t m, float* out, const uint8_t* hit, int64_t hits,
+              uint64_t query_ns, const int64_t* bounds, int64_t segments, const uint8_t* exact,
+              int64_t* defaults) const {
+    const int64_t one[2] = {0, m};
+    if (bounds == nullptr || segments < 1) {
+      bounds = one;
+      segments = 1;
+    }
+    const int64_t misses = m - hits;
+    count(stats_, kLookups, m);
+    count(stats_, kHits, hits);
+    if (misses == 0) {
+      count(stats_, kCacheNs, static_cast<int64_t>(query_ns));
+      return;
+    }
+    count(stats_, kMisses, misses);
+    Scratch& s = scratch();
+    const size_t dim = table_.fmt.dim;
+    s.deferred.clear();
+    s.fetch.clear();
+    s.fetch_segment.clear();
+    for (int64_t j = 0; j < segments; ++j) {
+      const int64_t b = bounds[j], e = bounds[j + 1];
+      const bool defer = deferred(keys + b, hit + b, e - b, exact != nullptr && exact[j] != 0, s);
+      for (int64_t i = b; i < e; ++i) {
+        if (hit[i] != 0) continue;
+        if (defer) {
+          std::fill_n(out + i * dim, dim, default_value_);
+          defaults[j * kNumDefaultCauses + kCauseAsync] += 1;
+          s.deferred.push_back(keys[i]);
+        } else {
+          s.fetch.push_back(i);
+          s.fetch_segment.push_back(j);
+        }
+      }
+    }
+    if (!s.deferred.empty()) {
+      const auto n = static_cast<int64_t>(s.deferred.size());
+      const bool queued = queue_->submit(this, s.deferred.data(), s.deferred.size());
+      count(stats_, kDefaultAnswered, n);
+      count(stats_, queued ? kQueued : kDropped, n);
+    }
+    if (s.fetch.empty()) {
+      count(stats_, kCacheNs, static_cast<int64_t>(query_ns));
+      return;
+    }
+    // The rest from the table now: gathered as it holds them (for the cache), decoded
+    // into the answer; a key it lacks gets exactly the default and is not cached (each
+    // later lookup asks again and is counted).
+    const uint64_t t1 = monotonic_ns();
+    const size_t row_bytes = table_.fmt.row_bytes;
+    s.fetch_keys.clear();
+    for (int64_t i : s.fetch) s.fetch_keys.push_back(keys[i]);
+    s.rows.resize(s.fetch.size());
+    probe(index_, s.fetch_keys.data(), s.fetch.size(), s.rows.data());
+    s.found_keys.clear();
+    s.found_rows.resize(s.fetch.size() * row_bytes);
+    int64_t absent = 0;
+    for (size_t f = 0; f < s.fetch.size(); ++f) {
+      float* dst = out + s.fetch[f] * dim;
+      const int64_t row = s.rows[f];
+      if (row == kEmptyRow) {
+        std::fill_n(dst, dim, default_value_);
+        defaults[s.fetch_segment[f] * kNumDefaultCauses + kCauseNotFound] += 1;
+        ++absent;
+        continue;
+      }
+      if (row < 0 || row >= table_.rows) {
+        throw CorruptIndexError("corrupt index: key " + std::to_string(s.fetch_keys[f]) +
+                                " maps to row " + std::to_string(row) + ", but the table has " +
+                                std::to_string(table_.rows) + " rows");
+      }
+      uint8_t* encoded = s.found_rows.data() + s.found_keys.size() * row_bytes;
+      std::memcpy(encoded, table_.row(row), row_bytes);
+      table_.fmt.decode(encoded, dst, dim);
+      s.found_keys.push_back(s.fetch_keys[f]);
+    }
+    const uint64_t t2 = monotonic_ns();
+    cache_.insert(s.found_keys.data(), s.found_keys.size(), s.found_rows.data());
+    const uint64_t t3 = monotonic_ns();
+    count(stats_, kSyncFetched, static_cast<int64_t>(s.fetch.size()));
+    count(stats_, kNotFound, absent);
+    count(stats_, kCacheNs, static_cast<int64_t>(query_ns + (t3 - t2)));
+    count(stats_, kStoreNs, static_cast<int64_t>(t2 - t1));
+  }
+
+  // The background insert of a batch of deferred keys (CachedTable.fill_from_store): each
+  // distinct key the table holds, in ascending order, into the cache.
+  void fill(std::vector<int64_t>* keys) const {
+    std::sort(keys->begin(), keys->end());
+    keys->erase(std::unique(keys->begin(), keys->end()), keys->end());
+    std::vector<int64_t> rows(keys->size()), found;
+    probe(index_, keys->data(), keys->size(), rows.data());
+    const size_t row_bytes = table_.fmt.row_bytes;
+    std::vector<uint8_t> encoded;
+    encoded.reserve(keys->size() * row_bytes);
+    for (size_t i = 0; i < keys->size(); ++i) {
+      if (rows[i] == kEmptyRow) continue;
+      if (rows[i] < 0 || rows[i] >= table_.rows) {
+        throw CorruptIndexError("corrupt index: key " + std::to_string((*keys)[i]) +
+                                " maps to row " + std::to_string(rows[i]));
+      }
+      found.push_back((*keys)[i]);
+      const uint8_t* r = table_.row(rows[i]);
+      encoded.insert(encoded.end(), r, r + row_bytes);
+    }
+    cache_.insert(found.data(), found.size(), encoded.data());
+  }
+
+ private:
+  struct Scratch {  // per thread, reused
+    std::vector<int64_t> deferred, fetch, fetch_segment, fetch_keys, rows, found_keys, distinct;
+    std::vector<uint8_t> found_rows, used;
+  };
+  static Scratch& scratch() {
+    thread_local Scratch s;
+    return s;
+  }
+
+  // Whether one request's misses are answered with the default and inserted later: its
+  // hit rate over distinct keys (a key asked twice counts once; a request without keys
+  // counts as 1.0) at or above the threshold, and it did not ask for exact answers.
+  bool deferred(const int64_t* keys, const uint8_t* hit, int64_t n, bool exact, Scratch& s) const {
+    if (!rules_.deferrable || exact || rules_.hit_rate_threshold > 1.0) return false;
+    if (rules_.hit_rate_threshold <= 0.0) return true;
+    const uint64_t capacity = index_capacity(static_cast<uint64_t>(n));
+    s.distinct.resize(capacity);
+    s.used.resize(capacity);
+    int64_t distinct = 0, distinct_hits = 0;
+    count_distinct_hits(keys, hit, n, s.distinct.data(), s.used.data(), capacity, &distinct,
+                        &distinct_hits);
+    return static_cast<double>(distinct_hits) >=
+           rules_.hit_rate_threshold * static_cast<double>(distinct);
+  }
+
+  const ShmCache cache_;
+  const IndexView index_;
+  const TableView table_;
+  const float default_value_;
+  const MissRules rules_;
+  InsertQueue* const queue_;
+  int64_t* const stats_;
+};
+
+inline void InsertQueue::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return closed_ || !jobs_.empty(); });
+    if (closed_) break;
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    current_ = job.table;
+    lock.unlock();
+    std::string failure;
+    try {
+      job.table->fill(&job.keys);
+    } catch (const std::exception& x) {
+      failure = x.what();
+    }
+    lock.lock();
+    if (!failure.empty()) {
+      ++failures_;
+      last_failure_ = std::move(failure);
+    }
+    current_ = nullptr;
+    idle_.notify_all();
+  }
+  current_ = nullptr;
+}
+
+}  // namespace triton_rec

@@ -1,0 +1,208 @@
+"""The misses of a node-local table in C++ (``_native.LocalMisses``,
+src/native/local_misses.hpp) against the engine's Python rules (CachedTable.finish_query
+over any other store): the same requests on two caches in the same state must give the
+same answers, the same default counts per request and cause, the same counters and the
+same cache contents afterwards, for every threshold, precision, merged requests, ``exact``
+requests, repeated keys and keys no tier holds."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from triton_rec import _native
+from triton_rec.cache.cached_table import DEFAULT_CAUSES, BackgroundInserter, CachedTable
+from triton_rec.cache.shm_cache import SharedEmbeddingCache
+from triton_rec.precision import RowCodec
+from triton_rec.storage.backing_store import LocalTableStore
+from triton_rec.storage.table import EmbeddingTable
+
+VEC = 6
+ROWS = 3000
+DEFAULT = -1.5
+TIMINGS = ("cache_ns", "store_ns")
+
+
+class PythonRulesStore(LocalTableStore):
+    """The same table, without the native view: CachedTable answers its misses in Python."""
+
+    def native_table(self):
+        return None
+
+
+def _table(precision: str) -> EmbeddingTable:
+    rng = np.random.default_rng(5)
+    keys = rng.permutation(np.arange(ROWS, dtype=np.int64) * 7 + 3)
+    vectors = rng.standard_normal((ROWS, VEC)).astype(np.float32)
+    codec = RowCodec(precision, VEC)
+    return EmbeddingTable("t", keys, codec.encode(vectors), DEFAULT, codec=codec)
+
+
+@pytest.fixture
+def caches():
+    opened = []
+
+    def make(precision: str):
+        # room for every row: no eviction, so the contents do not depend on the order in
+        # which a lookup's own inserts and the background thread's land
+        c = SharedEmbeddingCache.open(
+            f"test-lm-{uuid.uuid4().hex[:10]}", 8 * ROWS, VEC, ways=8, precision=precision
+        )
+        opened.append(c)
+        return c
+
+    yield make
+    for c in opened:
+        c.close()
+
+
+def _pair(caches, precision, threshold, exact_table=False):
+    table = _table(precision)
+    tables = []
+    for store_type in (LocalTableStore, PythonRulesStore):
+        inserter = None if exact_table else BackgroundInserter()
+        ct = CachedTable(
+            "t",
+            store_type(table),
+            caches(precision),
+            hit_rate_threshold=threshold,
+            inserter=inserter,
+            exact=exact_table,
+        )
+        tables.append(ct)
+    native, python = tables
+    assert native.local_misses is not None and python.local_misses is None
+    return table, native, python
+
+
+def _close(*tables):
+    for ct in tables:
+        if ct.inserter is not None:
+            ct.inserter.close()
+
+
+def _counters(ct):
+    return {k: v for k, v in ct.stats.snapshot().items() if k not in TIMINGS}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 0.8, 1.0, 1.1])
+def test_native_and_python_rules_agree(caches, precision, threshold):
+    table, native, python = _pair(caches, precision, threshold)
+    rng = np.random.default_rng(int(threshold * 10) + len(precision))
+    try:
+        for step in range(40):
+            requests = int(rng.integers(1, 4))
+            segments = [int(rng.integers(0, 60)) for _ in range(requests)]
+            m = sum(segments)
+            # hot keys (repeats), cold keys and keys no tier holds
+            hot = table.keys[rng.integers(0, 80, m)]
+            cold = table.keys[rng.integers(0, ROWS, m)]
+            absent = rng.integers(0, 10**6, m) * 7 + 5  # never = 3 mod 7
+            pick, warm = rng.random(m), rng.uniform(0.3, 1.0)  # hit rates around the threshold
+            keys = np.where(pick < warm, hot, np.where(pick < 0.97, cold, absent)).astype(np.int64)
+            exact = tuple(bool(rng.random() < 0.3) for _ in range(requests))
+            answers = []
+            for ct in (native, python):
+                out = np.empty((m, VEC), np.float32)
+                defaults = np.zeros((requests, len(DEFAULT_CAUSES)), np.int64)
+                ct.lookup(keys, out, segments, exact, defaults)
+                assert ct.inserter.drain(10.0)
+                answers.append((out, defaults))
+            np.testing.assert_array_equal(answers[0][0], answers[1][0], err_msg=f"step {step}")
+            np.testing.assert_array_equal(answers[0][1], answers[1][1], err_msg=f"step {step}")
+            assert _counters(native) == _counters(python), f"step {step}"
+            assert sorted(native.cache.keys().tolist()) == sorted(python.cache.keys().tolist())
+        # the counts say the test met every rule
+        snap = _counters(native)
+        assert snap["misses"] > 0 and snap["not_found"] > 0
+        if threshold < 1.0:  # at 1.0 a request with a miss is below the threshold
+            assert snap["default_answered"] > 0
+        if threshold > 0.0:
+            assert snap["sync_fetched"] > 0
+    finally:
+        _close(native, python)
+
+
+def test_a_static_table_fetches_every_miss_natively(caches):
+    table, native, python = _pair(caches, "fp32", 0.0, exact_table=True)
+    keys = table.keys[:100].copy()
+    for ct in (native, python):
+        out = np.empty((100, VEC), np.float32)
+        ct.lookup(keys, out)
+        np.testing.assert_array_equal(out, table.vectors[:100])
+    assert _counters(native) == _counters(python)
+    assert _counters(native)["sync_fetched"] == 100
+
+
+def test_a_full_queue_drops_and_counts(caches):
+    """A batch the background queue has no room for is dropped and counted; the answer is
+    the default all the same."""
+    table = _table("fp32")
+    queue = _native.InsertQueue(1)
+    cache = caches("fp32")
+    ct = CachedTable("t", LocalTableStore(table), cache, hit_rate_threshold=0.0)
+    stats = np.zeros(len(_native.TABLE_STAT_FIELDS), np.int64)
+    misses = _native.LocalMisses(
+        cache.shm_view(), table.index, table.vectors, 0, DEFAULT, 0.0, True, queue, stats
+    )
+    keys = table.keys[:20].copy()
+    out = np.empty((20, VEC), np.float32)
+    hit = np.zeros(20, np.uint8)
+    bounds = np.array([0, 20], np.int64)
+    defaults = np.zeros((1, 2), np.int64)
+    for _ in range(200):  # faster than one thread inserts: some batches find it full
+        misses.finish(keys, out, hit, 0, 0, bounds, np.zeros(1, np.uint8), defaults)
+    assert queue.drain(10.0)
+    fields = dict(zip(_native.TABLE_STAT_FIELDS, stats.tolist()))
+    assert fields["default_answered"] == 200 * 20
+    assert fields["queued"] + fields["dropped"] == 200 * 20
+    assert fields["dropped"] > 0
+    assert defaults.tolist() == [[0, 200 * 20]]
+    np.testing.assert_array_equal(out, np.full((20, VEC), DEFAULT, np.float32))
+    assert set(cache.keys().tolist()) == set(keys.tolist())  # the queued ones went in
+    queue.close()
+    del misses, ct
+
+
+def test_bad_arguments_are_refused_with_a_message(caches):
+    table = _table("fp32")
+    cache = caches("fp32")
+    stats = np.zeros(len(_native.TABLE_STAT_FIELDS), np.int64)
+    with pytest.raises(ValueError, match="insert queue"):
+        _native.LocalMisses(
+            cache.shm_view(), table.index, table.vectors, 0, DEFAULT, 0.5, True, None, stats
+        )
+    with pytest.raises(ValueError, match="stats"):
+        _native.LocalMisses(
+            cache.shm_view(), table.index, table.vectors, 0, DEFAULT, 0.5, False, None, stats[:3]
+        )
+    misses = _native.LocalMisses(
+        cache.shm_view(), table.index, table.vectors, 0, DEFAULT, 0.5, False, None, stats
+    )
+    keys = table.keys[:4].copy()
+    out = np.empty((4, VEC), np.float32)
+    with pytest.raises(ValueError, match="bounds"):
+        misses.finish(
+            keys,
+            out,
+            np.zeros(4, np.uint8),
+            0,
+            0,
+            np.array([0, 3], np.int64),
+            np.zeros(1, np.uint8),
+            np.zeros((1, 2), np.int64),
+        )
+    with pytest.raises(ValueError, match="hits"):
+        misses.finish(
+            keys,
+            out,
+            np.zeros(4, np.uint8),
+            2,
+            0,
+            np.array([0, 4], np.int64),
+            np.zeros(1, np.uint8),
+            np.zeros((1, 2), np.int64),
+        )
