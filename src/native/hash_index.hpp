@@ -186,17 +186,15 @@ inline int64_t probe(const IndexView& ix, const int64_t* keys, size_t m, int64_t
   return missing;
 }
 
-// Fused probe + gather for keys[0..m): out[i, :] = table row of keys[i], decoded
-// in the same pass (row_codec.hpp), or default_value everywhere when the key is absent (then
-// missing[i] = 1, else 0, when `missing` is non-null). Returns the number of absent keys.
-//
-// Software pipeline, per iteration i:
+// The probe of keys[0..m) as a software pipeline, per iteration i:
 //   stage 1: hash key i, prefetch its home slot          (kSlotAhead keys ahead)
 //   stage 2: probe key i - kSlotAhead, prefetch its row  (kRowAhead keys ahead)
-//   stage 3: copy the row of key i - kSlotAhead - kRowAhead into out
-// so the slot and row of a key are (usually) in cache when they are touched.
-inline int64_t lookup_range(const IndexView& ix, const TableView& table, const int64_t* keys,
-                            size_t m, float* out, float default_value, uint8_t* missing) {
+//   stage 3: emit(i - kSlotAhead - kRowAhead, its row or kEmptyRow)
+// so the slot and row of a key are (usually) in cache when emit touches them. emit is
+// called once per key, in order. Throws CorruptIndexError for a row outside the table.
+template <typename Emit>
+inline void probe_pipelined(const IndexView& ix, const TableView& table, const int64_t* keys,
+                            size_t m, Emit&& emit) {
   // (Prefetching encoded rows further ahead, up to 24 rows of <= 3 lines, measured no
   // different here: benchmarks/RESULTS.md, "Embedding precision".)
   constexpr size_t kSlotAhead = 16;
@@ -205,13 +203,9 @@ inline int64_t lookup_range(const IndexView& ix, const TableView& table, const i
   static_assert((kRing & (kRing - 1)) == 0 && kRing > kSlotAhead + kRowAhead, "ring size");
 
   const uint64_t mask = ix.mask();
-  const size_t dim = table.fmt.dim;
   const size_t row_bytes = table.fmt.row_bytes;
-  const bool fp32 = table.fmt.is_fp32();
-  const DecodeFn decode = table.fmt.decode;
   uint64_t home[kRing];
   int64_t rows[kRing];
-  int64_t n_missing = 0;
 
   auto stage1 = [&](size_t i) {
     const uint64_t h = mix64(static_cast<uint64_t>(keys[i])) & mask;
@@ -225,22 +219,7 @@ inline int64_t lookup_range(const IndexView& ix, const TableView& table, const i
       detail::prefetch_bytes(table.row(row), row_bytes);
     }
   };
-  auto stage3 = [&](size_t i) {
-    const int64_t row = rows[i & (kRing - 1)];
-    float* dst = out + i * dim;
-    if (row != kEmptyRow) {
-      if (fp32) {
-        std::memcpy(dst, table.row(row), row_bytes);
-      } else {
-        decode(table.row(row), dst, dim);
-      }
-      if (missing) missing[i] = 0;
-    } else {
-      std::fill_n(dst, dim, default_value);
-      if (missing) missing[i] = 1;
-      ++n_missing;
-    }
-  };
+  auto stage3 = [&](size_t i) { emit(i, rows[i & (kRing - 1)]); };
 
   constexpr size_t kLag = kSlotAhead + kRowAhead;
   size_t i = 0;
@@ -260,7 +239,58 @@ inline int64_t lookup_range(const IndexView& ix, const TableView& table, const i
     if (i >= kSlotAhead && i - kSlotAhead < m) stage2(i - kSlotAhead);
     if (i >= kLag) stage3(i - kLag);
   }
+}
+
+// Fused probe + gather for keys[0..m): out[i, :] = table row of keys[i], decoded in the
+// same pass (row_codec.hpp), or default_value everywhere when the key is absent (then
+// missing[i] = 1, else 0, when `missing` is non-null). Returns the number of absent keys.
+inline int64_t lookup_range(const IndexView& ix, const TableView& table, const int64_t* keys,
+                            size_t m, float* out, float default_value, uint8_t* missing) {
+  const size_t dim = table.fmt.dim;
+  const size_t row_bytes = table.fmt.row_bytes;
+  const bool fp32 = table.fmt.is_fp32();
+  const DecodeFn decode = table.fmt.decode;
+  int64_t n_missing = 0;
+  probe_pipelined(ix, table, keys, m, [&](size_t i, int64_t row) {
+    float* dst = out + i * dim;
+    if (row != kEmptyRow) {
+      if (fp32) {
+        std::memcpy(dst, table.row(row), row_bytes);
+      } else {
+        decode(table.row(row), dst, dim);
+      }
+      if (missing) missing[i] = 0;
+    } else {
+      std::fill_n(dst, dim, default_value);
+      if (missing) missing[i] = 1;
+      ++n_missing;
+    }
+  });
   return n_missing;
+}
+
+// The encoded rows of keys[0..m) as the table holds them: for each key found (in order)
+// its key appended to found_keys and its row bytes to found_rows; `on_found(i, row bytes)`
+// and `on_absent(i)` are called per key, in order. Pipelined as lookup_range.
+template <typename OnFound, typename OnAbsent>
+inline void gather_rows(const IndexView& ix, const TableView& table, const int64_t* keys, size_t m,
+                        std::vector<int64_t>* found_keys, std::vector<uint8_t>* found_rows,
+                        OnFound&& on_found, OnAbsent&& on_absent) {
+  const size_t row_bytes = table.fmt.row_bytes;
+  found_keys->clear();
+  found_rows->resize(m * row_bytes);
+  uint8_t* dst = found_rows->data();
+  probe_pipelined(ix, table, keys, m, [&](size_t i, int64_t row) {
+    if (row == kEmptyRow) {
+      on_absent(i);
+      return;
+    }
+    std::memcpy(dst, table.row(row), row_bytes);
+    on_found(i, dst);
+    found_keys->push_back(keys[i]);
+    dst += row_bytes;
+  });
+  found_rows->resize(found_keys->size() * row_bytes);
 }
 
 // lookup_range() over keys[0..m), split into up to `num_threads` contiguous

@@ -206,33 +206,17 @@ class LocalMisses {
     // into the answer; a key it lacks gets exactly the default and is not cached (each
     // later lookup asks again and is counted).
     const uint64_t t1 = monotonic_ns();
-    const size_t row_bytes = table_.fmt.row_bytes;
     s.fetch_keys.clear();
     for (int64_t i : s.fetch) s.fetch_keys.push_back(keys[i]);
-    s.rows.resize(s.fetch.size());
-    probe(index_, s.fetch_keys.data(), s.fetch.size(), s.rows.data());
-    s.found_keys.clear();
-    s.found_rows.resize(s.fetch.size() * row_bytes);
     int64_t absent = 0;
-    for (size_t f = 0; f < s.fetch.size(); ++f) {
-      float* dst = out + s.fetch[f] * dim;
-      const int64_t row = s.rows[f];
-      if (row == kEmptyRow) {
-        std::fill_n(dst, dim, default_value_);
-        defaults[s.fetch_segment[f] * kNumDefaultCauses + kCauseNotFound] += 1;
-        ++absent;
-        continue;
-      }
-      if (row < 0 || row >= table_.rows) {
-        throw CorruptIndexError("corrupt index: key " + std::to_string(s.fetch_keys[f]) +
-                                " maps to row " + std::to_string(row) + ", but the table has " +
-                                std::to_string(table_.rows) + " rows");
-      }
-      uint8_t* encoded = s.found_rows.data() + s.found_keys.size() * row_bytes;
-      std::memcpy(encoded, table_.row(row), row_bytes);
-      table_.fmt.decode(encoded, dst, dim);
-      s.found_keys.push_back(s.fetch_keys[f]);
-    }
+    gather_rows(
+        index_, table_, s.fetch_keys.data(), s.fetch.size(), &s.found_keys, &s.found_rows,
+        [&](size_t f, const uint8_t* row) { table_.fmt.decode(row, out + s.fetch[f] * dim, dim); },
+        [&](size_t f) {
+          std::fill_n(out + s.fetch[f] * dim, dim, default_value_);
+          defaults[s.fetch_segment[f] * kNumDefaultCauses + kCauseNotFound] += 1;
+          ++absent;
+        });
     const uint64_t t2 = monotonic_ns();
     cache_.insert(s.found_keys.data(), s.found_keys.size(), s.found_rows.data());
     const uint64_t t3 = monotonic_ns();
@@ -247,27 +231,17 @@ class LocalMisses {
   void fill(std::vector<int64_t>* keys) const {
     std::sort(keys->begin(), keys->end());
     keys->erase(std::unique(keys->begin(), keys->end()), keys->end());
-    std::vector<int64_t> rows(keys->size()), found;
-    probe(index_, keys->data(), keys->size(), rows.data());
-    const size_t row_bytes = table_.fmt.row_bytes;
-    std::vector<uint8_t> encoded;
-    encoded.reserve(keys->size() * row_bytes);
-    for (size_t i = 0; i < keys->size(); ++i) {
-      if (rows[i] == kEmptyRow) continue;
-      if (rows[i] < 0 || rows[i] >= table_.rows) {
-        throw CorruptIndexError("corrupt index: key " + std::to_string((*keys)[i]) +
-                                " maps to row " + std::to_string(rows[i]));
-      }
-      found.push_back((*keys)[i]);
-      const uint8_t* r = table_.row(rows[i]);
-      encoded.insert(encoded.end(), r, r + row_bytes);
-    }
-    cache_.insert(found.data(), found.size(), encoded.data());
+    std::vector<int64_t> found;
+    std::vector<uint8_t> rows;
+    gather_rows(
+        index_, table_, keys->data(), keys->size(), &found, &rows, [](size_t, const uint8_t*) {},
+        [](size_t) {});
+    cache_.insert(found.data(), found.size(), rows.data());
   }
 
  private:
   struct Scratch {  // per thread, reused
-    std::vector<int64_t> deferred, fetch, fetch_segment, fetch_keys, rows, found_keys, distinct;
+    std::vector<int64_t> deferred, fetch, fetch_segment, fetch_keys, found_keys, distinct;
     std::vector<uint8_t> found_rows, used;
   };
   static Scratch& scratch() {

@@ -491,7 +491,13 @@ class ShmCache {
     if (m == 0) return r;
     const uint64_t base_tick = h_->clock.fetch_add(m, std::memory_order_relaxed) + 1;
     uint64_t updated = 0;
+    // The sets of a batch are spread over the whole segment: the set of key i + kAhead is
+    // prefetched (its lock and seq line, written; its keys and ticks) while key i is
+    // written, so taking a lock does not wait on memory.
+    constexpr size_t kAhead = 8;
+    for (size_t i = 0; i < std::min(m, kAhead); ++i) prefetch_for_write(set_ptr(set_of(keys[i])));
     for (size_t i = 0; i < m; ++i) {
+      if (i + kAhead < m) prefetch_for_write(set_ptr(set_of(keys[i + kAhead])));
       const int64_t k = keys[i];
       const uint8_t* v = vectors + i * fmt_.row_bytes;
       uint8_t* set = set_ptr(set_of(k));
@@ -731,6 +737,11 @@ class ShmCache {
 
   // ---- set accessors ------------------------------------------------------------
   uint8_t* set_ptr(uint64_t s) const noexcept { return sets_ + s * stride_; }
+  void prefetch_for_write(uint8_t* set) const noexcept {
+    __builtin_prefetch(set, 1, 3);                     // seq, mutex (and valid[] for W <= 8)
+    __builtin_prefetch(keys_of(set), 0, 3);            // keys
+    __builtin_prefetch(ticks(set) + ways_ - 1, 1, 3);  // the ticks' last line
+  }
   static std::atomic<uint64_t>& seq(uint8_t* set) noexcept {
     return *reinterpret_cast<std::atomic<uint64_t>*>(set);
   }
