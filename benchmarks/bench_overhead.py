@@ -19,7 +19,14 @@ instances, the shipped dynamic-batching settings). Models, grouped by interface:
   (HugeCTR dense file run by numpy), ``dlrm_onnx`` (the same network in onnxruntime),
   ``dlrm_py`` (Python backend) and ``dlrm_fp16`` (``dlrm`` with fp16 tables);
 - the ensemble interface (``DES``/``KEYS``/``NUMKEYS``/``ROWINDEX``): ``floor_ensemble``
-  and ``dlrm_ensemble`` (``dlrm_hps`` -> ``dlrm_dense``).
+  and ``dlrm_ensemble`` (``dlrm_hps`` -> ``dlrm_dense``);
+- the workload named (issue 25): the groups above replay ``--requests-per-file`` requests,
+  so after the warm-up every key is cached (**all-hit**). ``hps_misses`` and
+  ``dlrm_misses`` feed ``hps_5pct`` / ``dlrm_5pct`` (ps.json defaults but ``gpucacheper``
+  0.05: a cache smaller than the working set, HPS's hit-rate rules) a stream of
+  ``--miss-requests`` distinct requests (Zipf keys for hps, held-out samples for DLRM),
+  beside the C++ floor; the same two models are in the all-hit groups too, so
+  misses / all-hit is the same table and cache on the two workloads.
 
 Every group is measured in rounds; within a round the models of a group run back to
 back for each protocol and concurrency, starting with a different model each round, so
@@ -231,7 +238,7 @@ def build_repository(repo: Path, groups) -> dict:
     from ps_loader.synthetic import SyntheticTable, table_keys, write_model
 
     ps_models, meta = [], {}
-    if "hps" in groups:
+    if {"hps", "hps_misses"} & set(groups):
         t0 = time.monotonic()
         entry = write_model(
             str(repo),
@@ -258,7 +265,10 @@ def build_repository(repo: Path, groups) -> dict:
             dict(required, model="hps_py"),
             # the same table stored in fp16 (issue 15): the served cost of decoding
             dict(required, model="hps_fp16", embedding_precision=["fp16"]),
+            dict(required, model="hps_5pct", gpucacheper=MISS_CACHE),
         ]
+        _write(repo / "hps_5pct" / "config.pbtxt", _config("hps_5pct", "hps", HPS_IO))
+        (repo / "hps_5pct" / "1").mkdir(parents=True, exist_ok=True)
         _write(repo / "hps" / "config.pbtxt", _config("hps", "hps", HPS_IO))
         # the same model.py in Triton's Python backend (the request path before issue 14)
         _write(repo / "hps_py" / "config.pbtxt", _config("hps_py", "hps_py", HPS_IO))
@@ -293,7 +303,7 @@ def build_repository(repo: Path, groups) -> dict:
             f"hps table written ({HPS_ROWS:,} x {HPS_VEC}) in {time.monotonic() - t0:.1f} s",
             flush=True,
         )
-    if "dlrm" in groups or "ensemble" in groups:
+    if {"dlrm", "dlrm_misses", "ensemble"} & set(groups):
         from examples.dlrm import torch_dlrm as td
 
         t0 = time.monotonic()
@@ -316,7 +326,10 @@ def build_repository(repo: Path, groups) -> dict:
             dict(entry, model="dlrm_hps", dense_file=onnx),
             dict(entry, model="dlrm_py"),
             dict(entry, model="dlrm_fp16", embedding_precision=["fp16"] * len(config.tables)),
+            dict(entry, model="dlrm_5pct", gpucacheper=MISS_CACHE),
         ]
+        _write(repo / "dlrm_5pct" / "config.pbtxt", _config("dlrm_5pct", "hugectr", DLRM_IO))
+        (repo / "dlrm_5pct" / "1").mkdir(parents=True, exist_ok=True)
         tables, slots = len(config.tables), config.total_slots
         floor_p = {"floor": "samples", "tables": tables, "slots": slots}
         _write(repo / "dlrm" / "config.pbtxt", _config("dlrm", "hugectr", DLRM_IO))
@@ -360,33 +373,43 @@ def _entry(arr: np.ndarray) -> dict:
     return {"content": arr.reshape(-1).tolist(), "shape": [int(arr.size)]}
 
 
-def write_inputs(meta: dict, groups, batches, requests: int, out: Path) -> dict:
-    """perf_analyzer --input-data files: {(group, batch): path}."""
+def write_inputs(
+    meta: dict, groups, batches, requests: int, out: Path, miss_requests: int = 0
+) -> dict:
+    """perf_analyzer --input-data files: {(group, batch): path}. The ``*_misses`` groups get
+    ``miss_requests`` distinct requests (the all-hit groups replay ``requests``)."""
     files = {}
-    if "hps" in groups:
+    for group in ("hps", "hps_misses"):
+        if group not in groups:
+            continue
         from triton_rec.clients.hps_requests import perf_analyzer_data
 
         data = perf_analyzer_data(
             [meta["hps_keys"]],
             [HPS_KEYS_PER_SAMPLE],
             HPS_SAMPLES,
-            requests,
+            miss_requests if group == "hps_misses" else requests,
             seed=SEED,
             zipf_alpha=ZIPF,
         )
-        files[("hps", HPS_SAMPLES)] = out / "input_hps.json"
-        files[("hps", HPS_SAMPLES)].write_text(json.dumps(data))
+        files[(group, HPS_SAMPLES)] = out / f"input_{group}.json"
+        files[(group, HPS_SAMPLES)].write_text(json.dumps(data))
     if "dlrm" in meta:
         from examples.dlrm.torch_dlrm import HiddenModel
 
         config, seed = meta["dlrm"]
-        for n in batches:
-            r = max(4, requests // 2) if n >= 1024 else requests
+        streams = [("", requests)]
+        if "dlrm_misses" in groups:
+            streams.append(("_misses", miss_requests))
+        for (suffix, count), n in ((st, n) for st in streams for n in batches):
+            r = max(4, count // 2) if n >= 1024 else count
             data = HiddenModel(config, seed).sample(n * r, np.random.default_rng(HELD_OUT_SEED))
             fused, ens = [], []
             for i in range(r):
                 req = data.hugectr_request(i * n, (i + 1) * n)
                 fused.append({k: _entry(v) for k, v in req.items()})
+                if suffix:  # the stream with misses: the dlrm interface only
+                    continue
                 keys = []
                 for k, offsets in data.sparse:
                     s = (len(offsets) - 1) // len(data)
@@ -399,7 +422,7 @@ def write_inputs(meta: dict, groups, batches, requests: int, out: Path) -> dict:
                         "ROWINDEX": _entry(req["ROWINDEX"]),
                     }
                 )
-            for group, rows in (("dlrm", fused), ("ensemble", ens)):
+            for group, rows in (("dlrm" + suffix, fused), ("ensemble" + suffix, ens)):
                 if group in groups:
                     files[(group, n)] = out / f"input_{group}_{n}.json"
                     files[(group, n)].write_text(json.dumps({"data": rows}))
@@ -418,10 +441,22 @@ GROUP_MODELS = {
     ],
     "dlrm": ["floor_dlrm", "floor_native_dlrm", "dlrm", "dlrm_onnx", "dlrm_py", "dlrm_fp16"],
     "ensemble": ["floor_ensemble", "dlrm_ensemble"],
+    # the stream with misses (its floor: the C++ one)
+    "hps_misses": ["floor_native_hps", "hps_5pct"],
+    "dlrm_misses": ["floor_native_dlrm", "dlrm_5pct"],
 }
+GROUP_MODELS["hps"].append("hps_5pct")  # the same model all-hit
+GROUP_MODELS["dlrm"].append("dlrm_5pct")
+#: gpucacheper of the models measured on the stream with misses (and all-hit)
+MISS_CACHE = 0.05
 FLOOR = {g: m[0] for g, m in GROUP_MODELS.items()}
 NAIVE = {"hps": "naive_hps"}
-NATIVE_FLOOR = {"hps": "floor_native_hps", "dlrm": "floor_native_dlrm"}
+NATIVE_FLOOR = {
+    "hps": "floor_native_hps",
+    "dlrm": "floor_native_dlrm",
+    "hps_misses": "floor_native_hps",
+    "dlrm_misses": "floor_native_dlrm",
+}
 #: Backends that run our model.py in Triton's Python backend beside the native ones, so
 #: that both request paths are measured in one server: backend name -> backend/ folder.
 PYTHON_PATH_BACKENDS = {"hps_py": "hps", "hugectr_py": "hugectr"}
@@ -974,11 +1009,18 @@ def main(argv=None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="one round, gRPC, c=1, DLRM batch 1")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--groups", default="hps,dlrm,ensemble")
+    p.add_argument("--groups", default="hps,hps_misses,dlrm,dlrm_misses,ensemble")
     p.add_argument("--protocols", default="grpc,http")
     p.add_argument("--concurrency", default="1,2,8")
     p.add_argument("--dlrm-batches", default="1,64,1024")
     p.add_argument("--requests-per-file", type=int, default=16)
+    p.add_argument(
+        "--miss-requests",
+        type=int,
+        default=1000,
+        help="distinct requests of the *_misses groups' stream (all-hit groups replay "
+        "--requests-per-file)",
+    )
     p.add_argument("--interval-ms", type=int, default=1500, help="perf_analyzer time window")
     p.add_argument("--stability", type=int, default=25, help="perf_analyzer --stability-percentage")
     p.add_argument("--max-trials", type=int, default=6)
@@ -1044,7 +1086,9 @@ def main(argv=None) -> int:
     print(f"machine: {info}", flush=True)
     repo = work / "repo"
     meta = build_repository(repo, groups)
-    files = write_inputs(meta, groups, batches, args.requests_per_file, out_dir)
+    files = write_inputs(
+        meta, groups, batches, args.requests_per_file, out_dir, args.miss_requests
+    )
     if args.variant:
         variants = [v.split("=", 1) for v in args.variant]
         groups = add_variants(repo, groups, [(n, sc.replace("\\n", "\n")) for n, sc in variants])
@@ -1080,7 +1124,7 @@ def main(argv=None) -> int:
         print("sanity check:", "ok" if not problems else problems, flush=True)
         for rnd in range(args.rounds):
             for group in groups:
-                for n in [HPS_SAMPLES] if base_group(group) == "hps" else batches:
+                for n in [HPS_SAMPLES] if base_group(group).startswith("hps") else batches:
                     for proto in protocols:
                         for conc in concs:
                             models = GROUP_MODELS[group]
@@ -1104,9 +1148,8 @@ def main(argv=None) -> int:
                                     f"{tail}",
                                     flush=True,
                                 )
-        for group in groups:
-            if base_group(group) == "hps":
-                model = "hps" + group[len("hps") :]
+        for model in ("hps", "hps_5pct", "dlrm_5pct"):
+            if model in load:
                 hit_rates[model] = cache_hit_rate(server, model)
         if args.profile:
             profiles = profile(
@@ -1120,7 +1163,7 @@ def main(argv=None) -> int:
     md = tables_md(rows)
     if hit_rates:
         md += (
-            "\ncache hit rate of `hps` over the run: "
+            "\ncache hit rate over the run (all-hit and miss rounds together): "
             + ", ".join(
                 f"{m} {fmt(100 * v, 1) if v is not None else '-'}%" for m, v in hit_rates.items()
             )

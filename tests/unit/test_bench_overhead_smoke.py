@@ -84,3 +84,20 @@ def test_the_scheduling_is_the_shipped_examples(bo):
     text = open(os.path.join(_DIR, "..", "model_repository", "dlrm", "config.pbtxt")).read()
     for line in bo.SCHEDULING.splitlines():
         assert line in text
+
+
+def test_the_miss_stream_groups_name_their_workload(bo, tmp_path, monkeypatch):
+    """hps_misses feeds hps_5pct (cache 5%) a stream of distinct requests; the all-hit hps
+    group replays a few requests through the same model; both beside the C++ floor."""
+    monkeypatch.setattr(bo, "HPS_ROWS", 5000)
+    repo = tmp_path / "repo"
+    meta = bo.build_repository(repo, ["hps", "hps_misses"])
+    entries = {m["model"]: m for m in json.loads((repo / "ps.json").read_text())["models"]}
+    assert entries["hps_5pct"]["gpucacheper"] == bo.MISS_CACHE < 0.5
+    assert "gpucacheper" not in entries["hps"]  # the ps.json default
+    assert "hps_5pct" in bo.GROUP_MODELS["hps"] and "hps_5pct" in bo.GROUP_MODELS["hps_misses"]
+    assert bo.NATIVE_FLOOR["hps_misses"] == bo.FLOOR["hps_misses"] == "floor_native_hps"
+    files = bo.write_inputs(meta, ["hps", "hps_misses"], [1], 4, tmp_path, miss_requests=30)
+    replay = json.loads(files[("hps", 64)].read_text())["data"]
+    stream = json.loads(files[("hps_misses", 64)].read_text())["data"]
+    assert (len(replay), len(stream)) == (4, 30)
