@@ -18,7 +18,9 @@ tensors; what the server spends per request read from /proc):
 
 Reported per concurrency: infer/s of each, ``misses / allhit`` (issue 25's target:
 >= 0.85x), ``allhit / floor`` (>= 0.8x), the server CPU per request, and the cache's hit
-rate over the ``misses`` rounds (Triton metrics).
+rate over the ``misses`` rounds (Triton metrics); then the lookups of the same requests
+in-process (:func:`in_process_lookup_us`) beside the server CPU each model spends over the
+floor per request: what of the served gap is the lookup itself.
 
     python benchmarks/bench_misses.py [--concurrency 1,2,8] [--rounds 2] [--json out.json]
 """
@@ -75,18 +77,74 @@ def build_repository(repo: Path, rows: int, cache: float) -> None:
         (repo / name / "config.pbtxt").write_text(cfg)
 
 
-def bodies(pool: np.ndarray, n: int, rng) -> list:
+def key_stream(pool: np.ndarray, n: int, rng) -> list:
+    """n requests' keys: SAMPLES x KEYS_PER_SAMPLE Zipf(ZIPF) draws over the table each."""
     ranks = np.arange(1, len(pool) + 1, dtype=np.float64)
     p = ranks**-ZIPF
     p /= p.sum()
-    out = []
-    for _ in range(n):
-        keys = pool[rng.choice(len(pool), SAMPLES * KEYS_PER_SAMPLE, p=p)]
-        inputs = {
-            "KEYS": keys.astype(np.int64)[None, :],
-            "NUMKEYS": np.array([[keys.shape[0]]], np.int32),
-        }
-        out.append(encode_request(inputs, ("OUTPUT0",)))
+    return [
+        pool[rng.choice(len(pool), SAMPLES * KEYS_PER_SAMPLE, p=p)].astype(np.int64)
+        for _ in range(n)
+    ]
+
+
+def bodies(requests: list) -> list:
+    """The HTTP bodies of the requests' keys (KEYS [1, K], NUMKEYS [1, 1])."""
+    return [
+        encode_request(
+            {"KEYS": keys[None, :], "NUMKEYS": np.array([[keys.shape[0]]], np.int32)},
+            ("OUTPUT0",),
+        )
+        for keys in requests
+    ]
+
+
+def in_process_lookup_us(repo: Path, capacity_of: float, replay: list, stream: list) -> dict:
+    """The lookups of the same requests in this process, without Triton (median us per
+    request): ``allhit``, the shared cache's native query of a replayed request once every
+    key is cached (what the native path runs); ``misses``, CachedTable.lookup of the stream
+    (the query and the native miss path, HPS's rules, the background inserter running)
+    after its first quarter warmed the cache. What the served gap is compared with."""
+    import time
+    import uuid
+
+    from triton_rec.cache.cached_table import BackgroundInserter, CachedTable
+    from triton_rec.cache.shm_cache import SharedEmbeddingCache
+    from triton_rec.formats.tables import read_table
+    from triton_rec.storage.backing_store import LocalTableStore
+    from triton_rec.storage.table import EmbeddingTable
+
+    entry = json.loads((repo / "ps.json").read_text())["models"][0]
+    keys, vectors = read_table(str(repo / entry["sparse_files"][0]), VEC)
+    table = EmbeddingTable("t0", keys, vectors, 0.0)
+    out = {}
+    for name, requests in (("allhit", replay), ("misses", stream)):
+        cache = SharedEmbeddingCache.open(
+            f"bench-misses-{uuid.uuid4().hex[:8]}", int(len(keys) * capacity_of), VEC
+        )
+        inserter = BackgroundInserter()
+        ct = CachedTable("t0", LocalTableStore(table), cache, 0.9, inserter)
+        try:
+            warm = requests if name == "allhit" else requests[: len(requests) // 4]
+            for _ in range(2):
+                for k in warm:
+                    ct.lookup(k, np.empty((k.shape[0], VEC), np.float32))
+                inserter.drain()
+            times = []
+            measured = requests * 20 if name == "allhit" else requests[len(requests) // 4 :]
+            hit = np.empty(SAMPLES * KEYS_PER_SAMPLE, np.uint8)
+            buf = np.empty((SAMPLES * KEYS_PER_SAMPLE, VEC), np.float32)
+            for k in measured:
+                t0 = time.perf_counter_ns()
+                if name == "allhit":
+                    cache.query(k, buf, hit)
+                else:
+                    ct.lookup(k, buf)
+                times.append(time.perf_counter_ns() - t0)
+            out[name] = round(statistics.median(times) / 1000, 1)
+        finally:
+            inserter.close()
+            cache.close()
     return out
 
 
@@ -115,8 +173,9 @@ def main(argv=None) -> int:
     build_repository(tmp / "repo", args.rows, args.cache)
     rng = np.random.default_rng(SEED)
     pool = table_keys(0, 0, args.rows)
-    stream = write_bodies(str(tmp / "stream.bin"), bodies(pool, args.requests, rng))
-    replay = write_bodies(str(tmp / "replay.bin"), bodies(pool, 16, rng))
+    stream_keys, replay_keys = key_stream(pool, args.requests, rng), key_stream(pool, 16, rng)
+    stream = write_bodies(str(tmp / "stream.bin"), bodies(stream_keys))
+    replay = write_bodies(str(tmp / "replay.bin"), bodies(replay_keys))
     feed = {"floor": replay, "allhit": replay, "misses": stream, "nocache": stream}
     report = {
         "machine": machine_info(),
@@ -151,6 +210,18 @@ def main(argv=None) -> int:
                 flush=True,
             )
         after = cache_counts(srv, "misses")
+    inproc = in_process_lookup_us(tmp / "repo", args.cache, replay_keys, stream_keys)
+    report["in_process_lookup_us"] = inproc
+    print(
+        f"in-process lookup of the same requests (us/request): allhit {inproc['allhit']}, "
+        f"misses {inproc['misses']}; served CPU over the floor (us/request): "
+        + ", ".join(
+            f"c={c} allhit {v['server_cpu_us']['allhit'] - v['server_cpu_us']['floor']:.0f} "
+            f"misses {v['server_cpu_us']['misses'] - v['server_cpu_us']['floor']:.0f}"
+            for c, v in report["by_concurrency"].items()
+        ),
+        flush=True,
+    )
     lookups = after["lookups"] - before["lookups"]
     report["misses_hit_rate"] = round((after["hits"] - before["hits"]) / max(lookups, 1), 4)
     print(f"hit rate of `misses` over the rounds: {report['misses_hit_rate']:.3f}", flush=True)

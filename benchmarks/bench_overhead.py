@@ -1046,6 +1046,11 @@ def main(argv=None) -> int:
         "--server-env", default="", help="extra KEY=VALUE,... for the server (A/B experiments)"
     )
     p.add_argument(
+        "--models",
+        default=None,
+        help="measure only these models of each group (comma-separated), beside the group's floors",
+    )
+    p.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -1068,6 +1073,11 @@ def main(argv=None) -> int:
     if args.scheduling is not None:
         SCHEDULING = args.scheduling.replace("\\n", "\n") + "\n"
     groups = [g for g in args.groups.split(",") if g]
+    if args.models:
+        keep = set(args.models.split(","))
+        for g in groups:
+            floors = {FLOOR[g], NATIVE_FLOOR.get(g)}
+            GROUP_MODELS[g] = [m for m in GROUP_MODELS[g] if m in keep or m in floors]
     protocols = args.protocols.split(",")
     concs = [int(c) for c in args.concurrency.split(",")]
     batches = [int(b) for b in args.dlrm_batches.split(",")]
@@ -1086,9 +1096,7 @@ def main(argv=None) -> int:
     print(f"machine: {info}", flush=True)
     repo = work / "repo"
     meta = build_repository(repo, groups)
-    files = write_inputs(
-        meta, groups, batches, args.requests_per_file, out_dir, args.miss_requests
-    )
+    files = write_inputs(meta, groups, batches, args.requests_per_file, out_dir, args.miss_requests)
     if args.variant:
         variants = [v.split("=", 1) for v in args.variant]
         groups = add_variants(repo, groups, [(n, sc.replace("\\n", "\n")) for n, sc in variants])

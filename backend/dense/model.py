@@ -86,6 +86,14 @@ class TritonPythonModel:
             placement=gpu_placement(None, spec, placement),
         )
 
+    def native_plan(self):
+        """For the native backend (``triton_rec.triton.inprocess``): what its hot path
+        answers this instance's requests with (a HugeCTR network on the host), or None."""
+        plan = self.session.native_plan()
+        if plan is not None:
+            plan.update(output=self.output_name, info_outputs=[], device_id=0)
+        return plan
+
     def execute(self, requests):
         """Answer a batch of requests: one forward pass over all valid requests."""
         return run_requests(

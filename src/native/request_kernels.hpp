@@ -53,10 +53,13 @@ inline bool combine_segments(const float* vectors, int64_t rows, int64_t dim, co
 // (same layout as ROWINDEX). False unless every block starts at 0, never decreases, and
 // the blocks' key counts add up to exactly `keys`. The caller has checked the lengths:
 // rowindex holds sum_t(samples * slots[t] + 1) values.
-template <typename Key>
-bool regroup_hugectr(const Key* cat, int64_t keys, const int32_t* rowindex, const int64_t* slots,
-                     int64_t tables, int64_t samples, int64_t* out_keys, int64_t* key_offsets,
-                     int64_t* out_ptrs) {
+// ROWINDEX of a HugeCTR request widened to int64 into out_ptrs (same layout: per table t a
+// block of samples * slots[t] + 1 row pointers counted within that table's keys), and the
+// start of each table's keys into key_offsets[0..tables]. False unless every block starts
+// at 0 and never decreases. The caller has checked that rowindex holds
+// sum_t(samples * slots[t] + 1) values.
+inline bool widen_row_pointers(const int32_t* rowindex, const int64_t* slots, int64_t tables,
+                               int64_t samples, int64_t* key_offsets, int64_t* out_ptrs) {
   int64_t block = 0, total = 0;
   key_offsets[0] = 0;
   for (int64_t t = 0; t < tables; ++t) {
@@ -71,7 +74,15 @@ bool regroup_hugectr(const Key* cat, int64_t keys, const int32_t* rowindex, cons
     key_offsets[t + 1] = total;
     block += len;
   }
-  if (total != keys) return false;
+  return true;
+}
+
+template <typename Key>
+bool regroup_hugectr(const Key* cat, int64_t keys, const int32_t* rowindex, const int64_t* slots,
+                     int64_t tables, int64_t samples, int64_t* out_keys, int64_t* key_offsets,
+                     int64_t* out_ptrs) {
+  if (!widen_row_pointers(rowindex, slots, tables, samples, key_offsets, out_ptrs)) return false;
+  if (key_offsets[tables] != keys) return false;
   // Sample i's keys of table t are rp_t[i*s_t] .. rp_t[(i+1)*s_t) within that table.
   int64_t pos = 0;
   for (int64_t i = 0; i < samples; ++i) {

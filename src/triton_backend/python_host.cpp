@@ -255,8 +255,11 @@ struct NativeTable {
 };
 
 struct NativePlan {
-  Ref source;            // the plan's dict: what `finish` handlers and arrays belong to
-  bool hugectr = false;  // the interface: hps (KEYS/NUMKEYS) or hugectr (DES/CATCOLUMN/ROWINDEX)
+  Ref source;  // the plan's dict: what `finish` handlers and arrays belong to
+  // the interface: hps (KEYS/NUMKEYS), hugectr (DES/CATCOLUMN/ROWINDEX), or dense
+  // (DES/EMBEDDINGS/ROWINDEX: the dense step of an ensemble; `hugectr` set too, no tables)
+  bool hugectr = false, dense_only = false;
+  bool parameters = true;  // the response parameters of hps and hugectr (NumSample, ...)
   std::vector<NativeTable> tables;
   int64_t max_batch_size = 0;
   std::string output;
@@ -271,6 +274,7 @@ struct NativePlan {
   int64_t total_slots = 0, dense_dim = 0, label_dim = 1;
   bool uint32_keys = false;
   int64_t limit_des = 0, limit_cat = 0, limit_rows = 0;  // elements of the largest valid request
+  std::vector<int64_t> vec_sizes;  // dense: the width of each table's vectors in EMBEDDINGS
   std::unique_ptr<tr::DenseNet> net;
   Ref program;  // the int64 program array the net was decoded from (kept alive)
   // KIND_GPU: the kernels and this instance's stream with its staging; a hugectr model's
@@ -397,7 +401,10 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
     for (Py_ssize_t i = 0; i < PyList_Size(list); ++i) v.push_back(as_int(PyList_GetItem(list, i)));
     return v;
   };
-  plan->hugectr = std::string(PyUnicode_AsUTF8(get("kind"))) == "hugectr";
+  const std::string kind = PyUnicode_AsUTF8(get("kind"));
+  plan->dense_only = kind == "dense";
+  plan->hugectr = kind == "hugectr" || plan->dense_only;
+  plan->parameters = !plan->dense_only;
   plan->max_batch_size = as_int(get("max_batch_size"));
   plan->device_id = static_cast<int32_t>(as_int(get("device_id")));
   plan->output = PyUnicode_AsUTF8(get("output"));
@@ -416,10 +423,15 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
     }
     plan->dense_dim = as_int(get("dense_dim"));
     plan->label_dim = as_int(get("label_dim"));
-    plan->uint32_keys = std::string(PyUnicode_AsUTF8(get("key_type"))) == "UINT32";
+    if (plan->dense_only) {
+      plan->vec_sizes = ints("vec_sizes");
+    } else {
+      plan->uint32_keys = std::string(PyUnicode_AsUTF8(get("key_type"))) == "UINT32";
+    }
     PyObject* limits = get("limits");
     plan->limit_des = as_int(PyDict_GetItemString(limits, "DES"));
-    plan->limit_cat = as_int(PyDict_GetItemString(limits, "CATCOLUMN"));
+    plan->limit_cat =
+        as_int(PyDict_GetItemString(limits, plan->dense_only ? "EMBEDDINGS" : "CATCOLUMN"));
     plan->limit_rows = as_int(PyDict_GetItemString(limits, "ROWINDEX"));
     PyObject* dense_gpu = PyDict_GetItemString(d, "dense_gpu");
     if (dense_gpu != nullptr && dense_gpu != Py_None) {
@@ -514,7 +526,9 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
     }
   }
   const size_t per_table = plan->hugectr ? plan->slots.size() : plan->maxnum.size();
-  if (plan->tables.size() != per_table || (plan->hugectr && plan->mean.size() != per_table)) {
+  const size_t listed = plan->dense_only ? plan->vec_sizes.size() : plan->tables.size();
+  if (listed != per_table || (plan->hugectr && plan->mean.size() != per_table) ||
+      (plan->dense_only && (!plan->tables.empty() || plan->gpu() || !plan->net))) {
     throw std::runtime_error("native plan: the per-table lists differ in length");
   }
   return plan;
@@ -1125,7 +1139,7 @@ bool finish_response(const NativePlan& plan, TRITONBACKEND_Response* response,
     if (err == nullptr) err = TRITONBACKEND_OutputBuffer(output, &buffer, 4, &mt, &mt_id);
     if (err == nullptr) std::memcpy(buffer, &v, 4);
   }
-  if (err == nullptr) {
+  if (err == nullptr && plan.parameters) {
     drop(TRITONBACKEND_ResponseSetIntParameter(response, "NumSample", samples));
     drop(TRITONBACKEND_ResponseSetIntParameter(response, "DeviceID", plan.device_id));
     drop(TRITONBACKEND_ResponseSetIntParameter(response, kDefaultInfo[0], d.not_found()));
@@ -1311,7 +1325,91 @@ Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   return finish_response(plan, response, err, n, d) ? Native::kAnswered : Native::kFailed;
 }
 
+// The dense interface (the dense step of an hps -> dense ensemble): DES (FP32), EMBEDDINGS
+// (FP32: the hps model's answer, every key's vector, table-major) and ROWINDEX (INT32, the
+// hugectr layout counted within each table's keys). Every check of parse_embedding_request
+// and of the input limits (else kHandedOver: the Python path names the problem); then per
+// table the slot combiner and the dense network, as hugectr_path after its lookups.
+Native dense_path(const InstanceState& st, TRITONBACKEND_Request* request) {
+  const NativePlan& plan = *st.plan;
+  Scratch& s = t_scratch;
+  In des_in, emb_in, rows_in;
+  if (!find(request, "DES", &des_in) || !find(request, "EMBEDDINGS", &emb_in) ||
+      !find(request, "ROWINDEX", &rows_in)) {
+    return Native::kHandedOver;
+  }
+  if (des_in.type != TRITONSERVER_TYPE_FP32 || emb_in.type != TRITONSERVER_TYPE_FP32 ||
+      rows_in.type != TRITONSERVER_TYPE_INT32) {
+    return Native::kHandedOver;
+  }
+  const int64_t n_des = static_cast<int64_t>(des_in.bytes / 4);
+  const int64_t n_emb = static_cast<int64_t>(emb_in.bytes / 4);
+  const int64_t n_rows = static_cast<int64_t>(rows_in.bytes / 4);
+  const int64_t tables = static_cast<int64_t>(plan.slots.size());
+  if (n_des > plan.limit_des || n_emb > plan.limit_cat || n_rows > plan.limit_rows)
+    return Native::kHandedOver;
+  const int64_t extra = n_rows - tables;
+  if (extra <= 0 || extra % plan.total_slots != 0) return Native::kHandedOver;
+  const int64_t n = extra / plan.total_slots;
+  if (n > plan.max_batch_size || n_des != n * plan.dense_dim) return Native::kHandedOver;
+  const auto* des = static_cast<const float*>(data_of(des_in, &s.copy[0]));
+  const auto* emb = static_cast<const float*>(data_of(emb_in, &s.copy[1]));
+  const auto* rows = static_cast<const int32_t*>(data_of(rows_in, &s.copy[2]));
+  if (des == nullptr || emb == nullptr || rows == nullptr) return Native::kHandedOver;
+  s.key_starts.resize(static_cast<size_t>(tables + 1));
+  s.ptrs.resize(static_cast<size_t>(n_rows));
+  if (!tr::widen_row_pointers(rows, plan.slots.data(), tables, n, s.key_starts.data(),
+                              s.ptrs.data())) {
+    return Native::kHandedOver;
+  }
+  int64_t floats = 0;
+  for (int64_t t = 0; t < tables; ++t) {
+    floats += (s.key_starts[t + 1] - s.key_starts[t]) * plan.vec_sizes[t];
+  }
+  if (floats != n_emb) return Native::kHandedOver;
+  for (int64_t i = 0; i < n_des; ++i) {
+    if (!std::isfinite(des[i])) return Native::kHandedOver;
+  }
+  for (int64_t i = 0; i < n_emb; ++i) {
+    if (!std::isfinite(emb[i])) return Native::kHandedOver;
+  }
+
+  // Checked: from here on the request is answered here.
+  TRITONBACKEND_Response* response = nullptr;
+  if (auto* e = TRITONBACKEND_ResponseNew(&response, request)) {
+    drop(e);
+    return Native::kFailed;
+  }
+  float* out = nullptr;
+  const Defaults d;
+  TRITONSERVER_Error* err = answer(response, plan, {n * plan.label_dim}, &out);
+  if (err == nullptr) {
+    err = guarded(st, [&] {
+      s.combined.resize(static_cast<size_t>(tables));
+      s.embeddings.clear();
+      int64_t block = 0;
+      const float* vectors = emb;
+      for (int64_t t = 0; t < tables; ++t) {
+        const int64_t dim = plan.vec_sizes[t], segments = n * plan.slots[t];
+        const int64_t count = s.key_starts[t + 1] - s.key_starts[t];
+        auto& combined = s.combined[t];
+        combined.resize(static_cast<size_t>(segments * dim));
+        if (!tr::combine_segments(vectors, count, dim, s.ptrs.data() + block, segments,
+                                  plan.mean[t], combined.data())) {
+          throw std::runtime_error("row pointers outside the table's keys");
+        }
+        s.embeddings.push_back(combined.data());
+        vectors += count * dim;
+        block += segments + 1;
+      }
+      plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
+    });
+  }
+  return finish_response(plan, response, err, n, d) ? Native::kAnswered : Native::kFailed;
+}
+
 Native native_path(const InstanceState& st, TRITONBACKEND_Request* request) {
+  if (st.plan->dense_only) return dense_path(st, request);
   return st.plan->hugectr ? hugectr_path(st, request) : hps_path(st, request);
 }
 

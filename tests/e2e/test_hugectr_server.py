@@ -25,6 +25,20 @@ SAMPLES = {"dcn": 16, "deepfm": 11}  # model -> embedding_vec_size in its networ
 ROWS = 4000
 
 
+DENSE_CONFIG = """name: "{name}"
+backend: "dense"
+max_batch_size: 0
+input [
+  {{ name: "DES" data_type: TYPE_FP32 dims: [ -1 ] }},
+  {{ name: "EMBEDDINGS" data_type: TYPE_FP32 dims: [ -1 ] }},
+  {{ name: "ROWINDEX" data_type: TYPE_INT32 dims: [ -1 ] }}
+]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+parameters {{ key: "ps_model" value: {{ string_value: "{ps_model}" }} }}
+"""
+
+
 def _cpu(config_text: str, name: str, model_dir: Path) -> str:
     out = config_text.replace("kind : KIND_GPU\n    gpus:[0]", "kind : KIND_CPU")
     out = out.replace(f"/model/{name}/1/{name}.json", str(model_dir / "1" / f"{name}.json"))
@@ -63,6 +77,15 @@ def samples(tmp_path_factory, nothing_left_in_dev_shm, store_dir, request_path):
                 "gpucacheper": 0.5,
                 "hit_rate_threshold": 1.1,
             }
+        )
+        # the dense step of an hps -> dense ensemble on the same network: fed the
+        # looked-up vectors (EMBEDDINGS) instead of the keys
+        dense_dir = repo / f"{name}_dense"
+        (dense_dir / "1").mkdir(parents=True)
+        (dense_dir / "config.pbtxt").write_text(
+            DENSE_CONFIG.format(name=f"{name}_dense", ps_model=name)
+            + f'parameters {{ key: "config" value: {{ string_value: '
+            f'"{model_dir / "1" / f"{name}.json"}" }} }}\n'
         )
         refs[name] = (
             keys,
@@ -240,10 +263,55 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(samples, ca
     )
 
 
+def _looked_up(ref, cat):
+    keys, vectors, _ = ref
+    index = {int(k): i for i, k in enumerate(keys)}
+    zero = np.zeros(vectors.shape[1], np.float32)
+    return np.stack([vectors[index[int(k)]] if int(k) in index else zero for k in cat])
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_dense_step_of_an_ensemble_predicts_from_the_embeddings(samples, name, protocol):
+    """backend "dense" on a HugeCTR network (natively on the native path): the same
+    predictions as the whole model; a malformed request is refused, naming EMBEDDINGS,
+    and the next one is answered."""
+    srv, refs = samples
+    rng = np.random.default_rng(7)
+    for n, multi in ((1, False), (10, True), (64, True)):
+        des, cat, rowindex = _request(rng, refs[name][0], n, multi)
+        emb = _looked_up(refs[name], cat).reshape(-1)
+        inputs = [
+            ("DES", des, "FP32"),
+            ("EMBEDDINGS", emb, "FP32"),
+            ("ROWINDEX", rowindex, "INT32"),
+        ]
+        out = infer_raw(srv, protocol, f"{name}_dense", inputs).as_numpy("OUTPUT0")
+        assert out.shape == (n,)
+        np.testing.assert_allclose(
+            out, _expected(refs[name], des, cat, rowindex), rtol=1e-5, atol=1e-6
+        )
+    short = [
+        ("DES", des, "FP32"),
+        ("EMBEDDINGS", emb[:-1], "FP32"),
+        ("ROWINDEX", rowindex, "INT32"),
+    ]
+    with pytest.raises(Exception, match="EMBEDDINGS has"):
+        infer_raw(srv, protocol, f"{name}_dense", short)
+    bad = emb.copy()
+    bad[5] = np.nan
+    with pytest.raises(Exception, match="EMBEDDINGS holds a non-finite value"):
+        infer_raw(
+            srv, protocol, f"{name}_dense", [inputs[0], ("EMBEDDINGS", bad, "FP32"), inputs[2]]
+        )
+    again = infer_raw(srv, protocol, f"{name}_dense", inputs).as_numpy("OUTPUT0")
+    np.testing.assert_array_equal(again, out)
+
+
 def test_the_load_log_says_which_request_path_each_instance_runs(samples):
     srv, refs = samples
     log = srv.log_path.read_text()
-    for name in refs:
+    for name in [*refs, *(f"{r}_dense" for r in refs)]:
         lines = [x for x in log.splitlines() if f"model '{name}' instance" in x]
         if srv.request_path == "python":
             assert lines == [], lines  # the Python backend: no native library loaded

@@ -66,3 +66,31 @@ def test_every_native_op_is_a_supported_layer_and_the_codes_are_the_enums_order(
 def test_the_process_blas_is_found_next_to_numpy():
     # numpy's wheel ships OpenBLAS; the executor multiplies with it rather than its loops
     assert "openblas" in os.path.basename(_native.sgemm_source())
+
+
+def test_the_dense_step_plan_describes_the_network_for_the_native_backend(tmp_path):
+    """DenseSession.native_plan: kind dense, no tables, per table its slots, combiner and
+    width, the input limits and the program; None for a network without a program."""
+    from triton_rec.dense import Combiner
+    from triton_rec.serving.ranking import DenseSession
+
+    model = _random_model(NETWORKS[1], tmp_path, seed=3)  # DeepFM: one table, 26 slots
+    session = DenseSession("deepfm_dense", model, 64)
+    plan = session.native_plan()
+    assert plan["kind"] == "dense" and plan["tables"] == [] and plan["gpu"] is None
+    assert plan["slots"] == [t.slot_num for t in model.tables]
+    assert plan["vec_sizes"] == [t.vec_size for t in model.tables]
+    assert plan["mean"] == [t.combiner == Combiner.MEAN for t in model.tables]
+    assert (plan["dense_dim"], plan["label_dim"], plan["max_batch_size"]) == (
+        model.dense_dim,
+        model.label_dim,
+        64,
+    )
+    assert set(plan["limits"]) == {"DES", "EMBEDDINGS", "ROWINDEX"}
+    np.testing.assert_array_equal(plan["program"], model.native_program())
+
+    class NoProgram:
+        tables = model.tables
+        dense_dim, label_dim = model.dense_dim, model.label_dim
+
+    assert DenseSession("x", NoProgram(), 64).native_plan() is None

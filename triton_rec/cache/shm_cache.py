@@ -515,7 +515,7 @@ class SharedEmbeddingCache:
             raise CacheError(f"{self.path}: cache is closed")
         return self._view
 
-    def shm_view(self) -> Any:
+    def shm_view(self) -> _native.ShmCacheView:
         """The native view of the segment (what :class:`~triton_rec._native.LocalMisses`
         answers misses into)."""
         return self._native()

@@ -30,7 +30,7 @@ stream, one at a time). The native backend launches the same graphs itself
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -175,6 +175,7 @@ class DenseGraphs(DenseModel):
         self.stream.synchronize()
         for attempt in range(1, CAPTURE_ATTEMPTS + 1):
             _native.CudaGraph.begin_capture(self.device, self.stream.ptr)
+            graph: Optional[_native.CudaGraph] = None
             try:
                 out = self.network.predict(*inputs)
             finally:
@@ -183,7 +184,6 @@ class DenseGraphs(DenseModel):
                 except RuntimeError as e:  # broken by another thread: capture again
                     if "CAPTURE_INVALIDATED" not in str(e) or attempt == CAPTURE_ATTEMPTS:
                         raise
-                    graph = None
             if graph is not None:
                 return graph, out
             self.stream.synchronize()

@@ -300,6 +300,30 @@ class DenseSession:
             pos += r[0]
         return answers
 
+    def native_plan(self) -> Optional[dict]:
+        """What the native backend needs to answer this session's requests without Python
+        (``kind`` ``dense``: no tables; per table its slots, combiner and vector width,
+        ``dense_dim``, ``label_dim``, ``max_batch_size``, the most elements of each input
+        and the network's ``program``), or None when the network has no native program
+        (ONNX, or a network on a GPU): then Python answers."""
+        make_program = getattr(self.dense, "native_program", None)
+        program = make_program() if make_program is not None else None
+        if program is None:
+            return None
+        return {
+            "kind": "dense",
+            "gpu": None,
+            "tables": [],
+            "slots": list(self.slots),
+            "mean": [Combiner(t.combiner) == Combiner.MEAN for t in self.dense.tables],
+            "vec_sizes": list(self.vec_sizes),
+            "dense_dim": int(self.dense.dense_dim),
+            "max_batch_size": self.max_batch_size,
+            "label_dim": int(self.dense.label_dim),
+            "limits": {k: int(v[0]) for k, v in self.input_limits().items()},
+            "program": program,
+        }
+
     def close(self) -> None:
         """Nothing to release (the dense network lives as long as the session)."""
         pass
