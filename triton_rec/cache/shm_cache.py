@@ -63,6 +63,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import numpy as np
 
 from triton_rec import _native
+from triton_rec._native import ShmCacheView
 from triton_rec.cache import shm_security
 from triton_rec.config.ps_json import CACHE_POLICIES, CachePolicy
 from triton_rec.errors import CacheConfigMismatchError, CacheError
@@ -515,7 +516,7 @@ class SharedEmbeddingCache:
             raise CacheError(f"{self.path}: cache is closed")
         return self._view
 
-    def shm_view(self) -> _native.ShmCacheView:
+    def shm_view(self) -> ShmCacheView:
         """The native view of the segment (what :class:`~triton_rec._native.LocalMisses`
         answers misses into)."""
         return self._native()
