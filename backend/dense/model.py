@@ -91,7 +91,7 @@ class TritonPythonModel:
         answers this instance's requests with (a HugeCTR network on the host), or None."""
         plan = self.session.native_plan()
         if plan is not None:
-            plan.update(output=self.output_name, info_outputs=[], device_id=0)
+            plan = plan.responding(self.output_name, (), 0)
         return plan
 
     def execute(self, requests):

@@ -87,7 +87,7 @@ class TritonPythonModel:
         limits its hot path answers this instance's requests with, or None."""
         plan = self.session.native_plan()
         if plan is not None:
-            plan.update(self.respond.native_fields())
+            plan = plan.responding(**self.respond.native_fields())
         return plan
 
     def execute(self, requests):

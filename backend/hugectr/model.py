@@ -124,8 +124,7 @@ class TritonPythonModel:
         and dense program its hot path answers this instance's requests with, or None."""
         plan = self.session.native_plan(self.key_itemsize)
         if plan is not None:
-            plan.update(self.respond.native_fields())
-            plan["key_type"] = "UINT32" if self.key_itemsize == 4 else "INT64"
+            plan = plan.responding(**self.respond.native_fields())
         return plan
 
     def execute(self, requests):

@@ -294,6 +294,24 @@ struct NativePlan {
   bool gpu() const { return kernels != nullptr; }
 };
 
+// One field of a plan (src: triton_rec/serving/native_plan.py): an attribute of a
+// NativePlan or TablePlan, or a key of the dicts inside them (the GPU entries); nullptr
+// when absent or None. Borrowed: the plan object holds it for as long as the plan lives.
+PyObject* field(PyObject* o, const char* name) {
+  PyObject* v = nullptr;
+  if (PyDict_Check(o)) {
+    v = PyDict_GetItemString(o, name);
+  } else {
+    v = PyObject_GetAttrString(o, name);
+    if (v == nullptr) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    Py_DECREF(v);  // an instance attribute: the object keeps its own reference
+  }
+  return v == Py_None ? nullptr : v;
+}
+
 int64_t as_int(PyObject* o) { return o != nullptr ? PyLong_AsLongLong(o) : -1; }
 
 uintptr_t as_address(PyObject* o) {
@@ -303,8 +321,8 @@ uintptr_t as_address(PyObject* o) {
 // The "gpu" entry of a plan: the device and the kernels' module (bytes); this instance's
 // kernels and lane.
 void read_gpu(PyObject* gpu, NativePlan* plan) {
-  const int device = static_cast<int>(as_int(PyDict_GetItemString(gpu, "device")));
-  PyObject* image = PyDict_GetItemString(gpu, "image");
+  const int device = static_cast<int>(as_int(field(gpu, "device")));
+  PyObject* image = field(gpu, "image");
   char* data = nullptr;
   Py_ssize_t size = 0;
   if (image == nullptr || PyBytes_AsStringAndSize(image, &data, &size) != 0) {
@@ -320,12 +338,12 @@ void read_gpu(PyObject* gpu, NativePlan* plan) {
 // (DeviceTableCache.native_plan) entry.
 void read_device_table(PyObject* t, tr::Precision precision, NativeTable* nt) {
   nt->device = true;
-  if (PyObject* c = PyDict_GetItemString(t, "device_cache")) {
-    PyObject* arrays = PyDict_GetItemString(c, "arrays");
-    const tr::gpu::StateAddresses a = tr::gpu::state_addresses(
-        [&](const char* k) { return as_address(PyDict_GetItemString(arrays, k)); });
+  if (PyObject* c = field(t, "device_cache")) {
+    PyObject* arrays = field(c, "arrays");
+    const tr::gpu::StateAddresses a =
+        tr::gpu::state_addresses([&](const char* k) { return as_address(field(arrays, k)); });
     PyErr_Clear();  // no sketch: fine
-    auto num = [&](const char* k) { return as_int(PyDict_GetItemString(c, k)); };
+    auto num = [&](const char* k) { return as_int(field(c, k)); };
     nt->target.cache = true;
     nt->target.view = tr::gpu::make_view(a, num("num_sets"), num("ways"), num("dim"),
                                          num("precision"), num("policy"), num("sketch_width"));
@@ -335,14 +353,14 @@ void read_device_table(PyObject* t, tr::Precision precision, NativeTable* nt) {
     }
     return;
   }
-  PyObject* d = PyDict_GetItemString(t, "device_table");
+  PyObject* d = field(t, "device_table");
   if (d == nullptr) throw std::runtime_error("native plan: a GPU table has no device entry");
   nt->target.cache = false;
   tr::gpu::DeviceTable& tb = nt->target.table;
-  tb.slots = reinterpret_cast<const int64_t*>(as_address(PyDict_GetItemString(d, "slots")));
-  tb.capacity = static_cast<uint64_t>(as_int(PyDict_GetItemString(d, "capacity")));
-  tb.vectors = reinterpret_cast<const uint8_t*>(as_address(PyDict_GetItemString(d, "vectors")));
-  tb.rows = as_int(PyDict_GetItemString(d, "rows"));
+  tb.slots = reinterpret_cast<const int64_t*>(as_address(field(d, "slots")));
+  tb.capacity = static_cast<uint64_t>(as_int(field(d, "capacity")));
+  tb.vectors = reinterpret_cast<const uint8_t*>(as_address(field(d, "vectors")));
+  tb.rows = as_int(field(d, "rows"));
   tb.precision = static_cast<int64_t>(precision);
   tb.dim = nt->dim;
   tb.default_value = nt->default_value;
@@ -354,13 +372,13 @@ void read_device_table(PyObject* t, tr::Precision precision, NativeTable* nt) {
 
 // A hugectr model's "dense_gpu" entry (DenseGraphs.native_plan).
 void read_dense_gpu(PyObject* g, NativePlan* plan) {
-  plan->dense_in = as_address(PyDict_GetItemString(g, "dense_in"));
-  plan->host_max_batch = std::max<int64_t>(0, as_int(PyDict_GetItemString(g, "host_max_batch")));
-  PyObject* emb = PyDict_GetItemString(g, "emb_in");
+  plan->dense_in = as_address(field(g, "dense_in"));
+  plan->host_max_batch = std::max<int64_t>(0, as_int(field(g, "host_max_batch")));
+  PyObject* emb = field(g, "emb_in");
   for (Py_ssize_t i = 0; emb != nullptr && i < PyList_Size(emb); ++i) {
     plan->emb_in.push_back(as_address(PyList_GetItem(emb, i)));
   }
-  PyObject* buckets = PyDict_GetItemString(g, "buckets");
+  PyObject* buckets = field(g, "buckets");
   for (Py_ssize_t i = 0; buckets != nullptr && i < PyList_Size(buckets); ++i) {
     PyObject* b = PyList_GetItem(buckets, i);
     plan->buckets.push_back(
@@ -391,7 +409,7 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
   Py_INCREF(d);
   plan->source.p = d;
   auto get = [&](const char* k) {
-    PyObject* v = PyDict_GetItemString(d, k);
+    PyObject* v = field(d, k);
     if (v == nullptr) throw std::runtime_error(std::string("native plan has no '") + k + "'");
     return v;
   };
@@ -408,7 +426,7 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
   plan->max_batch_size = as_int(get("max_batch_size"));
   plan->device_id = static_cast<int32_t>(as_int(get("device_id")));
   plan->output = PyUnicode_AsUTF8(get("output"));
-  PyObject* gpu = PyDict_GetItemString(d, "gpu");
+  PyObject* gpu = field(d, "gpu");
   if (gpu != nullptr && gpu != Py_None) read_gpu(gpu, plan.get());
   PyObject* info = get("info_outputs");
   for (Py_ssize_t i = 0; i < PyList_Size(info); ++i) {
@@ -429,11 +447,10 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
       plan->uint32_keys = std::string(PyUnicode_AsUTF8(get("key_type"))) == "UINT32";
     }
     PyObject* limits = get("limits");
-    plan->limit_des = as_int(PyDict_GetItemString(limits, "DES"));
-    plan->limit_cat =
-        as_int(PyDict_GetItemString(limits, plan->dense_only ? "EMBEDDINGS" : "CATCOLUMN"));
-    plan->limit_rows = as_int(PyDict_GetItemString(limits, "ROWINDEX"));
-    PyObject* dense_gpu = PyDict_GetItemString(d, "dense_gpu");
+    plan->limit_des = as_int(field(limits, "DES"));
+    plan->limit_cat = as_int(field(limits, plan->dense_only ? "EMBEDDINGS" : "CATCOLUMN"));
+    plan->limit_rows = as_int(field(limits, "ROWINDEX"));
+    PyObject* dense_gpu = field(d, "dense_gpu");
     if (dense_gpu != nullptr && dense_gpu != Py_None) {
       if (!plan->gpu()) throw std::runtime_error("native plan: a GPU network without kernels");
       read_dense_gpu(dense_gpu, plan.get());
@@ -442,7 +459,7 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
   if (plan->hugectr && plan->gpu() && plan->buckets.empty()) {
     throw std::runtime_error("native plan: GPU tables need the network on the GPU too");
   }
-  PyObject* program_obj = PyDict_GetItemString(d, "program");
+  PyObject* program_obj = field(d, "program");
   const bool host_dense =
       plan->host_max_batch > 0 && program_obj != nullptr && program_obj != Py_None;
   if (plan->hugectr && (plan->buckets.empty() || host_dense)) {
@@ -476,18 +493,16 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
   for (Py_ssize_t i = 0; i < PyList_Size(tables); ++i) {
     PyObject* t = PyList_GetItem(tables, i);
     NativeTable nt;
-    nt.dim = as_int(PyDict_GetItemString(t, "vec_size"));
-    const tr::Precision precision = tr::precision_of(as_int(PyDict_GetItemString(t, "precision")));
-    nt.default_value =
-        static_cast<float>(PyFloat_AsDouble(PyDict_GetItemString(t, "default_value")));
+    nt.dim = as_int(field(t, "vec_size"));
+    const tr::Precision precision = tr::precision_of(as_int(field(t, "precision")));
+    nt.default_value = static_cast<float>(PyFloat_AsDouble(field(t, "default_value")));
     nt.stats = reinterpret_cast<int64_t*>(
-        static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(PyDict_GetItemString(t, "stats"))));
+        static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(field(t, "stats"))));
     uintptr_t addr = 0;
     int64_t n = 0;
-    if (PyDict_GetItemString(t, "device_cache") != nullptr ||
-        PyDict_GetItemString(t, "device_table") != nullptr) {
+    if (field(t, "device_cache") != nullptr || field(t, "device_table") != nullptr) {
       read_device_table(t, precision, &nt);
-    } else if (PyObject* c = PyDict_GetItemString(t, "cache")) {
+    } else if (PyObject* c = field(t, "cache")) {
       if (!pair(c, &addr, &n)) throw std::runtime_error("native plan: bad cache address");
       nt.cache = tr::ShmCache::attach(reinterpret_cast<void*>(addr), static_cast<size_t>(n));
       if (static_cast<int64_t>(nt.cache->vec_size()) != nt.dim ||
@@ -495,19 +510,19 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
         throw std::runtime_error("native plan: the cache's vec_size or precision differs");
       }
     } else {
-      if (!pair(PyDict_GetItemString(t, "index"), &addr, &n)) {
+      if (!pair(field(t, "index"), &addr, &n)) {
         throw std::runtime_error("native plan: bad index address");
       }
       nt.index = tr::IndexView{reinterpret_cast<const int64_t*>(addr), static_cast<uint64_t>(n)};
-      if (!pair(PyDict_GetItemString(t, "vectors"), &addr, &n)) {
+      if (!pair(field(t, "vectors"), &addr, &n)) {
         throw std::runtime_error("native plan: bad vectors address");
       }
       nt.vectors = tr::TableView{reinterpret_cast<const void*>(addr), n,
                                  tr::RowFormat(precision, static_cast<size_t>(nt.dim))};
     }
     if (nt.cache || (nt.device && nt.target.cache)) {  // a cache: its miss handler
-      PyObject* misses = PyDict_GetItemString(t, "misses");
-      nt.finish = PyDict_GetItemString(t, "finish");
+      PyObject* misses = field(t, "misses");
+      nt.finish = field(t, "finish");
       if (misses != nullptr && nt.cache) {
         nt.misses = reinterpret_cast<const tr::LocalMisses*>(as_address(misses));
         if (nt.misses == nullptr || nt.misses->dim() != nt.dim) {

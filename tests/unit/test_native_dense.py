@@ -77,17 +77,17 @@ def test_the_dense_step_plan_describes_the_network_for_the_native_backend(tmp_pa
     model = _random_model(NETWORKS[1], tmp_path, seed=3)  # DeepFM: one table, 26 slots
     session = DenseSession("deepfm_dense", model, 64)
     plan = session.native_plan()
-    assert plan["kind"] == "dense" and plan["tables"] == [] and plan["gpu"] is None
-    assert plan["slots"] == [t.slot_num for t in model.tables]
-    assert plan["vec_sizes"] == [t.vec_size for t in model.tables]
-    assert plan["mean"] == [t.combiner == Combiner.MEAN for t in model.tables]
-    assert (plan["dense_dim"], plan["label_dim"], plan["max_batch_size"]) == (
+    assert plan.kind == "dense" and plan.tables == [] and plan.gpu is None
+    assert plan.slots == [t.slot_num for t in model.tables]
+    assert plan.vec_sizes == [t.vec_size for t in model.tables]
+    assert plan.mean == [t.combiner == Combiner.MEAN for t in model.tables]
+    assert (plan.dense_dim, plan.label_dim, plan.max_batch_size) == (
         model.dense_dim,
         model.label_dim,
         64,
     )
-    assert set(plan["limits"]) == {"DES", "EMBEDDINGS", "ROWINDEX"}
-    np.testing.assert_array_equal(plan["program"], model.native_program())
+    assert set(plan.limits) == {"DES", "EMBEDDINGS", "ROWINDEX"}
+    np.testing.assert_array_equal(plan.program, model.native_program())
 
     class NoProgram:
         tables = model.tables

@@ -42,28 +42,28 @@ def _floats(addr: int, n: int) -> np.ndarray:
 @pytest.mark.parametrize("session", [{"gpucache": False}], indirect=True)
 def test_without_a_cache_the_plan_points_at_the_mapped_index_and_vectors(session):
     plan = session.native_plan()
-    assert plan["max_batch_size"] == session.params.max_batch_size
-    assert plan["maxnum"] == [3, 1]
-    for entry, ct, spec in zip(plan["tables"], session.cached_tables, TABLES):
-        assert "cache" not in entry
+    assert plan.max_batch_size == session.params.max_batch_size
+    assert plan.maxnum == [3, 1]
+    for entry, ct, spec in zip(plan.tables, session.cached_tables, TABLES):
+        assert entry.cache is None and entry.misses is None and entry.finish is None
         table = ct.store.table
-        vec_addr, rows = entry["vectors"]
-        assert rows == spec.rows and entry["vec_size"] == spec.vec_size
+        vec_addr, rows = entry.vectors
+        assert rows == spec.rows and entry.vec_size == spec.vec_size
         first_rows = _floats(vec_addr, 2 * spec.vec_size)
         np.testing.assert_array_equal(first_rows, table.vectors[:2].ravel())
-        index_addr, capacity = entry["index"]
+        index_addr, capacity = entry.index
         assert capacity == table.index.shape[0]
         slots = np.ctypeslib.as_array((ctypes.c_int64 * 4).from_address(index_addr))
         np.testing.assert_array_equal(slots, table.index.ravel()[:4])
-        assert entry["default_value"] == spec.default_value
+        assert entry.default_value == spec.default_value
 
 
 @pytest.mark.parametrize("session", [{"gpucache": True, "gpucacheper": 0.5}], indirect=True)
 def test_with_a_cache_the_plan_points_at_the_shared_segment(session):
     plan = session.native_plan()
-    for entry, ct in zip(plan["tables"], session.cached_tables):
-        addr, size = entry["cache"]
-        assert "index" not in entry
+    for entry, ct in zip(plan.tables, session.cached_tables):
+        addr, size = entry.cache
+        assert entry.index is None and entry.misses == ct.local_misses.address
         # the same bytes the session's own mapping holds (the segment's header)
         head = bytes((ctypes.c_char * 64).from_address(addr))
         assert head == bytes(ct.cache._mm[:64])
@@ -73,7 +73,7 @@ def test_with_a_cache_the_plan_points_at_the_shared_segment(session):
 @pytest.mark.parametrize("session", [{"gpucache": True}], indirect=True)
 def test_what_the_hot_path_counts_shows_in_the_table_statistics(session):
     ct = session.cached_tables[0]
-    addr = session.native_plan()["tables"][0]["stats"]
+    addr = session.native_plan().tables[0].stats
     counters = np.ctypeslib.as_array((ctypes.c_int64 * len(NATIVE_FIELDS)).from_address(addr))
     before = ct.stats.snapshot()
     counters[NATIVE_FIELDS.index("lookups")] += 7

@@ -27,7 +27,8 @@ from triton_rec.serving.hugectr_request import (
     parse_embedding_request,
     parse_hugectr_request,
 )
-from triton_rec.serving.session import TableSet, gpu_plan, native_table_plans
+from triton_rec.serving.native_plan import NativePlan, gpu_plan, table_plans
+from triton_rec.serving.session import TableSet
 
 
 class RankingSession:
@@ -142,15 +143,15 @@ class RankingSession:
             pos += r.num_samples
         return answers
 
-    def native_plan(self, key_itemsize: int = 8) -> Optional[dict]:
+    def native_plan(self, key_itemsize: int = 8) -> Optional[NativePlan]:
         """What the native backend needs to answer this session's requests without
         Python, or None (a table needs Python for every lookup, or the dense network has
         no native program): the tables
-        (:func:`~triton_rec.serving.session.native_table_plans`), slots and combiner
+        (:func:`~triton_rec.serving.native_plan.table_plans`), slots and combiner
         (``mean``) per table, ``dense_dim``, ``max_batch_size``, ``label_dim``, the most
-        elements of each input (``limits``) and the dense ``program``
+        elements of each input (``limits``), CATCOLUMN's type and the dense ``program``
         (:meth:`~triton_rec.dense.hugectr_network.HugeCTRNetwork.native_program`)."""
-        tables = native_table_plans(self.cached_tables)
+        tables = table_plans(self.cached_tables)
         if tables is None:
             return None
         gpu = gpu_plan(tables)
@@ -160,19 +161,20 @@ class RankingSession:
         dense_gpu = self.dense.native_plan() if isinstance(self.dense, DenseGraphs) else None
         if (gpu is None and program is None) or (gpu is not None and dense_gpu is None):
             return None
-        return {
-            "kind": "hugectr",
-            "gpu": gpu,
-            "dense_gpu": dense_gpu,
-            "tables": tables,
-            "slots": list(self.slots),
-            "mean": [Combiner(c) == Combiner.MEAN for c in self.combiners],
-            "dense_dim": int(self.dense.dense_dim),
-            "max_batch_size": int(self.params.max_batch_size),
-            "label_dim": int(self.dense.label_dim),
-            "limits": {k: int(v[0]) for k, v in self.input_limits(key_itemsize).items()},
-            "program": program,
-        }
+        return NativePlan(
+            kind="hugectr",
+            tables=tables,
+            max_batch_size=int(self.params.max_batch_size),
+            gpu=gpu,
+            dense_gpu=dense_gpu,
+            slots=list(self.slots),
+            mean=[Combiner(c) == Combiner.MEAN for c in self.combiners],
+            dense_dim=int(self.dense.dense_dim),
+            label_dim=int(self.dense.label_dim),
+            limits={k: int(v[0]) for k, v in self.input_limits(key_itemsize).items()},
+            program=program,
+            key_type="UINT32" if key_itemsize == 4 else "INT64",
+        )
 
     def close(self) -> None:
         """Close the tables (caches, stores, background threads)."""
@@ -300,7 +302,7 @@ class DenseSession:
             pos += r[0]
         return answers
 
-    def native_plan(self) -> Optional[dict]:
+    def native_plan(self) -> Optional[NativePlan]:
         """What the native backend needs to answer this session's requests without Python
         (``kind`` ``dense``: no tables; per table its slots, combiner and vector width,
         ``dense_dim``, ``label_dim``, ``max_batch_size``, the most elements of each input
@@ -310,19 +312,18 @@ class DenseSession:
         program = make_program() if make_program is not None else None
         if program is None:
             return None
-        return {
-            "kind": "dense",
-            "gpu": None,
-            "tables": [],
-            "slots": list(self.slots),
-            "mean": [Combiner(t.combiner) == Combiner.MEAN for t in self.dense.tables],
-            "vec_sizes": list(self.vec_sizes),
-            "dense_dim": int(self.dense.dense_dim),
-            "max_batch_size": self.max_batch_size,
-            "label_dim": int(self.dense.label_dim),
-            "limits": {k: int(v[0]) for k, v in self.input_limits().items()},
-            "program": program,
-        }
+        return NativePlan(
+            kind="dense",
+            tables=[],
+            max_batch_size=self.max_batch_size,
+            slots=list(self.slots),
+            mean=[Combiner(t.combiner) == Combiner.MEAN for t in self.dense.tables],
+            vec_sizes=list(self.vec_sizes),
+            dense_dim=int(self.dense.dense_dim),
+            label_dim=int(self.dense.label_dim),
+            limits={k: int(v[0]) for k, v in self.input_limits().items()},
+            program=program,
+        )
 
     def close(self) -> None:
         """Nothing to release (the dense network lives as long as the session)."""

@@ -9,7 +9,7 @@ has. The answer is one flat float32 array: the vectors of the keys in the same o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -21,10 +21,10 @@ from triton_rec.cache.cached_table import (
     Refresher,
     new_default_counts,
 )
-from triton_rec.cache.shm_cache import SharedEmbeddingCache
 from triton_rec.config.ps_json import EmbeddingCacheType, ModelParams, TableParams
 from triton_rec.errors import RequestError
 from triton_rec.formats.tables import read_table
+from triton_rec.serving.native_plan import NativePlan, gpu_plan, table_plans
 from triton_rec.storage.backing_store import BackingStore, LocalTableStore
 from triton_rec.storage.table import EmbeddingTable
 
@@ -50,61 +50,6 @@ def read_table_privately(t: TableParams) -> EmbeddingTable:
     """Map the sparse files and build a private index (no node-local store)."""
     keys, vectors = read_table(t.sparse_file, t.vec_size)
     return EmbeddingTable(t.name, keys, vectors, t.default_value, t.sparse_file)
-
-
-def native_table_plans(tables: Sequence[CachedTable]) -> Optional[List[dict]]:
-    """Per table, what the native backend's hot path reads it with, or None if a table
-    needs Python for every lookup. Each entry: ``vec_size``, ``precision`` (the rows'
-    :attr:`~triton_rec.precision.RowCodec.code`), ``default_value``, ``stats``
-    (address of its :data:`~triton_rec.cache.cached_table.NATIVE_FIELDS` counters) and
-    either ``cache`` (address, bytes of a CPU shared cache), or on a GPU ``device_cache``
-    (the device cache's state) or ``device_table`` (a static/uvm table held whole), with
-    ``device``, or, without a cache, the node-local table's ``index`` (address, capacity)
-    and ``vectors`` (address, rows). A table with a cache also names its miss handler:
-    ``misses`` (the address of its :class:`~triton_rec._native.LocalMisses`: a node-local
-    table, answered in C++) or ``finish`` (:meth:`CachedTable.native_finish`, called with
-    the GIL). The addresses stay valid while the tables are open."""
-    out = []
-    for ct in tables:
-        entry: Dict[str, object] = {
-            "vec_size": int(ct.vec_size),
-            "default_value": float(ct.default_value),
-            "stats": int(ct.stats.native.ctypes.data),
-            "precision": int(ct.codec.code),
-        }
-        device_plan = getattr(ct.cache, "device_plan", None)
-        gpu = device_plan() if device_plan is not None else None
-        if ct.cache is not None:  # the misses: in C++ (a node-local table) or in Python
-            if ct.local_misses is not None:
-                entry["misses"] = int(ct.local_misses.address)
-            else:
-                entry["finish"] = ct.native_finish
-        if isinstance(ct.cache, SharedEmbeddingCache):
-            entry["cache"] = ct.cache.native_address()
-        elif gpu is not None:
-            entry.update(gpu)
-        elif ct.cache is None and (table := ct.store.native_table()) is not None:
-            index, vectors = table
-            entry["index"] = (int(index.ctypes.data), int(index.shape[0]))
-            entry["vectors"] = (int(vectors.ctypes.data), int(vectors.shape[0]))
-        else:  # a device cache, or a tier store without a cache: Python answers
-            return None
-        out.append(entry)
-    return out
-
-
-def gpu_plan(tables: Sequence[dict]) -> Optional[dict]:
-    """The ``gpu`` entry of a native plan whose tables live on a GPU: the device and the
-    kernels' module (:func:`triton_rec.gpu.kernels.plan_image`); None for host tables."""
-    devices = {t["device"] for t in tables if "device" in t}
-    if not devices:
-        return None
-    if len(devices) > 1 or any("device" not in t for t in tables):
-        return None  # tables on several devices, or some on the host: Python answers
-    from triton_rec.gpu.kernels import plan_image
-
-    (device,) = devices
-    return {"device": int(device), "image": plan_image(int(device))}
 
 
 @dataclass
@@ -290,21 +235,21 @@ class LookupSession:
         TableSet(self.cached_tables, self.inserter, self.refresher, self.services).close()
         self.services = []
 
-    def native_plan(self) -> Optional[dict]:
+    def native_plan(self) -> Optional[NativePlan]:
         """What the native backend needs to answer this session's requests without
         Python (``src/triton_backend/python_host.cpp``), or None if a table needs Python
-        for every lookup: the tables (:func:`native_table_plans`), ``max_batch_size`` and
-        the most keys per sample of each table (``maxnum``)."""
-        tables = native_table_plans(self.cached_tables)
+        for every lookup: the tables (:func:`~triton_rec.serving.native_plan.table_plans`),
+        ``max_batch_size`` and the most keys per sample of each table (``maxnum``)."""
+        tables = table_plans(self.cached_tables)
         if tables is None:
             return None
-        return {
-            "kind": "hps",
-            "gpu": gpu_plan(tables),
-            "tables": tables,
-            "max_batch_size": int(self.params.max_batch_size),
-            "maxnum": list(self._maxnum),
-        }
+        return NativePlan(
+            kind="hps",
+            tables=tables,
+            max_batch_size=int(self.params.max_batch_size),
+            gpu=gpu_plan(tables),
+            maxnum=list(self._maxnum),
+        )
 
     # -- validation -------------------------------------------------------------------
     def input_limits(self):

@@ -37,6 +37,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from triton_rec.serving.native_plan import NativePlan
 from triton_rec.triton.glue import CURRENT_MODEL
 
 #: Read by :func:`triton_rec.triton.glue.prepare_process`: the model runs inside the
@@ -389,15 +390,15 @@ class HostedModel:
             responses = self.model.execute(reqs)
         return [_raw_response(r) for r in responses]
 
-    def native_plan(self) -> Optional[dict]:
-        """What the native hot path needs to answer this model's requests itself
-        (:meth:`triton_rec.serving.session.LookupSession.native_plan` plus the response's
-        names), or None when the model has none (it then answers everything here)."""
+    def native_plan(self) -> Optional[NativePlan]:
+        """What the native hot path needs to answer this model's requests itself (a
+        :class:`~triton_rec.serving.native_plan.NativePlan`), or None when the model has
+        none (it then answers everything here)."""
         make = getattr(self.model, "native_plan", None)
         plan = make() if make is not None else None
-        for table in (plan or {}).get("tables", ()):
-            if table.get("finish") is not None:  # misses answered in Python: counted
-                table["finish"] = self._counted(table["finish"])
+        for table in plan.tables if plan is not None else ():
+            if table.finish is not None:  # misses answered in Python: counted
+                table.finish = self._counted(table.finish)
         return plan
 
     def _counted(self, finish: Callable) -> Callable:
