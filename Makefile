@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 EXTRAS ?= server,test,tiers,lint
 comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),+,$(EXTRAS))
-NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp src/native/kernels/*.cu src/triton_backend/*.cpp src/triton_backend/*.h src/triton_backend/*.hpp)
+NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp src/native/kernels/*.cu src/triton_backend/*.cpp src/triton_backend/*.h src/triton_backend/*.hpp src/triton_backend/trec/*.cpp src/triton_backend/trec/*.hpp)
 # C++ that clang-format checks: the package's, and the benchmarks' (built by the benchmarks)
 CXX_SOURCES := $(NATIVE) $(wildcard benchmarks/*.cpp)
 # libpython3.X.so.1.0 of the Python in use (the venv's, else $(PYTHON)): the Triton Python stub

@@ -2,7 +2,7 @@
 // streams with their pinned staging, and the launch sequences of a lookup, a cache write
 // and the HugeCTR path. One implementation for both users: the native core (_native, which
 // the engine's device cache and the benchmarks call) and the native backend
-// (python_host.cpp, the request path of KIND_GPU instances).
+// (src/triton_backend/trec/gpu_paths.cpp, the request path of KIND_GPU instances).
 //
 // Staging: a Lane is one CUDA stream with its pinned host and device buffers, used by one
 // thread at a time. A host-to-host lookup is: keys copied into pinned memory, one

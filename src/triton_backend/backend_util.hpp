@@ -1,4 +1,4 @@
-// Small helpers both native backends (python_host.cpp, floor_backend.cpp) use.
+// Small helpers both native backends (trec/, floor_backend.cpp) use.
 #pragma once
 
 #include <chrono>

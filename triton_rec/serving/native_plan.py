@@ -1,4 +1,4 @@
-"""The native plan: what the native backend (``src/triton_backend/python_host.cpp``)
+"""The native plan: what the native backend (``src/triton_backend/trec/``)
 answers one model instance's requests with, without Python. Defined here once, typed:
 
 - the sessions fill it (:meth:`~triton_rec.serving.session.LookupSession.native_plan`,

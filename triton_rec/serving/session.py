@@ -237,7 +237,7 @@ class LookupSession:
 
     def native_plan(self) -> Optional[NativePlan]:
         """What the native backend needs to answer this session's requests without
-        Python (``src/triton_backend/python_host.cpp``), or None if a table needs Python
+        Python (``src/triton_backend/trec/``), or None if a table needs Python
         for every lookup: the tables (:func:`~triton_rec.serving.native_plan.table_plans`),
         ``max_batch_size`` and the most keys per sample of each table (``maxnum``)."""
         tables = table_plans(self.cached_tables)

@@ -66,10 +66,11 @@ BACKEND_SOURCES = Path(__file__).resolve().parent / "backend"
 #: ``triton_rec/triton/native_backends`` of the installed package (site-packages, also
 #: for an editable install, whose package path lists both).
 NATIVE_BACKENDS = ("trec_floor",)
-#: Backends served by the native backend (``src/triton_backend/python_host.cpp``): one
-#: library, installed as ``<name>/libtriton_<name>.so``, which hosts ``<name>/model.py`` in
-#: the server process and answers natively what has a native plan (``hps``, ``hugectr``;
-#: ``dense`` is hosted only). Without it, Triton runs the same model.py in the Python backend.
+#: Backends served by the native backend (``src/triton_backend/trec/``): one
+#: library, ``libtriton_trec.so`` (:data:`HOSTED_LIBRARY`), installed as
+#: ``<name>/libtriton_<name>.so``, which hosts ``<name>/model.py`` in the server process and
+#: answers natively what has a native plan. Without it, Triton runs the same model.py in
+#: the Python backend.
 HOSTED_BACKENDS = ("hps", "hugectr", "dense")
 HOSTED_LIBRARY = "trec"
 #: How ``hps`` and ``hugectr`` requests are served: ``native`` (C++ backend, Python hosted

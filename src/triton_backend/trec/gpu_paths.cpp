@@ -1,0 +1,225 @@
+// The hot paths on a GPU instance (KIND_GPU): the instance's stream, keys in, one kernel
+// per table, the network as CUDA graphs.
+#include <algorithm>
+#include <cstring>
+
+#include "blas.hpp"
+#include "host.hpp"
+#include "request_kernels.hpp"
+
+namespace trec_host {
+
+// After table t's lookup on the GPU (its statuses and answers in host memory): the table's
+// statistics, and a cache's misses answered by the engine's rules (finish_query writes
+// their answers into `out`).
+void settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
+                      uint8_t* status, uint64_t ns, bool exact, Defaults* d) {
+  const NativeTable& nt = st.plan->tables[t];
+  int64_t hits = 0, corrupt = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    hits += status[i] == tr::xcache::kHit;
+    corrupt += status[i] == tr::xcache::kCorrupt;
+  }
+  if (!nt.target.cache) {  // static / uvm: the whole table; what it lacks no tier holds
+    if (corrupt != 0) throw std::runtime_error("corrupt device table: a slot names no row");
+    const int64_t absent = n - hits;
+    d->by_cause[tr::kCauseNotFound] += absent;
+    if (absent) nt.count(tr::kNotFound, absent);
+    nt.count(tr::kLookups, n);
+    nt.count(tr::kHits, hits);
+    nt.count(tr::kMisses, absent);
+    nt.count(tr::kCacheNs, static_cast<int64_t>(ns));
+    return;
+  }
+  if (hits == n) {
+    nt.count(tr::kLookups, n);
+    nt.count(tr::kHits, n);
+    nt.count(tr::kCacheNs, static_cast<int64_t>(ns));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) status[i] = status[i] == tr::xcache::kHit;  // torn: a miss
+  finish_query(st, t, keys, n, out, status, hits, ns, exact, d);
+}
+
+// An hps request on the GPU: keys[0..n_keys) of every table -> answer (floats), through
+// pinned staging: one copy in, one kernel per table, one copy out, one synchronization.
+void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const int32_t* counts,
+             int64_t floats, float* answer, bool exact, Defaults* d) {
+  const NativePlan& plan = *st.plan;
+  tr::gpu::Lane& lane = *plan.lane;
+  lane.enter();
+  const size_t kb = static_cast<size_t>(n_keys) * 8, fb = static_cast<size_t>(floats) * 4;
+  const tr::gpu::Lane::Parts parts{kb, fb, static_cast<size_t>(n_keys)};
+  char* h = lane.host(parts);
+  const tr::cuda::CUdeviceptr dv = lane.device(parts);
+  const size_t o1 = parts.offsets[1], o2 = parts.offsets[2];
+  const uint64_t t0 = now_ns();
+  std::memcpy(h, keys, kb);
+  lane.to_device(dv, h, kb);
+  int64_t kpos = 0, fpos = 0;
+  for (size_t t = 0; t < plan.tables.size(); ++t) {
+    tr::gpu::launch_lookup(lane, plan.tables[t].target, dv + kpos * 8, counts[t],
+                           dv + o1 + fpos * 4, dv + o2 + kpos);
+    kpos += counts[t];
+    fpos += counts[t] * plan.tables[t].dim;
+  }
+  lane.to_host(h + o1, dv + o1, fb);
+  lane.to_host(h + o2, dv + o2, static_cast<size_t>(n_keys));
+  lane.sync();
+  const uint64_t ns = now_ns() - t0;
+  auto* out = reinterpret_cast<float*>(h + o1);
+  auto* status = reinterpret_cast<uint8_t*>(h + o2);
+  kpos = fpos = 0;
+  for (size_t t = 0; t < plan.tables.size(); ++t) {
+    settle_gpu_table(st, t, keys + kpos, counts[t], out + fpos, status + kpos, ns, exact, d);
+    kpos += counts[t];
+    fpos += counts[t] * plan.tables[t].dim;
+  }
+  std::memcpy(answer, out, fb);
+}
+
+// Where each table's vectors go when the keys of a regrouped hugectr request (s.key_starts)
+// are looked up: offsets in floats, one past the last table's end.
+std::vector<int64_t> vector_offsets(const NativePlan& plan, const Scratch& s) {
+  std::vector<int64_t> voff(plan.tables.size() + 1, 0);
+  for (size_t t = 0; t < plan.tables.size(); ++t) {
+    voff[t + 1] = voff[t] + (s.key_starts[t + 1] - s.key_starts[t]) * plan.tables[t].dim;
+  }
+  return voff;
+}
+
+// Launches every table's lookup of a regrouped hugectr request: its keys (from `keys`, all
+// tables' as in s.keys) into vectors + voff[t] floats and status (one per key).
+void launch_hugectr_lookups(const NativePlan& plan, tr::gpu::Lane& lane, const Scratch& s,
+                            const std::vector<int64_t>& voff, tr::cuda::CUdeviceptr keys,
+                            tr::cuda::CUdeviceptr vectors, tr::cuda::CUdeviceptr status) {
+  for (size_t t = 0; t < plan.tables.size(); ++t) {
+    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
+    tr::gpu::launch_lookup(lane, plan.tables[t].target, keys + first * 8, count,
+                           vectors + voff[t] * 4, status + first);
+  }
+}
+
+// A hugectr request of few samples (at most host_max_batch) on a GPU instance: the lookups
+// on the GPU (the cache), then the slots combined and the network run on the host, where
+// such a batch is fastest (DenseGraphs.calibrate).
+void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int64_t n_cat,
+                            const float* des, float* answer, bool exact, Defaults* d) {
+  const NativePlan& plan = *st.plan;
+  tr::gpu::Lane& lane = *plan.lane;
+  lane.enter();
+  const size_t tables = plan.tables.size();
+  const std::vector<int64_t> voff = vector_offsets(plan, s);
+  const size_t kb = static_cast<size_t>(n_cat) * 8, vb = static_cast<size_t>(voff[tables]) * 4;
+  const tr::gpu::Lane::Parts parts{kb, vb, static_cast<size_t>(n_cat)};
+  char* h = lane.host(parts);
+  const tr::cuda::CUdeviceptr dv = lane.device(parts);
+  const auto& o = parts.offsets;
+  const uint64_t t0 = now_ns();
+  std::memcpy(h, s.keys.data(), kb);
+  lane.to_device(dv, h, kb);
+  launch_hugectr_lookups(plan, lane, s, voff, dv, dv + o[1], dv + o[2]);
+  lane.to_host(h + o[1], dv + o[1], vb);
+  lane.to_host(h + o[2], dv + o[2], static_cast<size_t>(n_cat));
+  lane.sync();
+  const uint64_t ns = now_ns() - t0;
+  auto* vectors = reinterpret_cast<float*>(h + o[1]);
+  auto* status = reinterpret_cast<uint8_t*>(h + o[2]);
+  s.combined.resize(tables);
+  s.embeddings.clear();
+  int64_t block = 0;
+  for (size_t t = 0; t < tables; ++t) {
+    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
+    const int64_t dim = plan.tables[t].dim, segments = n * plan.slots[t];
+    settle_gpu_table(st, t, s.keys.data() + first, count, vectors + voff[t], status + first, ns,
+                     exact, d);
+    auto& combined = s.combined[t];
+    combined.resize(static_cast<size_t>(segments * dim));
+    if (!tr::combine_segments(vectors + voff[t], count, dim, s.ptrs.data() + block, segments,
+                              plan.mean[t], combined.data())) {
+      throw std::runtime_error("row pointers outside the table's keys");
+    }
+    s.embeddings.push_back(combined.data());
+    block += segments + 1;
+  }
+  plan.net->predict(n, des, s.embeddings, answer, &s.dense, tr::find_sgemm());
+}
+
+// A hugectr request on the GPU (keys regrouped by table in s.keys, row pointers in s.ptrs,
+// rows rows of them): the lookups, each slot combined into the network's input, the
+// network's graph for the smallest bucket that holds n samples, one synchronization.
+// When a cache missed, its vectors come to the host for the engine's rules and go back,
+// and the slots and the network run again.
+void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n_cat, int64_t rows,
+                 const float* des, float* answer, bool exact, Defaults* d) {
+  const NativePlan& plan = *st.plan;
+  tr::gpu::Lane& lane = *plan.lane;
+  lane.enter();
+  const size_t tables = plan.tables.size();
+  const std::vector<int64_t> voff = vector_offsets(plan, s);
+  const size_t kb = static_cast<size_t>(n_cat) * 8, pb = static_cast<size_t>(rows) * 8;
+  const size_t db = static_cast<size_t>(n * plan.dense_dim) * 4;
+  const size_t vb = static_cast<size_t>(voff[tables]) * 4,
+               ob = static_cast<size_t>(n * plan.label_dim) * 4;
+  const tr::gpu::Lane::Parts parts{kb, pb, db, vb, static_cast<size_t>(n_cat), ob};
+  char* h = lane.host(parts);
+  const tr::cuda::CUdeviceptr dv = lane.device(parts);
+  const auto& o = parts.offsets;
+  const uint64_t t0 = now_ns();
+  std::memcpy(h, s.keys.data(), kb);
+  std::memcpy(h + o[1], s.ptrs.data(), pb);
+  std::memcpy(h + o[2], des, db);
+  lane.to_device(dv, h, o[2]);  // keys and row pointers
+  lane.to_device(plan.dense_in, h + o[2], db);
+  launch_hugectr_lookups(plan, lane, s, voff, dv, dv + o[3], dv + o[4]);
+  const auto& bucket = *std::find_if(plan.buckets.begin(), plan.buckets.end(),
+                                     [&](const auto& b) { return b.batch >= n; });
+  auto dense = [&] {
+    int64_t block = 0;
+    for (size_t t = 0; t < tables; ++t) {
+      const int64_t segments = n * plan.slots[t];
+      tr::gpu::launch_combine(lane, dv + o[3] + voff[t] * 4, dv + o[1] + block * 8, segments,
+                              plan.tables[t].dim, plan.mean[t], plan.emb_in[t]);
+      block += segments + 1;
+    }
+    tr::gpu::launch_graph(lane, bucket.graph);
+    lane.to_host(h + o[5], bucket.out, ob);
+  };
+  dense();
+  lane.to_host(h + o[4], dv + o[4], static_cast<size_t>(n_cat));
+  lane.sync();
+  const uint64_t ns = now_ns() - t0;
+  auto* status = reinterpret_cast<uint8_t*>(h + o[4]);
+  auto* vectors = reinterpret_cast<float*>(h + o[3]);
+  std::vector<char> missed(tables, 0);
+  bool any = false;
+  for (size_t t = 0; t < tables; ++t) {  // a cache that missed: its vectors to the host
+    const uint8_t* first = status + s.key_starts[t];
+    const uint8_t* last = status + s.key_starts[t + 1];
+    if (!plan.tables[t].target.cache ||
+        std::all_of(first, last, [](uint8_t v) { return v == tr::xcache::kHit; })) {
+      continue;
+    }
+    missed[t] = 1;
+    any = true;
+    lane.to_host(h + o[3] + voff[t] * 4, dv + o[3] + voff[t] * 4,
+                 static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
+  }
+  if (any) lane.sync();
+  for (size_t t = 0; t < tables; ++t) {
+    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
+    settle_gpu_table(st, t, s.keys.data() + first, count, vectors + voff[t], status + first, ns,
+                     exact, d);
+    if (missed[t]) {
+      lane.to_device(dv + o[3] + voff[t] * 4, h + o[3] + voff[t] * 4,
+                     static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
+    }
+  }
+  if (any) {
+    dense();
+    lane.sync();
+  }
+  std::memcpy(answer, h + o[5], ob);
+}
+
+}  // namespace trec_host

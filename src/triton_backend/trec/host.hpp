@@ -1,0 +1,253 @@
+// The library `trec` (libtriton_trec.so, installed per backend as
+// <backend-dir>/<name>/libtriton_<name>.so): what its parts share. One concern per file:
+//   backend.cpp      the Triton life cycle (TRITONBACKEND_*), the drained stop
+//   interpreter.cpp  the embedded interpreter and the hosted engine (triton_rec)
+//   plan.cpp         reading a NativePlan (triton_rec/serving/native_plan.py)
+//   requests.cpp     a request's inputs and parameters, sending a response
+//   python_path.cpp  a request answered by the hosted model.py (the GIL taken)
+//   hot_paths.cpp    a request answered in C++: hps, hugectr, dense (no GIL)
+//   gpu_paths.cpp    the same on a GPU instance's stream
+#pragma once
+
+#include <Python.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend_util.hpp"
+#include "dense_net.hpp"
+#include "gpu_ops.hpp"
+#include "hash_index.hpp"
+#include "local_misses.hpp"
+#include "shm_cache.hpp"
+#include "triton_api.h"
+
+namespace trec_host {
+
+namespace tr = triton_rec;
+using trec_backend::drop;
+using trec_backend::now_ns;
+using trec_backend::read_cpu;
+
+// A new Triton error (the caller owns it).
+inline TRITONSERVER_Error* error(TRITONSERVER_Error_Code code, const std::string& msg) {
+  return TRITONSERVER_ErrorNew(code, msg.c_str());
+}
+
+// Holds the GIL for a scope.
+class Gil {
+ public:
+  Gil() : state_(PyGILState_Ensure()) {}
+  ~Gil() { PyGILState_Release(state_); }
+  Gil(const Gil&) = delete;
+  Gil& operator=(const Gil&) = delete;
+
+ private:
+  PyGILState_STATE state_;
+};
+
+// Owns one reference.
+struct Ref {
+  PyObject* p = nullptr;
+  explicit Ref(PyObject* o = nullptr) : p(o) {}
+  ~Ref() { Py_XDECREF(p); }
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  explicit operator bool() const { return p != nullptr; }
+};
+
+// The text of the pending Python exception (cleared): str(e), or its type's name.
+std::string python_error();
+
+// -- the process (interpreter.cpp) --------------------------------------------------------
+
+extern std::string g_backend_name;  // "hps", "hugectr", "dense": which model.py is hosted
+extern std::string g_backend_dir;   // <backend-dir>/<name>
+extern PyObject* g_inprocess;       // triton_rec.triton.inprocess
+TRITONSERVER_Error* start_python();
+
+// -- the native plan (plan.cpp) -----------------------------------------------------------
+
+using tr::TableStat;
+
+// A request's keys answered with the default value, by cause (tr::DefaultCause, the
+// columns LocalMisses adds to), sent as tr::kDefaultInfo.
+struct Defaults {
+  int64_t by_cause[tr::kNumDefaultCauses] = {0, 0};
+  int64_t not_found() const { return by_cause[tr::kCauseNotFound]; }
+  int64_t async() const { return by_cause[tr::kCauseAsync]; }
+};
+using tr::kDefaultInfo;
+using tr::kExactParameter;
+
+struct NativeTable {
+  int64_t dim = 0;
+  float default_value = 0;
+  int64_t* stats = nullptr;
+  std::optional<tr::ShmCache> cache;  // the shared cache, when the table has one
+  // a cache's misses: in C++ (a node-local table), else the engine's handler in Python
+  // (CachedTable.native_finish: a tier store, a device cache), borrowed from the plan
+  const tr::LocalMisses* misses = nullptr;
+  PyObject* finish = nullptr;
+  tr::IndexView index{nullptr, 0};
+  tr::TableView vectors{nullptr, 0, {}};
+  // KIND_GPU: the device cache (misses by the engine's rules) or a whole table on the
+  // device (static, uvm)
+  bool device = false;
+  tr::gpu::LookupTarget target{};
+
+  void count(TableStat s, int64_t v) const { tr::count(stats, s, v); }
+};
+
+struct NativePlan {
+  Ref source;  // the plan's dict: what `finish` handlers and arrays belong to
+  // the interface: hps (KEYS/NUMKEYS), hugectr (DES/CATCOLUMN/ROWINDEX), or dense
+  // (DES/EMBEDDINGS/ROWINDEX: the dense step of an ensemble; `hugectr` set too, no tables)
+  bool hugectr = false, dense_only = false;
+  bool parameters = true;  // the response parameters of hps and hugectr (NumSample, ...)
+  std::vector<NativeTable> tables;
+  int64_t max_batch_size = 0;
+  std::string output;
+  std::vector<std::string> info_outputs;
+  int32_t device_id = 0;
+  // hps
+  std::vector<int64_t> maxnum;
+  int64_t max_keys = 0;  // KEYS elements of the largest valid request
+  // hugectr
+  std::vector<int64_t> slots;
+  std::vector<bool> mean;
+  int64_t total_slots = 0, dense_dim = 0, label_dim = 1;
+  bool uint32_keys = false;
+  int64_t limit_des = 0, limit_cat = 0, limit_rows = 0;  // elements of the largest valid request
+  std::vector<int64_t> vec_sizes;  // dense: the width of each table's vectors in EMBEDDINGS
+  std::unique_ptr<tr::DenseNet> net;
+  Ref program;  // the int64 program array the net was decoded from (kept alive)
+  // KIND_GPU: the kernels and this instance's stream with its staging; a hugectr model's
+  // dense network as CUDA graphs (DenseGraphs.native_plan): inputs, and per batch bucket
+  // (ascending) its size, graph and output
+  std::shared_ptr<tr::gpu::Kernels> kernels;
+  std::unique_ptr<tr::gpu::Lane> lane;
+  struct Bucket {
+    int64_t batch;
+    tr::cuda::CUgraphExec graph;
+    tr::cuda::CUdeviceptr out;
+  };
+  std::vector<Bucket> buckets;
+  tr::cuda::CUdeviceptr dense_in = 0;
+  std::vector<tr::cuda::CUdeviceptr> emb_in;
+  int64_t host_max_batch = 0;  // requests of at most this many samples: `net` on the host
+  bool gpu() const { return kernels != nullptr; }
+};
+
+// Reads a NativePlan (triton_rec/serving/native_plan.py; GIL held); nullptr if None.
+// Throws a message on a malformed plan (a bug on the Python side).
+std::unique_ptr<NativePlan> read_plan(PyObject* plan);
+
+// -- model and instance state (backend.cpp) ---------------------------------------------
+
+struct ModelState {
+  std::string name, config_json, repository;
+  uint64_t version = 0;
+};
+
+struct InstanceState {
+  std::string model_name;
+  PyObject* hosted = nullptr;  // inprocess.HostedModel
+  std::unique_ptr<NativePlan> plan;
+};
+
+// -- a request (requests.cpp) ----------------------------------------------------------------
+
+// One input of a request and its properties.
+struct In {
+  TRITONBACKEND_Input* input = nullptr;
+  TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
+  const int64_t* shape = nullptr;
+  uint32_t dims = 0, buffers = 0;
+  uint64_t bytes = 0;
+};
+
+// Fills the properties of `in->input` (and its name); Triton's error if unreadable.
+TRITONSERVER_Error* describe(In* in, const char** name);
+// The input `name` and its properties; false if it is absent or unreadable.
+bool find(TRITONBACKEND_Request* request, const char* name, In* in);
+// The data of `in`: Triton's own buffer when it is one piece in CPU memory, else a copy
+// in `copy`; nullptr if it cannot be read.
+const void* data_of(const In& in, std::vector<char>* copy);
+// Sends `err` (owned) or the filled response; false if the request failed.
+bool send(TRITONBACKEND_Response* response, TRITONSERVER_Error* err);
+
+// Calls fn(key, type, value) for each parameter of `request` until fn returns false;
+// false if the parameters cannot be read.
+template <typename Fn>
+bool each_parameter(TRITONBACKEND_Request* request, Fn&& fn) {
+  uint32_t count = 0;
+  if (auto* e = TRITONBACKEND_RequestParameterCount(request, &count)) {
+    drop(e);
+    return false;
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    const char* key = nullptr;
+    TRITONSERVER_ParameterType type;
+    const void* value = nullptr;
+    if (auto* e = TRITONBACKEND_RequestParameter(request, i, &key, &type, &value)) {
+      drop(e);
+      return false;
+    }
+    if (key != nullptr && !fn(key, type, value)) break;
+  }
+  return true;
+}
+
+// -- the two request paths ------------------------------------------------------------
+
+// Answers requests[r] for every r in `which` through the hosted model (GIL taken here);
+// (*ok)[r]: whether request r succeeded (python_path.cpp).
+void python_path(const InstanceState& st, TRITONBACKEND_Request** requests,
+                 const std::vector<uint32_t>& which, std::vector<char>* ok);
+
+// What the native path did with a request: answered it (its response sent), failed it (an
+// error response sent), or handed it over untouched to the Python path, which answers
+// what the native checks refused, naming the problem (and serves what is not native).
+enum class Native { kAnswered, kFailed, kHandedOver };
+
+// The native path of one request (hot_paths.cpp).
+Native native_path(const InstanceState& st, TRITONBACKEND_Request* request);
+
+// -- what the hot paths and the GPU paths share (hot_paths.cpp) ---------------------------
+
+struct Scratch {  // per thread: reused buffers of the hot path
+  std::vector<int64_t> keys, key_starts, ptrs;
+  std::vector<int32_t> counts;
+  std::vector<uint8_t> hit;
+  std::vector<char> copy[3];  // split inputs, made contiguous
+  std::vector<float> vectors;
+  std::vector<std::vector<float>> combined;
+  std::vector<const float*> embeddings;  // the combined blocks, as the network takes them
+  tr::DenseNet::Workspace dense;
+};
+// A hosted call on the native path failed: the request's error (as run_requests words it).
+struct Failed {
+  std::string why;
+};
+
+// The misses of table `t`'s cache query by the table's handler (hot_paths.cpp).
+void finish_query(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
+                  uint8_t* hit, int64_t hits, uint64_t query_ns, bool exact, Defaults* d);
+
+// -- the GPU paths (gpu_paths.cpp) --------------------------------------------------------
+
+// An hps request on the GPU: keys[0..n_keys) of every table -> answer (floats).
+void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const int32_t* counts,
+             int64_t floats, float* answer, bool exact, Defaults* d);
+// A hugectr request of few samples on a GPU instance: lookups on the GPU, network on the host.
+void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int64_t n_cat,
+                            const float* des, float* answer, bool exact, Defaults* d);
+// A hugectr request on the GPU: lookups, slots and the network's graph.
+void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n_cat, int64_t rows,
+                 const float* des, float* answer, bool exact, Defaults* d);
+
+}  // namespace trec_host
