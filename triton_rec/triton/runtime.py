@@ -8,8 +8,8 @@ The server binary comes from the PyPI wheel ``nvidia-pytriton`` (Triton 2.51, CP
   the stub built for the running Python version (``triton_python_backend_stub``);
 - ``hps/``, ``hugectr/``, ``dense/``: the Python-based backends, each a ``model.py``
   (:data:`BACKEND_SOURCES`, package data of the wheel);
-- ``trec_floor/``: the native backends (:data:`NATIVE_BACKENDS`), each a
-  ``libtriton_<name>.so`` built by CMake.
+- ``trec_floor/``: the benchmarks' native floor (:data:`BENCHMARK_BACKENDS`), where a
+  checkout has built it (never in a wheel).
 
 :class:`TritonServer` starts it on given (or free) loopback ports with the stub's
 library path and this virtual environment first on ``PATH`` (the stub uses the
@@ -62,10 +62,14 @@ if TYPE_CHECKING:
 #: backends as package data and a checkout (or editable install) finds them at the same
 #: place.
 BACKEND_SOURCES = Path(__file__).resolve().parent / "backend"
-#: The native (C++) backends CMakeLists.txt builds: ``libtriton_<name>.so`` in the folder
-#: ``triton_rec/triton/native_backends`` of the installed package (site-packages, also
-#: for an editable install, whose package path lists both).
-NATIVE_BACKENDS = ("trec_floor",)
+#: The native backends benchmarks and tests measure against (``trec_floor``: Triton and a
+#: C++ backend that does no work): built by CMake in a checkout's build folder
+#: (``build/<wheel tag>``), never installed; the backend directory gets them where they
+#: are built (:func:`benchmark_backend_library`).
+BENCHMARK_BACKENDS = ("trec_floor",)
+#: The checkout this module runs from (its build folder holds :data:`BENCHMARK_BACKENDS`);
+#: for an installed wheel, a folder without one.
+CHECKOUT = Path(__file__).resolve().parents[2]
 #: Backends served by the native backend (``src/triton_backend/trec/``): one
 #: library, ``libtriton_trec.so`` (:data:`HOSTED_LIBRARY`), installed as
 #: ``<name>/libtriton_<name>.so``, which hosts ``<name>/model.py`` in the server process and
@@ -86,6 +90,15 @@ def resolve_request_path(path: Optional[str] = None) -> str:
     if path not in REQUEST_PATHS:
         raise ValueError(f"request path must be one of {', '.join(REQUEST_PATHS)}, got {path!r}")
     return path
+
+
+def benchmark_backend_library(name: str) -> Optional[Path]:
+    """The ``libtriton_<name>.so`` of a benchmark backend a checkout has built (the newest
+    of its build folders), or None (an installed wheel, or not built)."""
+    built = sorted(
+        (CHECKOUT / "build").glob(f"*/libtriton_{name}.so"), key=lambda p: p.stat().st_mtime
+    )
+    return built[-1] if built else None
 
 
 def native_backend_library(name: str) -> Path:
@@ -270,10 +283,12 @@ def prepare_backend_dir(dest: Optional[Path] = None, path: Optional[str] = None)
     _install(python_backend_stub(), py / "triton_python_backend_stub")
     if not (BACKEND_SOURCES / "hps" / "model.py").is_file():
         raise RuntimeNotFound(f"the backends' model.py files are missing in {BACKEND_SOURCES}")
-    for name in NATIVE_BACKENDS:
-        # a real file (Triton refuses a library whose real path is outside the directory)
-        (dest / name).mkdir(exist_ok=True)
-        _install(native_backend_library(name), dest / name / f"libtriton_{name}.so")
+    for name in BENCHMARK_BACKENDS:
+        lib = benchmark_backend_library(name)
+        if lib is not None:
+            # a real file (Triton refuses a library whose real path is outside the directory)
+            (dest / name).mkdir(exist_ok=True)
+            _install(lib, dest / name / f"libtriton_{name}.so")
     for src in sorted(BACKEND_SOURCES.iterdir()):
         if (src / "model.py").exists():
             (dest / src.name).mkdir(exist_ok=True)
