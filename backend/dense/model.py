@@ -10,13 +10,11 @@ model's own name): typically the ``hps`` model of the same ensemble, whose entry
 ``dense_file`` / ``network_file`` next to its ``sparse_files``.
 """
 
-import json
-
 import triton_python_backend_utils as pb_utils
 
 from triton_rec.config.model_config import check_max_batch_size, model_parameter
 from triton_rec.config.ps_json import find_ps_config, load_ps_config
-from triton_rec.errors import ConfigError, TritonRecError
+from triton_rec.errors import ConfigError
 from triton_rec.serving.deployment import (
     InstanceSpec,
     dense_placement,
@@ -24,52 +22,42 @@ from triton_rec.serving.deployment import (
     load_dense_model,
 )
 from triton_rec.serving.ranking import DenseSession
-from triton_rec.triton.glue import (
-    MetricsPusher,
-    RequestCounters,
-    log_load,
-    prepare_process,
-    run_requests,
-)
+from triton_rec.triton.glue import MetricsPusher, RequestCounters
 from triton_rec.triton.metrics import RequestMetrics
+from triton_rec.triton.model_scaffold import BackendModel
 
 
-class TritonPythonModel:
-    """One instance per Triton model instance (each its own process)."""
+class TritonPythonModel(BackendModel):
+    """One instance per Triton model instance (the life cycle: BackendModel)."""
 
-    def initialize(self, args):
-        """Load the model's dense network named by ps.json; set up limits, counters and metrics."""
-        config = json.loads(args["model_config"])
-        self.model_name = args["model_name"]
-        try:
-            settings = prepare_process(pb_utils, self.model_name, config)
-            check_max_batch_size(config)
-            outputs = config.get("output") or []
-            if len(outputs) != 1 or outputs[0].get("data_type") != "TYPE_FP32":
-                raise ConfigError(
-                    f"model '{self.model_name}' config.pbtxt: expected one TYPE_FP32 output"
-                )
-            self.output_name = outputs[0]["name"]
-            ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
-            params = load_ps_config(ps_path).model(
-                model_parameter(config, "ps_model") or self.model_name
+    pb_utils = pb_utils
+    kind = "dense"
+    inputs = ("DES", "EMBEDDINGS", "ROWINDEX")
+
+    def open(self, args, config, settings):
+        """Load the model's dense network named by ps.json; limits, counters and metrics."""
+        check_max_batch_size(config)
+        outputs = config.get("output") or []
+        if len(outputs) != 1 or outputs[0].get("data_type") != "TYPE_FP32":
+            raise ConfigError(
+                f"model '{self.model_name}' config.pbtxt: expected one TYPE_FP32 output"
             )
-            spec = InstanceSpec(
-                kind=args.get("model_instance_kind", "CPU"),
-                device_id=int(args.get("model_instance_device_id") or 0),
-            )
-            placement = dense_placement(params, spec)
-            dense = load_dense_model(
-                params,
-                args["model_repository"],
-                model_parameter(config, "config"),
-                settings.intra_op_threads,
-                placement.xp,
-                placement.device,
-            )
-            self.session = DenseSession(self.model_name, dense, params.max_batch_size, params)
-        except TritonRecError as e:
-            raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
+        self.output_name = outputs[0]["name"]
+        ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
+        params = load_ps_config(ps_path).model(
+            model_parameter(config, "ps_model") or self.model_name
+        )
+        spec = InstanceSpec(kind=args.get("model_instance_kind", "CPU"), device_id=self.device_id)
+        placement = dense_placement(params, spec)
+        dense = load_dense_model(
+            params,
+            args["model_repository"],
+            model_parameter(config, "config"),
+            settings.intra_op_threads,
+            placement.xp,
+            placement.device,
+        )
+        self.session = DenseSession(self.model_name, dense, params.max_batch_size, params)
         self.limits = self.session.input_limits()
         self.counters = RequestCounters()
         self.metrics = MetricsPusher(
@@ -78,39 +66,18 @@ class TritonPythonModel:
             RequestMetrics(pb_utils, self.model_name, self.counters),
             settings.metrics_interval,
         )
-        log_load(
-            pb_utils,
-            self.model_name,
-            "dense",
-            repr(dense),
-            placement=gpu_placement(None, spec, placement),
-        )
+        return repr(dense), (), gpu_placement(None, spec, placement)
+
+    def respond(self, parsed, out):
+        """The response: the predictions only (no HPS response parameters)."""
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(self.output_name, out)])
 
     def native_plan(self):
         """For the native backend (``triton_rec.triton.inprocess``): what its hot path
         answers this instance's requests with (a HugeCTR network on the host), or None."""
         plan = self.session.native_plan()
-        if plan is not None:
-            plan = plan.responding(self.output_name, (), 0)
-        return plan
+        return plan.responding(self.output_name, (), 0) if plan is not None else None
 
-    def execute(self, requests):
-        """Answer a batch of requests: one forward pass over all valid requests."""
-        return run_requests(
-            pb_utils,
-            self.model_name,
-            requests,
-            ("DES", "EMBEDDINGS", "ROWINDEX"),
-            self.session.parse_request,
-            self.session.predict_many,
-            lambda req, out: pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(self.output_name, out)]
-            ),
-            limits=self.limits,
-            counters=self.counters,
-        )
-
-    def finalize(self):
-        """Stop the metrics thread."""
-        if getattr(self, "metrics", None) is not None:
-            self.metrics.close()
+    def answer(self, parsed):
+        """One dense forward pass over every valid request of the call."""
+        return self.session.predict_many(parsed)

@@ -15,8 +15,6 @@ store, one embedding cache per model/device/table shared by every instance); thi
 file reads tensors, reports errors, builds responses and publishes metrics.
 """
 
-import json
-
 import triton_python_backend_utils as pb_utils
 
 from triton_rec.config.model_config import (
@@ -31,39 +29,37 @@ from triton_rec.config.ps_json import (
     load_ps_config,
     model_relative_path,
 )
-from triton_rec.errors import TritonRecError
 from triton_rec.serving.deployment import InstanceSpec, gpu_placement, open_session
-from triton_rec.triton.glue import Responder, log_load, prepare_process, run_requests
+from triton_rec.triton.glue import Responder
 from triton_rec.triton.metrics import start_session_metrics
+from triton_rec.triton.model_scaffold import BackendModel
 
 
-class TritonPythonModel:
-    """One instance per Triton model instance (each its own process)."""
+class TritonPythonModel(BackendModel):
+    """One instance per Triton model instance (the life cycle: BackendModel)."""
 
-    def initialize(self, args):
-        """Open the model's tables (store, cache, tiers) from ps.json; set up limits and metrics."""
-        config = json.loads(args["model_config"])
-        self.model_name = args["model_name"]
-        self.device_id = int(args.get("model_instance_device_id") or 0)
-        try:
-            settings = prepare_process(pb_utils, self.model_name, config)
-            output_name, info_outputs = check_hps_model_config(config)
-            ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
-            params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
-            spec = InstanceSpec(
-                kind=args.get("model_instance_kind", "CPU"),
-                device_id=self.device_id,
-                store_dir=model_relative_path(
-                    args["model_repository"], model_parameter(config, "store_dir")
-                ),
-                prefault=model_flag(config, "prefault", True),
-                intra_op_threads=settings.intra_op_threads,
-                model_version=str(args.get("model_version") or ""),
-            )
-            self.session = open_session(params, spec)
-            placement = gpu_placement(params, spec)
-        except TritonRecError as e:
-            raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
+    pb_utils = pb_utils
+    kind = "hps"
+    inputs = ("KEYS", "NUMKEYS")
+    options = True  # the request parameter "exact"
+
+    def open(self, args, config, settings):
+        """Open the model's tables (store, cache, tiers) from ps.json; limits and metrics."""
+        output_name, info_outputs = check_hps_model_config(config)
+        ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
+        params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
+        spec = InstanceSpec(
+            kind=args.get("model_instance_kind", "CPU"),
+            device_id=self.device_id,
+            store_dir=model_relative_path(
+                args["model_repository"], model_parameter(config, "store_dir")
+            ),
+            prefault=model_flag(config, "prefault", True),
+            intra_op_threads=settings.intra_op_threads,
+            model_version=str(args.get("model_version") or ""),
+        )
+        self.session = open_session(params, spec)
+        placement = gpu_placement(params, spec)
         self.respond = Responder(pb_utils, output_name, info_outputs, self.device_id)
         self.limits = self.session.input_limits()
         self.counters, self.metrics = start_session_metrics(
@@ -73,44 +69,8 @@ class TritonPythonModel:
             self.session,
             settings.metrics_interval,
         )
-        log_load(
-            pb_utils,
-            self.model_name,
-            "hps",
-            self.session.describe(),
-            config_warnings(ps_path, params),
-            placement,
-        )
+        return self.session.describe(), config_warnings(ps_path, params), placement
 
-    def native_plan(self):
-        """For the native backend (``triton_rec.triton.inprocess``): the addresses and
-        limits its hot path answers this instance's requests with, or None."""
-        plan = self.session.native_plan()
-        if plan is not None:
-            plan = plan.responding(**self.respond.native_fields())
-        return plan
-
-    def execute(self, requests):
-        """Answer a batch of requests: one lookup per table for all valid requests."""
-        # Every valid request of this call is looked up together, one pass per table.
-        responses = run_requests(
-            pb_utils,
-            self.model_name,
-            requests,
-            ("KEYS", "NUMKEYS"),
-            self.session.parse_request,
-            self.session.lookup_many,
-            self.respond,
-            limits=self.limits,
-            counters=self.counters,
-            options=True,  # the request parameter "exact"
-        )
-        return responses
-
-    def finalize(self):
-        """Stop the metrics thread and close the session (tables, caches, threads)."""
-        if getattr(self, "metrics", None) is not None:
-            self.metrics.close()
-        if getattr(self, "session", None) is not None:
-            self.session.close()
-            self.session = None
+    def answer(self, parsed):
+        """Every valid request of the call looked up together, one pass per table."""
+        return self.session.lookup_many(parsed)

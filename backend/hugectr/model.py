@@ -16,8 +16,6 @@ HugeCTR dense file + network JSON (``network_file``, else the config.pbtxt param
 come from the node-local store and the shared cache, exactly as for ``hps`` models.
 """
 
-import json
-
 import triton_python_backend_utils as pb_utils
 
 from triton_rec.config.model_config import (
@@ -34,71 +32,69 @@ from triton_rec.config.ps_json import (
     load_ps_config,
     model_relative_path,
 )
-from triton_rec.errors import TritonRecError
 from triton_rec.serving.deployment import (
     InstanceSpec,
     dense_placement,
     gpu_placement,
     open_ranking_session,
 )
-from triton_rec.triton.glue import Responder, log_load, prepare_process, run_requests
+from triton_rec.triton.glue import Responder
 from triton_rec.triton.metrics import start_session_metrics
+from triton_rec.triton.model_scaffold import BackendModel
 
 
-class TritonPythonModel:
-    """One instance per Triton model instance (each its own process)."""
+class TritonPythonModel(BackendModel):
+    """One instance per Triton model instance (the life cycle: BackendModel)."""
 
-    def initialize(self, args):
-        """Open the model's tables and dense network from ps.json; set up limits and metrics."""
-        config = json.loads(args["model_config"])
-        self.model_name = args["model_name"]
-        device_id = int(args.get("model_instance_device_id") or 0)
-        try:
-            settings = prepare_process(pb_utils, self.model_name, config)
-            output_name, info_outputs = check_hugectr_model_config(config)
-            ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
-            params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
-            params = hugectr_cache_parameters(config, params)
-            spec = InstanceSpec(
-                kind=args.get("model_instance_kind", "CPU"),
-                device_id=device_id,
-                store_dir=model_relative_path(
-                    args["model_repository"], model_parameter(config, "store_dir")
-                ),
-                prefault=model_flag(config, "prefault", True),
-                intra_op_threads=settings.intra_op_threads,
-                model_version=str(args.get("model_version") or ""),
+    pb_utils = pb_utils
+    kind = "hugectr"
+    inputs = ("DES", "CATCOLUMN", "ROWINDEX")
+    options = True  # the request parameter "exact"
+
+    def open(self, args, config, settings):
+        """Open the model's tables and dense network from ps.json; limits and metrics."""
+        output_name, info_outputs = check_hugectr_model_config(config)
+        ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
+        params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
+        params = hugectr_cache_parameters(config, params)
+        spec = InstanceSpec(
+            kind=args.get("model_instance_kind", "CPU"),
+            device_id=self.device_id,
+            store_dir=model_relative_path(
+                args["model_repository"], model_parameter(config, "store_dir")
+            ),
+            prefault=model_flag(config, "prefault", True),
+            intra_op_threads=settings.intra_op_threads,
+            model_version=str(args.get("model_version") or ""),
+        )
+        notes: tuple = ()
+
+        def check(network):  # needs the network; runs before any table is opened
+            nonlocal notes
+            notes = check_hugectr_parameters(
+                config,
+                self.model_name,
+                dense_dim=network.dense_dim,
+                slots=sum(int(t.slot_num) for t in network.tables),
+                label_dim=network.label_dim,
+                keys_per_sample=params.keys_per_sample,
+                paths={
+                    "sparse_files": tuple(t.sparse_file for t in params.tables),
+                    **({"dense_file": (params.dense_file,)} if params.dense_file else {}),
+                },
+                model_dir=args["model_repository"],
             )
-            notes: tuple = ()
 
-            def check(network):  # needs the network; runs before any table is opened
-                nonlocal notes
-                notes = check_hugectr_parameters(
-                    config,
-                    self.model_name,
-                    dense_dim=network.dense_dim,
-                    slots=sum(int(t.slot_num) for t in network.tables),
-                    label_dim=network.label_dim,
-                    keys_per_sample=params.keys_per_sample,
-                    paths={
-                        "sparse_files": tuple(t.sparse_file for t in params.tables),
-                        **({"dense_file": (params.dense_file,)} if params.dense_file else {}),
-                    },
-                    model_dir=args["model_repository"],
-                )
-
-            dense = dense_placement(params, spec)
-            self.session = open_ranking_session(
-                params,
-                spec,
-                args["model_repository"],
-                model_parameter(config, "config"),
-                dense,
-                check_dense=check,
-            )
-            placement = gpu_placement(params, spec, dense)
-        except TritonRecError as e:
-            raise pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
+        dense = dense_placement(params, spec)
+        self.session = open_ranking_session(
+            params,
+            spec,
+            args["model_repository"],
+            model_parameter(config, "config"),
+            dense,
+            check_dense=check,
+        )
+        placement = gpu_placement(params, spec, dense)
         cat = next(i for i in config["input"] if i["name"] == "CATCOLUMN")
         self.key_itemsize = 4 if cat.get("data_type") == "TYPE_UINT32" else 8
         self.limits = self.session.input_limits(self.key_itemsize)
@@ -109,45 +105,14 @@ class TritonPythonModel:
             self.session,
             settings.metrics_interval,
         )
-        self.respond = Responder(pb_utils, output_name, info_outputs, device_id)
-        log_load(
-            pb_utils,
-            self.model_name,
-            "hugectr",
-            repr(self.session.dense),
-            (*config_warnings(ps_path, params), *notes),
-            placement,
-        )
+        self.respond = Responder(pb_utils, output_name, info_outputs, self.device_id)
+        warnings = (*config_warnings(ps_path, params), *notes)
+        return repr(self.session.dense), warnings, placement
 
-    def native_plan(self):
-        """For the native backend (``triton_rec.triton.inprocess``): the addresses, limits
-        and dense program its hot path answers this instance's requests with, or None."""
-        plan = self.session.native_plan(self.key_itemsize)
-        if plan is not None:
-            plan = plan.responding(**self.respond.native_fields())
-        return plan
+    def plan_options(self):
+        """CATCOLUMN's key width (the native path's key type and limits)."""
+        return {"key_itemsize": self.key_itemsize}
 
-    def execute(self, requests):
-        """Answer a batch of requests: one lookup per table, one dense forward pass."""
-        # All valid requests of the call: one lookup per table, one dense forward pass.
-        responses = run_requests(
-            pb_utils,
-            self.model_name,
-            requests,
-            ("DES", "CATCOLUMN", "ROWINDEX"),
-            self.session.parse_request,
-            self.session.predict_many,
-            self.respond,
-            limits=self.limits,
-            counters=self.counters,
-            options=True,  # the request parameter "exact"
-        )
-        return responses
-
-    def finalize(self):
-        """Stop the metrics thread and close the session (tables, caches, threads)."""
-        if getattr(self, "metrics", None) is not None:
-            self.metrics.close()
-        if getattr(self, "session", None) is not None:
-            self.session.close()
-            self.session = None
+    def answer(self, parsed):
+        """All valid requests of the call: one lookup per table, one dense forward pass."""
+        return self.session.predict_many(parsed)

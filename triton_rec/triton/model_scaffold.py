@@ -1,0 +1,109 @@
+"""The life cycle every backend's ``TritonPythonModel`` shares (``hps``, ``hugectr``,
+``dense``), written once: a backend's ``model.py`` says only what is its own (how it opens
+its session, which inputs it reads, how it answers) in :meth:`BackendModel.open`.
+
+- ``initialize``: the config JSON, the process set-up (:func:`~triton_rec.triton.glue.
+  prepare_process`), the backend's :meth:`~BackendModel.open`; any
+  :class:`~triton_rec.errors.TritonRecError` becomes the load's error, naming the model;
+  then the load log line (:func:`~triton_rec.triton.glue.log_load`);
+- ``native_plan``: the session's plan named with the model's response (the native
+  backend, :mod:`triton_rec.triton.inprocess`);
+- ``execute``: :func:`~triton_rec.triton.glue.run_requests` over the backend's inputs;
+- ``finalize``: the metrics thread stopped, the session closed.
+
+``pb_utils`` (``triton_python_backend_utils``) is the backend's: each ``model.py`` sets
+it as a class attribute, so this module imports without Triton.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+from triton_rec.config.model_config import InstanceSettings
+from triton_rec.errors import TritonRecError
+from triton_rec.triton.glue import log_load, prepare_process, run_requests
+
+
+class BackendModel:
+    """The shared ``TritonPythonModel`` (see the module docstring). A backend sets the
+    class attributes and implements :meth:`open`, which sets ``session``, ``respond``,
+    ``limits``, ``counters`` and ``metrics`` and returns what the load log says."""
+
+    #: the backend's triton_python_backend_utils
+    pb_utils: Any = None
+    #: the backend's name, as the load log says it ("hps", "hugectr", "dense")
+    kind: str = ""
+    #: the inputs ``execute`` reads, in the order the session's ``parse_request`` takes them
+    inputs: Tuple[str, ...] = ()
+    #: whether requests carry the engine's parameters (``exact``)
+    options: bool = False
+
+    model_name: str
+    device_id: int
+    session: Any = None
+    metrics: Any = None
+    counters: Any = None
+    limits: Optional[Dict[str, Tuple[int, int, str]]] = None
+    respond: Optional[Callable] = None
+
+    def initialize(self, args: Dict[str, str]) -> None:
+        """Load the model instance (Triton's ``initialize``)."""
+        config = json.loads(args["model_config"])
+        self.model_name = args["model_name"]
+        self.device_id = int(args.get("model_instance_device_id") or 0)
+        try:
+            settings = prepare_process(self.pb_utils, self.model_name, config)
+            ready, warnings, placement = self.open(args, config, settings)
+        except TritonRecError as e:
+            self.finalize()  # what open() had opened before it failed
+            raise self.pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
+        log_load(self.pb_utils, self.model_name, self.kind, ready, warnings, placement)
+
+    def open(
+        self, args: Dict[str, str], config: Dict[str, Any], settings: InstanceSettings
+    ) -> Tuple[str, Sequence[str], Optional[str]]:
+        """Open the backend's session and what serves it; returns the load log's
+        ``(ready description, configuration warnings, placement or None)``."""
+        raise NotImplementedError
+
+    def answer(self, parsed: Sequence) -> list:
+        """The answers to the parsed requests of one ``execute`` (one per request)."""
+        raise NotImplementedError
+
+    def plan_options(self) -> Dict[str, Any]:
+        """Keyword arguments of the session's ``native_plan`` (none by default)."""
+        return {}
+
+    def native_plan(self):
+        """For the native backend (:mod:`triton_rec.triton.inprocess`): what its hot path
+        answers this instance's requests with, or None."""
+        plan = self.session.native_plan(**self.plan_options())
+        if plan is not None and self.respond is not None:
+            plan = plan.responding(**self.respond.native_fields())
+        return plan
+
+    def execute(self, requests):
+        """Answer a batch of requests (Triton's ``execute``): every valid one in one
+        :meth:`answer`, each malformed one with the error that names what is wrong."""
+        return run_requests(
+            self.pb_utils,
+            self.model_name,
+            requests,
+            self.inputs,
+            self.session.parse_request,
+            self.answer,
+            self.respond,
+            limits=self.limits,
+            counters=self.counters,
+            options=self.options,
+        )
+
+    def finalize(self) -> None:
+        """Stop the metrics thread and close the session (Triton's ``finalize``)."""
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        if self.session is not None:
+            self.session.close()
+            self.session = None
