@@ -22,9 +22,9 @@ from triton_rec.serving.deployment import (
     load_dense_model,
 )
 from triton_rec.serving.ranking import DenseSession
-from triton_rec.triton.glue import MetricsPusher, RequestCounters
-from triton_rec.triton.metrics import RequestMetrics
+from triton_rec.triton.metrics import MetricsPusher, RequestMetrics
 from triton_rec.triton.model_scaffold import BackendModel
+from triton_rec.triton.request_loop import RequestCounters
 
 
 class TritonPythonModel(BackendModel):

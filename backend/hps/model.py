@@ -30,9 +30,9 @@ from triton_rec.config.ps_json import (
     model_relative_path,
 )
 from triton_rec.serving.deployment import InstanceSpec, gpu_placement, open_session
-from triton_rec.triton.glue import Responder
 from triton_rec.triton.metrics import start_session_metrics
 from triton_rec.triton.model_scaffold import BackendModel
+from triton_rec.triton.request_loop import Responder
 
 
 class TritonPythonModel(BackendModel):

@@ -11,7 +11,7 @@ In Triton's Python-backend stub, a metric call waits for the server's answer whi
 holding the stub's IPC mutex (and, for Metric.set, the GIL); the stub's own exit path
 needs that mutex, so a call in flight when the server dies used to leave the instance
 process alive for good, with its memory and cache attachment. The native parent
-watchdog (triton_rec.triton.glue.prepare_process) ends such an orphan after
+watchdog (triton_rec.triton.instance.prepare_process) ends such an orphan after
 ORPHAN_GRACE_S. Publishing every millisecond under load keeps a call in flight most of
 the time, so without the watchdog this test fails most of the time.
 """
@@ -31,7 +31,7 @@ import numpy as np
 
 from ps_loader.synthetic import SyntheticTable, table_keys, write_model
 from tests.e2e.conftest import hps_config, make_client
-from triton_rec.triton.glue import ORPHAN_GRACE_S
+from triton_rec.triton.instance import ORPHAN_GRACE_S
 from triton_rec.triton.runtime import TritonServer
 from triton_rec.util.procfs import group_members, is_gone
 

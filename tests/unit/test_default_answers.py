@@ -21,7 +21,7 @@ from triton_rec.config.model_config import DEFAULT_INFO, HPS_INFO_OUTPUTS
 from triton_rec.errors import RequestError
 from triton_rec.storage.backing_store import LocalTableStore
 from triton_rec.storage.table import EmbeddingTable
-from triton_rec.triton.glue import Responder, exact_requested
+from triton_rec.triton.request_loop import Responder, exact_requested
 
 VEC = 4
 UNKNOWN = np.array([-5, -6, -7], np.int64)  # in no table

@@ -1,5 +1,5 @@
 """The drained stop's shared words (src/native/drain.hpp through _native.DrainMap) and the
-Python models' side of it (glue.run_requests), without a server; the whole stop under
+Python models' side of it (request_loop.run_requests), without a server; the whole stop under
 load is tests/e2e/test_lifecycle.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from tests import fake_pb_utils
 from triton_rec.triton import drain as drain_mod
-from triton_rec.triton import glue
+from triton_rec.triton import request_loop
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def test_the_words_are_shared_between_mappings(drain_file):
 
 
 def _run(pb, requests):
-    return glue.run_requests(
+    return request_loop.run_requests(
         pb,
         "m",
         requests,

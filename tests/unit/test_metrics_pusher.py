@@ -10,7 +10,7 @@ import threading
 import time
 import types
 
-from triton_rec.triton.glue import MetricsPusher
+from triton_rec.triton.metrics import MetricsPusher
 
 
 class Counting:

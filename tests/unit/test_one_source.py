@@ -115,15 +115,14 @@ def test_modules_re_export_their_errors_as_the_same_classes():
     from triton_rec.cache import gpu_share, shm_security
     from triton_rec.config import model_files
     from triton_rec.storage import node_store
-    from triton_rec.triton import glue as triton_glue
-    from triton_rec.triton import runtime
+    from triton_rec.triton import request_loop, runtime
 
     assert node_store.StoreError is backing_store.StoreError is errors.StoreError
     assert node_store.CorruptLayoutError is errors.CorruptLayoutError
     assert model_files.ConfigFileError is errors.ConfigFileError
     assert gpu_share.StaleHandlesError is errors.StaleHandlesError
     assert shm_security.SharedMemorySecurityError is errors.SharedMemorySecurityError
-    assert triton_glue.RequestTooLarge is errors.RequestTooLarge
+    assert request_loop.RequestTooLarge is errors.RequestTooLarge
     assert updates.UpdateMessageError is errors.UpdateMessageError
     assert array_cache.CupyUnavailableError is errors.CupyUnavailableError
     assert issubclass(runtime.RuntimeNotFound, RuntimeError)

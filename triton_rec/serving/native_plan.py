@@ -90,7 +90,7 @@ class NativePlan:
 
     def responding(self, output: str, info_outputs: Sequence[str], device_id: int) -> NativePlan:
         """This plan answering with the model's response names and ``DeviceID``
-        (:meth:`triton_rec.triton.glue.Responder.native_fields`)."""
+        (:meth:`triton_rec.triton.request_loop.Responder.native_fields`)."""
         return dataclasses.replace(
             self, output=output, info_outputs=list(info_outputs), device_id=int(device_id)
         )

@@ -71,7 +71,7 @@ class RankingSession:
 
     def input_limits(self, catcolumn_itemsize: int = 8):
         """The most elements each input of a valid request holds (see
-        :data:`triton_rec.triton.glue.InputLimits`), from max_batch_size, the network's
+        :data:`triton_rec.triton.request_loop.InputLimits`), from max_batch_size, the network's
         dense_dim and slots and the most keys per sample of each table."""
         return hugectr_input_limits(
             self.params.max_batch_size,

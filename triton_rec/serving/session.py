@@ -254,7 +254,7 @@ class LookupSession:
     # -- validation -------------------------------------------------------------------
     def input_limits(self):
         """The most elements each input of a valid request holds (see
-        :data:`triton_rec.triton.glue.InputLimits`): ``KEYS`` max_batch_size x the sum of
+        :data:`triton_rec.triton.request_loop.InputLimits`): ``KEYS`` max_batch_size x the sum of
         ``maxnum_catfeature_query_per_table_per_sample``, ``NUMKEYS`` one count per table."""
         mbs, per_sample = self.params.max_batch_size, sum(self._maxnum)
         return {

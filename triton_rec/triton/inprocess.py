@@ -38,9 +38,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from triton_rec.serving.native_plan import NativePlan
-from triton_rec.triton.glue import CURRENT_MODEL
+from triton_rec.triton.instance import CURRENT_MODEL
 
-#: Read by :func:`triton_rec.triton.glue.prepare_process`: the model runs inside the
+#: Read by :func:`triton_rec.triton.instance.prepare_process`: the model runs inside the
 #: server process (no parent watchdog: the server's parent is not ours to watch).
 IN_PROCESS = True
 
@@ -150,8 +150,8 @@ class Tensor:
         return list(self._array.shape)
 
     def to_dlpack(self):
-        """Not available in-process (``glue.release_input_pages`` then does nothing)."""
-        # the input's memory belongs to the server; nothing to release (glue handles this)
+        """Not available in-process (``request_loop.release_input_pages`` then does nothing)."""
+        # the input's memory belongs to the server; nothing to release (request_loop handles this)
         raise NotImplementedError("in-process tensors have no DLPack export")
 
 
@@ -372,7 +372,7 @@ class HostedModel:
 
     @contextlib.contextmanager
     def _working(self):
-        # engine log lines of this thread name this model (glue.CURRENT_MODEL)
+        # engine log lines of this thread name this model (instance.CURRENT_MODEL)
         CURRENT_MODEL.name = self.name
         try:
             yield

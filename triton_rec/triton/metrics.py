@@ -50,9 +50,10 @@ trec_requests_rejected_total           counter requests answered with an error (
 
 from __future__ import annotations
 
+import threading
 from typing import Dict, List
 
-from triton_rec.triton.glue import MetricsPusher, RequestCounters
+from triton_rec.triton.request_loop import RequestCounters
 
 _COUNTERS = {
     "lookups": ("trec_cache_lookups_total", "Keys looked up"),
@@ -96,8 +97,72 @@ _GAUGES = {
 }
 
 
+def update_metrics(pb_utils, model_name: str, metrics) -> None:
+    """Publish metrics; a metrics failure is logged, never raised."""
+    try:
+        metrics.update()
+    except Exception as e:
+        pb_utils.Logger.log_warn(f"model '{model_name}': metrics update failed: {e!r}")
+
+
+class MetricsPusher:
+    """Publishes an instance's metrics every ``interval`` seconds from a daemon thread.
+
+    ``execute`` never publishes: every ``Metric.set``/``increment`` of the Python backend
+    is a round trip to the server process (about 0.1 ms each, a dozen per model and
+    table), and ``Metric.set`` holds the GIL while it waits. The engine's counters
+    accumulate in-process (plain integers, :class:`~triton_rec.cache.cached_table.TableStats`);
+    this thread reads them and publishes what changed since its last pass, so an idle
+    model costs no round trip at all.
+
+    Exit safety: a publication blocks for good if the server dies while it is in flight
+    (the server never answers). :meth:`close` therefore waits a bounded time for the
+    thread, and an instance orphaned that way is ended by the process-wide native
+    watchdog (:func:`prepare_process`).
+
+    Args:
+        pb_utils: ``triton_python_backend_utils``.
+        model_name: for messages.
+        metrics: has ``update()`` (a :class:`~triton_rec.triton.metrics.CacheMetrics`).
+        interval: seconds between publications; 0 starts no thread (nothing is published
+            unless :meth:`push` is called).
+    """
+
+    def __init__(self, pb_utils, model_name: str, metrics, interval: float):
+        self._pb = pb_utils
+        self._model = model_name
+        self.metrics = metrics
+        self.interval = float(interval)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+        if self.interval > 0:
+            self._thread = threading.Thread(
+                target=self._run, daemon=True, name=f"trec-metrics-{model_name}"
+            )
+            self._thread.start()
+
+    def push(self) -> None:
+        """Publish what changed since the last publication (never raises; serialized)."""
+        with self._lock:
+            if not self._stop.is_set():
+                update_metrics(self._pb, self._model, self.metrics)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.push()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop publishing (idempotent). Waits at most ``timeout`` s for a publication in
+        flight; none starts after this returns."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+
 class RequestMetrics:
-    """Publishes a :class:`~triton_rec.triton.glue.RequestCounters` as
+    """Publishes a :class:`~triton_rec.triton.request_loop.RequestCounters` as
     ``trec_requests_rejected_total{model, reason}`` (deltas, only on a change)."""
 
     def __init__(self, pb_utils, model: str, counters):
@@ -130,7 +195,7 @@ class CacheMetrics:
         model: model name (label).
         instance: model instance name (label of ``trec_instance_lookups_total``).
         session: the session whose tables are reported.
-        requests: the instance's :class:`~triton_rec.triton.glue.RequestCounters`, if
+        requests: the instance's :class:`~triton_rec.triton.request_loop.RequestCounters`, if
             they are to be published too (:class:`RequestMetrics`).
     """
 
@@ -301,8 +366,8 @@ class CacheMetrics:
 
 def start_session_metrics(pb_utils, model: str, instance: str, session, interval: float):
     """``(counters, pusher)`` of an ``hps`` or ``hugectr`` instance: fresh
-    :class:`~triton_rec.triton.glue.RequestCounters` for its ``execute``, and a started
-    :class:`~triton_rec.triton.glue.MetricsPusher` publishing them with ``session``'s
+    :class:`~triton_rec.triton.request_loop.RequestCounters` for its ``execute``, and a started
+    :class:`~triton_rec.triton.metrics.MetricsPusher` publishing them with ``session``'s
     statistics (:class:`CacheMetrics`) every ``interval`` seconds."""
     counters = RequestCounters()
     metrics = CacheMetrics(pb_utils, model, instance, session, requests=counters)

@@ -2,13 +2,13 @@
 ``dense``), written once: a backend's ``model.py`` says only what is its own (how it opens
 its session, which inputs it reads, how it answers) in :meth:`BackendModel.open`.
 
-- ``initialize``: the config JSON, the process set-up (:func:`~triton_rec.triton.glue.
+- ``initialize``: the config JSON, the process set-up (:func:`~triton_rec.triton.instance.
   prepare_process`), the backend's :meth:`~BackendModel.open`; any
   :class:`~triton_rec.errors.TritonRecError` becomes the load's error, naming the model;
-  then the load log line (:func:`~triton_rec.triton.glue.log_load`);
+  then the load log line (:func:`~triton_rec.triton.instance.log_load`);
 - ``native_plan``: the session's plan named with the model's response (the native
   backend, :mod:`triton_rec.triton.inprocess`);
-- ``execute``: :func:`~triton_rec.triton.glue.run_requests` over the backend's inputs;
+- ``execute``: :func:`~triton_rec.triton.request_loop.run_requests` over the backend's inputs;
 - ``finalize``: the metrics thread stopped, the session closed.
 
 ``pb_utils`` (``triton_python_backend_utils``) is the backend's: each ``model.py`` sets
@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from triton_rec.config.model_config import InstanceSettings
 from triton_rec.errors import TritonRecError
-from triton_rec.triton.glue import log_load, prepare_process, run_requests
+from triton_rec.triton.instance import log_load, prepare_process
+from triton_rec.triton.request_loop import run_requests
 
 
 class BackendModel:

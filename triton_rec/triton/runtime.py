@@ -343,7 +343,7 @@ def python_library_dir() -> str:
 #:
 #: Triton 2.51 has no request-size flag (``--http-max-input-size`` appears in 2.59;
 #: gRPC accepts up to 2 GB): the backends refuse what exceeds a model's largest valid
-#: request (:func:`triton_rec.triton.glue.check_input_size`).
+#: request (:func:`triton_rec.triton.request_loop.check_input_size`).
 SERVER_LIMIT_FLAGS = ("--strict-readiness=false", "--grpc-infer-allocation-pool-size=0")
 
 #: tritonserver's exit timeout (``--exit-timeout-secs``): how long it waits for in-flight

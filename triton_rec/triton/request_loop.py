@@ -1,4 +1,4 @@
-"""The request loop the Python backends share (``pb_utils`` is passed in).
+"""The request loop every backend shares (``pb_utils`` is passed in), and its response.
 
 Every backend's ``execute`` is the same shape: read each request's input tensors,
 validate them (a malformed request gets its own ``INVALID_ARG`` error and does not
@@ -12,9 +12,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import json
-import logging
 import mmap
-import threading
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -238,17 +236,6 @@ def exact_requested(model_name: str, request) -> bool:
     )
 
 
-def log_load(pb_utils, model_name: str, kind: str, ready: str, warnings=(), placement=None):
-    """What every backend says once a model instance is loaded: the configuration
-    warnings, where a KIND_GPU instance put its parts (``placement``, if any) and
-    ``<kind> model '<name>' ready: <ready>``."""
-    for line in warnings:
-        pb_utils.Logger.log_warn(line)
-    if placement is not None:
-        pb_utils.Logger.log_info(f"model '{model_name}': {placement}")
-    pb_utils.Logger.log_info(f"{kind} model '{model_name}' ready: {ready}")
-
-
 def supports_response_parameters(pb_utils) -> bool:
     """Whether this Triton's Python backend attaches response parameters (newer ones take
     ``InferenceResponse(..., parameters=...)``; the PyPI runtime, Triton 2.51, does not)."""
@@ -301,142 +288,3 @@ class Responder:
         if self.parameters:
             return pb.InferenceResponse(output_tensors=tensors, parameters=info)
         return pb.InferenceResponse(output_tensors=tensors)
-
-
-def update_metrics(pb_utils, model_name: str, metrics) -> None:
-    """Publish metrics; a metrics failure is logged, never raised."""
-    try:
-        metrics.update()
-    except Exception as e:
-        pb_utils.Logger.log_warn(f"model '{model_name}': metrics update failed: {e!r}")
-
-
-class MetricsPusher:
-    """Publishes an instance's metrics every ``interval`` seconds from a daemon thread.
-
-    ``execute`` never publishes: every ``Metric.set``/``increment`` of the Python backend
-    is a round trip to the server process (about 0.1 ms each, a dozen per model and
-    table), and ``Metric.set`` holds the GIL while it waits. The engine's counters
-    accumulate in-process (plain integers, :class:`~triton_rec.cache.cached_table.TableStats`);
-    this thread reads them and publishes what changed since its last pass, so an idle
-    model costs no round trip at all.
-
-    Exit safety: a publication blocks for good if the server dies while it is in flight
-    (the server never answers). :meth:`close` therefore waits a bounded time for the
-    thread, and an instance orphaned that way is ended by the process-wide native
-    watchdog (:func:`prepare_process`).
-
-    Args:
-        pb_utils: ``triton_python_backend_utils``.
-        model_name: for messages.
-        metrics: has ``update()`` (a :class:`~triton_rec.triton.metrics.CacheMetrics`).
-        interval: seconds between publications; 0 starts no thread (nothing is published
-            unless :meth:`push` is called).
-    """
-
-    def __init__(self, pb_utils, model_name: str, metrics, interval: float):
-        self._pb = pb_utils
-        self._model = model_name
-        self.metrics = metrics
-        self.interval = float(interval)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = None
-        if self.interval > 0:
-            self._thread = threading.Thread(
-                target=self._run, daemon=True, name=f"trec-metrics-{model_name}"
-            )
-            self._thread.start()
-
-    def push(self) -> None:
-        """Publish what changed since the last publication (never raises; serialized)."""
-        with self._lock:
-            if not self._stop.is_set():
-                update_metrics(self._pb, self._model, self.metrics)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.push()
-
-    def close(self, timeout: float = 2.0) -> None:
-        """Stop publishing (idempotent). Waits at most ``timeout`` s for a publication in
-        flight; none starts after this returns."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-
-#: Seconds an instance process may outlive its server before the native watchdog ends
-#: it (the Python backend's own exit path normally takes well under a second).
-ORPHAN_GRACE_S = 5.0
-
-
-def prepare_process(pb_utils, model_name: str, config: dict):
-    """What every instance does first, in ``initialize``: route the engine's logs to
-    Triton's log, size this process's thread pools (``intra_op_threads``) and its
-    allocator (:mod:`triton_rec.triton.process_setup`), start the parent watchdog, log it all.
-    Returns the
-    :class:`~triton_rec.config.model_config.InstanceSettings` (ConfigError if malformed)."""
-    from triton_rec import _native
-    from triton_rec.config.model_config import InstanceSettings
-    from triton_rec.triton.process_setup import limit_thread_pools, tune_allocator
-
-    route_engine_logs(pb_utils, model_name)
-    settings = InstanceSettings.from_config(config)
-    pools = limit_thread_pools(settings.intra_op_threads)
-    if getattr(pb_utils, "IN_PROCESS", False):
-        # hosted by the native backend inside the server: the server's allocator and its
-        # parent are not this model's to change or watch
-        malloc = "in-process (native backend)"
-    else:
-        malloc = tune_allocator()
-        _native.start_parent_watchdog(ORPHAN_GRACE_S)
-    line = f"model '{model_name}': {settings.describe(config)}; pools: {pools}; {malloc}"
-    log = pb_utils.Logger.log_warn if settings.oversubscribes(config) else pb_utils.Logger.log_info
-    log(line)
-    return settings
-
-
-class TritonLogHandler(logging.Handler):
-    """Forwards the engine's ``logging`` records (``triton_rec``, ``ps_loader``: import
-    progress, tiers skipped, update consumer errors) to Triton's log."""
-
-    def __init__(self, pb_utils, model_name: Optional[str]):
-        super().__init__(logging.INFO)
-        self.pb_utils = pb_utils
-        self.model_name = model_name
-
-    def emit(self, record: logging.LogRecord) -> None:
-        """Send ``record`` to Triton's log at the matching level."""
-        try:
-            # in-process, one handler serves every model: the one this thread works for
-            model = getattr(CURRENT_MODEL, "name", None) or self.model_name
-            prefix = f"model '{model}': " if model else ""
-            msg = f"{prefix}{record.name}: {self.format(record)}"
-            log = self.pb_utils.Logger
-            if record.levelno >= logging.ERROR:
-                log.log_error(msg)
-            elif record.levelno >= logging.WARNING:
-                log.log_warn(msg)
-            else:
-                log.log_info(msg)
-        except Exception:  # logging must never fail a model
-            self.handleError(record)
-
-
-#: The model a thread is loading or answering for, when several models share a process
-#: (the native backend hosts them all in the server): ``CURRENT_MODEL.name``.
-CURRENT_MODEL = threading.local()
-
-
-def route_engine_logs(pb_utils, model_name: str) -> None:
-    """Send INFO and above of the engine's loggers to Triton's log (once per process).
-    In-process (the native backend) lines name the model of :data:`CURRENT_MODEL`, or
-    none (a background thread's line names its logger only)."""
-    in_process = getattr(pb_utils, "IN_PROCESS", False)
-    for name in ("triton_rec", "ps_loader"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(h, TritonLogHandler) for h in logger.handlers):
-            logger.addHandler(TritonLogHandler(pb_utils, None if in_process else model_name))
-        logger.setLevel(logging.INFO)
