@@ -12,6 +12,8 @@ Array = np.ndarray
 EMPTY_ROW: int
 MIN_CAPACITY: int
 SIMD_DECODE: bool
+PRECISIONS: Tuple[str, ...]
+INT8_TRAILER_BYTES: int
 
 class DuplicateKeyError(ValueError):
     key: int

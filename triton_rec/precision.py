@@ -29,12 +29,15 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-#: every precision a table may be stored in (ps.json ``embedding_precision``), in code order
-PRECISIONS = ("fp32", "fp16", "int8")
+from triton_rec import _native
+
+#: every precision a table may be stored in (ps.json ``embedding_precision``), in code
+#: order: defined by the native code (src/native/row_codec.hpp), which decodes them
+PRECISIONS: Tuple[str, ...] = tuple(_native.PRECISIONS)
 #: the precision of a table whose ps.json entry names none
 DEFAULT_PRECISION = "fp32"
-#: the int8 row's trailer: float32 scale and float32 bias
-INT8_TRAILER_BYTES = 8
+#: the int8 row's trailer: float32 scale and float32 bias (row_codec.hpp)
+INT8_TRAILER_BYTES: int = _native.INT8_TRAILER_BYTES
 # FBGEMM's guard against a constant row (range 0), in the inverse scale only
 _INT8_EPS = 1e-8
 

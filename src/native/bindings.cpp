@@ -394,6 +394,10 @@ PYBIND11_MODULE(_native, m) {
         "\n\n"
         "The native decoder of the fused gathers (row_codec.hpp) over a row array; portable "
         "forces the plain C++ version instead of the CPU's SIMD one.");
+  py::tuple precisions(static_cast<size_t>(tr::kNumPrecisions));
+  for (uint32_t i = 0; i < tr::kNumPrecisions; ++i) precisions[i] = tr::kPrecisionNames[i];
+  m.attr("PRECISIONS") = precisions;
+  m.attr("INT8_TRAILER_BYTES") = tr::kInt8TrailerBytes;
   m.attr("SIMD_DECODE") = [] {
     const tr::DecodeFn simd = tr::decoder_for(tr::Precision::kFp16);
     return simd != tr::decoder_for(tr::Precision::kFp16, true);

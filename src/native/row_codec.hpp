@@ -32,6 +32,9 @@ namespace triton_rec {
 
 enum class Precision : uint32_t { kFp32 = 0, kFp16 = 1, kInt8 = 2 };
 constexpr uint32_t kNumPrecisions = 3;
+// Their names (ps.json embedding_precision), in code order: exported as PRECISIONS, which
+// triton_rec/precision.py takes as its own.
+inline constexpr const char* kPrecisionNames[kNumPrecisions] = {"fp32", "fp16", "int8"};
 constexpr size_t kInt8TrailerBytes = 8;  // float32 scale, float32 bias
 
 inline Precision precision_of(int64_t code) {

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: (subpackages or modules directly under ``triton_rec``; "" is ``triton_rec/__init__.py``).
 LAYERS: Tuple[Set[str], ...] = (
     {"errors"},  # the root of every error the engine raises
-    {"", "_native", "util", "precision"},  # __init__, the C++ core, small helpers, row encodings
+    {"", "_native", "util"},  # __init__, the C++ core, small helpers
+    {"precision"},  # row encodings (their codes and names: the C++ core's)
     {"gpu"},  # the GPU kernels: NVRTC, compiled and loaded on a device through _native
     {"config"},  # ps.json, config.pbtxt, model files
     {"formats"},  # readers/writers of trained-model files
