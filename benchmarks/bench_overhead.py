@@ -18,8 +18,10 @@ instances, the shipped dynamic-batching settings). Models, grouped by interface:
   ``floor_native_dlrm`` (the native floor), ``dlrm``
   (HugeCTR dense file run by numpy), ``dlrm_onnx`` (the same network in onnxruntime),
   ``dlrm_py`` (Python backend) and ``dlrm_fp16`` (``dlrm`` with fp16 tables);
-- the ensemble interface (``DES``/``KEYS``/``NUMKEYS``/``ROWINDEX``): ``floor_ensemble``
-  and ``dlrm_ensemble`` (``dlrm_hps`` -> ``dlrm_dense``);
+- the ensemble interface (``DES``/``KEYS``/``NUMKEYS``/``ROWINDEX``): ``floor_ensemble``,
+  ``dlrm_ensemble`` (``dlrm_hps`` -> ``dlrm_dense``, the ONNX network, as shipped) and
+  ``dlrm_ensemble_hugectr`` (``dlrm_hps`` -> ``dlrm_dense_hugectr``: the HugeCTR network,
+  which the native backend runs natively);
 - the workload named (issue 25): the groups above replay ``--requests-per-file`` requests,
   so after the warm-up every key is cached (**all-hit**). ``hps_misses`` and
   ``dlrm_misses`` feed ``hps_5pct`` / ``dlrm_5pct`` (ps.json defaults but ``gpucacheper``
@@ -356,6 +358,24 @@ def build_repository(repo: Path, groups) -> dict:
                 (ROOT / "model_repository" / step / "config.pbtxt").read_text(),
             )
             (repo / step / "1").mkdir(parents=True, exist_ok=True)
+        # The same ensemble with the HugeCTR network as its dense step (ps.json entry
+        # "dlrm": the dense file and network JSON), which the native backend runs natively.
+        shipped_dense = (ROOT / "model_repository" / "dlrm_dense" / "config.pbtxt").read_text()
+        _write(
+            repo / "dlrm_dense_hugectr" / "config.pbtxt",
+            shipped_dense.replace('name: "dlrm_dense"', 'name: "dlrm_dense_hugectr"').replace(
+                'string_value: "dlrm_hps"', 'string_value: "dlrm"'
+            ),
+        )
+        (repo / "dlrm_dense_hugectr" / "1").mkdir(parents=True, exist_ok=True)
+        shipped_ens = (ROOT / "model_repository" / "dlrm_ensemble" / "config.pbtxt").read_text()
+        _write(
+            repo / "dlrm_ensemble_hugectr" / "config.pbtxt",
+            shipped_ens.replace('name: "dlrm_ensemble"', 'name: "dlrm_ensemble_hugectr"').replace(
+                'model_name: "dlrm_dense"', 'model_name: "dlrm_dense_hugectr"'
+            ),
+        )
+        (repo / "dlrm_ensemble_hugectr" / "1").mkdir(parents=True, exist_ok=True)
         _write(
             repo / "floor_ensemble" / "config.pbtxt",
             _config("floor_ensemble", "python", ENSEMBLE_IO, floor_p, scheduling=""),
@@ -440,7 +460,7 @@ GROUP_MODELS = {
         "hps_fp16",
     ],
     "dlrm": ["floor_dlrm", "floor_native_dlrm", "dlrm", "dlrm_onnx", "dlrm_py", "dlrm_fp16"],
-    "ensemble": ["floor_ensemble", "dlrm_ensemble"],
+    "ensemble": ["floor_ensemble", "dlrm_ensemble", "dlrm_ensemble_hugectr"],
     # the stream with misses (its floor: the C++ one)
     "hps_misses": ["floor_native_hps", "hps_5pct"],
     "dlrm_misses": ["floor_native_dlrm", "dlrm_5pct"],
@@ -557,6 +577,9 @@ def sanity_check(server: TritonServer, files: dict, groups) -> list:
             a, b = answers.get("dlrm" + v), answers.get("dlrm_fp16" + v)
             if a is not None and b is not None and not np.allclose(a, b, rtol=0, atol=1e-3):
                 problems.append(f"n={n}: dlrm_fp16{v} differs from dlrm{v} by more than 1e-3")
+            a, b = answers.get("dlrm_ensemble"), answers.get("dlrm_ensemble_hugectr")
+            if a is not None and b is not None and not np.allclose(a, b, atol=1e-5):
+                problems.append(f"n={n}: the ONNX and HugeCTR dense steps of the ensemble disagree")
             a, b = answers.get("dlrm" + v), answers.get("dlrm_onnx" + v)
             if (
                 base == "dlrm"
@@ -1105,7 +1128,7 @@ def main(argv=None) -> int:
         )
     load = sorted(
         {m for g in groups for m in GROUP_MODELS[g]}
-        | ({"dlrm_hps", "dlrm_dense"} if "ensemble" in groups else set())
+        | ({"dlrm_hps", "dlrm_dense", "dlrm_dense_hugectr"} if "ensemble" in groups else set())
     )
     env = {"TRITON_REC_STORE": str(work / "store")}
     env.update(kv.split("=", 1) for kv in args.server_env.split(",") if kv)
