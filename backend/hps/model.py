@@ -19,7 +19,6 @@ import triton_python_backend_utils as pb_utils
 
 from triton_rec.config.model_config import (
     check_hps_model_config,
-    model_flag,
     model_parameter,
     with_model_parameters,
 )
@@ -27,9 +26,8 @@ from triton_rec.config.ps_json import (
     config_warnings,
     find_ps_config,
     load_ps_config,
-    model_relative_path,
 )
-from triton_rec.serving.deployment import InstanceSpec, gpu_placement, open_session
+from triton_rec.serving.deployment import gpu_placement, open_session
 from triton_rec.triton.metrics import start_session_metrics
 from triton_rec.triton.model_scaffold import BackendModel
 from triton_rec.triton.request_loop import Responder
@@ -48,16 +46,7 @@ class TritonPythonModel(BackendModel):
         output_name, info_outputs = check_hps_model_config(config)
         ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
         params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
-        spec = InstanceSpec(
-            kind=args.get("model_instance_kind", "CPU"),
-            device_id=self.device_id,
-            store_dir=model_relative_path(
-                args["model_repository"], model_parameter(config, "store_dir")
-            ),
-            prefault=model_flag(config, "prefault", True),
-            intra_op_threads=settings.intra_op_threads,
-            model_version=str(args.get("model_version") or ""),
-        )
+        spec = self.instance_spec(args, config, settings)
         self.session = open_session(params, spec)
         placement = gpu_placement(params, spec)
         self.respond = Responder(pb_utils, output_name, info_outputs, self.device_id)

@@ -22,7 +22,6 @@ from triton_rec.config.model_config import (
     check_hugectr_model_config,
     check_hugectr_parameters,
     hugectr_cache_parameters,
-    model_flag,
     model_parameter,
     with_model_parameters,
 )
@@ -30,10 +29,8 @@ from triton_rec.config.ps_json import (
     config_warnings,
     find_ps_config,
     load_ps_config,
-    model_relative_path,
 )
 from triton_rec.serving.deployment import (
-    InstanceSpec,
     dense_placement,
     gpu_placement,
     open_ranking_session,
@@ -57,16 +54,7 @@ class TritonPythonModel(BackendModel):
         ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
         params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
         params = hugectr_cache_parameters(config, params)
-        spec = InstanceSpec(
-            kind=args.get("model_instance_kind", "CPU"),
-            device_id=self.device_id,
-            store_dir=model_relative_path(
-                args["model_repository"], model_parameter(config, "store_dir")
-            ),
-            prefault=model_flag(config, "prefault", True),
-            intra_op_threads=settings.intra_op_threads,
-            model_version=str(args.get("model_version") or ""),
-        )
+        spec = self.instance_spec(args, config, settings)
         notes: tuple = ()
 
         def check(network):  # needs the network; runs before any table is opened

@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from triton_rec.config.model_config import InstanceSettings
+from triton_rec.config.model_config import InstanceSettings, model_flag, model_parameter
+from triton_rec.config.ps_json import model_relative_path
 from triton_rec.errors import TritonRecError
+from triton_rec.serving.deployment import InstanceSpec
 from triton_rec.triton.instance import log_load, prepare_process
 from triton_rec.triton.request_loop import run_requests
 
@@ -67,6 +69,23 @@ class BackendModel:
         """Open the backend's session and what serves it; returns the load log's
         ``(ready description, configuration warnings, placement or None)``."""
         raise NotImplementedError
+
+    def instance_spec(
+        self, args: Dict[str, str], config: Dict[str, Any], settings: InstanceSettings
+    ) -> InstanceSpec:
+        """Where this instance runs and finds its tables: its kind and device, the
+        config.pbtxt parameters ``store_dir`` (relative to the repository) and
+        ``prefault``, its thread pool, the model's version."""
+        return InstanceSpec(
+            kind=args.get("model_instance_kind", "CPU"),
+            device_id=self.device_id,
+            store_dir=model_relative_path(
+                args["model_repository"], model_parameter(config, "store_dir")
+            ),
+            prefault=model_flag(config, "prefault", True),
+            intra_op_threads=settings.intra_op_threads,
+            model_version=str(args.get("model_version") or ""),
+        )
 
     def answer(self, parsed: Sequence) -> list:
         """The answers to the parsed requests of one ``execute`` (one per request)."""

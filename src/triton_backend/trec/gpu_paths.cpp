@@ -130,17 +130,9 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
   int64_t block = 0;
   for (size_t t = 0; t < tables; ++t) {
     const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
-    const int64_t dim = plan.tables[t].dim, segments = n * plan.slots[t];
     settle_gpu_table(st, t, s.keys.data() + first, count, vectors + voff[t], status + first, ns,
                      exact, d);
-    auto& combined = s.combined[t];
-    combined.resize(static_cast<size_t>(segments * dim));
-    if (!tr::combine_segments(vectors + voff[t], count, dim, s.ptrs.data() + block, segments,
-                              plan.mean[t], combined.data())) {
-      throw std::runtime_error("row pointers outside the table's keys");
-    }
-    s.embeddings.push_back(combined.data());
-    block += segments + 1;
+    block = combine_table(plan, s, t, n, vectors + voff[t], count, block);
   }
   plan.net->predict(n, des, s.embeddings, answer, &s.dense, tr::find_sgemm());
 }

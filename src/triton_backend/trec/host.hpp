@@ -234,6 +234,20 @@ struct Failed {
   std::string why;
 };
 
+// A hugectr or dense request's inputs, checked (read_dense_request).
+struct DenseRequest {
+  int64_t samples = 0, tables = 0, n_middle = 0, n_rows = 0;
+  const float* des = nullptr;
+  const void* middle = nullptr;  // CATCOLUMN's keys, or EMBEDDINGS
+  const int32_t* rows = nullptr;
+};
+bool read_dense_request(const NativePlan& plan, Scratch& s, TRITONBACKEND_Request* request,
+                        const char* middle, TRITONSERVER_DataType type, int64_t size,
+                        DenseRequest* r);
+// Table t's slots combined into the network's input; returns the next table's block.
+int64_t combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, const float* vectors,
+                      int64_t count, int64_t block);
+
 // The misses of table `t`'s cache query by the table's handler (hot_paths.cpp).
 void finish_query(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
                   uint8_t* hit, int64_t hits, uint64_t query_ns, bool exact, Defaults* d);

@@ -155,6 +155,61 @@ TRITONSERVER_Error* guarded(const InstanceState& st, Work&& work) {
   }
 }
 
+// Table t's slots of n samples combined (HugeCTR's combiner) from its `count` vectors with
+// the row pointers at s.ptrs[block...], into s.combined[t], appended to s.embeddings (the
+// network's input). Returns the next table's block.
+int64_t combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, const float* vectors,
+                      int64_t count, int64_t block) {
+  const int64_t dim = plan.dense_only ? plan.vec_sizes[t] : plan.tables[t].dim;
+  const int64_t segments = n * plan.slots[t];
+  auto& combined = s.combined[t];
+  combined.resize(static_cast<size_t>(segments * dim));
+  if (!tr::combine_segments(vectors, count, dim, s.ptrs.data() + block, segments, plan.mean[t],
+                            combined.data())) {
+    throw std::runtime_error("row pointers outside the table's keys");
+  }
+  s.embeddings.push_back(combined.data());
+  return block + segments + 1;
+}
+
+// What the hugectr and dense interfaces share: DES (FP32), the middle input (`middle`:
+// CATCOLUMN's keys or EMBEDDINGS, of `type`, `size` bytes an element) and ROWINDEX
+// (INT32), readable from CPU memory, within the input limits, holding a whole number of
+// samples within max_batch_size, DES finite; false otherwise (the Python path then names
+// what is wrong).
+bool read_dense_request(const NativePlan& plan, Scratch& s, TRITONBACKEND_Request* request,
+                        const char* middle, TRITONSERVER_DataType type, int64_t size,
+                        DenseRequest* r) {
+  In des_in, mid_in, rows_in;
+  if (!find(request, "DES", &des_in) || !find(request, middle, &mid_in) ||
+      !find(request, "ROWINDEX", &rows_in)) {
+    return false;
+  }
+  if (des_in.type != TRITONSERVER_TYPE_FP32 || rows_in.type != TRITONSERVER_TYPE_INT32 ||
+      mid_in.type != type) {
+    return false;
+  }
+  const int64_t n_des = static_cast<int64_t>(des_in.bytes / 4);
+  r->n_middle = static_cast<int64_t>(mid_in.bytes) / size;
+  r->n_rows = static_cast<int64_t>(rows_in.bytes / 4);
+  r->tables = static_cast<int64_t>(plan.slots.size());
+  if (n_des > plan.limit_des || r->n_middle > plan.limit_cat || r->n_rows > plan.limit_rows) {
+    return false;
+  }
+  const int64_t extra = r->n_rows - r->tables;
+  if (extra <= 0 || extra % plan.total_slots != 0) return false;
+  r->samples = extra / plan.total_slots;
+  if (r->samples > plan.max_batch_size || n_des != r->samples * plan.dense_dim) return false;
+  r->des = static_cast<const float*>(data_of(des_in, &s.copy[0]));
+  r->middle = data_of(mid_in, &s.copy[1]);
+  r->rows = static_cast<const int32_t*>(data_of(rows_in, &s.copy[2]));
+  if (r->des == nullptr || r->middle == nullptr || r->rows == nullptr) return false;
+  for (int64_t i = 0; i < n_des; ++i) {
+    if (!std::isfinite(r->des[i])) return false;
+  }
+  return true;
+}
+
 // The hps interface: KEYS (INT64, table-major) and NUMKEYS (INT32 [T] or [1, T]).
 // Every check of LookupSession.parse_request and of the input limits; on any failure
 // kHandedOver (nothing sent): the Python path answers, naming what is wrong.
@@ -225,34 +280,15 @@ Native hps_path(const InstanceState& st, TRITONBACKEND_Request* request) {
 Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   const NativePlan& plan = *st.plan;
   Scratch& s = t_scratch;
-  In des_in, cat_in, rows_in;
-  if (!find(request, "DES", &des_in) || !find(request, "CATCOLUMN", &cat_in) ||
-      !find(request, "ROWINDEX", &rows_in)) {
-    return Native::kHandedOver;
-  }
   const auto key_type = plan.uint32_keys ? TRITONSERVER_TYPE_UINT32 : TRITONSERVER_TYPE_INT64;
-  if (des_in.type != TRITONSERVER_TYPE_FP32 || rows_in.type != TRITONSERVER_TYPE_INT32 ||
-      cat_in.type != key_type) {
+  DenseRequest r;
+  if (!read_dense_request(plan, s, request, "CATCOLUMN", key_type, plan.uint32_keys ? 4 : 8, &r)) {
     return Native::kHandedOver;
   }
-  const int64_t key_size = plan.uint32_keys ? 4 : 8;
-  const int64_t n_des = static_cast<int64_t>(des_in.bytes / 4);
-  const int64_t n_cat = static_cast<int64_t>(cat_in.bytes) / key_size;
-  const int64_t n_rows = static_cast<int64_t>(rows_in.bytes / 4);
-  const int64_t tables = static_cast<int64_t>(plan.tables.size());
-  if (n_des > plan.limit_des || n_cat > plan.limit_cat || n_rows > plan.limit_rows)
-    return Native::kHandedOver;
-  const int64_t extra = n_rows - tables;
-  if (extra <= 0 || extra % plan.total_slots != 0) return Native::kHandedOver;
-  const int64_t n = extra / plan.total_slots;
-  if (n > plan.max_batch_size || n_des != n * plan.dense_dim) return Native::kHandedOver;
-  const auto* des = static_cast<const float*>(data_of(des_in, &s.copy[0]));
-  const void* cat = data_of(cat_in, &s.copy[1]);
-  const auto* rows = static_cast<const int32_t*>(data_of(rows_in, &s.copy[2]));
-  if (des == nullptr || cat == nullptr || rows == nullptr) return Native::kHandedOver;
-  for (int64_t i = 0; i < n_des; ++i) {
-    if (!std::isfinite(des[i])) return Native::kHandedOver;
-  }
+  const int64_t n = r.samples, n_cat = r.n_middle, n_rows = r.n_rows, tables = r.tables;
+  const float* des = r.des;
+  const void* cat = r.middle;
+  const int32_t* rows = r.rows;
   s.keys.resize(static_cast<size_t>(std::max<int64_t>(n_cat, 1)));
   s.key_starts.resize(static_cast<size_t>(tables + 1));
   s.ptrs.resize(static_cast<size_t>(n_rows));
@@ -292,19 +328,11 @@ Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       s.embeddings.clear();
       int64_t block = 0;
       for (int64_t t = 0; t < tables; ++t) {
-        const int64_t dim = plan.tables[t].dim, segments = n * plan.slots[t];
         const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
-        s.vectors.resize(static_cast<size_t>(std::max<int64_t>(count * dim, 1)));
+        s.vectors.resize(static_cast<size_t>(std::max<int64_t>(count * plan.tables[t].dim, 1)));
         lookup_table(st, static_cast<size_t>(t), s.keys.data() + first, count, s.vectors.data(), &s,
                      exact == 1, &d);
-        auto& combined = s.combined[t];
-        combined.resize(static_cast<size_t>(segments * dim));
-        if (!tr::combine_segments(s.vectors.data(), count, dim, s.ptrs.data() + block, segments,
-                                  plan.mean[t], combined.data())) {
-          throw std::runtime_error("row pointers outside the table's keys");
-        }
-        s.embeddings.push_back(combined.data());
-        block += segments + 1;
+        block = combine_table(plan, s, static_cast<size_t>(t), n, s.vectors.data(), count, block);
       }
       plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
     });
@@ -320,29 +348,14 @@ Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
 Native dense_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   const NativePlan& plan = *st.plan;
   Scratch& s = t_scratch;
-  In des_in, emb_in, rows_in;
-  if (!find(request, "DES", &des_in) || !find(request, "EMBEDDINGS", &emb_in) ||
-      !find(request, "ROWINDEX", &rows_in)) {
+  DenseRequest r;
+  if (!read_dense_request(plan, s, request, "EMBEDDINGS", TRITONSERVER_TYPE_FP32, 4, &r)) {
     return Native::kHandedOver;
   }
-  if (des_in.type != TRITONSERVER_TYPE_FP32 || emb_in.type != TRITONSERVER_TYPE_FP32 ||
-      rows_in.type != TRITONSERVER_TYPE_INT32) {
-    return Native::kHandedOver;
-  }
-  const int64_t n_des = static_cast<int64_t>(des_in.bytes / 4);
-  const int64_t n_emb = static_cast<int64_t>(emb_in.bytes / 4);
-  const int64_t n_rows = static_cast<int64_t>(rows_in.bytes / 4);
-  const int64_t tables = static_cast<int64_t>(plan.slots.size());
-  if (n_des > plan.limit_des || n_emb > plan.limit_cat || n_rows > plan.limit_rows)
-    return Native::kHandedOver;
-  const int64_t extra = n_rows - tables;
-  if (extra <= 0 || extra % plan.total_slots != 0) return Native::kHandedOver;
-  const int64_t n = extra / plan.total_slots;
-  if (n > plan.max_batch_size || n_des != n * plan.dense_dim) return Native::kHandedOver;
-  const auto* des = static_cast<const float*>(data_of(des_in, &s.copy[0]));
-  const auto* emb = static_cast<const float*>(data_of(emb_in, &s.copy[1]));
-  const auto* rows = static_cast<const int32_t*>(data_of(rows_in, &s.copy[2]));
-  if (des == nullptr || emb == nullptr || rows == nullptr) return Native::kHandedOver;
+  const int64_t n = r.samples, n_emb = r.n_middle, n_rows = r.n_rows, tables = r.tables;
+  const float* des = r.des;
+  const auto* emb = static_cast<const float*>(r.middle);
+  const int32_t* rows = r.rows;
   s.key_starts.resize(static_cast<size_t>(tables + 1));
   s.ptrs.resize(static_cast<size_t>(n_rows));
   if (!tr::widen_row_pointers(rows, plan.slots.data(), tables, n, s.key_starts.data(),
@@ -354,9 +367,6 @@ Native dense_path(const InstanceState& st, TRITONBACKEND_Request* request) {
     floats += (s.key_starts[t + 1] - s.key_starts[t]) * plan.vec_sizes[t];
   }
   if (floats != n_emb) return Native::kHandedOver;
-  for (int64_t i = 0; i < n_des; ++i) {
-    if (!std::isfinite(des[i])) return Native::kHandedOver;
-  }
   for (int64_t i = 0; i < n_emb; ++i) {
     if (!std::isfinite(emb[i])) return Native::kHandedOver;
   }
@@ -377,17 +387,9 @@ Native dense_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       int64_t block = 0;
       const float* vectors = emb;
       for (int64_t t = 0; t < tables; ++t) {
-        const int64_t dim = plan.vec_sizes[t], segments = n * plan.slots[t];
         const int64_t count = s.key_starts[t + 1] - s.key_starts[t];
-        auto& combined = s.combined[t];
-        combined.resize(static_cast<size_t>(segments * dim));
-        if (!tr::combine_segments(vectors, count, dim, s.ptrs.data() + block, segments,
-                                  plan.mean[t], combined.data())) {
-          throw std::runtime_error("row pointers outside the table's keys");
-        }
-        s.embeddings.push_back(combined.data());
-        vectors += count * dim;
-        block += segments + 1;
+        block = combine_table(plan, s, static_cast<size_t>(t), n, vectors, count, block);
+        vectors += count * plan.vec_sizes[t];
       }
       plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
     });
