@@ -7,6 +7,7 @@ requests, repeated keys and keys no tier holds."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import numpy as np
@@ -206,3 +207,41 @@ def test_bad_arguments_are_refused_with_a_message(caches):
             np.zeros(1, np.uint8),
             np.zeros((1, 2), np.int64),
         )
+
+
+def test_a_failed_background_insert_is_counted_and_logged(caches, caplog):
+    """A batch whose insert fails (here: an index that names a row the table lacks) is
+    counted by the native queue and logged by the inserter; serving goes on."""
+    table = _table("fp32")
+    index = np.array(table.index, copy=True)
+    used = np.flatnonzero(index[:, 1] >= 0)
+    index[used, 1] = ROWS + 5  # every key now maps outside the table
+    inserter = BackgroundInserter()
+    cache = caches("fp32")
+    stats = np.zeros(len(_native.TABLE_STAT_FIELDS), np.int64)
+    misses = _native.LocalMisses(
+        cache.shm_view(), index, table.vectors, 0, DEFAULT, 0.0, True, inserter.native, stats
+    )
+    keys = table.keys[:8].copy()
+    out = np.empty((8, VEC), np.float32)
+    with caplog.at_level("ERROR", logger="triton_rec"):
+        misses.finish(
+            keys,
+            out,
+            np.zeros(8, np.uint8),
+            0,
+            0,
+            np.array([0, 8], np.int64),
+            np.zeros(1, np.uint8),
+            np.zeros((1, 2), np.int64),
+        )
+        assert inserter.native.drain(10.0)
+        failed, last = inserter.native.failures
+        assert failed == 1 and "corrupt index" in last
+        deadline = time.monotonic() + 5
+        while "background insert failed" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert "background insert failed" in caplog.text and "corrupt index" in caplog.text
+    np.testing.assert_array_equal(out, np.full((8, VEC), DEFAULT, np.float32))
+    inserter.close()
+    del misses

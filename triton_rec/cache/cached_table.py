@@ -454,7 +454,9 @@ class BackgroundInserter:
         return False
 
     def _run(self) -> None:
+        native_failures = 0
         while not self._stop.is_set():
+            native_failures = self._report_native_failures(native_failures)
             try:
                 table, keys = self._queue.get(timeout=0.1)
             except queue.Empty:
@@ -472,6 +474,21 @@ class BackgroundInserter:
                     )
             finally:
                 self._queue.task_done()
+
+    def _report_native_failures(self, seen: int) -> int:
+        """Log (throttled) the native queue's failed inserts since ``seen``; returns the
+        count now."""
+        failed, last = self.native.failures
+        if failed > seen:
+            allowed, held = self._throttle.allow()
+            if allowed:
+                log.error(
+                    "background insert failed: %s (%d failures so far, %d more lines held)",
+                    last,
+                    failed,
+                    held,
+                )
+        return failed
 
     def close(self) -> None:
         """Stop the threads (waits up to 5 s for the batch in progress)."""
