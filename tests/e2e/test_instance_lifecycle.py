@@ -292,7 +292,6 @@ def test_instances_exit_when_the_server_is_killed_mid_publication(tmp_path, stor
         stop.set()
         srv.stop()  # kills what is left of the process group
         # A SIGKILLed tritonserver cannot unlink the shared-memory regions it made for
-        # its Python-backend instances; remove them as a supervisor would.
-        for entry in set(os.listdir("/dev/shm")) - shm_before:
-            if entry.startswith("triton_") and "_shm_region_" in entry:
-                os.unlink(os.path.join("/dev/shm", entry))
+        # its Python-backend instances, and its _exited instances left their cache
+        # segments: remove both as a supervisor would.
+        remove_server_shm(shm_before)
