@@ -25,6 +25,12 @@ both with every response; :class:`TableStats` counts them per table (Prometheus)
 The cache is shared by every instance on the node (one per model, device and table);
 each instance has its own :class:`CachedTable`, statistics and background threads.
 
+The rules are written twice, on purpose: here in Python for every store, and in C++ for
+a shared cache in front of the node-local table (:class:`~triton_rec._native.LocalMisses`,
+src/native/local_misses.hpp), which both request paths use for such tables;
+tests/unit/test_local_misses.py holds the two to the same answers, counts and cache
+contents.
+
 Rows travel between the store and the cache encoded in the table's precision
 (:attr:`CachedTable.codec`, :mod:`triton_rec.precision`): a miss is fetched as
 the store holds it, inserted as it is, and decoded once into the answer.
@@ -245,9 +251,11 @@ class CachedTable:
         defaults: Optional[np.ndarray] = None,
     ) -> int:
         """The rest of :meth:`lookup` once the cache has answered: count the lookup and
-        answer the misses (``hit[i] == 0``) by the rules of the module docstring. The
-        native backend queries the cache itself and calls this only when a key missed.
-        ``segments``, ``exact``, ``defaults``: as for :meth:`lookup`. Returns ``hits``."""
+        answer the misses (``hit[i] == 0``) by the rules of the module docstring: in C++
+        for a node-local table (:attr:`local_misses`), else here. The native backend
+        queries the cache itself and hands the misses to ``local_misses`` directly, or
+        here through :meth:`native_finish`. ``segments``, ``exact``, ``defaults``: as for
+        :meth:`lookup`. Returns ``hits``."""
         assert self.cache is not None  # a query was answered by it
         m = keys.shape[0]
         if self.local_misses is not None:
