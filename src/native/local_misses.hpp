@@ -181,10 +181,13 @@ class LocalMisses {
     s.fetch_segment.clear();
     for (int64_t j = 0; j < segments; ++j) {
       const int64_t b = bounds[j], e = bounds[j + 1];
-      const bool defer = deferred(keys + b, hit + b, e - b, exact != nullptr && exact[j] != 0, s);
+      int decided = -1;  // the request's rule, taken at its first miss (none: not needed)
       for (int64_t i = b; i < e; ++i) {
         if (hit[i] != 0) continue;
-        if (defer) {
+        if (decided < 0) {
+          decided = deferred(keys + b, hit + b, e - b, exact != nullptr && exact[j] != 0, s);
+        }
+        if (decided == 1) {
           std::fill_n(out + i * dim, dim, default_value_);
           defaults[j * kNumDefaultCauses + kCauseAsync] += 1;
           s.deferred.push_back(keys[i]);

@@ -155,6 +155,24 @@ TRITONSERVER_Error* guarded(const InstanceState& st, Work&& work) {
   }
 }
 
+// Answers a checked request: its response with the FP32 answer of `shape` allocated,
+// work(out, &defaults) filling it (a failure becomes the request's error), then the info
+// outputs and parameters (`samples`: NumSample), sent.
+template <typename Work>
+Native respond(const InstanceState& st, TRITONBACKEND_Request* request,
+               const std::vector<int64_t>& shape, int64_t samples, Work&& work) {
+  TRITONBACKEND_Response* response = nullptr;
+  if (auto* e = TRITONBACKEND_ResponseNew(&response, request)) {
+    drop(e);
+    return Native::kFailed;
+  }
+  float* out = nullptr;
+  Defaults d;
+  TRITONSERVER_Error* err = answer(response, *st.plan, shape, &out);
+  if (err == nullptr) err = guarded(st, [&] { work(out, &d); });
+  return finish_response(*st.plan, response, err, samples, d) ? Native::kAnswered : Native::kFailed;
+}
+
 // Table t's slots of n samples combined (HugeCTR's combiner) from its `count` vectors with
 // the row pointers at s.ptrs[block...], into s.combined[t], appended to s.embeddings (the
 // network's input). Returns the next table's block.
@@ -249,28 +267,17 @@ Native hps_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   if (exact < 0) return Native::kHandedOver;
 
   // Checked: from here on the request is answered here.
-  TRITONBACKEND_Response* response = nullptr;
-  if (auto* e = TRITONBACKEND_ResponseNew(&response, request)) {
-    drop(e);
-    return Native::kFailed;
-  }
-  float* out = nullptr;
-  Defaults d;
-  TRITONSERVER_Error* err = answer(response, plan, {floats}, &out);
-  if (err == nullptr) {
-    err = guarded(st, [&] {
-      if (plan.gpu()) {
-        hps_gpu(st, keys, n_keys, s.counts.data(), floats, out, exact == 1, &d);
-        return;
-      }
-      for (int64_t t = 0; t < tables; ++t) {  // straight into the response buffer
-        lookup_table(st, static_cast<size_t>(t), keys, s.counts[t], out, &s, exact == 1, &d);
-        keys += s.counts[t];
-        out += s.counts[t] * plan.tables[t].dim;
-      }
-    });
-  }
-  return finish_response(plan, response, err, samples, d) ? Native::kAnswered : Native::kFailed;
+  return respond(st, request, {floats}, samples, [&](float* out, Defaults* d) {
+    if (plan.gpu()) {
+      hps_gpu(st, keys, n_keys, s.counts.data(), floats, out, exact == 1, d);
+      return;
+    }
+    for (int64_t t = 0; t < tables; ++t) {  // straight into the response buffer
+      lookup_table(st, static_cast<size_t>(t), keys, s.counts[t], out, &s, exact == 1, d);
+      keys += s.counts[t];
+      out += s.counts[t] * plan.tables[t].dim;
+    }
+  });
 }
 
 // The hugectr interface: DES (FP32), CATCOLUMN (INT64 or UINT32, sample-major), ROWINDEX
@@ -303,41 +310,30 @@ Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   if (exact < 0) return Native::kHandedOver;
 
   // Checked: from here on the request is answered here.
-  TRITONBACKEND_Response* response = nullptr;
-  if (auto* e = TRITONBACKEND_ResponseNew(&response, request)) {
-    drop(e);
-    return Native::kFailed;
-  }
   // upstream's [num_samples]; [num_samples, label_dim] for label_dim > 1 (RankingSession)
   std::vector<int64_t> shape{n};
   if (plan.label_dim > 1) shape.push_back(plan.label_dim);
-  float* out = nullptr;
-  Defaults d;
-  TRITONSERVER_Error* err = answer(response, plan, shape, &out);
-  if (err == nullptr) {
-    err = guarded(st, [&] {
-      if (plan.gpu() && plan.net && n <= plan.host_max_batch) {
-        hugectr_gpu_host_dense(st, s, n, n_cat, des, out, exact == 1, &d);
-        return;
-      }
-      if (plan.gpu()) {
-        hugectr_gpu(st, s, n, n_cat, n_rows, des, out, exact == 1, &d);
-        return;
-      }
-      s.combined.resize(static_cast<size_t>(tables));
-      s.embeddings.clear();
-      int64_t block = 0;
-      for (int64_t t = 0; t < tables; ++t) {
-        const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
-        s.vectors.resize(static_cast<size_t>(std::max<int64_t>(count * plan.tables[t].dim, 1)));
-        lookup_table(st, static_cast<size_t>(t), s.keys.data() + first, count, s.vectors.data(), &s,
-                     exact == 1, &d);
-        block = combine_table(plan, s, static_cast<size_t>(t), n, s.vectors.data(), count, block);
-      }
-      plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
-    });
-  }
-  return finish_response(plan, response, err, n, d) ? Native::kAnswered : Native::kFailed;
+  return respond(st, request, shape, n, [&](float* out, Defaults* d) {
+    if (plan.gpu() && plan.net && n <= plan.host_max_batch) {
+      hugectr_gpu_host_dense(st, s, n, n_cat, des, out, exact == 1, d);
+      return;
+    }
+    if (plan.gpu()) {
+      hugectr_gpu(st, s, n, n_cat, n_rows, des, out, exact == 1, d);
+      return;
+    }
+    s.combined.resize(static_cast<size_t>(tables));
+    s.embeddings.clear();
+    int64_t block = 0;
+    for (int64_t t = 0; t < tables; ++t) {
+      const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
+      s.vectors.resize(static_cast<size_t>(std::max<int64_t>(count * plan.tables[t].dim, 1)));
+      lookup_table(st, static_cast<size_t>(t), s.keys.data() + first, count, s.vectors.data(), &s,
+                   exact == 1, d);
+      block = combine_table(plan, s, static_cast<size_t>(t), n, s.vectors.data(), count, block);
+    }
+    plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
+  });
 }
 
 // The dense interface (the dense step of an hps -> dense ensemble): DES (FP32), EMBEDDINGS
@@ -372,29 +368,18 @@ Native dense_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   }
 
   // Checked: from here on the request is answered here.
-  TRITONBACKEND_Response* response = nullptr;
-  if (auto* e = TRITONBACKEND_ResponseNew(&response, request)) {
-    drop(e);
-    return Native::kFailed;
-  }
-  float* out = nullptr;
-  const Defaults d;
-  TRITONSERVER_Error* err = answer(response, plan, {n * plan.label_dim}, &out);
-  if (err == nullptr) {
-    err = guarded(st, [&] {
-      s.combined.resize(static_cast<size_t>(tables));
-      s.embeddings.clear();
-      int64_t block = 0;
-      const float* vectors = emb;
-      for (int64_t t = 0; t < tables; ++t) {
-        const int64_t count = s.key_starts[t + 1] - s.key_starts[t];
-        block = combine_table(plan, s, static_cast<size_t>(t), n, vectors, count, block);
-        vectors += count * plan.vec_sizes[t];
-      }
-      plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
-    });
-  }
-  return finish_response(plan, response, err, n, d) ? Native::kAnswered : Native::kFailed;
+  return respond(st, request, {n * plan.label_dim}, n, [&](float* out, Defaults*) {
+    s.combined.resize(static_cast<size_t>(tables));
+    s.embeddings.clear();
+    int64_t block = 0;
+    const float* vectors = emb;
+    for (int64_t t = 0; t < tables; ++t) {
+      const int64_t count = s.key_starts[t + 1] - s.key_starts[t];
+      block = combine_table(plan, s, static_cast<size_t>(t), n, vectors, count, block);
+      vectors += count * plan.vec_sizes[t];
+    }
+    plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
+  });
 }
 
 Native native_path(const InstanceState& st, TRITONBACKEND_Request* request) {
