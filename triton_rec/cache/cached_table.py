@@ -83,13 +83,13 @@ class EmbeddingCache(Protocol):
 
 #: The counters native code keeps (``TableStats.native``), in order: the hot path of the
 #: native backend and :class:`~triton_rec._native.LocalMisses` (defined in
-#: src/native/local_misses.hpp, ``TableStat``).
+#: src/native/seam.hpp, ``TableStat``).
 NATIVE_FIELDS: Tuple[str, ...] = tuple(_native.TABLE_STAT_FIELDS)
 
 #: Why a key was answered with the default value: the columns of a ``defaults`` array
 #: (:meth:`CachedTable.lookup`), in order. ``not_found``: no tier holds the key;
 #: ``async``: a cache miss answered at once, fetched in the background (hit rate rule).
-#: Defined in src/native/local_misses.hpp (``DefaultCause``).
+#: Defined in src/native/seam.hpp (``DefaultCause``).
 DEFAULT_CAUSES: Tuple[str, ...] = tuple(_native.DEFAULT_CAUSES)
 
 
@@ -259,15 +259,12 @@ class CachedTable:
         assert self.cache is not None  # a query was answered by it
         m = keys.shape[0]
         if self.local_misses is not None:
-            n = 1 if segments is None else len(segments)
-            bounds = np.zeros(n + 1, np.int64)
-            if segments is not None:
-                np.cumsum(segments, out=bounds[1:])
-            else:
-                bounds[1] = m
+            bounds = _segment_bounds(m, segments)
+            n = bounds.shape[0] - 1
             wants = np.zeros(n, np.uint8) if exact is None else np.asarray(exact, np.uint8)
-            by_cause = defaults if defaults is not None else np.zeros((n, 2), np.int64)
-            self.local_misses.finish(keys, out, hit, hits, query_ns, bounds, wants, by_cause)
+            if defaults is None:
+                defaults = np.zeros((n, len(DEFAULT_CAUSES)), np.int64)
+            self.local_misses.finish(keys, out, hit, hits, query_ns, bounds, wants, defaults)
             return hits
         misses = m - hits
         if misses == 0:
@@ -363,8 +360,7 @@ class CachedTable:
             return defer if defer.any() else None
         if self.hit_rate_threshold <= 0.0:
             return np.ones(keys.shape[0], dtype=bool)
-        bounds = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=bounds[1:])
+        bounds = _segment_bounds(keys.shape[0], segments)
         # (distinct keys, distinct keys that hit) per request: a key asked twice counts once
         counts = _native.distinct_hit_counts(keys, hit, bounds)
         # at or above the threshold (an empty request counts as 1.0): misses deferred
@@ -406,6 +402,15 @@ class CachedTable:
         self.store.fetch(keys, rows)
         self.cache.insert(keys, rows)
         return int(keys.shape[0])
+
+
+def _segment_bounds(m: int, segments: Optional[Sequence[int]]) -> np.ndarray:
+    """int64 ``[requests + 1]``: where each merged request's keys start, then ``m``
+    (``segments`` None: one request of all ``m`` keys)."""
+    lengths = np.asarray(segments if segments is not None else (m,), np.int64)
+    bounds = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    return bounds
 
 
 def _mask(m: int, idx: np.ndarray) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The Python side of the native backends: ``triton_python_backend_utils`` in-process.
 
 The native backend (``src/triton_backend/trec/``, installed as
-``hps/libtriton_hps.so`` and ``hugectr/libtriton_hugectr.so``) runs inside tritonserver.
+``hps/libtriton_hps.so``, ``hugectr/libtriton_hugectr.so`` and ``dense/libtriton_dense.so``)
+runs inside tritonserver.
 It embeds this interpreter once per server and hosts the same ``model.py`` the Python
 backend would run, so the engine stays the single place where the semantics live
 (ps.json, stores, caches, tiers, refresh, updates, metrics, every error message):

@@ -17,6 +17,7 @@ it as a class attribute, so this module imports without Triton.
 
 from __future__ import annotations
 
+import abc
 import json
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -28,7 +29,7 @@ from triton_rec.triton.instance import log_load, prepare_process
 from triton_rec.triton.request_loop import run_requests
 
 
-class BackendModel:
+class BackendModel(abc.ABC):
     """The shared ``TritonPythonModel`` (see the module docstring). A backend sets the
     class attributes and implements :meth:`open`, which sets ``session``, ``respond``,
     ``limits``, ``counters`` and ``metrics`` and returns what the load log says."""
@@ -63,12 +64,12 @@ class BackendModel:
             raise self.pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         log_load(self.pb_utils, self.model_name, self.kind, ready, warnings, placement)
 
+    @abc.abstractmethod
     def open(
         self, args: Dict[str, str], config: Dict[str, Any], settings: InstanceSettings
     ) -> Tuple[str, Sequence[str], Optional[str]]:
         """Open the backend's session and what serves it; returns the load log's
         ``(ready description, configuration warnings, placement or None)``."""
-        raise NotImplementedError
 
     def instance_spec(
         self, args: Dict[str, str], config: Dict[str, Any], settings: InstanceSettings
@@ -87,9 +88,9 @@ class BackendModel:
             model_version=str(args.get("model_version") or ""),
         )
 
+    @abc.abstractmethod
     def answer(self, parsed: Sequence) -> list:
         """The answers to the parsed requests of one ``execute`` (one per request)."""
-        raise NotImplementedError
 
     def plan_options(self) -> Dict[str, Any]:
         """Keyword arguments of the session's ``native_plan`` (none by default)."""
