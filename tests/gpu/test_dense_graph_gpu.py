@@ -49,9 +49,14 @@ def test_graphs_answer_as_the_numpy_executor(cupy, path, tmp_path):
 
 def test_networks_loaded_on_parallel_threads_all_capture(cupy, tmp_path):
     """Triton loads models and instances on parallel threads: 8 networks captured together,
-    beside a thread doing other CUDA work, all load and answer (on an H200, 16 DLRM instances
-    loading together failed with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED before the lock)."""
+    beside a thread doing other CUDA work and one creating and freeing device caches (as
+    the other models of a repository do while they load), all load and answer. On an
+    H200, 16 DLRM instances loading together failed with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+    before the capture lock, and a DLRM beside device caches being created with
+    ``cublasSgemm failed: cuBLAS status 13`` before SETUP_LOCK and the capture retry."""
     import threading
+
+    from triton_rec.cache.gpu_share import open_shared_cache
 
     path = ROOT / "model_repository" / "dlrm" / "1" / "dlrm.json"
     plan = HugeCTRNetwork.parse(str(path))
@@ -73,15 +78,24 @@ def test_networks_loaded_on_parallel_threads_all_capture(cupy, tmp_path):
                 a = cupy.random.standard_normal((64, 64), dtype=cupy.float32)
                 (a @ a).sum().get()
 
-    noise = threading.Thread(target=other_cuda_work)
-    noise.start()
+    def device_caches():
+        i = 0
+        while not stop.is_set():
+            shared = open_shared_cache(f"noise{i}", 1 << 14, 64, device=0, directory=str(tmp_path))
+            shared.close(linger=0)
+            i += 1
+
+    noise = [threading.Thread(target=f) for f in (other_cuda_work, device_caches)]
+    for t in noise:
+        t.start()
     threads = [threading.Thread(target=load) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     stop.set()
-    noise.join()
+    for t in noise:
+        t.join()
     assert not errors, errors
     dense = rng.standard_normal((100, ref.dense_dim)).astype(np.float32)
     embs = [

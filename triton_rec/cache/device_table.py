@@ -20,6 +20,7 @@ from typing import Dict, Tuple
 import numpy as np
 
 from triton_rec import _native
+from triton_rec.gpu import SETUP_LOCK
 from triton_rec.storage.table import EmbeddingTable
 
 #: ps.json ``embedding_cache_type`` values served by a DeviceTableCache on a GPU
@@ -54,15 +55,16 @@ class DeviceTableCache:
         with _lock:
             entry = _shared.get(self._key)
             if entry is None:
-                dt = _native.DeviceTable(
-                    load_kernels(self.device),
-                    table.index,
-                    np.ascontiguousarray(table.vectors),
-                    table.codec.code,
-                    self.vec_size,
-                    float(table.default_value),
-                    mode,
-                )
+                with SETUP_LOCK:  # not while another thread captures a graph
+                    dt = _native.DeviceTable(
+                        load_kernels(self.device),
+                        table.index,
+                        np.ascontiguousarray(table.vectors),
+                        table.codec.code,
+                        self.vec_size,
+                        float(table.default_value),
+                        mode,
+                    )
                 entry = _shared[self._key] = [dt, 0]
             entry[1] += 1
         self._table = entry[0]

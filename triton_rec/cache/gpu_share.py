@@ -83,6 +83,7 @@ from triton_rec.cache.array_cache import (
 from triton_rec.cache.shm_security import open_private_file, open_segment_dir, remove_namespace_dir
 from triton_rec.config.ps_json import CachePolicy
 from triton_rec.errors import ConfigError, StaleHandlesError
+from triton_rec.gpu import SETUP_LOCK
 from triton_rec.precision import DEFAULT_PRECISION
 from triton_rec.util.procfs import process_alive, start_time
 
@@ -741,17 +742,18 @@ def open_shared_cache(
                             name, capacity, vec_size, ways, policy, directory, lock, precision
                         )
                     else:
-                        shared = _create_or_attach_cuda(
-                            name,
-                            capacity,
-                            vec_size,
-                            ways,
-                            policy,
-                            int(device),
-                            directory,
-                            lock,
-                            precision,
-                        )
+                        with SETUP_LOCK:  # not while another thread captures a graph
+                            shared = _create_or_attach_cuda(
+                                name,
+                                capacity,
+                                vec_size,
+                                ways,
+                                policy,
+                                int(device),
+                                directory,
+                                lock,
+                                precision,
+                            )
                     lock.register(shared._token, fresh=shared.owner)
         except BaseException:
             lock.close()

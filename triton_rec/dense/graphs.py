@@ -36,17 +36,13 @@ import numpy as np
 
 from triton_rec import _native
 from triton_rec.dense import DenseModel, TableSpec
+from triton_rec.gpu import SETUP_LOCK
 from triton_rec.gpu.blas import CapturableCupy
 
-#: One network's eager runs and captures at a time in a process. Triton loads models, and
-#: each model's instances, on parallel threads; on an H200, 16 DLRM instances of two models
-#: loading together failed with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (benchmarks/RESULTS.md,
-#: issue 23, call 7): another thread's CUDA work (kernel loads, cuBLAS set-up) broke a
-#: capture in progress. Loading serialized this way costs a few seconds for 16 instances.
-_CAPTURE_LOCK = threading.Lock()
 #: Captures of one bucket tried before the load fails: a capture can still be broken by
-#: CUDA work of a thread that does not take the lock (a device cache being created).
-CAPTURE_ATTEMPTS = 3
+#: CUDA work of a thread that does not take :data:`~triton_rec.gpu.SETUP_LOCK` (a request
+#: of a model already serving).
+CAPTURE_ATTEMPTS = 5
 
 
 def buckets(max_batch_size: int) -> List[int]:
@@ -87,7 +83,7 @@ class DenseGraphs(DenseModel):
         self._cupy = cupy
         self._pool = cupy.cuda.MemoryPool()
         self._graphs: Dict[int, Tuple[Any, Any]] = {}
-        with cupy.cuda.Device(self.device):
+        with SETUP_LOCK, cupy.cuda.Device(self.device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
             with cupy.cuda.using_allocator(self._pool.malloc), self.stream:
                 mb = self.max_batch_size
@@ -96,9 +92,8 @@ class DenseGraphs(DenseModel):
                     cupy.zeros((mb, int(t.slot_num), int(t.vec_size)), dtype=cupy.float32)
                     for t in network.tables
                 ]
-                with _CAPTURE_LOCK:
-                    for b in buckets(mb):
-                        self._graphs[b] = self._capture(b)
+                for b in buckets(mb):
+                    self._graphs[b] = self._capture(b)
             self.stream.synchronize()
 
     @classmethod
@@ -115,14 +110,16 @@ class DenseGraphs(DenseModel):
 
         from triton_rec.dense.hugectr_network import HugeCTRNetwork
 
-        xp = CapturableCupy(cupy, device)
-        graphs = cls(
-            HugeCTRNetwork.load(network_file, dense_file, non_trainable_file, xp=xp),
-            max_batch_size,
-            device,
-            HugeCTRNetwork.load(network_file, dense_file, non_trainable_file),
-        )
-        graphs.calibrate()
+        host = HugeCTRNetwork.load(network_file, dense_file, non_trainable_file)
+        with SETUP_LOCK:  # cuBLAS set up, weights copied, graphs captured and timed
+            xp = CapturableCupy(cupy, device)
+            graphs = cls(
+                HugeCTRNetwork.load(network_file, dense_file, non_trainable_file, xp=xp),
+                max_batch_size,
+                device,
+                host,
+            )
+            graphs.calibrate()
         return graphs
 
     def calibrate(self, reps: int = 20) -> int:
@@ -175,18 +172,22 @@ class DenseGraphs(DenseModel):
         self.stream.synchronize()
         for attempt in range(1, CAPTURE_ATTEMPTS + 1):
             _native.CudaGraph.begin_capture(self.device, self.stream.ptr)
-            graph: Optional[_native.CudaGraph] = None
+            failure: Optional[BaseException] = None
             try:
                 out = self.network.predict(*inputs)
-            finally:
-                try:
-                    graph = _native.CudaGraph.end_capture(self.device, self.stream.ptr)
-                except RuntimeError as e:  # broken by another thread: capture again
-                    if "CAPTURE_INVALIDATED" not in str(e) or attempt == CAPTURE_ATTEMPTS:
-                        raise
-            if graph is not None:
-                return graph, out
-            self.stream.synchronize()
+            except Exception as e:  # a launch into a broken capture fails (cuBLAS status 13)
+                failure = e
+            try:
+                graph = _native.CudaGraph.end_capture(self.device, self.stream.ptr)
+            except RuntimeError as e:
+                # broken by another thread's CUDA work: capture again
+                if "CAPTURE_INVALIDATED" not in str(e) or attempt == CAPTURE_ATTEMPTS:
+                    raise e from failure
+                self.stream.synchronize()
+                continue
+            if failure is not None:
+                raise failure
+            return graph, out
         raise AssertionError("unreachable")
 
     # -- DenseModel ---------------------------------------------------------------------
