@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -722,7 +723,16 @@ class LocalMissesHandle {
       : view_obj_(std::move(view)), index_(py::reinterpret_borrow<py::object>(index_obj)),
         vectors_(py::reinterpret_borrow<py::object>(vectors_obj)),
         stats_(py::reinterpret_borrow<py::object>(stats_obj)), queue_(std::move(queue)) {
-    const ShmCacheView& v = view_obj_.cast<const ShmCacheView&>();
+    std::shared_ptr<const tr::MissCache> cache;
+    if (py::isinstance<ShmCacheView>(view_obj_)) {
+      shm_ = true;
+      cache = std::make_shared<tr::ShmMissCache>(
+          *ShmCacheView::Use(view_obj_.cast<const ShmCacheView&>()));
+    } else if (py::isinstance<tr::MissCache>(view_obj_)) {
+      cache = view_obj_.cast<std::shared_ptr<tr::MissCache>>();
+    } else {
+      throw py::type_error("cache must be a ShmCacheView or a MissCache");
+    }
     const tr::IndexView ix = require_index(index_obj);
     const tr::Precision prec = require_precision(precision);
     py::array vectors = require_array(vectors_obj, "vectors", row_dtype(prec), 2, false);
@@ -736,7 +746,7 @@ class LocalMissesHandle {
                               tr::RowFormat(prec, static_cast<size_t>(dim))};
     try {
       core_ = std::make_unique<tr::LocalMisses>(
-          *ShmCacheView::Use(v), ix, table, static_cast<float>(default_value),
+          std::move(cache), ix, table, static_cast<float>(default_value),
           tr::MissRules{threshold, deferrable}, q, static_cast<int64_t*>(stats.mutable_data()));
     } catch (const std::invalid_argument& e) {
       throw py::value_error(e.what());
@@ -748,7 +758,8 @@ class LocalMissesHandle {
   void finish(const py::handle& keys_obj, const py::handle& out_obj, const py::handle& hit_obj,
               int64_t hits, uint64_t query_ns, const py::handle& bounds_obj,
               const py::handle& exact_obj, const py::handle& defaults_obj) const {
-    ShmCacheView::Use use(view_obj_.cast<const ShmCacheView&>());
+    std::optional<ShmCacheView::Use> use;  // a shared-memory cache stays mapped meanwhile
+    if (shm_) use.emplace(view_obj_.cast<const ShmCacheView&>());
     py::array keys = require_array(keys_obj, "keys", kInt64, 1, false);
     py::array out = require_array(out_obj, "out", kFloat32, 2, true);
     py::array hit = require_array(hit_obj, "hit", kMask, 1, false);
@@ -782,6 +793,7 @@ class LocalMissesHandle {
  private:
   // declared first, destroyed last: what core_ points into
   py::object view_obj_, index_, vectors_, stats_, queue_;
+  bool shm_ = false;  // view_obj_ is a ShmCacheView (else a MissCache)
   std::unique_ptr<tr::LocalMisses> core_;
 };
 
@@ -819,11 +831,17 @@ void register_local_misses(py::module_& m) {
       .def_property_readonly("failures", &tr::InsertQueue::failures,
                              "(batches whose insert failed, the last failure's message)");
 
+  py::class_<tr::MissCache, std::shared_ptr<tr::MissCache>>(
+      m, "MissCache",
+      "A cache as LocalMisses inserts into it, other than a ShmCacheView: a device cache "
+      "(DeviceCache.miss_cache) or its CPU twin (cache_twin_miss_cache).");
+
   py::class_<LocalMissesHandle>(
       m, "LocalMisses",
-      "LocalMisses(cache: ShmCacheView, index, vectors, precision: int, default_value: float, "
+      "LocalMisses(cache: ShmCacheView | MissCache, index, vectors, precision: int, default_value: "
+      "float, "
       "hit_rate_threshold: float, deferrable: bool, queue: InsertQueue | None, stats: "
-      "int64[len(TABLE_STAT_FIELDS)]) -- the misses of a shared cache in front of a "
+      "int64[len(TABLE_STAT_FIELDS)]) -- the misses of a cache in front of a "
       "node-local table, by HPS's rules, in C++ (src/native/local_misses.hpp).")
       .def(py::init<py::object, const py::handle&, const py::handle&, int64_t, double, double, bool,
                     py::object, const py::handle&>(),

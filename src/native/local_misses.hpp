@@ -1,4 +1,4 @@
-// The misses of a shared cache whose table is node-local (issue 25): what
+// The misses of a cache whose table is node-local (issue 25): what
 // CachedTable.finish_query (triton_rec/cache/cached_table.py) does with them, in C++ and
 // without the GIL. Used by the native backend's hot path (src/triton_backend/trec/, through the
 // address a table's native plan hands it) and by CachedTable itself (bindings.cpp), so
@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -42,6 +43,31 @@ inline uint64_t monotonic_ns() noexcept {
 }
 
 class LocalMisses;
+
+// The cache LocalMisses puts the rows it fetched into. Thread-safe: insert may run in any
+// number of threads (the request threads and the InsertQueue's).
+class MissCache {
+ public:
+  virtual ~MissCache() = default;
+  // How the cache encodes rows (the table's rows go in as they are).
+  virtual RowFormat format() const = 0;
+  // Inserts (or overwrites) keys[0..n) with rows [n, format().row_bytes], by the cache's
+  // policy; a key given twice: its last row.
+  virtual void insert(const int64_t* keys, size_t n, const uint8_t* rows) const = 0;
+};
+
+// The shared-memory cache (shm_cache.hpp), which locks its own sets.
+class ShmMissCache final : public MissCache {
+ public:
+  explicit ShmMissCache(const ShmCache& cache) : cache_(cache) {}
+  RowFormat format() const override { return cache_.format(); }
+  void insert(const int64_t* keys, size_t n, const uint8_t* rows) const override {
+    cache_.insert(keys, n, rows);
+  }
+
+ private:
+  const ShmCache cache_;
+};
 
 // The background inserter of an instance's node-local tables (BackgroundInserter of
 // cached_table.py holds one beside its Python queue): one thread; at most `max_pending`
@@ -129,15 +155,16 @@ struct MissRules {
   bool deferrable = false;
 };
 
-// The misses of one table: the shared cache in front of the node-local table.
+// The misses of one table: a cache in front of the node-local table.
 // Thread-safe: finish() may run in any number of threads; the views must outlive it.
 class LocalMisses {
  public:
-  LocalMisses(const ShmCache& cache, IndexView index, TableView table, float default_value,
-              MissRules rules, InsertQueue* queue, int64_t* stats)
-      : cache_(cache), index_(index), table_(table), default_value_(default_value), rules_(rules),
-        queue_(rules.deferrable ? queue : nullptr), stats_(stats) {
-    if (cache.format().precision != table.fmt.precision || cache.vec_size() != table.fmt.dim) {
+  LocalMisses(std::shared_ptr<const MissCache> cache, IndexView index, TableView table,
+              float default_value, MissRules rules, InsertQueue* queue, int64_t* stats)
+      : cache_(std::move(cache)), index_(index), table_(table), default_value_(default_value),
+        rules_(rules), queue_(rules.deferrable ? queue : nullptr), stats_(stats) {
+    const RowFormat f = cache_->format();
+    if (f.precision != table.fmt.precision || f.dim != table.fmt.dim) {
       throw std::invalid_argument("the cache's rows and the table's rows differ in format");
     }
     if (rules_.deferrable && queue_ == nullptr) {
@@ -223,7 +250,7 @@ class LocalMisses {
           ++absent;
         });
     const uint64_t t2 = monotonic_ns();
-    cache_.insert(s.found_keys.data(), s.found_keys.size(), s.found_rows.data());
+    cache_->insert(s.found_keys.data(), s.found_keys.size(), s.found_rows.data());
     const uint64_t t3 = monotonic_ns();
     count(stats_, kSyncFetched, static_cast<int64_t>(s.fetch.size()));
     count(stats_, kNotFound, absent);
@@ -241,7 +268,7 @@ class LocalMisses {
     gather_rows(
         index_, table_, keys->data(), keys->size(), &found, &rows, [](size_t, const uint8_t*) {},
         [](size_t) {});
-    cache_.insert(found.data(), found.size(), rows.data());
+    cache_->insert(found.data(), found.size(), rows.data());
   }
 
  private:
@@ -270,7 +297,7 @@ class LocalMisses {
            rules_.hit_rate_threshold * static_cast<double>(distinct);
   }
 
-  const ShmCache cache_;
+  const std::shared_ptr<const MissCache> cache_;
   const IndexView index_;
   const TableView table_;
   const float default_value_;

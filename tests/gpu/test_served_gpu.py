@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +152,48 @@ def test_the_ensemble_on_the_gpu_answers_as_on_the_cpu(servers):
         got = g.infer("dlrm_ensemble", inputs, ("PREDICTION",))["PREDICTION"]
         want = c.infer("dlrm_ensemble", inputs, ("PREDICTION",))["PREDICTION"]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_no_well_formed_request_on_the_gpu_enters_python_misses_included(servers):
+    """The requests above missed the demo caches (half of each table on the device): their
+    misses were answered in C++ (LocalMisses with the device cache's write kernel), not by
+    a call into Python. Checked on the server's trec_python_calls_total, after a cold
+    request of every key of a table and a warm one (default answers)."""
+    import urllib.request
+
+    gpu, _, _ = servers
+    g = Client(gpu.http_url)
+    keys = _demo_keys()
+    for exact in ({"exact": True}, None):
+        for start in range(0, len(keys[1]), 200):  # 200 samples of [4, 1] keys a request
+            part = keys[1][start : start + 200]
+            first = np.resize(keys[0][start:], 4 * len(part))
+            inputs = {
+                "KEYS": np.concatenate([first, part])[None, :].astype(np.int64),
+                "NUMKEYS": np.array([[len(first), len(part)]], np.int32),
+            }
+            g.infer("hps_demo", inputs, ("OUTPUT0",), exact)
+
+    def fetched(text):
+        return sum(
+            float(ln.rsplit(" ", 1)[1])
+            for ln in text.splitlines()
+            if ln.startswith("trec_cache_sync_fetched_total") and 'model="hps_demo"' in ln
+        )
+
+    deadline = time.monotonic() + 20  # the instances publish their counters every few s
+    while True:
+        text = urllib.request.urlopen(gpu.metrics_url, timeout=5).read().decode()
+        if fetched(text) > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert fetched(text) > 0, "no miss was fetched: the test did not miss the caches"
+    calls = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("trec_python_calls_total{") and float(ln.rsplit(" ", 1)[1]) > 0
+    ]
+    assert calls == [], calls
 
 
 def test_malformed_requests_on_the_gpu_get_the_engines_error_and_the_server_stays_up(servers):

@@ -3,7 +3,12 @@ src/native/local_misses.hpp) against the engine's Python rules (CachedTable.fini
 over any other store): the same requests on two caches in the same state must give the
 same answers, the same default counts per request and cause, the same counters and the
 same cache contents afterwards, for every threshold, precision, merged requests, ``exact``
-requests, repeated keys and keys no tier holds."""
+requests, repeated keys and keys no tier holds.
+
+Each test runs in front of both kinds of cache LocalMisses inserts into: the shared-memory
+cache of KIND_CPU instances (``shm``) and the device cache's algorithm (``array``: its
+write kernel's CPU twin, ``_native.cache_twin_miss_cache``, where a GPU instance runs the
+kernel itself; the Python rules insert with the numpy reference)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import numpy as np
 import pytest
 
 from triton_rec import _native
+from triton_rec.cache.array_cache import ArrayEmbeddingCache
 from triton_rec.cache.cached_table import DEFAULT_CAUSES, BackgroundInserter, CachedTable
 from triton_rec.cache.shm_cache import SharedEmbeddingCache
 from triton_rec.precision import RowCodec
@@ -41,13 +47,15 @@ def _table(precision: str) -> EmbeddingTable:
     return EmbeddingTable("t", keys, codec.encode(vectors), DEFAULT, codec=codec)
 
 
-@pytest.fixture
-def caches():
+@pytest.fixture(params=["shm", "array"])
+def caches(request):
     opened = []
 
     def make(precision: str):
         # room for every row: no eviction, so the contents do not depend on the order in
         # which a lookup's own inserts and the background thread's land
+        if request.param == "array":
+            return ArrayEmbeddingCache(8 * ROWS, VEC, ways=8, precision=precision).host_view()
         c = SharedEmbeddingCache.open(
             f"test-lm-{uuid.uuid4().hex[:10]}", 8 * ROWS, VEC, ways=8, precision=precision
         )
@@ -57,6 +65,11 @@ def caches():
     yield make
     for c in opened:
         c.close()
+
+
+def _native_cache(cache):
+    """What LocalMisses takes for ``cache``: the shared-memory view, or a MissCache."""
+    return cache.shm_view() if hasattr(cache, "shm_view") else cache.miss_cache()
 
 
 def _pair(caches, precision, threshold, exact_table=False):
@@ -147,7 +160,7 @@ def test_a_full_queue_drops_and_counts(caches):
     ct = CachedTable("t", LocalTableStore(table), cache, hit_rate_threshold=0.0)
     stats = np.zeros(len(_native.TABLE_STAT_FIELDS), np.int64)
     misses = _native.LocalMisses(
-        cache.shm_view(), table.index, table.vectors, 0, DEFAULT, 0.0, True, queue, stats
+        _native_cache(cache), table.index, table.vectors, 0, DEFAULT, 0.0, True, queue, stats
     )
     keys = table.keys[:20].copy()
     out = np.empty((20, VEC), np.float32)
@@ -174,14 +187,22 @@ def test_bad_arguments_are_refused_with_a_message(caches):
     stats = np.zeros(len(_native.TABLE_STAT_FIELDS), np.int64)
     with pytest.raises(ValueError, match="insert queue"):
         _native.LocalMisses(
-            cache.shm_view(), table.index, table.vectors, 0, DEFAULT, 0.5, True, None, stats
+            _native_cache(cache), table.index, table.vectors, 0, DEFAULT, 0.5, True, None, stats
         )
     with pytest.raises(ValueError, match="stats"):
         _native.LocalMisses(
-            cache.shm_view(), table.index, table.vectors, 0, DEFAULT, 0.5, False, None, stats[:3]
+            _native_cache(cache),
+            table.index,
+            table.vectors,
+            0,
+            DEFAULT,
+            0.5,
+            False,
+            None,
+            stats[:3],
         )
     misses = _native.LocalMisses(
-        cache.shm_view(), table.index, table.vectors, 0, DEFAULT, 0.5, False, None, stats
+        _native_cache(cache), table.index, table.vectors, 0, DEFAULT, 0.5, False, None, stats
     )
     keys = table.keys[:4].copy()
     out = np.empty((4, VEC), np.float32)
@@ -220,7 +241,7 @@ def test_a_failed_background_insert_is_counted_and_logged(caches, caplog):
     cache = caches("fp32")
     stats = np.zeros(len(_native.TABLE_STAT_FIELDS), np.int64)
     misses = _native.LocalMisses(
-        cache.shm_view(), index, table.vectors, 0, DEFAULT, 0.0, True, inserter.native, stats
+        _native_cache(cache), index, table.vectors, 0, DEFAULT, 0.0, True, inserter.native, stats
     )
     keys = table.keys[:8].copy()
     out = np.empty((8, VEC), np.float32)

@@ -254,10 +254,10 @@ class ArrayEmbeddingCache:
         arrays: storage allocated elsewhere (shared memory, IPC-exportable device memory)
             with the shapes/dtypes of :meth:`state_layout`. They are zeroed and initialized:
             this is the *creating* side; other processes attach with :meth:`from_arrays`.
-        lock: context manager serializing writers. Default: a ``threading.Lock``, which
-            serializes the threads of this process only. **With several processes sharing
-            the arrays, pass a process-shared lock** (e.g.
-            :class:`triton_rec.cache.gpu_share.FileLock`).
+        lock: context manager serializing writers. Default: a ``_native.WriterLock(-1)``,
+            which serializes the threads of this process only (its native writers too).
+            **With several processes sharing the arrays, pass a process-shared lock**
+            (e.g. :class:`triton_rec.cache.gpu_share.FileLock`).
 
     Attributes:
         capacity: slots, ``num_sets * ways`` (>= the requested capacity, by less than one set).
@@ -405,7 +405,9 @@ class ArrayEmbeddingCache:
         self.vec_size = int(m[_VEC])
         self.codec = RowCodec.from_code(int(m[_PRECISION]), self.vec_size)
         self.sketch_width = int(self.sketch.shape[1]) if self.sketch is not None else 0
-        self.lock = lock if lock is not None else threading.Lock()
+        # the writer lock; by default one for this process's threads, which native writers
+        # (miss_cache) take too
+        self.lock = lock if lock is not None else _native.WriterLock(-1)
         # CuPy: the device holding the arrays, made current around every operation
         self._device_id = int(self.meta.device.id) if _is_cupy(self.xp) else None
         self._stats_lock = threading.Lock()
@@ -860,6 +862,19 @@ class ArrayEmbeddingCache:
             n, h = self._stats["lookups"], self._stats["hits"]
         return h / n if n else 0.0
 
+    def miss_cache(self) -> Optional[_native.MissCache]:
+        """This cache as the native miss path inserts into it
+        (:class:`~triton_rec._native.LocalMisses`, src/native/local_misses.hpp): on a GPU
+        the write kernel, with numpy the kernel's CPU twin, both under the writer lock
+        (which must then be a native one: a ``WriterLock``, or a
+        :class:`~triton_rec.cache.gpu_share.FileLock`). None when the lock is not."""
+        lock = getattr(self.lock, "native", self.lock)
+        if not isinstance(lock, _native.WriterLock):
+            return None
+        if self._gpu is not None:
+            return self._gpu.miss_cache(lock)
+        return _native.cache_twin_miss_cache(self.native_view(), lock)
+
     def host_view(self) -> HostCacheView:
         """This cache behind the numpy interface that
         :class:`triton_rec.cache.cached_table.CachedTable` uses."""
@@ -903,6 +918,11 @@ class HostCacheView:
             return None
         plan = self.cache.native_plan()
         return {"device": plan["device"], "device_cache": plan}
+
+    def miss_cache(self) -> Optional[_native.MissCache]:
+        """The wrapped cache as the native miss path inserts into it
+        (:meth:`ArrayEmbeddingCache.miss_cache`)."""
+        return self.cache.miss_cache()
 
     def insert(self, keys: np.ndarray, vectors: np.ndarray) -> Dict[str, int]:
         """Insert rows into the wrapped cache; returns its insert counters."""

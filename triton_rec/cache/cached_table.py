@@ -177,16 +177,21 @@ class CachedTable:
         self.local_misses = self._open_local_misses()
 
     def _open_local_misses(self) -> Optional[_native.LocalMisses]:
-        """A :class:`~triton_rec._native.LocalMisses` for a shared cache in front of a
-        node-local table: its misses are answered by this module's rules in C++ without
-        the GIL, on both request paths (src/native/local_misses.hpp). None otherwise."""
-        shm_view = getattr(self.cache, "shm_view", None)
+        """A :class:`~triton_rec._native.LocalMisses` for a cache in front of a node-local
+        table (the shared-memory cache, or a device cache: ``miss_cache``): its misses are
+        answered by this module's rules in C++ without the GIL, on both request paths
+        (src/native/local_misses.hpp). None otherwise."""
         table = self.store.native_table()
-        if shm_view is None or table is None:
+        if self.cache is None or table is None:
+            return None
+        shm_view = getattr(self.cache, "shm_view", None)
+        miss_cache = getattr(self.cache, "miss_cache", None)
+        cache = shm_view() if shm_view is not None else miss_cache() if miss_cache else None
+        if cache is None:
             return None
         index, vectors = table
         return _native.LocalMisses(
-            shm_view(),
+            cache,
             index,
             vectors,
             self.codec.code,

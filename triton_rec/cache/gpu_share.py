@@ -60,7 +60,6 @@ functions only.
 from __future__ import annotations
 
 import atexit
-import fcntl
 import json
 import logging
 import mmap
@@ -74,6 +73,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
 
+from triton_rec import _native
 from triton_rec.cache.array_cache import (
     ArrayEmbeddingCache,
     CupyUnavailableError,
@@ -197,6 +197,8 @@ def _publish_file(
 class FileLock:
     """Process-shared writer lock: ``flock`` on a file, plus a thread lock (``flock``
     does not exclude threads sharing one open file). Pass it as the cache's ``lock``.
+    Both are :attr:`native` (``_native.WriterLock``), which the native writers of the
+    cache take too (:meth:`ArrayEmbeddingCache.miss_cache`).
 
     The lock file is created if needed (mode 0600); an existing one is used only if it is
     private to our user (:mod:`triton_rec.cache.shm_security`). :meth:`unlink` removes it
@@ -206,22 +208,15 @@ class FileLock:
     def __init__(self, path: str):
         self.path = path
         self._fd = open_private_file(path, os.O_RDWR | os.O_CREAT, "writer lock file")
-        self._tlock = threading.Lock()
+        #: the lock itself (a duplicate of the file's descriptor: usable after close())
+        self.native = _native.WriterLock(self._fd)
 
     def __enter__(self):
-        self._tlock.acquire()
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        except BaseException:
-            self._tlock.release()
-            raise
+        self.native.acquire()  # the GIL released while it waits
         return self
 
     def __exit__(self, *exc) -> None:
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-        finally:
-            self._tlock.release()
+        self.native.release()
 
     def close(self) -> None:
         """Close the lock file's descriptor (idempotent)."""

@@ -9,15 +9,17 @@
 // updates, metrics, every error text), and no request crosses a process boundary.
 //
 // Data plane: when the hosted model hands over a native plan (a model whose tables are
-// node-local: a CPU shared cache, or the mapped table without a cache), a request is
-// validated and answered here without the GIL: the shared cache (shm_cache.hpp) or the
+// node-local: a CPU shared cache, a device cache, a whole table on the device, or the
+// mapped table without a cache), a request is validated and answered here without the
+// GIL: the shared cache (shm_cache.hpp), the device's kernels (gpu_paths.cpp) or the
 // table index (hash_index.hpp) writes the vectors straight into Triton's response buffer,
 // and a cache's misses are answered by HPS's rules by the table's LocalMisses
-// (local_misses.hpp: the fetch, the hit-rate rule, the background insert queue). Python
-// is entered only for what is not the hot path: a request the checks here do not accept
-// (Python then names what is wrong, with today's messages), the misses of a cache in
-// front of a tier store or on a GPU (the plan's `finish` handler), and every request of a
-// model without a plan. Each such call is counted (trec_python_calls_total).
+// (local_misses.hpp: the fetch, the hit-rate rule, the background insert queue; into a
+// device cache by its write kernel). Python is entered only for what is not the hot path:
+// a request the checks here do not accept (Python then names what is wrong, with today's
+// messages), the misses of a cache in front of a tier store (the plan's `finish`
+// handler), and every request of a model without a plan. Each such call is counted
+// (trec_python_calls_total).
 #include <pthread.h>
 
 #include "drain.hpp"

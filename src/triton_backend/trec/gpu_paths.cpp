@@ -10,8 +10,8 @@
 namespace trec_host {
 
 // After table t's lookup on the GPU (its statuses and answers in host memory): the table's
-// statistics, and a cache's misses answered by the engine's rules (finish_query writes
-// their answers into `out`).
+// statistics, and a cache's misses answered by HPS's rules (finish_query: LocalMisses for
+// a node-local table, else the engine; their answers written into `out`).
 void settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
                       uint8_t* status, uint64_t ns, bool exact, Defaults* d) {
   const NativeTable& nt = st.plan->tables[t];

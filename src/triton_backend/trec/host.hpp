@@ -88,14 +88,15 @@ struct NativeTable {
   float default_value = 0;
   int64_t* stats = nullptr;
   std::optional<tr::ShmCache> cache;  // the shared cache, when the table has one
-  // a cache's misses: in C++ (a node-local table), else the engine's handler in Python
-  // (CachedTable.native_finish: a tier store, a device cache), borrowed from the plan
+  // a cache's misses: in C++ (a node-local table behind a shared-memory or a device
+  // cache), else the engine's handler in Python (CachedTable.native_finish: a tier
+  // store), borrowed from the plan
   const tr::LocalMisses* misses = nullptr;
   PyObject* finish = nullptr;
   tr::IndexView index{nullptr, 0};
   tr::TableView vectors{nullptr, 0, {}};
-  // KIND_GPU: the device cache (misses by the engine's rules) or a whole table on the
-  // device (static, uvm)
+  // KIND_GPU: the device cache (misses by the table's handler, as above) or a whole table
+  // on the device (static, uvm)
   bool device = false;
   tr::gpu::LookupTarget target{};
 

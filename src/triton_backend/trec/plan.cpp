@@ -234,7 +234,7 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
     if (nt.cache || (nt.device && nt.target.cache)) {  // a cache: its miss handler
       PyObject* misses = field(t, "misses");
       nt.finish = field(t, "finish");
-      if (misses != nullptr && nt.cache) {
+      if (misses != nullptr) {  // a shared-memory or a device cache: LocalMisses
         nt.misses = reinterpret_cast<const tr::LocalMisses*>(as_address(misses));
         if (nt.misses == nullptr || nt.misses->dim() != nt.dim) {
           throw std::runtime_error("native plan: bad miss handler");

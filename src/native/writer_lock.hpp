@@ -1,0 +1,50 @@
+// The writer lock of a cache in device (or host array) memory that several processes
+// share (triton_rec/cache/gpu_share.py, FileLock): `flock` on the cache's lock file, which
+// excludes the other processes, plus a mutex, which excludes this process's other threads
+// (`flock` does not: they share one open file). One object for both languages: Python's
+// writers (FileLock) and the native ones (a device cache's MissCache) take the same lock.
+#pragma once
+
+#include <errno.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <system_error>
+
+namespace triton_rec {
+
+class WriterLock {
+ public:
+  // fd: the lock file, duplicated (the lock stays usable after the caller closes its own
+  // descriptor); -1: threads of this process only (a cache no other process opens).
+  explicit WriterLock(int fd) : fd_(fd < 0 ? -1 : ::dup(fd)) {
+    if (fd >= 0 && fd_ < 0) throw std::system_error(errno, std::generic_category(), "dup");
+  }
+  ~WriterLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  WriterLock(const WriterLock&) = delete;
+  WriterLock& operator=(const WriterLock&) = delete;
+
+  void lock() {
+    mutex_.lock();
+    while (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      mutex_.unlock();
+      throw std::system_error(e, std::generic_category(), "flock on the cache's writer lock");
+    }
+  }
+  void unlock() {
+    if (fd_ >= 0) ::flock(fd_, LOCK_UN);
+    mutex_.unlock();
+  }
+  bool process_shared() const noexcept { return fd_ >= 0; }
+
+ private:
+  const int fd_;
+  std::mutex mutex_;
+};
+
+}  // namespace triton_rec
