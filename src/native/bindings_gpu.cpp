@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -220,57 +221,78 @@ class DeviceCache {
   xc::View v_;
 };
 
-// The device cache as LocalMisses inserts into it (local_misses.hpp): the write kernel,
-// under the cache's writer lock, on a lane of the pool; the answer a GPU instance's miss
-// gets is then written by the same C++ as a CPU instance's.
-class DeviceMissCache final : public tr::MissCache {
+// The InsertBatcher of the cache whose state starts at `meta` (one per cache in this
+// process, shared by the MissCaches of its instances: their inserts are written together).
+std::shared_ptr<tr::InsertBatcher> batcher_for(const void* meta, size_t row_bytes) {
+  static std::mutex mutex;
+  static std::map<const void*, std::weak_ptr<tr::InsertBatcher>> batchers;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto it = batchers.begin(); it != batchers.end();) {  // forget the caches gone
+    it = it->second.expired() ? batchers.erase(it) : std::next(it);
+  }
+  std::shared_ptr<tr::InsertBatcher> b = batchers[meta].lock();
+  if (!b) {
+    b = std::make_shared<tr::InsertBatcher>(row_bytes);
+    batchers[meta] = b;
+  }
+  return b;
+}
+
+// A cache of array_cache_rules.hpp's layout as LocalMisses inserts into it
+// (local_misses.hpp): the instances' inserts gathered by the cache's InsertBatcher, each
+// write under the cache's writer lock, by `Writer` (the write kernel on a lane of the pool,
+// or the kernel's CPU twin). So a GPU instance's misses are answered by the same C++ as a
+// CPU instance's, and CI runs it in front of the twin.
+template <class Writer>
+class ArrayMissCache final : public tr::MissCache {
  public:
-  DeviceMissCache(std::shared_ptr<GpuKernels> k, const xc::View& v,
-                  std::shared_ptr<tr::WriterLock> lock)
-      : k_(std::move(k)), v_(v), lock_(std::move(lock)) {}
+  ArrayMissCache(Writer writer, const xc::View& v, std::shared_ptr<tr::WriterLock> lock)
+      : writer_(std::move(writer)), v_(v), lock_(std::move(lock)),
+        batcher_(batcher_for(v.meta, static_cast<size_t>(v.row_bytes))) {}
   tr::RowFormat format() const override {
     return tr::RowFormat(tr::precision_of(v_.precision), static_cast<size_t>(v_.dim));
   }
   void insert(const int64_t* keys, size_t n, const uint8_t* rows) const override {
-    int64_t counts[xc::kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
-    auto lease = k_->take();
-    std::lock_guard<tr::WriterLock> hold(*lock_);
-    gpu::write_host(*lease.lane, v_, xc::kModeInsert, keys, static_cast<int64_t>(n), rows, counts);
+    batcher_->insert(keys, n, rows, &ArrayMissCache::write, const_cast<ArrayMissCache*>(this));
   }
 
  private:
-  std::shared_ptr<GpuKernels> k_;
+  static void write(void* self, const int64_t* keys, size_t n, const uint8_t* rows) {
+    auto* c = static_cast<ArrayMissCache*>(self);
+    std::lock_guard<tr::WriterLock> hold(*c->lock_);
+    c->writer_(c->v_, keys, static_cast<int64_t>(n), rows);
+  }
+
+  Writer writer_;
   xc::View v_;
   std::shared_ptr<tr::WriterLock> lock_;
+  std::shared_ptr<tr::InsertBatcher> batcher_;
+};
+
+// The write kernel's insert, on a lane of the device's pool.
+struct KernelInsert {
+  std::shared_ptr<GpuKernels> k;
+  void operator()(const xc::View& v, const int64_t* keys, int64_t n, const uint8_t* rows) const {
+    int64_t counts[xc::kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
+    auto lease = k->take();
+    gpu::write_host(*lease.lane, v, xc::kModeInsert, keys, n, rows, counts);
+  }
+};
+
+// The same insert by the kernel's CPU twin (array_cache_twin.hpp), on host memory.
+struct TwinInsert {
+  void operator()(const xc::View& v, const int64_t* keys, int64_t n, const uint8_t* rows) const {
+    int64_t counts[xc::kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
+    thread_local xc::GroupedWrites g;
+    xc::group_writes(v, keys, n, &g);
+    xc::twin_write(v, xc::kModeInsert, g, rows, counts);
+  }
 };
 
 std::shared_ptr<tr::MissCache> DeviceCache::miss_cache(std::shared_ptr<tr::WriterLock> lock) const {
   if (!lock) throw py::value_error("a device cache's miss cache needs its writer lock");
-  return std::make_shared<DeviceMissCache>(k_, v_, std::move(lock));
+  return std::make_shared<ArrayMissCache<KernelInsert>>(KernelInsert{k_}, v_, std::move(lock));
 }
-
-// The same cache's CPU twin (array_cache_twin.hpp) on state arrays in host memory: the
-// insert the kernel does, run on the CPU, so CI runs LocalMisses in front of the device
-// cache's algorithm (tests/unit/test_local_misses.py).
-class TwinMissCache final : public tr::MissCache {
- public:
-  TwinMissCache(const xc::View& v, std::shared_ptr<tr::WriterLock> lock)
-      : v_(v), lock_(std::move(lock)) {}
-  tr::RowFormat format() const override {
-    return tr::RowFormat(tr::precision_of(v_.precision), static_cast<size_t>(v_.dim));
-  }
-  void insert(const int64_t* keys, size_t n, const uint8_t* rows) const override {
-    int64_t counts[xc::kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
-    thread_local xc::GroupedWrites g;
-    std::lock_guard<tr::WriterLock> hold(*lock_);
-    xc::group_writes(v_, keys, static_cast<int64_t>(n), &g);
-    xc::twin_write(v_, xc::kModeInsert, g, rows, counts);
-  }
-
- private:
-  xc::View v_;
-  std::shared_ptr<tr::WriterLock> lock_;
-};
 
 // A whole table on the device (static) or in pinned host memory mapped into it (uvm), in
 // the node store's index layout.
@@ -620,7 +642,7 @@ void register_gpu(py::module_& m) {
       [](const CacheView& c,
          std::shared_ptr<tr::WriterLock> lock) -> std::shared_ptr<tr::MissCache> {
         if (!lock) throw py::value_error("the twin's miss cache needs a writer lock");
-        return std::make_shared<TwinMissCache>(c.v, std::move(lock));
+        return std::make_shared<ArrayMissCache<TwinInsert>>(TwinInsert{}, c.v, std::move(lock));
       },
       py::arg("view"), py::arg("lock"),
       "The cache of view (host memory) as LocalMisses inserts into it: the write kernel's "

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -54,6 +55,87 @@ class MissCache {
   // Inserts (or overwrites) keys[0..n) with rows [n, format().row_bytes], by the cache's
   // policy; a key given twice: its last row.
   virtual void insert(const int64_t* keys, size_t n, const uint8_t* rows) const = 0;
+};
+
+// Inserts into one cache whose writes are serialized (a device cache: one writer at a
+// time, under its writer lock, and a write is a round trip to the GPU), gathered into one
+// write: a thread whose insert arrives while another thread writes waits, and the next
+// write takes every insert that waited (group commit). Each insert still returns only
+// once its rows are in the cache; under contention N inserts cost one write instead of N
+// one after the other. One per cache per process (shared by its instances' MissCaches).
+class InsertBatcher {
+ public:
+  // write(keys, n, rows): one write of n keys and their rows (row_bytes each).
+  using Write = void (*)(void* target, const int64_t* keys, size_t n, const uint8_t* rows);
+  explicit InsertBatcher(size_t row_bytes) : row_bytes_(row_bytes) {}
+
+  // Inserts keys[0..n) with rows through write(target, ...), in one write with whatever
+  // other inserts are waiting; returns once they are written (rethrows the write's error).
+  void insert(const int64_t* keys, size_t n, const uint8_t* rows, Write write, void* target) {
+    Pending p{keys, n, rows};
+    std::unique_lock<std::mutex> lock(mutex_);
+    waiting_.push_back(&p);
+    turn_.wait(lock, [&] { return p.done || !writing_; });
+    if (!p.done) {  // nobody writes: this thread writes every insert that waits
+      writing_ = true;
+      std::vector<Pending*> batch;
+      batch.swap(waiting_);
+      lock.unlock();
+      std::exception_ptr failure;
+      try {
+        write_all(batch, write, target);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      lock.lock();
+      for (Pending* q : batch) {
+        q->done = true;
+        q->failure = failure;
+      }
+      writing_ = false;
+      ++writes_;
+      turn_.notify_all();
+    }
+    if (p.failure) std::rethrow_exception(p.failure);
+  }
+
+  // Writes done so far (each may have carried several inserts).
+  int64_t writes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return writes_;
+  }
+
+ private:
+  struct Pending {
+    const int64_t* keys;
+    size_t n;
+    const uint8_t* rows;
+    bool done = false;
+    std::exception_ptr failure;
+  };
+
+  void write_all(const std::vector<Pending*>& batch, Write write, void* target) {
+    if (batch.size() == 1) {
+      write(target, batch[0]->keys, batch[0]->n, batch[0]->rows);
+      return;
+    }
+    keys_.clear();
+    rows_.clear();
+    for (const Pending* q : batch) {  // in arrival order: a key given twice, its last row
+      keys_.insert(keys_.end(), q->keys, q->keys + q->n);
+      rows_.insert(rows_.end(), q->rows, q->rows + q->n * row_bytes_);
+    }
+    write(target, keys_.data(), keys_.size(), rows_.data());
+  }
+
+  const size_t row_bytes_;
+  mutable std::mutex mutex_;
+  std::condition_variable turn_;
+  std::vector<Pending*> waiting_;
+  bool writing_ = false;
+  int64_t writes_ = 0;
+  std::vector<int64_t> keys_;  // the batch, gathered (by the writing thread only)
+  std::vector<uint8_t> rows_;
 };
 
 // The shared-memory cache (shm_cache.hpp), which locks its own sets.
