@@ -63,8 +63,8 @@ void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const
     kpos += counts[t];
     fpos += counts[t] * plan.tables[t].dim;
   }
-  lane.to_host(h + o1, dv + o1, fb);
-  lane.to_host(h + o2, dv + o2, static_cast<size_t>(n_keys));
+  // the answers and the statuses lie one after the other: one copy back
+  lane.to_host(h + o1, dv + o1, (o2 - o1) + static_cast<size_t>(n_keys));
   lane.sync();
   const uint64_t ns = now_ns() - t0;
   auto* out = reinterpret_cast<float*>(h + o1);
@@ -119,8 +119,8 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
   std::memcpy(h, s.keys.data(), kb);
   lane.to_device(dv, h, kb);
   launch_hugectr_lookups(plan, lane, s, voff, dv, dv + o[1], dv + o[2]);
-  lane.to_host(h + o[1], dv + o[1], vb);
-  lane.to_host(h + o[2], dv + o[2], static_cast<size_t>(n_cat));
+  // the vectors and the statuses lie one after the other: one copy back
+  lane.to_host(h + o[1], dv + o[1], (o[2] - o[1]) + static_cast<size_t>(n_cat));
   lane.sync();
   const uint64_t ns = now_ns() - t0;
   auto* vectors = reinterpret_cast<float*>(h + o[1]);
