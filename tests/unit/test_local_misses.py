@@ -101,36 +101,51 @@ def _counters(ct):
     return {k: v for k, v in ct.stats.snapshot().items() if k not in TIMINGS}
 
 
+def _finish_all_missed(misses, keys, out, defaults=None):
+    """``misses.finish`` of one request whose every key missed the cache."""
+    n = keys.shape[0]
+    defaults = np.zeros((1, 2), np.int64) if defaults is None else defaults
+    bounds = np.array([0, n], np.int64)
+    misses.finish(keys, out, np.zeros(n, np.uint8), 0, 0, bounds, np.zeros(1, np.uint8), defaults)
+
+
+def compare_rules(table, native, python, rng, steps: int) -> dict:
+    """``steps`` random lookups (1-3 merged requests of hot, cold and absent keys, some
+    ``exact``) through ``native`` and ``python``: the same answers, default counts,
+    counters and cache contents after each. Returns the counters at the end."""
+    for step in range(steps):
+        requests = int(rng.integers(1, 4))
+        segments = [int(rng.integers(0, 60)) for _ in range(requests)]
+        m = sum(segments)
+        # hot keys (repeats), cold keys and keys no tier holds
+        hot = table.keys[rng.integers(0, 80, m)]
+        cold = table.keys[rng.integers(0, ROWS, m)]
+        absent = rng.integers(0, 10**6, m) * 7 + 5  # never = 3 mod 7
+        pick, warm = rng.random(m), rng.uniform(0.3, 1.0)  # hit rates around the threshold
+        keys = np.where(pick < warm, hot, np.where(pick < 0.97, cold, absent)).astype(np.int64)
+        exact = tuple(bool(rng.random() < 0.3) for _ in range(requests))
+        answers = []
+        for ct in (native, python):
+            out = np.empty((m, VEC), np.float32)
+            defaults = np.zeros((requests, len(DEFAULT_CAUSES)), np.int64)
+            ct.lookup(keys, out, segments, exact, defaults)
+            assert ct.inserter.drain(10.0)
+            answers.append((out, defaults))
+        np.testing.assert_array_equal(answers[0][0], answers[1][0], err_msg=f"step {step}")
+        np.testing.assert_array_equal(answers[0][1], answers[1][1], err_msg=f"step {step}")
+        assert _counters(native) == _counters(python), f"step {step}"
+        assert sorted(native.cache.keys().tolist()) == sorted(python.cache.keys().tolist())
+    return _counters(native)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
 @pytest.mark.parametrize("threshold", [0.0, 0.5, 0.8, 1.0, 1.1])
 def test_native_and_python_rules_agree(caches, precision, threshold):
     table, native, python = _pair(caches, precision, threshold)
     rng = np.random.default_rng(int(threshold * 10) + len(precision))
     try:
-        for step in range(40):
-            requests = int(rng.integers(1, 4))
-            segments = [int(rng.integers(0, 60)) for _ in range(requests)]
-            m = sum(segments)
-            # hot keys (repeats), cold keys and keys no tier holds
-            hot = table.keys[rng.integers(0, 80, m)]
-            cold = table.keys[rng.integers(0, ROWS, m)]
-            absent = rng.integers(0, 10**6, m) * 7 + 5  # never = 3 mod 7
-            pick, warm = rng.random(m), rng.uniform(0.3, 1.0)  # hit rates around the threshold
-            keys = np.where(pick < warm, hot, np.where(pick < 0.97, cold, absent)).astype(np.int64)
-            exact = tuple(bool(rng.random() < 0.3) for _ in range(requests))
-            answers = []
-            for ct in (native, python):
-                out = np.empty((m, VEC), np.float32)
-                defaults = np.zeros((requests, len(DEFAULT_CAUSES)), np.int64)
-                ct.lookup(keys, out, segments, exact, defaults)
-                assert ct.inserter.drain(10.0)
-                answers.append((out, defaults))
-            np.testing.assert_array_equal(answers[0][0], answers[1][0], err_msg=f"step {step}")
-            np.testing.assert_array_equal(answers[0][1], answers[1][1], err_msg=f"step {step}")
-            assert _counters(native) == _counters(python), f"step {step}"
-            assert sorted(native.cache.keys().tolist()) == sorted(python.cache.keys().tolist())
+        snap = compare_rules(table, native, python, rng, 40)
         # the counts say the test met every rule
-        snap = _counters(native)
         assert snap["misses"] > 0 and snap["not_found"] > 0
         if threshold < 1.0:  # at 1.0 a request with a miss is below the threshold
             assert snap["default_answered"] > 0
@@ -246,16 +261,7 @@ def test_a_failed_background_insert_is_counted_and_logged(caches, caplog):
     keys = table.keys[:8].copy()
     out = np.empty((8, VEC), np.float32)
     with caplog.at_level("ERROR", logger="triton_rec"):
-        misses.finish(
-            keys,
-            out,
-            np.zeros(8, np.uint8),
-            0,
-            0,
-            np.array([0, 8], np.int64),
-            np.zeros(1, np.uint8),
-            np.zeros((1, 2), np.int64),
-        )
+        _finish_all_missed(misses, keys, out)
         assert inserter.native.drain(10.0)
         failed, last = inserter.native.failures
         assert failed == 1 and "corrupt index" in last
@@ -290,16 +296,7 @@ def test_sync_misses_of_many_threads_all_land_in_the_cache(caches):
                 keys = table.keys[first : first + 12].copy()
                 out = np.empty((12, VEC), np.float32)
                 defaults = np.zeros((1, 2), np.int64)
-                misses.finish(
-                    keys,
-                    out,
-                    np.zeros(12, np.uint8),
-                    0,
-                    0,
-                    np.array([0, 12], np.int64),
-                    np.zeros(1, np.uint8),
-                    defaults,
-                )
+                _finish_all_missed(misses, keys, out, defaults)
                 np.testing.assert_array_equal(out, table.vectors[first : first + 12])
                 assert defaults.tolist() == [[0, 0]]
         except Exception as e:  # noqa: BLE001 - reported below
