@@ -838,9 +838,9 @@ void register_local_misses(py::module_& m) {
 
   py::class_<LocalMissesHandle>(
       m, "LocalMisses",
-      "LocalMisses(cache: ShmCacheView | MissCache, index, vectors, precision: int, default_value: "
-      "float, "
-      "hit_rate_threshold: float, deferrable: bool, queue: InsertQueue | None, stats: "
+      "LocalMisses(cache: ShmCacheView | MissCache, index, vectors, precision: int, "
+      "default_value: float, hit_rate_threshold: float, deferrable: bool, "
+      "queue: InsertQueue | None, stats: "
       "int64[len(TABLE_STAT_FIELDS)]) -- the misses of a cache in front of a "
       "node-local table, by HPS's rules, in C++ (src/native/local_misses.hpp).")
       .def(py::init<py::object, const py::handle&, const py::handle&, int64_t, double, double, bool,

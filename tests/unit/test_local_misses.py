@@ -204,6 +204,8 @@ def test_bad_arguments_are_refused_with_a_message(caches):
         _native.LocalMisses(
             _native_cache(cache), table.index, table.vectors, 0, DEFAULT, 0.5, True, None, stats
         )
+    with pytest.raises(TypeError, match="ShmCacheView or a MissCache"):
+        _native.LocalMisses(table, table.index, table.vectors, 0, DEFAULT, 0.5, False, None, stats)
     with pytest.raises(ValueError, match="stats"):
         _native.LocalMisses(
             _native_cache(cache),
