@@ -307,7 +307,10 @@ class DenseSession:
         (``kind`` ``dense``: no tables; per table its slots, combiner and vector width,
         ``dense_dim``, ``label_dim``, ``max_batch_size``, the most elements of each input
         and the network's ``program``), or None when the network has no native program
-        (ONNX, or a network on a GPU): then Python answers."""
+        (ONNX): then Python answers. A network on a GPU (:class:`DenseGraphs`) hands over
+        its host network's program, so every batch runs on the host here and its CUDA
+        graphs are not used by the ``dense`` backend (found in issue 25, not changed: a
+        native GPU dense path, as ``hugectr``'s, needs a GPU to test)."""
         make_program = getattr(self.dense, "native_program", None)
         program = make_program() if make_program is not None else None
         if program is None:
