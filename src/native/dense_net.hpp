@@ -97,12 +97,14 @@ static void interaction_rows(int64_t rows, int64_t dim, int64_t slots, int64_t w
   constexpr int64_t kI = 4, kJ = 16;  // z_i per block, z_j per SIMD value (F16)
   const int64_t n = slots + 1, np = (n + kJ - 1) / kJ * kJ;
   thread_local std::vector<float> zt_buf, g_buf;
-  // + kI: a block's last z_i may lie past column n - 1 (read, never stored)
-  zt_buf.assign(static_cast<size_t>(dim * np + kI), 0.0f);
+  // two transposes (+ kI: a block's last z_i may lie past column n - 1, read, never
+  // stored): row r + 1's is written while row r's is read, so the vector loads of a row
+  // never wait on the scalar stores that built it (no store-to-load forwarding stalls)
+  const int64_t zsize = dim * np + kI;
+  zt_buf.assign(static_cast<size_t>(2 * zsize), 0.0f);
   g_buf.resize(static_cast<size_t>(n * np));
-  float* const zt = zt_buf.data();  // the thread's buffers, looked up once
-  float* const g = g_buf.data();
-  for (int64_t r = 0; r < rows; ++r) {
+  float* const g = g_buf.data();                // the thread's buffers, looked up once
+  auto transpose = [&](int64_t r, float* zt) {  // zt [dim, np]: z_j in column j
     const float* m = mlp + r * dim;
     const float* e = emb + r * slots * dim;
     for (int64_t d = 0; d < dim; ++d) zt[d * np] = m[d];
@@ -110,6 +112,12 @@ static void interaction_rows(int64_t rows, int64_t dim, int64_t slots, int64_t w
       const float* z = e + (j - 1) * dim;
       for (int64_t d = 0; d < dim; ++d) zt[d * np + j] = z[d];
     }
+  };
+  if (rows > 0) transpose(0, zt_buf.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* m = mlp + r * dim;
+    const float* zt = zt_buf.data() + (r % 2) * zsize;
+    if (r + 1 < rows) transpose(r + 1, zt_buf.data() + ((r + 1) % 2) * zsize);
     for (int64_t i0 = 1; i0 < n; i0 += kI) {  // g[i, j] = z_i . z_j for j < i
       const int64_t bi = std::min(kI, n - i0);
       for (int64_t j0 = 0; j0 < i0 + bi - 1; j0 += kJ) {
