@@ -213,6 +213,16 @@ def _config(name: str, backend: str, io: str, params: dict = None, scheduling: s
     return "\n".join(lines) + "\n"
 
 
+def _shipped_config(repo: Path, shipped: str, name: str, *replacements) -> None:
+    """The demo repository's model ``shipped`` as ``name`` in ``repo`` (its config.pbtxt
+    renamed, then each (old, new) of ``replacements`` applied; an empty version folder)."""
+    text = (ROOT / "model_repository" / shipped / "config.pbtxt").read_text()
+    for old, new in ((f'name: "{shipped}"', f'name: "{name}"'),) + replacements:
+        text = text.replace(old, new)
+    _write(repo / name / "config.pbtxt", text)
+    (repo / name / "1").mkdir(parents=True, exist_ok=True)
+
+
 def bench_dlrm_config():
     """The Criteo-shaped DLRM of this benchmark (26 slots, vec 32)."""
     from examples.dlrm.torch_dlrm import DLRMConfig, TableSpec
@@ -353,29 +363,21 @@ def build_repository(repo: Path, groups) -> dict:
         (repo / "floor_native_dlrm" / "1").mkdir(parents=True, exist_ok=True)
         # The ensemble as model_repository/ ships it (its steps' configs are copied).
         for step in ("dlrm_hps", "dlrm_dense", "dlrm_ensemble"):
-            _write(
-                repo / step / "config.pbtxt",
-                (ROOT / "model_repository" / step / "config.pbtxt").read_text(),
-            )
-            (repo / step / "1").mkdir(parents=True, exist_ok=True)
+            _shipped_config(repo, step, step)
         # The same ensemble with the HugeCTR network as its dense step (ps.json entry
         # "dlrm": the dense file and network JSON), which the native backend runs natively.
-        shipped_dense = (ROOT / "model_repository" / "dlrm_dense" / "config.pbtxt").read_text()
-        _write(
-            repo / "dlrm_dense_hugectr" / "config.pbtxt",
-            shipped_dense.replace('name: "dlrm_dense"', 'name: "dlrm_dense_hugectr"').replace(
-                'string_value: "dlrm_hps"', 'string_value: "dlrm"'
-            ),
+        _shipped_config(
+            repo,
+            "dlrm_dense",
+            "dlrm_dense_hugectr",
+            ('string_value: "dlrm_hps"', 'string_value: "dlrm"'),
         )
-        (repo / "dlrm_dense_hugectr" / "1").mkdir(parents=True, exist_ok=True)
-        shipped_ens = (ROOT / "model_repository" / "dlrm_ensemble" / "config.pbtxt").read_text()
-        _write(
-            repo / "dlrm_ensemble_hugectr" / "config.pbtxt",
-            shipped_ens.replace('name: "dlrm_ensemble"', 'name: "dlrm_ensemble_hugectr"').replace(
-                'model_name: "dlrm_dense"', 'model_name: "dlrm_dense_hugectr"'
-            ),
+        _shipped_config(
+            repo,
+            "dlrm_ensemble",
+            "dlrm_ensemble_hugectr",
+            ('model_name: "dlrm_dense"', 'model_name: "dlrm_dense_hugectr"'),
         )
-        (repo / "dlrm_ensemble_hugectr" / "1").mkdir(parents=True, exist_ok=True)
         _write(
             repo / "floor_ensemble" / "config.pbtxt",
             _config("floor_ensemble", "python", ENSEMBLE_IO, floor_p, scheduling=""),
