@@ -102,6 +102,15 @@ inline void twin_write(const View& c, int32_t mode, const GroupedWrites& w, cons
   if (mode == kModeInsert) advance_clock(c);
 }
 
+// A whole write on host memory, as gpu::write_host is on the device: keys[0..n) grouped
+// by set, then twin_write (the caller holds the writer lock).
+inline void twin_write_keys(const View& c, int32_t mode, const int64_t* keys, int64_t n,
+                            const uint8_t* rows, int64_t* counts) {
+  thread_local GroupedWrites g;
+  group_writes(c, keys, n, &g);
+  twin_write(c, mode, g, rows, counts);
+}
+
 // trec_cache_clear on host memory; returns the sets healed.
 inline int64_t twin_clear(const View& c) {
   int64_t recovered = 0;

@@ -283,9 +283,7 @@ struct KernelInsert {
 struct TwinInsert {
   void operator()(const xc::View& v, const int64_t* keys, int64_t n, const uint8_t* rows) const {
     int64_t counts[xc::kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
-    thread_local xc::GroupedWrites g;
-    xc::group_writes(v, keys, n, &g);
-    xc::twin_write(v, xc::kModeInsert, g, rows, counts);
+    xc::twin_write_keys(v, xc::kModeInsert, keys, n, rows, counts);
   }
 };
 
@@ -592,8 +590,7 @@ void register_gpu(py::module_& m) {
             return l;
           },
           py::return_value_policy::reference)
-      .def("__exit__", [](tr::WriterLock& l, const py::args&) { l.unlock(); })
-      .def_property_readonly("process_shared", &tr::WriterLock::process_shared);
+      .def("__exit__", [](tr::WriterLock& l, const py::args&) { l.unlock(); });
 
   py::class_<CacheView>(m, "CacheView",
                         "The device cache's state arrays (addresses) and geometry, as the "
@@ -628,9 +625,7 @@ void register_gpu(py::module_& m) {
         int64_t counts[xc::kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
         {
           py::gil_scoped_release release;
-          xc::GroupedWrites g;
-          xc::group_writes(c.v, kp, n, &g);
-          xc::twin_write(c.v, mode, g, rp, counts);
+          xc::twin_write_keys(c.v, mode, kp, n, rp, counts);
         }
         return counts_tuple(counts);
       },

@@ -93,16 +93,9 @@ class InsertBatcher {
         q->failure = failure;
       }
       writing_ = false;
-      ++writes_;
       turn_.notify_all();
     }
     if (p.failure) std::rethrow_exception(p.failure);
-  }
-
-  // Writes done so far (each may have carried several inserts).
-  int64_t writes() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return writes_;
   }
 
  private:
@@ -129,11 +122,10 @@ class InsertBatcher {
   }
 
   const size_t row_bytes_;
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
   std::condition_variable turn_;
   std::vector<Pending*> waiting_;
   bool writing_ = false;
-  int64_t writes_ = 0;
   std::vector<int64_t> keys_;  // the batch, gathered (by the writing thread only)
   std::vector<uint8_t> rows_;
 };

@@ -40,7 +40,6 @@ class WriterLock {
     if (fd_ >= 0) ::flock(fd_, LOCK_UN);
     mutex_.unlock();
   }
-  bool process_shared() const noexcept { return fd_ >= 0; }
 
  private:
   const int fd_;
