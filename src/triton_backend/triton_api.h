@@ -83,6 +83,8 @@ enum TRITONSERVER_LogLevel : int {
 constexpr uint32_t TRITONSERVER_REQUEST_RELEASE_ALL = 1;
 constexpr uint32_t TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1;
 
+// The type's name as the protocols and the model configuration write it ("FP32", ...).
+const char* TRITONSERVER_DataTypeString(TRITONSERVER_DataType datatype);
 TRITONSERVER_Error* TRITONSERVER_ErrorNew(TRITONSERVER_Error_Code code, const char* msg);
 void TRITONSERVER_ErrorDelete(TRITONSERVER_Error* error);
 TRITONSERVER_Error* TRITONSERVER_MessageSerializeToJson(TRITONSERVER_Message* message,

@@ -51,7 +51,8 @@ _LOG_LEVELS = {"info": 0, "warn": 1, "error": 2, "verbose": 3}
 _METRIC_KINDS = {"counter": 0, "gauge": 1}
 _PARAMETER_STRING = 0
 
-# Triton data type names -> numpy dtypes (BYTES is passed as raw uint8).
+# Triton data type names (the native backend hands over TRITONSERVER_DataTypeString's)
+# -> numpy dtypes (BYTES is passed as raw uint8).
 _DTYPES = {
     "BOOL": np.bool_,
     "UINT8": np.uint8,

@@ -7,41 +7,6 @@
 
 namespace trec_host {
 
-const char* dtype_name(TRITONSERVER_DataType t) {
-  switch (t) {
-    case TRITONSERVER_TYPE_BOOL:
-      return "BOOL";
-    case TRITONSERVER_TYPE_UINT8:
-      return "UINT8";
-    case TRITONSERVER_TYPE_UINT16:
-      return "UINT16";
-    case TRITONSERVER_TYPE_UINT32:
-      return "UINT32";
-    case TRITONSERVER_TYPE_UINT64:
-      return "UINT64";
-    case TRITONSERVER_TYPE_INT8:
-      return "INT8";
-    case TRITONSERVER_TYPE_INT16:
-      return "INT16";
-    case TRITONSERVER_TYPE_INT32:
-      return "INT32";
-    case TRITONSERVER_TYPE_INT64:
-      return "INT64";
-    case TRITONSERVER_TYPE_FP16:
-      return "FP16";
-    case TRITONSERVER_TYPE_FP32:
-      return "FP32";
-    case TRITONSERVER_TYPE_FP64:
-      return "FP64";
-    case TRITONSERVER_TYPE_BYTES:
-      return "BYTES";
-    case TRITONSERVER_TYPE_BF16:
-      return "BF16";
-    default:
-      return "INVALID";
-  }
-}
-
 // The Triton type of a buffer-protocol element (struct format character and size).
 TRITONSERVER_DataType triton_type(const char* format, Py_ssize_t itemsize) {
   char f = format != nullptr ? format[0] : 'B';
@@ -114,7 +79,7 @@ PyObject* raw_request(TRITONBACKEND_Request* request, InputStore* store, std::st
     // read-only: the hosted model never writes into Triton's buffers
     Ref view(PyMemoryView_FromMemory(static_cast<char*>(const_cast<void*>(data)),
                                      static_cast<Py_ssize_t>(in.bytes), PyBUF_READ));
-    Ref entry(Py_BuildValue("(sOO)", dtype_name(in.type), shp.p, view.p));
+    Ref entry(Py_BuildValue("(sOO)", TRITONSERVER_DataTypeString(in.type), shp.p, view.p));
     if (!entry || PyDict_SetItemString(dict.p, name, entry.p) != 0) {
       *why = python_error();
       return nullptr;
