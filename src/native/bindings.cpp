@@ -1042,6 +1042,51 @@ void register_dense_net(py::module_& m) {
           py::arg("dense"), py::arg("embeddings"),
           "predict(dense: float32[B, dense_dim], embeddings: list of float32[B, slots, vec]) "
           "-> float32[B, label_dim]");
+  // Each kernel of DLRM's interaction on its own, for tests/unit/test_native_dense.py
+  // (the executor itself takes the CPU's widest, interaction_rows).
+  m.def(
+      "interaction_kernels",
+      []() {
+        py::list k;
+        for (const char* name : {"auto", "one_row", "lanes4"}) k.append(name);
+#if defined(__GNUC__) && defined(__x86_64__)
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) k.append("lanes8");
+        if (__builtin_cpu_supports("avx512f")) k.append("lanes16");
+#endif
+        return k;
+      },
+      "The interaction kernels this CPU runs (names for interaction()).");
+  m.def(
+      "interaction",
+      [](py::array_t<float, py::array::c_style> mlp, py::array_t<float, py::array::c_style> emb,
+         const std::string& kernel) {
+        if (mlp.ndim() != 2 || emb.ndim() != 3 || emb.shape(0) != mlp.shape(0) ||
+            emb.shape(2) != mlp.shape(1)) {
+          throw py::value_error("mlp and emb must be float32 [rows, dim] and [rows, slots, dim]");
+        }
+        const int64_t rows = mlp.shape(0), dim = mlp.shape(1), slots = emb.shape(1);
+        const int64_t n = slots + 1, width = dim + n * (n - 1) / 2 + 1;
+        tr::InteractionFn fn = nullptr;
+        if (kernel == "auto") fn = tr::interaction_rows;
+        if (kernel == "one_row") fn = tr::interaction_each_row;
+        if (kernel == "lanes4") fn = tr::interaction_base;
+#if defined(__GNUC__) && defined(__x86_64__)
+        if (kernel == "lanes8" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+          fn = tr::interaction_avx2;
+        }
+        if (kernel == "lanes16" && __builtin_cpu_supports("avx512f")) fn = tr::interaction_avx512;
+#endif
+        if (fn == nullptr) throw py::value_error("no interaction kernel " + kernel + " here");
+        py::array_t<float> out({rows, width});
+        {
+          py::gil_scoped_release release;
+          fn(rows, dim, slots, width, mlp.data(), emb.data(), out.mutable_data());
+        }
+        return out;
+      },
+      py::arg("mlp"), py::arg("emb"), py::arg("kernel") = "auto",
+      "interaction(mlp: float32[R, d], emb: float32[R, S, d], kernel) -> float32[R, width]: "
+      "DLRM's interaction by one kernel (see interaction_kernels()).");
   register_gpu(m);
   m.def(
       "sgemm_source", []() { return tr::sgemm_source(); },
