@@ -298,12 +298,14 @@ def test_the_dense_step_of_an_ensemble_predicts_from_the_embeddings(samples, nam
     ]
     with pytest.raises(Exception, match="EMBEDDINGS has"):
         infer_raw(srv, protocol, f"{name}_dense", short)
-    bad = emb.copy()
-    bad[5] = np.nan
-    with pytest.raises(Exception, match="EMBEDDINGS holds a non-finite value"):
-        infer_raw(
-            srv, protocol, f"{name}_dense", [inputs[0], ("EMBEDDINGS", bad, "FP32"), inputs[2]]
-        )
+    # the native check reads a chunk at a time: a value in the first and in the last
+    for at, value in ((5, np.nan), (emb.size - 1, -np.inf)):
+        bad = emb.copy()
+        bad[at] = value
+        with pytest.raises(Exception, match="EMBEDDINGS holds a non-finite value"):
+            infer_raw(
+                srv, protocol, f"{name}_dense", [inputs[0], ("EMBEDDINGS", bad, "FP32"), inputs[2]]
+            )
     again = infer_raw(srv, protocol, f"{name}_dense", inputs).as_numpy("OUTPUT0")
     np.testing.assert_array_equal(again, out)
 

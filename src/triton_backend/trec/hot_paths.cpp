@@ -222,10 +222,7 @@ bool read_dense_request(const NativePlan& plan, Scratch& s, TRITONBACKEND_Reques
   r->middle = data_of(mid_in, &s.copy[1]);
   r->rows = static_cast<const int32_t*>(data_of(rows_in, &s.copy[2]));
   if (r->des == nullptr || r->middle == nullptr || r->rows == nullptr) return false;
-  for (int64_t i = 0; i < n_des; ++i) {
-    if (!std::isfinite(r->des[i])) return false;
-  }
-  return true;
+  return tr::all_finite(r->des, n_des);
 }
 
 // The hps interface: KEYS (INT64, table-major) and NUMKEYS (INT32 [T] or [1, T]).
@@ -363,9 +360,7 @@ Native dense_path(const InstanceState& st, TRITONBACKEND_Request* request) {
     floats += (s.key_starts[t + 1] - s.key_starts[t]) * plan.vec_sizes[t];
   }
   if (floats != n_emb) return Native::kHandedOver;
-  for (int64_t i = 0; i < n_emb; ++i) {
-    if (!std::isfinite(emb[i])) return Native::kHandedOver;
-  }
+  if (!tr::all_finite(emb, n_emb)) return Native::kHandedOver;
 
   // Checked: from here on the request is answered here.
   return respond(st, request, {n * plan.label_dim}, n, [&](float* out, Defaults*) {
