@@ -33,6 +33,17 @@ inline bool all_finite(const float* x, int64_t n) noexcept {
   return true;
 }
 
+// Whether the CSR row pointers ptr[0..segments] give each segment exactly one of `rows`
+// rows, in order (a one-hot table's slots): then the combiner's output is its input, bit
+// for bit (a single row summed, and `mean` divides only counts above 1).
+inline bool one_row_per_segment(const int64_t* ptr, int64_t segments, int64_t rows) noexcept {
+  if (rows != segments) return false;
+  for (int64_t s = 0; s <= segments; ++s) {
+    if (ptr[s] != s) return false;
+  }
+  return true;
+}
+
 // HugeCTR's combiner over CSR segments (embedding_feature_combiner.cu): out[s] = sum of
 // vectors[ptr[s] .. ptr[s+1]) in row order, in float32; `mean` divides by the count only
 // when it is above 1; an empty segment gives zeros. False (nothing written) unless

@@ -104,8 +104,13 @@ def samples(tmp_path_factory, nothing_left_in_dev_shm, store_dir, request_path):
 
 
 def _request(rng, keys, n, multi_hot=False):
-    """n samples of 13 dense features and 26 slots (one key per slot, or 0-2 keys)."""
+    """n samples of 13 dense features and 26 slots (one key per slot, or 0-2 keys; with
+    "balanced", as many keys as slots but not one per slot: one-hot's count, not its
+    layout, which the native path passes to the network uncombined)."""
     counts = rng.integers(0, 3, n * 26) if multi_hot else np.ones(n * 26, np.int64)
+    if multi_hot == "balanced":
+        counts = np.ones(n * 26, np.int64)
+        counts[[0, 5 * 26 + 3]], counts[[1, 5 * 26 + 4]] = 2, 0
     cat = rng.choice(keys, int(counts.sum()))
     cat[:3] = [1, 2, 3]  # unknown keys: default value (0) vectors
     rowindex = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
@@ -137,7 +142,7 @@ def _expected(ref, des, cat, rowindex):
 def test_the_upstream_sample_models_serve_predictions(samples, name, protocol):
     srv, refs = samples
     rng = np.random.default_rng(1)
-    for n, multi in ((1, False), (10, True), (64, True)):
+    for n, multi in ((1, False), (10, True), (64, True), (8, "balanced")):
         des, cat, rowindex = _request(rng, refs[name][0], n, multi)
         out = infer_raw(
             srv,
@@ -278,7 +283,7 @@ def test_the_dense_step_of_an_ensemble_predicts_from_the_embeddings(samples, nam
     and the next one is answered."""
     srv, refs = samples
     rng = np.random.default_rng(7)
-    for n, multi in ((1, False), (10, True), (64, True)):
+    for n, multi in ((1, False), (10, True), (64, True), (8, "balanced")):
         des, cat, rowindex = _request(rng, refs[name][0], n, multi)
         emb = _looked_up(refs[name], cat).reshape(-1)
         inputs = [

@@ -245,7 +245,8 @@ struct DenseRequest {
 bool read_dense_request(const NativePlan& plan, Scratch& s, TRITONBACKEND_Request* request,
                         const char* middle, TRITONSERVER_DataType type, int64_t size,
                         DenseRequest* r);
-// Table t's slots combined into the network's input; returns the next table's block.
+// Table t's slots combined into the network's input; returns the next table's block. A
+// one-hot table's `vectors` are the input themselves: they must live until the network ran.
 int64_t combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, const float* vectors,
                       int64_t count, int64_t block);
 

@@ -180,6 +180,10 @@ int64_t combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, c
                       int64_t count, int64_t block) {
   const int64_t dim = plan.dense_only ? plan.vec_sizes[t] : plan.tables[t].dim;
   const int64_t segments = n * plan.slots[t];
+  if (tr::one_row_per_segment(s.ptrs.data() + block, segments, count)) {
+    s.embeddings.push_back(vectors);  // one-hot: already the network's input, not copied
+    return block + segments + 1;
+  }
   auto& combined = s.combined[t];
   combined.resize(static_cast<size_t>(segments * dim));
   if (!tr::combine_segments(vectors, count, dim, s.ptrs.data() + block, segments, plan.mean[t],
@@ -324,10 +328,15 @@ Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
     int64_t block = 0;
     for (int64_t t = 0; t < tables; ++t) {
       const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
-      s.vectors.resize(static_cast<size_t>(std::max<int64_t>(count * plan.tables[t].dim, 1)));
-      lookup_table(st, static_cast<size_t>(t), s.keys.data() + first, count, s.vectors.data(), &s,
+      // a one-hot table's vectors are the network's input as they are (combine_table):
+      // looked up into the table's own buffer, which lives until the network has run
+      auto& buf = tr::one_row_per_segment(s.ptrs.data() + block, n * plan.slots[t], count)
+                      ? s.combined[static_cast<size_t>(t)]
+                      : s.vectors;
+      buf.resize(static_cast<size_t>(std::max<int64_t>(count * plan.tables[t].dim, 1)));
+      lookup_table(st, static_cast<size_t>(t), s.keys.data() + first, count, buf.data(), &s,
                    exact == 1, d);
-      block = combine_table(plan, s, static_cast<size_t>(t), n, s.vectors.data(), count, block);
+      block = combine_table(plan, s, static_cast<size_t>(t), n, buf.data(), count, block);
     }
     plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
   });
