@@ -73,3 +73,29 @@ def test_bench_cache_runs_on_tiny_sizes_and_prints_every_table(capsys, tmp_path)
     prefix = f"trec_bench-cache-{os.getpid()}-"
     leftovers = [f for f in os.listdir("/dev/shm") if f.startswith(prefix)]
     assert leftovers == []
+
+
+def test_bench_cache_ways_runs_on_tiny_sizes_and_reports_every_way(capsys, tmp_path):
+    bw = load_benchmark("bench_cache_ways")
+    out_json = tmp_path / "ways.json"
+    rc = bw.main(
+        [
+            "--capacity",
+            "8192",
+            "--dim",
+            "8",
+            "--rounds",
+            "1",
+            "--ways",
+            "4,8",
+            "--json",
+            str(out_json),
+        ]
+    )
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "ways  4:" in text and "ways  8:" in text, text
+    report = json.loads(out_json.read_text())
+    for w in ("4", "8"):
+        q = report["query_us"][w]
+        assert q["hot"] > 0 and q["polluted"] > 0, report
