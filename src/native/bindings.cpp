@@ -1048,11 +1048,9 @@ void register_dense_net(py::module_& m) {
       "interaction_kernels",
       []() {
         py::list k;
-        for (const char* name : {"auto", "one_row", "lanes4"}) k.append(name);
-#if defined(__GNUC__) && defined(__x86_64__)
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) k.append("lanes8");
-        if (__builtin_cpu_supports("avx512f")) k.append("lanes16");
-#endif
+        k.append("auto");
+        k.append("one_row");
+        for (const tr::InteractionKernel& lanes : tr::interaction_kernels()) k.append(lanes.name);
         return k;
       },
       "The interaction kernels this CPU runs (names for interaction()).");
@@ -1069,13 +1067,9 @@ void register_dense_net(py::module_& m) {
         tr::InteractionFn fn = nullptr;
         if (kernel == "auto") fn = tr::interaction_rows;
         if (kernel == "one_row") fn = tr::interaction_each_row;
-        if (kernel == "lanes4") fn = tr::interaction_base;
-#if defined(__GNUC__) && defined(__x86_64__)
-        if (kernel == "lanes8" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-          fn = tr::interaction_avx2;
+        for (const tr::InteractionKernel& lanes : tr::interaction_kernels()) {
+          if (kernel == lanes.name) fn = lanes.fn;
         }
-        if (kernel == "lanes16" && __builtin_cpu_supports("avx512f")) fn = tr::interaction_avx512;
-#endif
         if (fn == nullptr) throw py::value_error("no interaction kernel " + kernel + " here");
         py::array_t<float> out({rows, width});
         {

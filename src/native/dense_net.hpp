@@ -16,7 +16,6 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace triton_rec {
@@ -283,8 +282,7 @@ __attribute__((always_inline)) inline void interaction_lanes(int64_t rows, int64
   }
 }
 
-// interaction_lanes for the CPU's widest SIMD (compiled three times, chosen once per
-// process), and its lanes.
+// interaction_lanes compiled for each SIMD width.
 using InteractionFn = void (*)(int64_t, int64_t, int64_t, int64_t, const float*, const float*,
                                float*);
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -305,15 +303,24 @@ inline void interaction_base(int64_t rows, int64_t dim, int64_t slots, int64_t w
                              const float* mlp, const float* emb, float* out) {
   interaction_lanes<F4, 3, 3>(rows, dim, slots, width, mlp, emb, out);
 }
-inline std::pair<InteractionFn, int64_t> interaction_kernel() {
-  static const std::pair<InteractionFn, int64_t> k = []() -> std::pair<InteractionFn, int64_t> {
+// A lanes kernel: its name (as tests name it), the function and its lanes.
+struct InteractionKernel {
+  const char* name;
+  InteractionFn fn;
+  int64_t lanes;
+};
+// The lanes kernels this CPU runs, the widest first (looked up once per process).
+inline const std::vector<InteractionKernel>& interaction_kernels() {
+  static const std::vector<InteractionKernel> k = [] {
+    std::vector<InteractionKernel> v;
 #if defined(__GNUC__) && defined(__x86_64__)
-    if (__builtin_cpu_supports("avx512f")) return {interaction_avx512, 16};
+    if (__builtin_cpu_supports("avx512f")) v.push_back({"lanes16", interaction_avx512, 16});
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      return {interaction_avx2, 8};
+      v.push_back({"lanes8", interaction_avx2, 8});
     }
 #endif
-    return {interaction_base, 4};
+    v.push_back({"lanes4", interaction_base, 4});
+    return v;
   }();
   return k;
 }
@@ -323,7 +330,9 @@ inline std::pair<InteractionFn, int64_t> interaction_kernel() {
 // (DLRM's 27 x 32 on AVX-512: a group of 16 took 9 us, one row 0.75 us).
 inline void interaction_rows(int64_t rows, int64_t dim, int64_t slots, int64_t width,
                              const float* mlp, const float* emb, float* out) {
-  const auto [lanes_fn, lanes] = interaction_kernel();
+  const InteractionKernel& widest = interaction_kernels().front();
+  const InteractionFn lanes_fn = widest.fn;
+  const int64_t lanes = widest.lanes;
   int64_t grouped = rows / lanes * lanes;
   if (rows - grouped >= lanes * 3 / 4) grouped = rows;
   if (grouped > 0) lanes_fn(grouped, dim, slots, width, mlp, emb, out);
