@@ -224,8 +224,8 @@ struct Scratch {  // per thread: reused buffers of the hot path
   std::vector<int64_t> keys, key_starts, ptrs;
   std::vector<int32_t> counts;
   std::vector<uint8_t> hit;
-  std::vector<char> copy[3];  // split inputs, made contiguous
-  std::vector<float> vectors;
+  std::vector<char> copy[3];                  // split inputs, made contiguous
+  std::vector<std::vector<float>> looked_up;  // per table: its keys' vectors
   std::vector<std::vector<float>> combined;
   std::vector<const float*> embeddings;  // the combined blocks, as the network takes them
   tr::DenseNet::Workspace dense;

@@ -2,7 +2,6 @@
 #include <strings.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "blas.hpp"
@@ -324,15 +323,14 @@ Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       return;
     }
     s.combined.resize(static_cast<size_t>(tables));
+    s.looked_up.resize(static_cast<size_t>(tables));
     s.embeddings.clear();
     int64_t block = 0;
     for (int64_t t = 0; t < tables; ++t) {
       const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
-      // a one-hot table's vectors are the network's input as they are (combine_table):
-      // looked up into the table's own buffer, which lives until the network has run
-      auto& buf = tr::one_row_per_segment(s.ptrs.data() + block, n * plan.slots[t], count)
-                      ? s.combined[static_cast<size_t>(t)]
-                      : s.vectors;
+      // the table's own buffer: a one-hot table's vectors are the network's input as they
+      // are (combine_table), so they must live until the network has run
+      auto& buf = s.looked_up[static_cast<size_t>(t)];
       buf.resize(static_cast<size_t>(std::max<int64_t>(count * plan.tables[t].dim, 1)));
       lookup_table(st, static_cast<size_t>(t), s.keys.data() + first, count, buf.data(), &s,
                    exact == 1, d);
