@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
@@ -26,6 +25,7 @@ from tests.storage_fixtures import (  # noqa: F401  (fixtures)
     start_redis_cluster,
     start_tls_redis_cluster,
 )
+from tests.threads import run_in_threads
 from triton_rec.errors import ConfigError, TritonRecError
 from triton_rec.storage.backing_store import (
     DictStore,
@@ -259,23 +259,14 @@ def test_concurrent_fetches_all_get_exact_answers(stores):
     keys, vectors = rows(300, 6)
     store = stores.make(keys, vectors, default=-1.0)
     ref = reference(keys, vectors, -1.0)
-    errors = []
 
     def worker(seed):
-        try:
-            rng = np.random.default_rng(seed)
-            for _ in range(5):
-                q = np.concatenate([keys[rng.integers(0, 300, 40)], rng.integers(-50, 50, 10)])
-                assert_same_answers(store, ref, q.astype(np.int64))
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        rng = np.random.default_rng(seed)
+        for _ in range(5):
+            q = np.concatenate([keys[rng.integers(0, 300, 40)], rng.integers(-50, 50, 10)])
+            assert_same_answers(store, ref, q.astype(np.int64))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert not errors, errors
+    run_in_threads(worker, 4, timeout=30)
 
 
 # -- writing: writable stores follow the reference; read-only ones refuse ----------------

@@ -18,6 +18,7 @@ import uuid
 import numpy as np
 import pytest
 
+from tests.threads import run_in_threads
 from triton_rec import _native
 from triton_rec.cache.array_cache import ArrayEmbeddingCache
 from triton_rec.cache.cached_table import DEFAULT_CAUSES, BackgroundInserter, CachedTable
@@ -281,35 +282,24 @@ def test_sync_misses_of_many_threads_all_land_in_the_cache(caches):
     fetched and inserted before the request returns). Every answer is the table's row and
     every key ends up cached: nothing is lost when inserts meet (on the device cache, and
     its twin here, they are gathered into shared writes: InsertBatcher)."""
-    import threading
-
     table = _table("fp32")
     cache = caches("fp32")
     stats = np.zeros(len(_native.TABLE_STAT_FIELDS), np.int64)
     misses = _native.LocalMisses(
         _native_cache(cache), table.index, table.vectors, 0, DEFAULT, 1.1, False, None, stats
     )
-    errors = []
 
     def work(t):
-        try:
-            for r in range(25):
-                first = (t * 25 + r) * 12
-                keys = table.keys[first : first + 12].copy()
-                out = np.empty((12, VEC), np.float32)
-                defaults = np.zeros((1, 2), np.int64)
-                _finish_all_missed(misses, keys, out, defaults)
-                np.testing.assert_array_equal(out, table.vectors[first : first + 12])
-                assert defaults.tolist() == [[0, 0]]
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for r in range(25):
+            first = (t * 25 + r) * 12
+            keys = table.keys[first : first + 12].copy()
+            out = np.empty((12, VEC), np.float32)
+            defaults = np.zeros((1, 2), np.int64)
+            _finish_all_missed(misses, keys, out, defaults)
+            np.testing.assert_array_equal(out, table.vectors[first : first + 12])
+            assert defaults.tolist() == [[0, 0]]
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_in_threads(work, 8)
     assert set(cache.keys().tolist()) == set(table.keys[: 8 * 25 * 12].tolist())
     fields = dict(zip(_native.TABLE_STAT_FIELDS, stats.tolist()))
     assert fields["sync_fetched"] == fields["misses"] == 8 * 25 * 12
