@@ -264,6 +264,13 @@ class DeviceTable:
     @property
     def uvm(self) -> bool: ...
 
+def gpu_lookup_tables(
+    tables: List[Union[DeviceCache, DeviceTable]],
+    keys: List[Array],
+    out: List[Array],
+    status: List[Array],
+) -> None: ...
+
 class CudaGraph:
     @staticmethod
     def begin_capture(device: int, stream: int) -> None: ...

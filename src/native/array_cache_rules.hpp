@@ -58,7 +58,7 @@ constexpr int64_t kMaxWays = 64;
 constexpr uint8_t kMiss = 0;
 constexpr uint8_t kHit = 1;
 constexpr uint8_t kTorn = 2;  // a writer was in the key's set twice: reported as a miss
-// What trec_table_lookup says of a key a whole table (static, uvm) lacks: kMiss (the default
+// What trec_lookup_tables says of a key a whole table (static, uvm) lacks: kMiss (the default
 // value), or this when the index names a row outside the table (a corrupt index).
 constexpr uint8_t kCorrupt = 3;
 
@@ -103,6 +103,40 @@ struct View {
   int64_t precision;
   int64_t policy;
 };
+
+// A whole table on the device (static: device memory; uvm: pinned host memory mapped into
+// the device), in the node store's index layout (hash_index.hpp); device addresses.
+struct WholeTable {
+  const int64_t* slots = nullptr;
+  uint64_t capacity = 0;
+  const uint8_t* vectors = nullptr;
+  int64_t rows = 0;
+  int64_t precision = 0;
+  int64_t dim = 0;
+  float default_value = 0.0f;
+};
+
+// What one table of a device lookup is: a cache (its state view) or a whole table. Plain
+// data, in device memory as it is in host memory: trec_lookup_tables reads an array of
+// them, one per table of a request.
+struct LookupTarget {
+  int32_t cache = 1;  // 1: `view`; 0: `table`
+  View view{};
+  WholeTable table{};
+  TREC_HD int64_t dim() const noexcept { return cache ? view.dim : table.dim; }
+};
+
+// Where HugeCTR's slot combiner puts one table's slots (trec_combine_tables): out [segments,
+// dim] (device), sums or means (`mean`).
+struct CombineTarget {
+  float* out = nullptr;
+  int64_t dim = 0;
+  int32_t mean = 0;
+};
+
+// The most tables one trec_lookup_tables or trec_combine_tables launch serves (their
+// per-block tables); a request with more tables takes a launch per this many.
+constexpr int kLaunchTables = 64;
 
 TREC_HD int64_t set_of(const View& c, int64_t key) noexcept {
   return static_cast<int64_t>(fastrange(mix64(static_cast<uint64_t>(key)), c.num_sets));

@@ -64,7 +64,8 @@ inline void group_writes(const View& c, const int64_t* keys, int64_t n, GroupedW
 
 // -- the CPU twin -------------------------------------------------------------------------
 
-// trec_cache_query on host memory: statuses into status[0..n), vectors into out [n, dim].
+// A cache query of trec_lookup_tables on host memory: statuses into status[0..n), vectors into out
+// [n, dim].
 inline void twin_query(const View& c, const int64_t* keys, int64_t n, float* out, uint8_t* status) {
   if (n <= 0) return;
   const int64_t tick = c.meta[kClock] + 1;

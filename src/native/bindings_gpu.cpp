@@ -191,8 +191,7 @@ class DeviceCache {
     lease.lane->enter();
     gpu::LookupTarget t;
     t.view = v_;
-    gpu::launch_lookup(*lease.lane, t, keys, n, out, status);
-    lease.lane->sync();
+    gpu::lookup_device(*lease.lane, t, keys, n, out, status);
   }
 
   py::tuple write(int32_t mode, const py::array& keys, const py::object& rows) {
@@ -215,6 +214,13 @@ class DeviceCache {
   }
 
   std::shared_ptr<tr::MissCache> miss_cache(std::shared_ptr<tr::WriterLock> lock) const;
+
+  gpu::LookupTarget target() const {
+    gpu::LookupTarget t;
+    t.view = v_;
+    return t;
+  }
+  GpuKernels& kernels() const { return *k_; }
 
  private:
   std::shared_ptr<GpuKernels> k_;
@@ -398,6 +404,13 @@ class DeviceTable {
   }
   size_t nbytes() const { return bytes_; }
   bool uvm() const { return uvm_; }
+  gpu::LookupTarget target() const {
+    gpu::LookupTarget t;
+    t.cache = 0;
+    t.table = t_;
+    return t;
+  }
+  GpuKernels& kernels() const { return *k_; }
 
  private:
   std::shared_ptr<GpuKernels> k_;
@@ -615,7 +628,7 @@ void register_gpu(py::module_& m) {
         xc::twin_query(c.v, kp, n, op, sp);
       },
       py::arg("view"), py::arg("keys"), py::arg("out"), py::arg("status"),
-      "trec_cache_query run on the CPU over state arrays in host memory.");
+      "A cache query of trec_lookup_tables run on the CPU over state arrays in host memory.");
   m.def(
       "cache_twin_write",
       [](const CacheView& c, int32_t mode, const py::array& keys, const py::object& rows) {
@@ -713,6 +726,56 @@ void register_gpu(py::module_& m) {
       .def("plan", &DeviceTable::plan)
       .def_property_readonly("nbytes", &DeviceTable::nbytes)
       .def_property_readonly("uvm", &DeviceTable::uvm);
+
+  m.def(
+      "gpu_lookup_tables",
+      [](const py::list& tables, const py::list& keys, const py::list& outs,
+         const py::list& statuses) {
+        const size_t n = tables.size();
+        if (n == 0 || keys.size() != n || outs.size() != n || statuses.size() != n) {
+          throw py::value_error("one keys, out and status array per table");
+        }
+        std::vector<gpu::LookupTarget> targets;
+        GpuKernels* k = nullptr;
+        for (const py::handle t : tables) {
+          if (py::isinstance<DeviceCache>(t)) {
+            targets.push_back(t.cast<const DeviceCache&>().target());
+            k = &t.cast<const DeviceCache&>().kernels();
+          } else {
+            targets.push_back(t.cast<const DeviceTable&>().target());
+            k = &t.cast<const DeviceTable&>().kernels();
+          }
+        }
+        // every table's keys one after the other, as a request holds them
+        std::vector<int64_t> all, key_starts(n + 1, 0), out_starts(n + 1, 0);
+        for (size_t t = 0; t < n; ++t) {
+          const py::array a = keys[t].cast<py::array>();
+          const int64_t* kp = int64s(a, "keys");
+          const int64_t m = a.shape(0);
+          outputs(outs[t].cast<py::array>(), statuses[t].cast<py::array>(), m, targets[t].dim());
+          all.insert(all.end(), kp, kp + m);
+          key_starts[t + 1] = key_starts[t] + m;
+          out_starts[t + 1] = out_starts[t] + m * targets[t].dim();
+        }
+        std::vector<float> out(static_cast<size_t>(out_starts[n]));
+        std::vector<uint8_t> status(all.size());
+        {
+          py::gil_scoped_release release;
+          auto lease = k->take();
+          gpu::lookup_host(*lease.lane, targets.data(), n, all.data(), key_starts.data(),
+                           out_starts.data(), out.data(), status.data());
+        }
+        for (size_t t = 0; t < n; ++t) {
+          const auto [op, sp] = outputs(outs[t].cast<py::array>(), statuses[t].cast<py::array>(),
+                                        key_starts[t + 1] - key_starts[t], targets[t].dim());
+          std::copy(out.begin() + out_starts[t], out.begin() + out_starts[t + 1], op);
+          std::copy(status.begin() + key_starts[t], status.begin() + key_starts[t + 1], sp);
+        }
+      },
+      py::arg("tables"), py::arg("keys"), py::arg("out"), py::arg("status"),
+      "The lookups of several tables (DeviceCache, DeviceTable; all on one device) in one "
+      "launch, as a request of several tables is looked up: keys[t] of tables[t] into out[t] "
+      "[n_t, dim_t] float32 and status[t] [n_t] uint8 (1 hit or found).");
 
   py::class_<CudaGraph>(m, "CudaGraph", "A CUDA graph captured from a stream.")
       .def_static(

@@ -6,8 +6,8 @@
 //
 // Staging: a Lane is one CUDA stream with its pinned host and device buffers, used by one
 // thread at a time. A host-to-host lookup is: keys copied into pinned memory, one
-// host-to-device copy, one kernel per table, one device-to-host copy of the answers and
-// statuses, one synchronization.
+// host-to-device copy, one launch for all the tables (up to kLaunchTables), one
+// device-to-host copy of the answers and statuses, one synchronization.
 //
 // The synchronization polls an event (made with CU_EVENT_BLOCKING_SYNC), yielding the core
 // between polls, then sleeps on it, instead of letting the driver spin a core for the whole
@@ -51,12 +51,11 @@ class Kernels {
     const Driver& d = Driver::get();
     device_->make_current();
     d.check(d.cuModuleLoadData(&module_, image.c_str()), "cuModuleLoadData (the kernels)");
-    get(&query, "trec_cache_query");
     get(&write, "trec_cache_write");
     get(&clear, "trec_cache_clear");
     get(&repair, "trec_cache_repair");
-    get(&table_lookup, "trec_table_lookup");
-    get(&combine, "trec_combine");
+    get(&lookup_tables, "trec_lookup_tables");
+    get(&combine_tables, "trec_combine_tables");
     sms_ = device_->multiprocessors();
   }
   ~Kernels() {
@@ -76,8 +75,8 @@ class Kernels {
     return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(need, int64_t{sms_} * 16)));
   }
 
-  CUfunction query = nullptr, write = nullptr, clear = nullptr, repair = nullptr;
-  CUfunction table_lookup = nullptr, combine = nullptr;
+  CUfunction write = nullptr, clear = nullptr, repair = nullptr;
+  CUfunction lookup_tables = nullptr, combine_tables = nullptr;
 
  private:
   void get(CUfunction* f, const char* name) {
@@ -351,84 +350,154 @@ inline xcache::View make_view(const StateAddresses& a, int64_t num_sets, int64_t
   return v;
 }
 
-// What a table of a lookup is on the device: the cache (its state view) or a whole table
-// (static: device memory; uvm: pinned host memory the device maps), in the node store's
-// index layout (hash_index.hpp).
-struct DeviceTable {
-  const int64_t* slots = nullptr;  // device addresses
-  uint64_t capacity = 0;
-  const uint8_t* vectors = nullptr;
-  int64_t rows = 0;
-  int64_t precision = 0;
-  int64_t dim = 0;
-  float default_value = 0.0f;
-};
+// What a table of a lookup is on the device (array_cache_rules.hpp: the kernels read them).
+using DeviceTable = xcache::WholeTable;
+using LookupTarget = xcache::LookupTarget;
 
-struct LookupTarget {
-  bool cache = true;
-  xcache::View view{};  // cache
-  DeviceTable table{};  // otherwise
-  int64_t dim() const { return cache ? view.dim : table.dim; }
-};
-
-// Launches the lookup of n keys at keys (device) into out [n, dim] and status [n] (device),
-// on the lane's stream; nothing waits for it.
-inline void launch_lookup(Lane& lane, const LookupTarget& t, CUdeviceptr keys, int64_t n,
-                          CUdeviceptr out, CUdeviceptr status) {
-  if (n <= 0) return;
-  const Kernels& k = lane.kernels();
-  CUstream s = lane.stream();
-  if (t.cache) {
-    xcache::View v = t.view;
-    CUdeviceptr done = lane.done();
-    void* args[] = {&v, &keys, &n, &out, &status, &done};
-    launch(k.query, k.grid(n, kWarpsPerBlock), s, args, "trec_cache_query");
-    return;
+// What a launch for several tables reads of each (LookupTarget, CombineTarget: fixed for
+// a model's life) in device memory: copied there once (upload), then every request
+// passes only where each table's keys and answers lie (its spans).
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  void upload(Lane& lane, const std::vector<T>& items) {
+    const size_t bytes = items.size() * sizeof(T);
+    CUdeviceptr d = buffer_.reserve(std::max<size_t>(bytes, 1));
+    lane.enter();
+    lane.to_device(d, items.data(), bytes);
+    lane.sync();
+    size_ = items.size();
   }
-  DeviceTable tb = t.table;
-  const int64_t row_bytes = encoded_row_bytes(static_cast<uint32_t>(tb.precision), tb.dim);
-  void* args[] = {&tb.slots,
-                  &tb.capacity,
-                  &tb.vectors,
-                  &tb.rows,
-                  &tb.precision,
-                  &tb.dim,
-                  const_cast<int64_t*>(&row_bytes),
-                  &keys,
-                  &n,
-                  &out,
-                  &status,
-                  &tb.default_value};
-  launch(k.table_lookup, k.grid(n, kWarpsPerBlock), s, args, "trec_table_lookup");
+  CUdeviceptr ptr() const { return buffer_.ptr(); }
+  size_t size() const { return size_; }
+
+ private:
+  DeviceBuffer buffer_;
+  size_t size_ = 0;
+};
+
+// trec_lookup_tables' spans of a request whose table t has its keys from key_starts[t]
+// to key_starts[t + 1] and its answers from out_starts[t] (floats): into dst [2T + 1].
+inline size_t lookup_spans_bytes(size_t tables) { return (2 * tables + 1) * 8; }
+inline void fill_lookup_spans(int64_t* dst, const int64_t* key_starts, const int64_t* out_starts,
+                              size_t tables) {
+  for (size_t t = 0; t < tables; ++t) {
+    dst[2 * t] = key_starts[t];
+    dst[2 * t + 1] = out_starts[t];
+  }
+  dst[2 * tables] = key_starts[tables];
 }
 
-// A host-to-host lookup of one table: keys[0..n) -> out [n, dim] and status[0..n), through
-// the lane's staging (or straight to and from the caller's memory when it is pinned memory
-// of ours). Returns when the answers are in place.
-inline void lookup_host(Lane& lane, const LookupTarget& t, const int64_t* keys, int64_t n,
-                        float* out, uint8_t* status) {
+// Launches the lookups of every table of a request, one launch per kLaunchTables tables:
+// targets (device, one per table), spans (device, fill_lookup_spans; key_starts is its
+// host copy's key starts), keys, out and status (device) as trec_lookup_tables takes them.
+// Nothing waits for it.
+inline void launch_lookups(Lane& lane, CUdeviceptr targets, size_t tables, CUdeviceptr spans,
+                           const int64_t* key_starts, CUdeviceptr keys, CUdeviceptr out,
+                           CUdeviceptr status) {
+  const Kernels& k = lane.kernels();
+  CUdeviceptr done = lane.done();
+  for (size_t c0 = 0; c0 < tables; c0 += xcache::kLaunchTables) {
+    const size_t c1 = std::min(tables, c0 + xcache::kLaunchTables);
+    const int64_t n = key_starts[c1] - key_starts[c0];
+    if (n <= 0) continue;
+    CUdeviceptr tg = targets + c0 * sizeof(LookupTarget), sp = spans + c0 * 16;
+    int32_t m = static_cast<int32_t>(c1 - c0);
+    void* args[] = {&tg, &sp, &m, &keys, &out, &status, &done};
+    launch(k.lookup_tables, k.grid(n, kWarpsPerBlock), lane.stream(), args, "trec_lookup_tables");
+  }
+}
+
+// trec_combine_tables' spans: table t's first element (slot x value) elem_starts[t] (and
+// elem_starts[T] one past the last), its first float vec_starts[t] in the vectors, its first
+// row pointer ptr_starts[t]: into dst [3T + 1].
+inline size_t combine_spans_bytes(size_t tables) { return (3 * tables + 1) * 8; }
+inline void fill_combine_spans(int64_t* dst, const int64_t* elem_starts, const int64_t* vec_starts,
+                               const int64_t* ptr_starts, size_t tables) {
+  for (size_t t = 0; t < tables; ++t) {
+    dst[3 * t] = elem_starts[t];
+    dst[3 * t + 1] = vec_starts[t];
+    dst[3 * t + 2] = ptr_starts[t];
+  }
+  dst[3 * tables] = elem_starts[tables];
+}
+
+// Launches HugeCTR's slot combiner for every table, one launch per kLaunchTables tables
+// (targets, spans: device; elem_starts: the spans' host copy of the element starts).
+inline void launch_combines(Lane& lane, CUdeviceptr targets, size_t tables, CUdeviceptr spans,
+                            const int64_t* elem_starts, CUdeviceptr vectors, CUdeviceptr ptr) {
+  const Kernels& k = lane.kernels();
+  for (size_t c0 = 0; c0 < tables; c0 += xcache::kLaunchTables) {
+    const size_t c1 = std::min(tables, c0 + xcache::kLaunchTables);
+    const int64_t n = elem_starts[c1] - elem_starts[c0];
+    if (n <= 0) continue;
+    CUdeviceptr tg = targets + c0 * sizeof(xcache::CombineTarget), sp = spans + c0 * 24;
+    int32_t m = static_cast<int32_t>(c1 - c0);
+    void* args[] = {&tg, &sp, &m, &vectors, &ptr};
+    launch(k.combine_tables, k.grid(n, kBlock), lane.stream(), args, "trec_combine_tables");
+  }
+}
+
+// A host-to-host lookup of `tables` tables (targets[t]: its keys from key_starts[t] to
+// key_starts[t + 1] in keys, its answers from out_starts[t] floats in out; status one per
+// key), through the lane's staging: the targets, spans and keys in one copy (the keys
+// straight from the caller's memory when it is pinned memory of ours), the launches, the
+// answers and statuses back. Returns when they are in place.
+inline void lookup_host(Lane& lane, const LookupTarget* targets, size_t tables, const int64_t* keys,
+                        const int64_t* key_starts, const int64_t* out_starts, float* out,
+                        uint8_t* status) {
+  const int64_t n = key_starts[tables] - key_starts[0];
   if (n <= 0) return;
   lane.enter();
-  const size_t kb = static_cast<size_t>(n) * 8, ob = static_cast<size_t>(n * t.dim()) * 4,
-               sb = static_cast<size_t>(n);
-  const Lane::Parts parts{kb, ob, sb};
+  const size_t kb = static_cast<size_t>(n) * 8, sb = static_cast<size_t>(n);
+  const size_t ob = static_cast<size_t>(out_starts[tables]) * 4;
+  const Lane::Parts parts{tables * sizeof(LookupTarget), lookup_spans_bytes(tables), kb, ob, sb};
+  const auto& o = parts.offsets;
   char* h = lane.host(parts);
   const CUdeviceptr d = lane.device(parts);
+  std::memcpy(h, targets, tables * sizeof(LookupTarget));
+  fill_lookup_spans(reinterpret_cast<int64_t*>(h + o[1]), key_starts, out_starts, tables);
   PinnedRegistry& pinned = PinnedRegistry::get();
-  const void* kin = keys;
-  if (!pinned.contains(keys, kb)) {
-    std::memcpy(h + parts.offsets[0], keys, kb);
-    kin = h + parts.offsets[0];
+  if (pinned.contains(keys, kb)) {
+    lane.to_device(d, h, o[2]);
+    lane.to_device(d + o[2], keys, kb);
+  } else {
+    std::memcpy(h + o[2], keys, kb);
+    lane.to_device(d, h, o[3]);
   }
   const bool out_pinned = pinned.contains(out, ob);
-  void* oh = out_pinned ? static_cast<void*>(out) : h + parts.offsets[1];
-  lane.to_device(d + parts.offsets[0], kin, kb);
-  launch_lookup(lane, t, d + parts.offsets[0], n, d + parts.offsets[1], d + parts.offsets[2]);
-  lane.to_host(oh, d + parts.offsets[1], ob);
-  lane.to_host(h + parts.offsets[2], d + parts.offsets[2], sb);
+  void* oh = out_pinned ? static_cast<void*>(out) : h + o[3];
+  launch_lookups(lane, d, tables, d + o[1], key_starts, d + o[2], d + o[3], d + o[4]);
+  lane.to_host(oh, d + o[3], ob);
+  lane.to_host(h + o[4], d + o[4], sb);
   lane.sync();
   if (!out_pinned) std::memcpy(out, oh, ob);
-  std::memcpy(status, h + parts.offsets[2], sb);
+  std::memcpy(status, h + o[4], sb);
+}
+
+// The same for one table: keys[0..n) -> out [n, dim] and status[0..n).
+inline void lookup_host(Lane& lane, const LookupTarget& t, const int64_t* keys, int64_t n,
+                        float* out, uint8_t* status) {
+  const int64_t key_starts[2] = {0, n}, out_starts[2] = {0, n * t.dim()};
+  lookup_host(lane, &t, 1, keys, key_starts, out_starts, out, status);
+}
+
+// One table's lookup of n keys on device memory (keys, out [n, dim], status [n]), on the
+// lane's stream (its target and spans staged and copied first); waits for it.
+inline void lookup_device(Lane& lane, const LookupTarget& t, CUdeviceptr keys, int64_t n,
+                          CUdeviceptr out, CUdeviceptr status) {
+  if (n <= 0) return;
+  lane.enter();
+  const Lane::Parts parts{sizeof(LookupTarget), lookup_spans_bytes(1)};
+  char* h = lane.host(parts);
+  const CUdeviceptr d = lane.device(parts);
+  const int64_t key_starts[2] = {0, n}, out_starts[2] = {0, 0};
+  std::memcpy(h, &t, sizeof(LookupTarget));
+  fill_lookup_spans(reinterpret_cast<int64_t*>(h + parts.offsets[1]), key_starts, out_starts, 1);
+  lane.to_device(d, h, parts.total);
+  launch_lookups(lane, d, 1, d + parts.offsets[1], key_starts, keys, out, status);
+  lane.sync();
 }
 
 // A write of the device cache (the caller holds its writer lock): keys[0..n) with rows
@@ -495,16 +564,6 @@ inline int64_t clear_or_repair(Lane& lane, const xcache::View& view, bool clear)
 // A captured graph (the dense network of a batch bucket) on the lane's stream.
 inline void launch_graph(Lane& lane, cuda::CUgraphExec graph) {
   Driver::get().check(Driver::get().cuGraphLaunch(graph, lane.stream()), "cuGraphLaunch");
-}
-
-// HugeCTR's slot combiner on the device: out [segments, dim] from vectors by ptr (device).
-inline void launch_combine(Lane& lane, CUdeviceptr vectors, CUdeviceptr ptr, int64_t segments,
-                           int64_t dim, bool mean, CUdeviceptr out) {
-  if (segments <= 0) return;
-  int32_t m = mean ? 1 : 0;
-  void* args[] = {&vectors, &ptr, &segments, &dim, &m, &out};
-  const Kernels& k = lane.kernels();
-  launch(k.combine, k.grid(segments * dim, kBlock), lane.stream(), args, "trec_combine");
 }
 
 }  // namespace gpu

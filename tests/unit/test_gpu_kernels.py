@@ -15,8 +15,8 @@ from triton_rec import _native
 from triton_rec.cache.array_cache import ArrayEmbeddingCache
 from triton_rec.gpu import kernels, nvrtc
 
-KERNELS = ("trec_cache_query", "trec_cache_write", "trec_cache_clear", "trec_cache_repair",
-           "trec_table_lookup", "trec_combine")  # fmt: skip
+KERNELS = ("trec_lookup_tables", "trec_cache_write", "trec_cache_clear", "trec_cache_repair",
+           "trec_combine_tables")  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", kernels.CI_ARCHS)

@@ -6,7 +6,8 @@ in host memory the GPU reads; both answer every stored key exactly
 gets a :class:`DeviceTableCache` for each node-local table instead of the set-associative
 device cache: the table's index (the node store's layout, ``hash_index.hpp``) and rows
 copied once into device memory (``static``) or into pinned host memory mapped into the
-device (``uvm``), looked up by ``trec_table_lookup`` (one kernel per table per call).
+device (``uvm``), looked up by ``trec_lookup_tables`` (one launch for all of a request's
+tables).
 
 One copy per (table content, device, mode) in a process, shared by its instances (the
 native backend runs every instance in one process); counted, freed with the last.

@@ -5,10 +5,10 @@
 //
 // The rules themselves are in array_cache_rules.hpp and hd.hpp, which the CPU twin
 // (array_cache_twin.hpp) runs with one thread per key or set; here a warp takes a key (a
-// query) or a set (a write). Every kernel is one launch per table per call, with no host
-// synchronization inside: the cache's clock (and the TinyLFU aging) advance in the block
-// that finishes last, counted in `done` (one counter per caller stream, zero between
-// launches: the last block resets it).
+// lookup) or a set (a write). A lookup is one launch for up to kLaunchTables tables (a
+// request's), a write one launch per cache, with no host synchronization inside: the cache's clock
+// (and the TinyLFU aging) advance in the block that finishes last, counted in `done` (one counter
+// per caller stream, zero between launches: the last block resets it).
 #include "array_cache_rules.hpp"
 
 namespace xc = triton_rec::xcache;
@@ -43,8 +43,8 @@ __device__ void add64(int64_t* p, int64_t v) {
 }
 
 // In the last block: advance the clock (a query or an insert), count the keys toward
-// the TinyLFU aging and halve the sketch when due; reset `done` for the next launch.
-__device__ void finish_launch(const xc::View& c, int64_t counted, bool tick, unsigned* done) {
+// the TinyLFU aging and halve the sketch when due. Every thread of the block calls it.
+__device__ void finish_table(const xc::View& c, int64_t counted, bool tick) {
   __shared__ int age;
   if (threadIdx.x == 0) {
     if (tick) xc::advance_clock(c);
@@ -56,25 +56,33 @@ __device__ void finish_launch(const xc::View& c, int64_t counted, bool tick, uns
     __syncthreads();
     if (threadIdx.x == 0) xc::sketch_aged(c);
   }
+  __syncthreads();  // `age` is read by every thread before the next call writes it
+}
+
+// finish_table, then `done` reset for the next launch.
+__device__ void finish_launch(const xc::View& c, int64_t counted, bool tick, unsigned* done) {
+  finish_table(c, counted, tick);
   if (threadIdx.x == 0) *done = 0u;
 }
 
-}  // namespace
-
-// Looks keys[0..n) up: out[i, :] the decoded vector (zeros for a miss), status[i] kHit,
-// kMiss or kTorn. A warp per key.
-extern "C" __global__ void trec_cache_query(xc::View c, const int64_t* keys, int64_t n, float* out,
-                                            uint8_t* status, unsigned* done) {
-  const int64_t tick = block_tick(c.meta);
-  const xc::WarpGroup g;
-  const int64_t per_block = blockDim.x / kWarp;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * per_block;
-  for (int64_t i = blockIdx.x * per_block + threadIdx.x / kWarp; i < n; i += stride) {
-    const uint8_t st = xc::query_key(g, c, keys[i], out + i * c.dim, tick);
-    if (g.leader()) status[i] = st;
+// One key of a whole table (static, uvm), by a warp: dst[0..dim) = its row decoded, or
+// the default value; returns kHit, kMiss, or kCorrupt for a slot that names a row outside
+// the table (a corrupt index).
+__device__ uint8_t table_key(const xc::WholeTable& t, int64_t row_bytes, int64_t key, float* dst) {
+  const int lane = threadIdx.x & (kWarp - 1);
+  int64_t row = 0;
+  if (lane == 0) row = triton_rec::probe_index(t.slots, t.capacity, key);
+  row = static_cast<int64_t>(__shfl_sync(0xffffffffu, static_cast<long long>(row), 0));
+  if (row >= 0 && row < t.rows) {
+    triton_rec::decode_row_part(t.vectors + row * row_bytes, static_cast<uint32_t>(t.precision),
+                                t.dim, dst, lane, kWarp);
+    return xc::kHit;
   }
-  if (last_block(done)) finish_launch(c, n, true, done);
+  for (int64_t j = lane; j < t.dim; j += kWarp) dst[j] = t.default_value;
+  return row == -1 ? xc::kMiss : xc::kCorrupt;
 }
+
+}  // namespace
 
 // Writes the sets sets[0..touched): set t gets keys[starts[t]..starts[t+1]) (distinct, in
 // batch order) with rows rows[src[i]] (insert, update) by the rules of plan_set. A warp
@@ -156,51 +164,101 @@ extern "C" __global__ void trec_cache_repair(xc::View c, int64_t* result) {
   }
 }
 
-// A whole table on the device (static: device memory; uvm: pinned host memory mapped into
-// the device), in the node store's layout (hash_index.hpp): out[i, :] = the row of keys[i]
-// decoded, or default_value with status kMiss when no slot holds it; kCorrupt for a slot
-// that names a row outside the table (a corrupt index). A warp per key.
-extern "C" __global__ void trec_table_lookup(const int64_t* slots, uint64_t capacity,
-                                             const uint8_t* vectors, int64_t rows,
-                                             int64_t precision, int64_t dim, int64_t row_bytes,
-                                             const int64_t* keys, int64_t n, float* out,
-                                             uint8_t* status, float default_value) {
-  const int lane = threadIdx.x & (kWarp - 1);
+// Looks up the keys of `tables` tables (at most kLaunchTables) in one launch, so a request
+// of many tables costs one launch, not one per table. For a cache: out = the decoded vector
+// (zeros for a miss), status kHit, kMiss or kTorn; for a whole table (static: device
+// memory; uvm: pinned host memory mapped into the device, in the node store's layout,
+// hash_index.hpp): its row decoded, or the default value with kMiss, or kCorrupt for a
+// slot that names a row outside the table (a corrupt index). targets[t] is table t; spans[2t] its
+// first key in keys (ascending, the keys of table t up to spans[2t + 2]), spans[2t + 1] its first
+// float in out; spans[2 * tables] one past the last key. A warp per key; each cache's clock
+// advances once (in the last block), as one query of its keys does on the CPU twin; a table
+// without keys is left alone, as the host skips a launch of no keys.
+extern "C" __global__ void trec_lookup_tables(const xc::LookupTarget* targets, const int64_t* spans,
+                                              int32_t tables, const int64_t* keys, float* out,
+                                              uint8_t* status, unsigned* done) {
+  __shared__ int64_t first[xc::kLaunchTables + 1], outs[xc::kLaunchTables],
+      ticks[xc::kLaunchTables], row_bytes[xc::kLaunchTables];
+  for (int t = threadIdx.x; t <= tables; t += blockDim.x) {
+    first[t] = spans[2 * t];
+    if (t == tables) break;
+    outs[t] = spans[2 * t + 1];
+    const xc::LookupTarget& tg = targets[t];  // a cache's clock: what its keys stamp with
+    ticks[t] = tg.cache ? xc::load_fresh(tg.view.meta + xc::kClock) + 1 : 0;
+    row_bytes[t] = tg.cache ? tg.view.row_bytes
+                            : triton_rec::encoded_row_bytes(
+                                  static_cast<uint32_t>(tg.table.precision), tg.table.dim);
+  }
+  __syncthreads();
+  const xc::WarpGroup g;
   const int64_t per_block = blockDim.x / kWarp;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * per_block;
-  for (int64_t i = blockIdx.x * per_block + threadIdx.x / kWarp; i < n; i += stride) {
-    int64_t row = 0;
-    if (lane == 0) row = triton_rec::probe_index(slots, capacity, keys[i]);
-    row = static_cast<int64_t>(__shfl_sync(0xffffffffu, static_cast<long long>(row), 0));
-    float* dst = out + i * dim;
-    if (row >= 0 && row < rows) {
-      triton_rec::decode_row_part(vectors + row * row_bytes, static_cast<uint32_t>(precision), dim,
-                                  dst, lane, kWarp);
-    } else {
-      for (int64_t j = lane; j < dim; j += kWarp) dst[j] = default_value;
+  for (int64_t i = first[0] + blockIdx.x * per_block + threadIdx.x / kWarp; i < first[tables];
+       i += stride) {
+    int lo = 0, hi = tables - 1;  // the last table whose first key is at most i
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (first[mid] <= i)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
-    if (lane == 0)
-      status[i] = row >= 0 && row < rows ? xc::kHit : row == -1 ? xc::kMiss : xc::kCorrupt;
+    // the table read into locals: the compiler keeps what it uses in registers (through
+    // the array, every store to out would make it read the fields again)
+    uint8_t st;
+    if (targets[lo].cache) {
+      const xc::View view = targets[lo].view;
+      st = xc::query_key(g, view, keys[i], out + outs[lo] + (i - first[lo]) * view.dim, ticks[lo]);
+    } else {
+      const xc::WholeTable table = targets[lo].table;
+      st = table_key(table, row_bytes[lo], keys[i], out + outs[lo] + (i - first[lo]) * table.dim);
+    }
+    if (g.leader()) status[i] = st;
+  }
+  if (last_block(done)) {
+    for (int t = 0; t < tables; ++t) {
+      const int64_t n = first[t + 1] - first[t];
+      if (targets[t].cache && n > 0) finish_table(targets[t].view, n, true);
+    }
+    if (threadIdx.x == 0) *done = 0u;
   }
 }
 
 // HugeCTR's slot combiner (request_kernels.hpp combine_segments, the same sums in the same
-// order): out[s, :] = sum of vectors[ptr[s]..ptr[s+1]), divided by the count when `mean`
-// and the count is above 1; zeros for an empty slot. A thread per (slot, value).
-extern "C" __global__ void trec_combine(const float* vectors, const int64_t* ptr, int64_t segments,
-                                        int64_t dim, int32_t mean, float* out) {
-  const int64_t total = segments * dim;
+// order) for `tables` tables (at most kLaunchTables) in one launch: each slot's vectors
+// summed, divided by their count when `mean` and the count is above 1; zeros for an empty
+// slot. targets[t] is where table t's slots go; spans[3t] its first element (slot x value) of the
+// launch, spans[3t + 1] its first float in vectors, spans[3t + 2] its first row pointer in ptr
+// (segments + 1 of them, relative to its vectors); spans[3 * tables] one past the last
+// element. A thread per element.
+extern "C" __global__ void trec_combine_tables(const xc::CombineTarget* targets,
+                                               const int64_t* spans, int32_t tables,
+                                               const float* vectors, const int64_t* ptr) {
+  __shared__ int64_t first[xc::kLaunchTables + 1];
+  for (int t = threadIdx.x; t <= tables; t += blockDim.x) first[t] = spans[3 * t];
+  __syncthreads();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += stride) {
-    const int64_t s = e / dim, d = e - s * dim;
-    const int64_t a = ptr[s], b = ptr[s + 1];
+  for (int64_t e = first[0] + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       e < first[tables]; e += stride) {
+    int lo = 0, hi = tables - 1;  // the last table whose first element is at most e
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (first[mid] <= e)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const xc::CombineTarget c = targets[lo];  // in registers, as in trec_lookup_tables
+    const int64_t local = e - first[lo], s = local / c.dim, d = local - s * c.dim;
+    const float* v = vectors + spans[3 * lo + 1];
+    const int64_t* p = ptr + spans[3 * lo + 2];
+    const int64_t a = p[s], b = p[s + 1];
     float acc = 0.0f;
     if (b > a) {
-      acc = vectors[a * dim + d];
-      for (int64_t r = a + 1; r < b; ++r) acc = __fadd_rn(acc, vectors[r * dim + d]);
-      if (mean && b - a > 1) acc = __fdiv_rn(acc, static_cast<float>(b - a));
+      acc = v[a * c.dim + d];
+      for (int64_t r = a + 1; r < b; ++r) acc = __fadd_rn(acc, v[r * c.dim + d]);
+      if (c.mean && b - a > 1) acc = __fdiv_rn(acc, static_cast<float>(b - a));
     }
-    out[e] = acc;
+    c.out[local] = acc;
   }
 }

@@ -42,38 +42,43 @@ void settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, in
 }
 
 // An hps request on the GPU: keys[0..n_keys) of every table -> answer (floats), through
-// pinned staging: one copy in, one kernel per table, one copy out, one synchronization.
+// pinned staging: one copy in (the keys and their spans), one launch for every table, one
+// copy out, one synchronization.
 void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const int32_t* counts,
              int64_t floats, float* answer, bool exact, Defaults* d) {
   const NativePlan& plan = *st.plan;
   tr::gpu::Lane& lane = *plan.lane;
   lane.enter();
+  const size_t tables = plan.tables.size();
+  thread_local std::vector<int64_t> key_starts, out_starts;
+  key_starts.assign(tables + 1, 0);
+  out_starts.assign(tables + 1, 0);
+  for (size_t t = 0; t < tables; ++t) {
+    key_starts[t + 1] = key_starts[t] + counts[t];
+    out_starts[t + 1] = out_starts[t] + counts[t] * plan.tables[t].dim;
+  }
   const size_t kb = static_cast<size_t>(n_keys) * 8, fb = static_cast<size_t>(floats) * 4;
-  const tr::gpu::Lane::Parts parts{kb, fb, static_cast<size_t>(n_keys)};
+  const tr::gpu::Lane::Parts parts{kb, tr::gpu::lookup_spans_bytes(tables), fb,
+                                   static_cast<size_t>(n_keys)};
   char* h = lane.host(parts);
   const tr::cuda::CUdeviceptr dv = lane.device(parts);
-  const size_t o1 = parts.offsets[1], o2 = parts.offsets[2];
+  const auto& o = parts.offsets;
   const uint64_t t0 = now_ns();
   std::memcpy(h, keys, kb);
-  lane.to_device(dv, h, kb);
-  int64_t kpos = 0, fpos = 0;
-  for (size_t t = 0; t < plan.tables.size(); ++t) {
-    tr::gpu::launch_lookup(lane, plan.tables[t].target, dv + kpos * 8, counts[t],
-                           dv + o1 + fpos * 4, dv + o2 + kpos);
-    kpos += counts[t];
-    fpos += counts[t] * plan.tables[t].dim;
-  }
+  tr::gpu::fill_lookup_spans(reinterpret_cast<int64_t*>(h + o[1]), key_starts.data(),
+                             out_starts.data(), tables);
+  lane.to_device(dv, h, o[2]);  // the keys and their spans
+  tr::gpu::launch_lookups(lane, plan.targets.ptr(), tables, dv + o[1], key_starts.data(), dv,
+                          dv + o[2], dv + o[3]);
   // the answers and the statuses lie one after the other: one copy back
-  lane.to_host(h + o1, dv + o1, (o2 - o1) + static_cast<size_t>(n_keys));
+  lane.to_host(h + o[2], dv + o[2], (o[3] - o[2]) + static_cast<size_t>(n_keys));
   lane.sync();
   const uint64_t ns = now_ns() - t0;
-  auto* out = reinterpret_cast<float*>(h + o1);
-  auto* status = reinterpret_cast<uint8_t*>(h + o2);
-  kpos = fpos = 0;
-  for (size_t t = 0; t < plan.tables.size(); ++t) {
-    settle_gpu_table(st, t, keys + kpos, counts[t], out + fpos, status + kpos, ns, exact, d);
-    kpos += counts[t];
-    fpos += counts[t] * plan.tables[t].dim;
+  auto* out = reinterpret_cast<float*>(h + o[2]);
+  auto* status = reinterpret_cast<uint8_t*>(h + o[3]);
+  for (size_t t = 0; t < tables; ++t) {
+    settle_gpu_table(st, t, keys + key_starts[t], counts[t], out + out_starts[t],
+                     status + key_starts[t], ns, exact, d);
   }
   std::memcpy(answer, out, fb);
 }
@@ -88,18 +93,6 @@ std::vector<int64_t> vector_offsets(const NativePlan& plan, const Scratch& s) {
   return voff;
 }
 
-// Launches every table's lookup of a regrouped hugectr request: its keys (from `keys`, all
-// tables' as in s.keys) into vectors + voff[t] floats and status (one per key).
-void launch_hugectr_lookups(const NativePlan& plan, tr::gpu::Lane& lane, const Scratch& s,
-                            const std::vector<int64_t>& voff, tr::cuda::CUdeviceptr keys,
-                            tr::cuda::CUdeviceptr vectors, tr::cuda::CUdeviceptr status) {
-  for (size_t t = 0; t < plan.tables.size(); ++t) {
-    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
-    tr::gpu::launch_lookup(lane, plan.tables[t].target, keys + first * 8, count,
-                           vectors + voff[t] * 4, status + first);
-  }
-}
-
 // A hugectr request of few samples (at most host_max_batch) on a GPU instance: the lookups
 // on the GPU (the cache), then the slots combined and the network run on the host, where
 // such a batch is fastest (DenseGraphs.calibrate).
@@ -111,20 +104,24 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
   const size_t tables = plan.tables.size();
   const std::vector<int64_t> voff = vector_offsets(plan, s);
   const size_t kb = static_cast<size_t>(n_cat) * 8, vb = static_cast<size_t>(voff[tables]) * 4;
-  const tr::gpu::Lane::Parts parts{kb, vb, static_cast<size_t>(n_cat)};
+  const tr::gpu::Lane::Parts parts{kb, tr::gpu::lookup_spans_bytes(tables), vb,
+                                   static_cast<size_t>(n_cat)};
   char* h = lane.host(parts);
   const tr::cuda::CUdeviceptr dv = lane.device(parts);
   const auto& o = parts.offsets;
   const uint64_t t0 = now_ns();
   std::memcpy(h, s.keys.data(), kb);
-  lane.to_device(dv, h, kb);
-  launch_hugectr_lookups(plan, lane, s, voff, dv, dv + o[1], dv + o[2]);
+  tr::gpu::fill_lookup_spans(reinterpret_cast<int64_t*>(h + o[1]), s.key_starts.data(), voff.data(),
+                             tables);
+  lane.to_device(dv, h, o[2]);  // the keys and their spans
+  tr::gpu::launch_lookups(lane, plan.targets.ptr(), tables, dv + o[1], s.key_starts.data(), dv,
+                          dv + o[2], dv + o[3]);
   // the vectors and the statuses lie one after the other: one copy back
-  lane.to_host(h + o[1], dv + o[1], (o[2] - o[1]) + static_cast<size_t>(n_cat));
+  lane.to_host(h + o[2], dv + o[2], (o[3] - o[2]) + static_cast<size_t>(n_cat));
   lane.sync();
   const uint64_t ns = now_ns() - t0;
-  auto* vectors = reinterpret_cast<float*>(h + o[1]);
-  auto* status = reinterpret_cast<uint8_t*>(h + o[2]);
+  auto* vectors = reinterpret_cast<float*>(h + o[2]);
+  auto* status = reinterpret_cast<uint8_t*>(h + o[3]);
   s.combined.resize(tables);
   s.embeddings.clear();
   int64_t block = 0;
@@ -138,10 +135,10 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
 }
 
 // A hugectr request on the GPU (keys regrouped by table in s.keys, row pointers in s.ptrs,
-// rows rows of them): the lookups, each slot combined into the network's input, the
-// network's graph for the smallest bucket that holds n samples, one synchronization.
-// When a cache missed, its vectors come to the host for the engine's rules and go back,
-// and the slots and the network run again.
+// rows rows of them): the lookups of every table in one launch, every table's slots combined
+// into the network's input in one launch, the network's graph for the smallest bucket that
+// holds n samples, one synchronization. When a cache missed, its vectors come to the host
+// for the engine's rules and go back, and the slots and the network run again.
 void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n_cat, int64_t rows,
                  const float* des, float* answer, bool exact, Defaults* d) {
   const NativePlan& plan = *st.plan;
@@ -149,40 +146,56 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
   lane.enter();
   const size_t tables = plan.tables.size();
   const std::vector<int64_t> voff = vector_offsets(plan, s);
+  // the combiner's spans: each table's elements (slots x values) and row pointers
+  thread_local std::vector<int64_t> elem_starts, ptr_starts;
+  elem_starts.assign(tables + 1, 0);
+  ptr_starts.assign(tables + 1, 0);
+  for (size_t t = 0; t < tables; ++t) {
+    const int64_t segments = n * plan.slots[t];
+    elem_starts[t + 1] = elem_starts[t] + segments * plan.tables[t].dim;
+    ptr_starts[t + 1] = ptr_starts[t] + segments + 1;
+  }
   const size_t kb = static_cast<size_t>(n_cat) * 8, pb = static_cast<size_t>(rows) * 8;
   const size_t db = static_cast<size_t>(n * plan.dense_dim) * 4;
   const size_t vb = static_cast<size_t>(voff[tables]) * 4,
                ob = static_cast<size_t>(n * plan.label_dim) * 4;
-  const tr::gpu::Lane::Parts parts{kb, pb, db, vb, static_cast<size_t>(n_cat), ob};
+  const tr::gpu::Lane::Parts parts{kb,
+                                   tr::gpu::lookup_spans_bytes(tables),
+                                   tr::gpu::combine_spans_bytes(tables),
+                                   pb,
+                                   db,
+                                   vb,
+                                   static_cast<size_t>(n_cat),
+                                   ob};
   char* h = lane.host(parts);
   const tr::cuda::CUdeviceptr dv = lane.device(parts);
   const auto& o = parts.offsets;
   const uint64_t t0 = now_ns();
   std::memcpy(h, s.keys.data(), kb);
-  std::memcpy(h + o[1], s.ptrs.data(), pb);
-  std::memcpy(h + o[2], des, db);
-  lane.to_device(dv, h, o[2]);  // keys and row pointers
-  lane.to_device(plan.dense_in, h + o[2], db);
-  launch_hugectr_lookups(plan, lane, s, voff, dv, dv + o[3], dv + o[4]);
+  tr::gpu::fill_lookup_spans(reinterpret_cast<int64_t*>(h + o[1]), s.key_starts.data(), voff.data(),
+                             tables);
+  tr::gpu::fill_combine_spans(reinterpret_cast<int64_t*>(h + o[2]), elem_starts.data(), voff.data(),
+                              ptr_starts.data(), tables);
+  std::memcpy(h + o[3], s.ptrs.data(), pb);
+  std::memcpy(h + o[4], des, db);
+  lane.to_device(dv, h, o[4]);  // keys, spans and row pointers
+  lane.to_device(plan.dense_in, h + o[4], db);
+  tr::gpu::launch_lookups(lane, plan.targets.ptr(), tables, dv + o[1], s.key_starts.data(), dv,
+                          dv + o[5], dv + o[6]);
   const auto& bucket = *std::find_if(plan.buckets.begin(), plan.buckets.end(),
                                      [&](const auto& b) { return b.batch >= n; });
   auto dense = [&] {
-    int64_t block = 0;
-    for (size_t t = 0; t < tables; ++t) {
-      const int64_t segments = n * plan.slots[t];
-      tr::gpu::launch_combine(lane, dv + o[3] + voff[t] * 4, dv + o[1] + block * 8, segments,
-                              plan.tables[t].dim, plan.mean[t], plan.emb_in[t]);
-      block += segments + 1;
-    }
+    tr::gpu::launch_combines(lane, plan.combines.ptr(), tables, dv + o[2], elem_starts.data(),
+                             dv + o[5], dv + o[3]);
     tr::gpu::launch_graph(lane, bucket.graph);
-    lane.to_host(h + o[5], bucket.out, ob);
+    lane.to_host(h + o[7], bucket.out, ob);
   };
   dense();
-  lane.to_host(h + o[4], dv + o[4], static_cast<size_t>(n_cat));
+  lane.to_host(h + o[6], dv + o[6], static_cast<size_t>(n_cat));
   lane.sync();
   const uint64_t ns = now_ns() - t0;
-  auto* status = reinterpret_cast<uint8_t*>(h + o[4]);
-  auto* vectors = reinterpret_cast<float*>(h + o[3]);
+  auto* status = reinterpret_cast<uint8_t*>(h + o[6]);
+  auto* vectors = reinterpret_cast<float*>(h + o[5]);
   std::vector<char> missed(tables, 0);
   bool any = false;
   for (size_t t = 0; t < tables; ++t) {  // a cache that missed: its vectors to the host
@@ -194,7 +207,7 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
     }
     missed[t] = 1;
     any = true;
-    lane.to_host(h + o[3] + voff[t] * 4, dv + o[3] + voff[t] * 4,
+    lane.to_host(h + o[5] + voff[t] * 4, dv + o[5] + voff[t] * 4,
                  static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
   }
   if (any) lane.sync();
@@ -203,7 +216,7 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
     settle_gpu_table(st, t, s.keys.data() + first, count, vectors + voff[t], status + first, ns,
                      exact, d);
     if (missed[t]) {
-      lane.to_device(dv + o[3] + voff[t] * 4, h + o[3] + voff[t] * 4,
+      lane.to_device(dv + o[5] + voff[t] * 4, h + o[5] + voff[t] * 4,
                      static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
     }
   }
@@ -211,7 +224,7 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
     dense();
     lane.sync();
   }
-  std::memcpy(answer, h + o[5], ob);
+  std::memcpy(answer, h + o[7], ob);
 }
 
 }  // namespace trec_host

@@ -130,6 +130,11 @@ struct NativePlan {
   // dense network as CUDA graphs (DenseGraphs.native_plan): inputs, and per batch bucket
   // (ascending) its size, graph and output
   std::shared_ptr<tr::gpu::Kernels> kernels;
+  // KIND_GPU: what a launch for every table reads, in device memory: each table's lookup
+  // target, and (a hugectr network on the GPU) where each table's slots are combined into
+  // (emb_in). Declared before `lane`: freed after it, while its context is current.
+  tr::gpu::DeviceArray<tr::gpu::LookupTarget> targets;
+  tr::gpu::DeviceArray<tr::xcache::CombineTarget> combines;
   std::unique_ptr<tr::gpu::Lane> lane;
   struct Bucket {
     int64_t batch;
