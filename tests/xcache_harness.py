@@ -186,3 +186,66 @@ def run_against_reference(
         assert_same_state(ref, state(), what)
     seen["recovered"] = ref.stats()["recovered_sets"]  # by repair and by writes into odd sets
     return seen
+
+
+# One launch for a request's tables (trec_lookup_tables): the caches and whole tables of
+# check_one_launch, as (capacity, vec_size, ways, policy, precision) and (mode, precision).
+LAUNCH_CACHES = [(4096, 16, 8, "lru", "fp32"), (2048, 8, 4, "tinylfu", "fp16")]
+LAUNCH_TABLES = [("static", "fp16"), ("uvm", "int8")]
+
+
+def check_one_launch(
+    make_cache: Callable[[ArrayEmbeddingCache], Tuple[object, Callable[[], Dict[str, np.ndarray]]]],
+    make_table: Callable[[np.ndarray, np.ndarray, int, int, float, str], object],
+    lookup: Callable[[list, list, list, list], None],
+) -> None:
+    """Two caches (each policy and precision), a cache without keys and two whole tables,
+    looked up in one launch: each answers as alone (the caches as the numpy reference, the
+    whole tables as the CPU lookup) and each cache's state ends as the reference's (ticks
+    and sketch included; the one without keys untouched). make_cache(ref) -> (handle,
+    state()) copies ref's state; make_table(index, rows, precision code, dim, default,
+    mode) -> handle; lookup(handles, keys, outs, statuses) is the launch under test."""
+    from triton_rec.precision import RowCodec
+
+    rng = np.random.default_rng(11)
+    refs, handles, states, keys, dims = [], [], [], [], []
+    for capacity, vec, ways, policy, precision in LAUNCH_CACHES + [(1024, 4, 4, "lru", "fp32")]:
+        ref = ArrayEmbeddingCache(capacity, vec, ways=ways, policy=policy, precision=precision)
+        held = rng.integers(0, 50_000, 3_000).astype(np.int64)
+        ref.insert(held, rows_for(ref, held))
+        handle, state = make_cache(ref)
+        refs.append(ref)
+        handles.append(handle)
+        states.append(state)
+        keys.append(np.concatenate([rng.choice(held, 700), rng.integers(60_000, 90_000, 300)]))
+        dims.append(vec)
+    keys[-1] = np.empty(0, np.int64)  # the cache without keys
+    wants = []
+    for mode, precision in LAUNCH_TABLES:
+        stored = rng.choice(np.arange(10**6), 5_000, replace=False).astype(np.int64)
+        codec = RowCodec(precision, 5)
+        rows = codec.encode(rng.standard_normal((stored.size, 5)).astype(np.float32))
+        index = _native.build_index(stored)
+        handles.append(make_table(index, rows, codec.code, 5, -1.5, mode))
+        ask = np.concatenate([rng.choice(stored, 900), np.arange(2 * 10**6, 2 * 10**6 + 100)])
+        want = np.empty((ask.size, 5), np.float32)
+        _native.lookup(index, rows, ask, want, -1.5, precision=codec.code)
+        keys.append(ask)
+        dims.append(5)
+        wants.append(want)
+    # the order of a request: a cache, the one without keys between, whole tables last
+    order = [0, 2, 1, 3, 4]
+    outs = [np.full((keys[i].size, dims[i]), np.nan, np.float32) for i in order]
+    statuses = [np.full(keys[i].size, 9, np.uint8) for i in order]
+    lookup([handles[i] for i in order], [keys[i] for i in order], outs, statuses)
+    got = {i: (outs[j], statuses[j]) for j, i in enumerate(order)}
+    for i, ref in enumerate(refs):
+        if keys[i].size:
+            vec, hit = ref.query(keys[i])
+            assert np.array_equal(got[i][1], hit.astype(np.uint8)), f"cache {i}: statuses"
+            assert np.array_equal(got[i][0].view(np.uint32), vec.view(np.uint32)), f"cache {i}"
+        assert_same_state(ref, states[i](), f"cache {i} after the launch")
+    for w, want in enumerate(wants):
+        out, status = got[3 + w]
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"table {w}"
+        assert np.array_equal(status, (np.arange(status.size) < 900).astype(np.uint8))

@@ -323,6 +323,39 @@ TREC_HD uint8_t query_key(const G& g, const View& c, int64_t key, float* out, in
   return status;
 }
 
+// Looks `key` up in a whole table (static, uvm: the node store's index layout,
+// hash_index.hpp): dst[0..dim) = its row decoded, or the default value; returns kHit,
+// kMiss, or kCorrupt for a slot that names a row outside the table (a corrupt index).
+// Every lane of the group calls it with the same key.
+template <class G>
+TREC_HD uint8_t whole_table_key(const G& g, const WholeTable& t, int64_t row_bytes, int64_t key,
+                                float* dst) {
+  const int64_t row = g.broadcast(g.leader() ? probe_index(t.slots, t.capacity, key) : 0);
+  if (row >= 0 && row < t.rows) {
+    decode_row_part(t.vectors + row * row_bytes, static_cast<uint32_t>(t.precision), t.dim, dst,
+                    g.lane(), g.size());
+    return kHit;
+  }
+  for (int64_t j = g.lane(); j < t.dim; j += g.size()) dst[j] = t.default_value;
+  return row == -1 ? kMiss : kCorrupt;
+}
+
+// In a launch for several tables (trec_lookup_tables, trec_combine_tables and their twin),
+// the table that item i belongs to: the last t < tables whose first item first[t] is at
+// most i (a table without items has the next one's first: never chosen for an item).
+TREC_HD int table_of(const int64_t* first, int tables, int64_t i) noexcept {
+  int lo = 0, hi = tables - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first[mid] <= i) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 // -- writes -----------------------------------------------------------------------------
 
 // Under the writer lock, by the set's leader: a set a dead writer left odd loses its ways

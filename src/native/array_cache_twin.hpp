@@ -64,18 +64,49 @@ inline void group_writes(const View& c, const int64_t* keys, int64_t n, GroupedW
 
 // -- the CPU twin -------------------------------------------------------------------------
 
-// A cache query of trec_lookup_tables on host memory: statuses into status[0..n), vectors into out
-// [n, dim].
-inline void twin_query(const View& c, const int64_t* keys, int64_t n, float* out, uint8_t* status) {
-  if (n <= 0) return;
-  const int64_t tick = c.meta[kClock] + 1;
-  const SerialGroup g;
-  for (int64_t i = 0; i < n; ++i) status[i] = query_key(g, c, keys[i], out + i * c.dim, tick);
-  advance_clock(c);
-  if (count_keys(c, n)) {
-    halve_sketch(c, 0, 1);
-    sketch_aged(c);
+// trec_lookup_tables on host memory (targets and everything they point to in host memory):
+// the same spans (spans[2t] table t's first key, spans[2t + 1] its first float in out,
+// spans[2 * tables] one past the last key), the same rules, a key at a time.
+inline void twin_lookup_tables(const LookupTarget* targets, const int64_t* spans, int tables,
+                               const int64_t* keys, float* out, uint8_t* status) {
+  if (tables <= 0) return;
+  std::vector<int64_t> first(static_cast<size_t>(tables) + 1), ticks(first.size());
+  std::vector<int64_t> row_bytes(first.size());
+  for (int t = 0; t <= tables; ++t) first[t] = spans[2 * t];
+  for (int t = 0; t < tables; ++t) {
+    const LookupTarget& tg = targets[t];
+    ticks[t] = tg.cache ? tg.view.meta[kClock] + 1 : 0;
+    row_bytes[t] = tg.cache
+                       ? tg.view.row_bytes
+                       : encoded_row_bytes(static_cast<uint32_t>(tg.table.precision), tg.table.dim);
   }
+  const SerialGroup g;
+  for (int64_t i = first[0]; i < first[tables]; ++i) {
+    const int t = table_of(first.data(), tables, i);
+    const LookupTarget& tg = targets[t];
+    float* dst = out + spans[2 * t + 1] + (i - first[t]) * tg.dim();
+    status[i] = tg.cache ? query_key(g, tg.view, keys[i], dst, ticks[t])
+                         : whole_table_key(g, tg.table, row_bytes[t], keys[i], dst);
+  }
+  for (int t = 0; t < tables; ++t) {
+    const int64_t n = first[t + 1] - first[t];
+    if (!targets[t].cache || n <= 0) continue;
+    const View& c = targets[t].view;
+    advance_clock(c);
+    if (count_keys(c, n)) {
+      halve_sketch(c, 0, 1);
+      sketch_aged(c);
+    }
+  }
+}
+
+// A cache query of keys[0..n) on host memory: statuses into status[0..n), vectors into
+// out [n, dim] (twin_lookup_tables of one cache).
+inline void twin_query(const View& c, const int64_t* keys, int64_t n, float* out, uint8_t* status) {
+  LookupTarget t;
+  t.view = c;
+  const int64_t spans[3] = {0, 0, n};
+  twin_lookup_tables(&t, spans, 1, keys, out, status);
 }
 
 // trec_cache_write on host memory (the caller holds the writer lock); adds the call's

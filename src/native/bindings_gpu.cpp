@@ -95,6 +95,68 @@ struct CacheView {
   xc::View v;
 };
 
+// A whole table's index (the node store's layout: int64 [capacity, 2], capacity a power of
+// two >= 16) and rows (C-contiguous, whole rows of precision x dim), checked, as a
+// WholeTable over the arrays' host memory (the twin's; a DeviceTable copies it to the device).
+xc::WholeTable whole_table(const py::array& index, const py::array& vectors, int64_t precision,
+                           int64_t dim, float default_value) {
+  const auto* slots =
+      static_cast<const int64_t*>(require_array(index, "index", kInt64, 2, false).data());
+  if (index.shape(1) != 2) throw py::value_error("index must be int64 [capacity, 2]");
+  const uint64_t cap = static_cast<uint64_t>(index.shape(0));
+  if (cap < 16 || (cap & (cap - 1)) != 0)
+    throw py::value_error("index capacity must be a power of two >= 16");
+  if (!(vectors.flags() & py::array::c_style))
+    throw py::value_error("vectors must be C-contiguous");
+  if (precision < 0 || precision > 2 || dim < 1) throw py::value_error("bad precision or dim");
+  const int64_t row_bytes = tr::encoded_row_bytes(static_cast<uint32_t>(precision), dim);
+  if (vectors.nbytes() % row_bytes != 0) throw py::value_error("vectors do not hold whole rows");
+  xc::WholeTable t;
+  t.slots = slots;
+  t.capacity = cap;
+  t.vectors = static_cast<const uint8_t*>(vectors.data());
+  t.rows = static_cast<int64_t>(vectors.nbytes()) / row_bytes;
+  t.precision = precision;
+  t.dim = dim;
+  t.default_value = default_value;
+  return t;
+}
+
+// The lookups of several tables as a request holds them: keys[t] of targets[t] one after
+// the other, answered by run(targets, tables, keys, key_starts, out_starts, out, status)
+// (GIL released), then split into outs[t] [n_t, dim_t] and statuses[t] [n_t].
+template <class Run>
+void lookup_tables(const std::vector<gpu::LookupTarget>& targets, const py::list& keys,
+                   const py::list& outs, const py::list& statuses, Run&& run) {
+  const size_t n = targets.size();
+  if (n == 0 || keys.size() != n || outs.size() != n || statuses.size() != n) {
+    throw py::value_error("one keys, out and status array per table");
+  }
+  std::vector<int64_t> all, key_starts(n + 1, 0), out_starts(n + 1, 0);
+  for (size_t t = 0; t < n; ++t) {
+    const py::array a = keys[t].cast<py::array>();
+    const int64_t* kp = int64s(a, "keys");
+    const int64_t m = a.shape(0);
+    outputs(outs[t].cast<py::array>(), statuses[t].cast<py::array>(), m, targets[t].dim());
+    all.insert(all.end(), kp, kp + m);
+    key_starts[t + 1] = key_starts[t] + m;
+    out_starts[t + 1] = out_starts[t] + m * targets[t].dim();
+  }
+  std::vector<float> out(static_cast<size_t>(out_starts[n]));
+  std::vector<uint8_t> status(all.size());
+  {
+    py::gil_scoped_release release;
+    run(targets.data(), n, all.data(), key_starts.data(), out_starts.data(), out.data(),
+        status.data());
+  }
+  for (size_t t = 0; t < n; ++t) {
+    const auto [op, sp] = outputs(outs[t].cast<py::array>(), statuses[t].cast<py::array>(),
+                                  key_starts[t + 1] - key_starts[t], targets[t].dim());
+    std::copy(out.begin() + out_starts[t], out.begin() + out_starts[t + 1], op);
+    std::copy(status.begin() + key_starts[t], status.begin() + key_starts[t + 1], sp);
+  }
+}
+
 py::tuple counts_tuple(const int64_t* c) {
   py::tuple t(static_cast<size_t>(xc::kWriteCounts));
   for (int i = 0; i < xc::kWriteCounts; ++i) t[i] = c[i];
@@ -306,22 +368,9 @@ class DeviceTable {
               int64_t precision, int64_t dim, float default_value, const std::string& mode)
       : k_(std::move(k)), uvm_(mode == "uvm") {
     if (mode != "static" && mode != "uvm") throw py::value_error("mode must be 'static' or 'uvm'");
-    const auto* slots =
-        static_cast<const int64_t*>(require_array(index, "index", kInt64, 2, false).data());
-    if (index.shape(1) != 2) throw py::value_error("index must be int64 [capacity, 2]");
-    const uint64_t cap = static_cast<uint64_t>(index.shape(0));
-    if (cap < 16 || (cap & (cap - 1)) != 0)
-      throw py::value_error("index capacity must be a power of two >= 16");
-    if (!(vectors.flags() & py::array::c_style))
-      throw py::value_error("vectors must be C-contiguous");
-    const int64_t row_bytes = tr::encoded_row_bytes(static_cast<uint32_t>(precision), dim);
-    if (vectors.nbytes() % row_bytes != 0) throw py::value_error("vectors do not hold whole rows");
-    t_.capacity = cap;
-    t_.rows = static_cast<int64_t>(vectors.nbytes()) / row_bytes;
-    t_.precision = precision;
-    t_.dim = dim;
-    t_.default_value = default_value;
-    const size_t ib = cap * 16, vb = static_cast<size_t>(vectors.nbytes());
+    t_ = whole_table(index, vectors, precision, dim, default_value);  // host addresses, for now
+    const int64_t* slots = t_.slots;
+    const size_t ib = t_.capacity * 16, vb = static_cast<size_t>(vectors.nbytes());
     const void* vdata = vectors.data();
     const cu::Driver& d = cu::Driver::get();
     py::gil_scoped_release release;
@@ -655,6 +704,38 @@ void register_gpu(py::module_& m) {
       py::arg("view"), py::arg("lock"),
       "The cache of view (host memory) as LocalMisses inserts into it: the write kernel's "
       "insert run on the CPU, under lock.");
+  m.def(
+      "twin_lookup_tables",
+      [](const py::list& tables, const py::list& keys, const py::list& outs,
+         const py::list& statuses) {
+        std::vector<gpu::LookupTarget> targets;
+        for (const py::handle t : tables) {
+          gpu::LookupTarget g;
+          if (py::isinstance<CacheView>(t)) {
+            g.view = t.cast<const CacheView&>().v;
+          } else {
+            const auto w = t.cast<py::tuple>();
+            if (w.size() != 5) {
+              throw py::value_error("a whole table: (index, rows, precision, dim, default_value)");
+            }
+            g.cache = 0;
+            g.table = whole_table(w[0].cast<py::array>(), w[1].cast<py::array>(),
+                                  w[2].cast<int64_t>(), w[3].cast<int64_t>(), w[4].cast<float>());
+          }
+          targets.push_back(g);
+        }
+        lookup_tables(
+            targets, keys, outs, statuses,
+            [](const gpu::LookupTarget* tg, size_t n, const int64_t* k, const int64_t* key_starts,
+               const int64_t* out_starts, float* out, uint8_t* status) {
+              std::vector<int64_t> spans(2 * n + 1);
+              gpu::fill_lookup_spans(spans.data(), key_starts, out_starts, n);
+              xc::twin_lookup_tables(tg, spans.data(), static_cast<int>(n), k, out, status);
+            });
+      },
+      py::arg("tables"), py::arg("keys"), py::arg("out"), py::arg("status"),
+      "trec_lookup_tables run on the CPU: tables are CacheViews (state arrays in host memory) "
+      "or whole tables (index, rows, precision, dim, default_value); as gpu_lookup_tables.");
   m.def("cache_twin_clear", [](const CacheView& c) { return xc::twin_clear(c.v); });
   m.def("cache_twin_repair", [](const CacheView& c) { return xc::twin_repair(c.v); });
 
@@ -731,10 +812,6 @@ void register_gpu(py::module_& m) {
       "gpu_lookup_tables",
       [](const py::list& tables, const py::list& keys, const py::list& outs,
          const py::list& statuses) {
-        const size_t n = tables.size();
-        if (n == 0 || keys.size() != n || outs.size() != n || statuses.size() != n) {
-          throw py::value_error("one keys, out and status array per table");
-        }
         std::vector<gpu::LookupTarget> targets;
         GpuKernels* k = nullptr;
         for (const py::handle t : tables) {
@@ -746,31 +823,10 @@ void register_gpu(py::module_& m) {
             k = &t.cast<const DeviceTable&>().kernels();
           }
         }
-        // every table's keys one after the other, as a request holds them
-        std::vector<int64_t> all, key_starts(n + 1, 0), out_starts(n + 1, 0);
-        for (size_t t = 0; t < n; ++t) {
-          const py::array a = keys[t].cast<py::array>();
-          const int64_t* kp = int64s(a, "keys");
-          const int64_t m = a.shape(0);
-          outputs(outs[t].cast<py::array>(), statuses[t].cast<py::array>(), m, targets[t].dim());
-          all.insert(all.end(), kp, kp + m);
-          key_starts[t + 1] = key_starts[t] + m;
-          out_starts[t + 1] = out_starts[t] + m * targets[t].dim();
-        }
-        std::vector<float> out(static_cast<size_t>(out_starts[n]));
-        std::vector<uint8_t> status(all.size());
-        {
-          py::gil_scoped_release release;
+        lookup_tables(targets, keys, outs, statuses, [&](auto... a) {
           auto lease = k->take();
-          gpu::lookup_host(*lease.lane, targets.data(), n, all.data(), key_starts.data(),
-                           out_starts.data(), out.data(), status.data());
-        }
-        for (size_t t = 0; t < n; ++t) {
-          const auto [op, sp] = outputs(outs[t].cast<py::array>(), statuses[t].cast<py::array>(),
-                                        key_starts[t + 1] - key_starts[t], targets[t].dim());
-          std::copy(out.begin() + out_starts[t], out.begin() + out_starts[t + 1], op);
-          std::copy(status.begin() + key_starts[t], status.begin() + key_starts[t + 1], sp);
-        }
+          gpu::lookup_host(*lease.lane, a...);
+        });
       },
       py::arg("tables"), py::arg("keys"), py::arg("out"), py::arg("status"),
       "The lookups of several tables (DeviceCache, DeviceTable; all on one device) in one "

@@ -11,6 +11,7 @@ import pytest
 from tests.unit.test_gpu_kernels import CASES
 from tests.xcache_harness import (
     MODES,
+    check_one_launch,
     keys_in_set,
     operations,
     rows_for,
@@ -106,50 +107,23 @@ def test_the_cupy_cache_public_api_matches_numpy(cupy):
 
 
 def test_one_launch_looks_up_caches_and_whole_tables_as_each_alone(cupy):
-    # A request's tables in one trec_lookup_tables launch: two caches (each policy and
-    # precision), a table without keys, a static and a uvm table; each answers what it
-    # answers alone (the numpy reference for the caches, whose state, ticks and sketch
-    # included, must end the same), the empty one is left alone.
+    # A request's tables in one trec_lookup_tables launch (the twin's case in
+    # tests/unit/test_gpu_kernels.py, on the device): caches of each policy and precision,
+    # one without keys, a static and a uvm table.
     from triton_rec import _native
     from triton_rec.gpu.kernels import load_kernels
-    from triton_rec.precision import RowCodec
 
-    rng = np.random.default_rng(11)
-    pairs = [_pair(cupy, 4096, 16, 8, "lru", "fp32"), _pair(cupy, 2048, 8, 4, "tinylfu", "fp16")]
-    asked = []
-    for ref, dev in pairs:
-        held = rng.integers(0, 50_000, 3_000).astype(np.int64)
-        ref.insert(held, rows_for(ref, held))
-        dev.insert(held, rows_for(ref, held))
-        asked.append(np.concatenate([rng.choice(held, 700), rng.integers(60_000, 90_000, 300)]))
-    whole = []
-    for mode in ("static", "uvm"):
-        keys = rng.choice(np.arange(10**6), 5_000, replace=False).astype(np.int64)
-        codec = RowCodec("fp16", 5)
-        rows = codec.encode(rng.standard_normal((keys.size, 5)).astype(np.float32))
-        index = _native.build_index(keys)
-        table = _native.DeviceTable(load_kernels(0), index, rows, codec.code, 5, -1.5, mode)
-        ask = np.concatenate([rng.choice(keys, 900), np.arange(2 * 10**6, 2 * 10**6 + 100)])
-        want = np.empty((ask.size, 5), np.float32)
-        _native.lookup(index, rows, ask, want, -1.5, precision=codec.code)
-        whole.append((table, ask, want))
-    empty_ref, empty_dev = _pair(cupy, 1024, 4, 4, "lru", "fp32")
-    tables = [pairs[0][1]._gpu, empty_dev._gpu, pairs[1][1]._gpu, whole[0][0], whole[1][0]]
-    keys = [asked[0], np.empty(0, np.int64), asked[1], whole[0][1], whole[1][1]]
-    dims = [16, 4, 8, 5, 5]
-    outs = [np.full((k.size, d), np.nan, np.float32) for k, d in zip(keys, dims)]
-    statuses = [np.full(k.size, 9, np.uint8) for k in keys]
-    _native.gpu_lookup_tables(tables, keys, outs, statuses)
-    for (ref, dev), i, ask in zip(pairs, (0, 2), asked):
-        vec, hit = ref.query(ask)
-        assert np.array_equal(statuses[i], hit.astype(np.uint8))
-        assert np.array_equal(outs[i].view(np.uint32), vec.view(np.uint32))
-        state = {n: a.get() for n, a in dev.state_arrays().items()}
-        for name, a in ref.state_arrays().items():
-            assert np.array_equal(state[name], a), name
-    for (_table, ask, want), i in zip(whole, (3, 4)):
-        assert np.array_equal(outs[i].view(np.uint32), want.view(np.uint32))
-        assert np.array_equal(statuses[i], (np.arange(ask.size) < 900).astype(np.uint8))
-    empty_state = {n: a.get() for n, a in empty_dev.state_arrays().items()}
-    for name, a in empty_ref.state_arrays().items():
-        assert np.array_equal(empty_state[name], a), name
+    def make_cache(ref):
+        dev = ArrayEmbeddingCache(
+            ref.capacity, ref.vec_size, ways=ref.ways, policy=ref.policy,
+            precision=ref.codec.precision, xp="cupy",
+        )  # fmt: skip
+        for name, a in dev.state_arrays().items():
+            a[...] = cupy.asarray(ref.state_arrays()[name])
+        cupy.cuda.Device().synchronize()
+        return dev._gpu, lambda: {n: a.get() for n, a in dev.state_arrays().items()}
+
+    def make_table(index, rows, code, dim, default, mode):
+        return _native.DeviceTable(load_kernels(0), index, rows, code, dim, default, mode)
+
+    check_one_launch(make_cache, make_table, _native.gpu_lookup_tables)

@@ -10,7 +10,14 @@ import re
 import numpy as np
 import pytest
 
-from tests.xcache_harness import TwinCache, keys_in_set, operations, rows_for, run_against_reference
+from tests.xcache_harness import (
+    TwinCache,
+    check_one_launch,
+    keys_in_set,
+    operations,
+    rows_for,
+    run_against_reference,
+)
 from triton_rec import _native
 from triton_rec.cache.array_cache import ArrayEmbeddingCache
 from triton_rec.gpu import kernels, nvrtc
@@ -132,3 +139,17 @@ def test_the_kernels_bindings_check_their_arguments_as_the_rest_of_native():
     with pytest.raises(ValueError, match="status must be writable"):
         status.flags.writeable = False
         _native.cache_twin_query(view, keys, out, status)
+
+
+def test_one_launch_looks_up_caches_and_whole_tables_as_each_alone_on_the_twin():
+    # trec_lookup_tables' twin: the tables of a request (caches of each policy and
+    # precision, one without keys, whole tables) in one call; the kernel runs the same case
+    # in tests/gpu/test_kernels_gpu.py
+    def make_cache(ref):
+        twin = TwinCache(ref)
+        return twin.view, twin.state
+
+    def make_table(index, rows, code, dim, default, mode):
+        return (index, rows, code, dim, default)
+
+    check_one_launch(make_cache, make_table, _native.twin_lookup_tables)

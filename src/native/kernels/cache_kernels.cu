@@ -65,23 +65,6 @@ __device__ void finish_launch(const xc::View& c, int64_t counted, bool tick, uns
   if (threadIdx.x == 0) *done = 0u;
 }
 
-// One key of a whole table (static, uvm), by a warp: dst[0..dim) = its row decoded, or
-// the default value; returns kHit, kMiss, or kCorrupt for a slot that names a row outside
-// the table (a corrupt index).
-__device__ uint8_t table_key(const xc::WholeTable& t, int64_t row_bytes, int64_t key, float* dst) {
-  const int lane = threadIdx.x & (kWarp - 1);
-  int64_t row = 0;
-  if (lane == 0) row = triton_rec::probe_index(t.slots, t.capacity, key);
-  row = static_cast<int64_t>(__shfl_sync(0xffffffffu, static_cast<long long>(row), 0));
-  if (row >= 0 && row < t.rows) {
-    triton_rec::decode_row_part(t.vectors + row * row_bytes, static_cast<uint32_t>(t.precision),
-                                t.dim, dst, lane, kWarp);
-    return xc::kHit;
-  }
-  for (int64_t j = lane; j < t.dim; j += kWarp) dst[j] = t.default_value;
-  return row == -1 ? xc::kMiss : xc::kCorrupt;
-}
-
 }  // namespace
 
 // Writes the sets sets[0..touched): set t gets keys[starts[t]..starts[t+1]) (distinct, in
@@ -195,14 +178,7 @@ extern "C" __global__ void trec_lookup_tables(const xc::LookupTarget* targets, c
   const int64_t stride = static_cast<int64_t>(gridDim.x) * per_block;
   for (int64_t i = first[0] + blockIdx.x * per_block + threadIdx.x / kWarp; i < first[tables];
        i += stride) {
-    int lo = 0, hi = tables - 1;  // the last table whose first key is at most i
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (first[mid] <= i)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
+    const int lo = xc::table_of(first, tables, i);
     // the table read into locals: the compiler keeps what it uses in registers (through
     // the array, every store to out would make it read the fields again)
     uint8_t st;
@@ -211,7 +187,8 @@ extern "C" __global__ void trec_lookup_tables(const xc::LookupTarget* targets, c
       st = xc::query_key(g, view, keys[i], out + outs[lo] + (i - first[lo]) * view.dim, ticks[lo]);
     } else {
       const xc::WholeTable table = targets[lo].table;
-      st = table_key(table, row_bytes[lo], keys[i], out + outs[lo] + (i - first[lo]) * table.dim);
+      st = xc::whole_table_key(g, table, row_bytes[lo], keys[i],
+                               out + outs[lo] + (i - first[lo]) * table.dim);
     }
     if (g.leader()) status[i] = st;
   }
@@ -240,14 +217,7 @@ extern "C" __global__ void trec_combine_tables(const xc::CombineTarget* targets,
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = first[0] + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        e < first[tables]; e += stride) {
-    int lo = 0, hi = tables - 1;  // the last table whose first element is at most e
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (first[mid] <= e)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
+    const int lo = xc::table_of(first, tables, e);
     const xc::CombineTarget c = targets[lo];  // in registers, as in trec_lookup_tables
     const int64_t local = e - first[lo], s = local / c.dim, d = local - s * c.dim;
     const float* v = vectors + spans[3 * lo + 1];
