@@ -217,6 +217,9 @@ class CacheView:
     def row_bytes(self) -> int: ...
 
 def cache_twin_query(view: CacheView, keys: Array, out: Array, status: Array) -> None: ...
+def group_writes(
+    view: CacheView, keys: Array, repeat: int = 1
+) -> Tuple[Array, Array, Array, Array]: ...
 def twin_lookup_tables(
     tables: List[Union[CacheView, Tuple[Array, Array, int, int, float]]],
     keys: List[Array],

@@ -736,6 +736,30 @@ void register_gpu(py::module_& m) {
       py::arg("tables"), py::arg("keys"), py::arg("out"), py::arg("status"),
       "trec_lookup_tables run on the CPU: tables are CacheViews (state arrays in host memory) "
       "or whole tables (index, rows, precision, dim, default_value); as gpu_lookup_tables.");
+  m.def(
+      "group_writes",
+      [](const CacheView& c, const py::array& keys, int64_t repeat) {
+        const int64_t* kp = int64s(keys, "keys");
+        const int64_t n = keys.shape(0);
+        if (repeat < 1) throw py::value_error("repeat must be at least 1");
+        xc::GroupedWrites g;
+        {
+          py::gil_scoped_release release;
+          for (int64_t r = 0; r < repeat; ++r) xc::group_writes(c.v, kp, n, &g);
+        }
+        auto arr = [](const std::vector<int64_t>& v) {
+          py::array_t<int64_t> a(static_cast<py::ssize_t>(v.size()));
+          std::copy(v.begin(), v.end(), a.mutable_data());
+          return a;
+        };
+        return py::make_tuple(arr(g.keys), arr(g.src), arr(g.sets), arr(g.starts));
+      },
+      py::arg("view"), py::arg("keys"), py::arg("repeat") = 1,
+      "What a write of keys to the cache gives its kernel (array_cache_twin.hpp "
+      "group_writes): (keys, src, sets, starts): set sets[t] gets keys[starts[t]:starts[t+1]] "
+      "(each distinct key once, its last occurrence src[i] in the batch; batch order within "
+      "a set). repeat: run it that many times (a benchmark's timing without the arrays' "
+      "making).");
   m.def("cache_twin_clear", [](const CacheView& c) { return xc::twin_clear(c.v); });
   m.def("cache_twin_repair", [](const CacheView& c) { return xc::twin_repair(c.v); });
 

@@ -153,3 +153,26 @@ def test_one_launch_looks_up_caches_and_whole_tables_as_each_alone_on_the_twin()
         return (index, rows, code, dim, default)
 
     check_one_launch(make_cache, make_table, _native.twin_lookup_tables)
+
+
+@pytest.mark.parametrize("n,span", [(0, 10), (1, 10), (500, 40), (5_000, 3_000), (20_000, 10**12)])
+def test_group_writes_gives_each_set_its_distinct_keys_last_occurrence_in_batch_order(n, span):
+    # what the write kernel is handed (array_cache_twin.hpp group_writes), against its
+    # contract written out in Python: every distinct key once, at its last occurrence;
+    # grouped by set, each set once; batch order within a set
+    ref = ArrayEmbeddingCache(1024, 4, ways=4)
+    view = TwinCache(ref).view
+    rng = np.random.default_rng(n)
+    keys = rng.integers(-span, span, n).astype(np.int64)
+    if n > 2:
+        keys[-2:] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max]
+    got_keys, src, sets, starts = _native.group_writes(view, keys)
+    last = {int(k): i for i, k in enumerate(keys)}
+    assert sorted(src.tolist()) == sorted(last.values())
+    assert np.array_equal(keys[src], got_keys)
+    assert len(set(sets.tolist())) == sets.size and starts[0] == 0 and starts[-1] == src.size
+    set_of = ref.set_of(keys) if n else np.empty(0, np.int64)
+    for t, s in enumerate(sets):
+        part = src[starts[t] : starts[t + 1]]
+        assert part.size > 0 and np.all(set_of[part] == s)
+        assert np.all(np.diff(part) > 0)  # batch order
