@@ -79,7 +79,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()  # repeated in C++: the result's arrays made once
             _native.group_writes(view, keys, repeat=reps)
             ours.append((time.perf_counter() - t0) / reps * 1e6)
-            naive.append(time_call(lambda: numpy_group_writes(cache, keys), reps))
+            naive.append(time_call(lambda k=keys: numpy_group_writes(cache, k), reps))
         row = {
             "keys": n,
             "distinct": int(got[1].size),
