@@ -441,8 +441,8 @@ inline void launch_combines(Lane& lane, CUdeviceptr targets, size_t tables, CUde
 
 // A host-to-host lookup of `tables` tables (targets[t]: its keys from key_starts[t] to
 // key_starts[t + 1] in keys, key_starts[0] = 0; its answers from out_starts[t] floats in
-// out; status one per key), through the lane's staging: the targets, spans and keys in one copy (the keys
-// straight from the caller's memory when it is pinned memory of ours), the launches, the
+// out; status one per key), through the lane's staging: the targets, spans and keys in one copy
+// (the keys straight from the caller's memory when it is pinned memory of ours), the launches, the
 // answers and statuses back. Returns when they are in place.
 inline void lookup_host(Lane& lane, const LookupTarget* targets, size_t tables, const int64_t* keys,
                         const int64_t* key_starts, const int64_t* out_starts, float* out,
