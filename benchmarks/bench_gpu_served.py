@@ -16,7 +16,12 @@ server on the native request path:
 - ``<model>_floor``: the native floor backend (``trec_floor``) with the model's inputs and
   outputs: what Triton and a C++ backend cost with no work, the ceiling of any variant.
 
-Models: ``dlrm_hps`` and ``hps_demo`` (hps lookups) and ``dlrm`` (the HugeCTR DLRM).
+Models (``--models``): ``dlrm_hps`` and ``hps_demo`` (hps lookups) and ``dlrm`` (the
+HugeCTR DLRM), the demo's, by default; ``hps_many``, made here, is an hps model of 26
+tables of 20,000 x 16 with one key per table per sample (Criteo's categorical features
+each a table, as many deployments have them; the demo models have 2 tables each), the
+demo's cache rules otherwise: where a request's per-table work (one launch per table
+until the fourth GPU session) shows.
 
 1. Throughput: ``benchmarks/loadgen.cpp`` (built here with g++; a Python client's CPU per
    request would take the cores being measured) keeps ``--clients`` keep-alive HTTP
@@ -63,7 +68,10 @@ from triton_rec.formats.tables import read_table  # noqa: E402
 from triton_rec.triton.runtime import TritonServer  # noqa: E402
 
 DEMO = os.path.join(ROOT, "model_repository")
-MODELS = ("dlrm_hps", "hps_demo", "dlrm")
+MODELS = ("dlrm_hps", "hps_demo", "dlrm")  # the default --models
+#: the models made here (module docstring): tables, rows per table, vector size, and the
+#: demo model whose config.pbtxt and cache rules they take
+SYNTHETIC = {"hps_many": {"tables": 26, "rows": 20_000, "dim": 16, "like": "dlrm_hps"}}
 #: the measured variants of each model (module docstring), in round order
 VARIANTS = ("floor", "gpu", "cpu", "gpu_static", "cpu_mapped")
 LOADGEN_SOURCE = os.path.join(ROOT, "benchmarks", "loadgen.cpp")
@@ -110,17 +118,63 @@ def _floor_parameters(model: str, entry: dict) -> dict:
     return {"vec_sizes": ",".join(str(v) for v in entry["embedding_vecsize_per_table"])}
 
 
-def build_repository(path: str, gpu_count: int, cpu_count: int, gpu_kind: str = "KIND_GPU") -> str:
-    """Each measured model in its variants (module docstring), with its files in its own
-    version folder (ps.json paths rewritten: every folder of a repository is a model)."""
+def make_synthetic(model: str, base: str) -> dict:
+    """Writes a SYNTHETIC model's tables (HugeCTR sparse folders, random rows) under
+    ``base``/<model>/1 and returns its ps.json entry (paths relative to ``base``)."""
+    from triton_rec.formats.hugectr_sparse import write_sparse_dir
+
+    spec = SYNTHETIC[model]
+    with open(os.path.join(DEMO, "ps.json")) as f:
+        like = next(m for m in json.load(f)["models"] if m["model"] == spec["like"])
+    rng = np.random.default_rng(3)
+    files = []
+    for t in range(spec["tables"]):
+        rel = f"{model}/1/{model}{t}_sparse_0.model"
+        keys = rng.choice(10**9, spec["rows"], replace=False).astype(np.int64)
+        vectors = rng.standard_normal((spec["rows"], spec["dim"])).astype(np.float32)
+        write_sparse_dir(os.path.join(base, rel), keys, vectors)
+        files.append(rel)
+    return {
+        "model": model,
+        "sparse_files": files,
+        "embedding_table_names": [f"table{t}" for t in range(spec["tables"])],
+        "embedding_vecsize_per_table": [spec["dim"]] * spec["tables"],
+        "maxnum_catfeature_query_per_table_per_sample": [1] * spec["tables"],
+        "default_value_for_each_table": [0.0] * spec["tables"],
+        **{k: like[k] for k in ("deployed_device_list", "max_batch_size", "gpucache",
+                                "gpucacheper", "hit_rate_threshold")},
+    }  # fmt: skip
+
+
+def model_sources(models, base: str) -> dict:
+    """model -> (folder its ps.json paths are relative to, its ps.json entry, its
+    config.pbtxt text): the demo's, or a SYNTHETIC model's made under ``base``."""
+    with open(os.path.join(DEMO, "ps.json")) as f:
+        entries = {m["model"]: m for m in json.load(f)["models"]}
+    sources = {}
+    for model in models:
+        like = SYNTHETIC[model]["like"] if model in SYNTHETIC else model
+        with open(os.path.join(DEMO, like, "config.pbtxt")) as f:
+            cfg = f.read().replace(f'name: "{like}"', f'name: "{model}"')
+        if model in SYNTHETIC:
+            sources[model] = (base, make_synthetic(model, base), cfg)
+        else:
+            sources[model] = (DEMO, entries[model], cfg)
+    return sources
+
+
+def build_repository(
+    path: str, gpu_count: int, cpu_count: int, gpu_kind: str = "KIND_GPU", sources=None
+) -> str:
+    """Each measured model (``sources``: model_sources; default the demo's MODELS) in its
+    variants (module docstring), with its files in its own version folder (ps.json paths
+    rewritten: every folder of a repository is a model)."""
     os.makedirs(path)
     with open(os.path.join(DEMO, "ps.json")) as f:
         ps = json.load(f)
-    entries = {m["model"]: m for m in ps["models"]}
+    sources = sources or model_sources(MODELS, path)
     ps["models"] = []
-    for model in MODELS:
-        with open(os.path.join(DEMO, model, "config.pbtxt")) as f:
-            demo_cfg = f.read()
+    for model, (base, model_entry, demo_cfg) in sources.items():
         for variant in VARIANTS:
             name = f"{model}_{variant}"
             version = os.path.join(path, name, "1")
@@ -132,19 +186,19 @@ def build_repository(path: str, gpu_count: int, cpu_count: int, gpu_kind: str = 
             if variant == "floor":
                 cfg = re.sub(r'backend: "\w+"', 'backend: "trec_floor"', cfg)
                 cfg = re.sub(r"parameters \{.*", "", cfg, flags=re.S)
-                for k, v in _floor_parameters(model, entries[model]).items():
+                for k, v in _floor_parameters(model, model_entry).items():
                     cfg += f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
                 with open(os.path.join(path, name, "config.pbtxt"), "w") as f:
                     f.write(cfg)
                 continue
-            entry = dict(entries[model], model=name)
+            entry = dict(model_entry, model=name)
             if variant == "gpu_static":
                 entry["embedding_cache_type"] = "static"
             elif variant == "cpu_mapped":
                 entry["gpucache"] = False
 
-            def local(rel: str, version=version, name=name) -> str:
-                src = os.path.join(DEMO, rel)
+            def local(rel: str, version=version, name=name, base=base) -> str:
+                src = os.path.join(base, rel)
                 dst = os.path.join(version, os.path.basename(rel))
                 if not os.path.exists(dst):
                     (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, dst)
@@ -155,9 +209,9 @@ def build_repository(path: str, gpu_count: int, cpu_count: int, gpu_kind: str = 
                 if entry.get(key):
                     entry[key] = local(entry[key])
             ps["models"].append(entry)
-            for f in os.listdir(os.path.join(DEMO, model, "1")):  # e.g. the network JSON
+            for f in os.listdir(os.path.join(base, model, "1")):  # e.g. the network JSON
                 if f.endswith(".json"):
-                    shutil.copy(os.path.join(DEMO, model, "1", f), os.path.join(version, f))
+                    shutil.copy(os.path.join(base, model, "1", f), os.path.join(version, f))
             with open(os.path.join(path, name, "config.pbtxt"), "w") as f:
                 f.write(cfg)
     with open(os.path.join(path, "ps.json"), "w") as f:
@@ -165,15 +219,14 @@ def build_repository(path: str, gpu_count: int, cpu_count: int, gpu_kind: str = 
     return path
 
 
-def hps_bodies(model: str, batch: int, n: int, rng) -> list:
-    with open(os.path.join(DEMO, "ps.json")) as f:
-        m = next(x for x in json.load(f)["models"] if x["model"] == model)
+def hps_bodies(source, batch: int, n: int, rng) -> list:
+    """n requests of ``batch`` samples for an hps model (``source``: model_sources')."""
+    base, m, cfg = source
     pools = [
-        read_table(os.path.join(DEMO, p), v)[0]
+        read_table(os.path.join(base, p), v)[0]
         for p, v in zip(m["sparse_files"], m["embedding_vecsize_per_table"])
     ]
-    with open(os.path.join(DEMO, model, "config.pbtxt")) as f:
-        batched = "max_batch_size: 0" not in f.read()
+    batched = "max_batch_size: 0" not in cfg
     bodies = []
     for _ in range(n):
         keys = [
@@ -367,6 +420,8 @@ def serve_and_measure(args, repo, tmp, exe, bodies_files, single_files, wait) ->
                 f"{rate['gpu_static'] / rate['cpu_mapped']:.2f}x)",
                 flush=True,
             )
+        if "dlrm" not in args.models:
+            return report
         lat = {}
         for v in VARIANTS:
             model = f"dlrm_{v}"
@@ -399,21 +454,36 @@ def main(argv=None) -> int:
     )
     # KIND_CPU here checks the benchmark itself on a machine without a GPU
     ap.add_argument("--gpu-kind", default="KIND_GPU", choices=("KIND_GPU", "KIND_CPU"))
+    ap.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help=f"comma-separated, of {', '.join(MODELS + tuple(SYNTHETIC))} (module docstring)",
+    )
     args = ap.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
     args.perf = [p for p in args.perf.split(",") if p]
     rng = np.random.default_rng(1)
     tmp = tempfile.mkdtemp(prefix="trec-served-")
     exe = build_loadgen(tmp)
+    sources = model_sources(args.models, os.path.join(tmp, "sources"))
     repo = build_repository(
-        os.path.join(tmp, "repo"), args.gpu_count, args.cpu_count, args.gpu_kind
+        os.path.join(tmp, "repo"), args.gpu_count, args.cpu_count, args.gpu_kind, sources
     )
     files = {}
     for batch in (int(b) for b in args.batches.split(",")):
         n = 64 if batch <= 256 else 16  # distinct requests per model and batch size
-        for model in MODELS:
-            made = dlrm_bodies(batch, n) if model == "dlrm" else hps_bodies(model, batch, n, rng)
+        for model in args.models:
+            made = (
+                dlrm_bodies(batch, n)
+                if model == "dlrm"
+                else hps_bodies(sources[model], batch, n, rng)
+            )
             files[(model, batch)] = write_bodies(os.path.join(tmp, f"{model}-{batch}.bin"), made)
-    single = write_bodies(os.path.join(tmp, "dlrm1.bin"), dlrm_bodies(1, 200))
+    single = (
+        write_bodies(os.path.join(tmp, "dlrm1.bin"), dlrm_bodies(1, 200))
+        if "dlrm" in args.models
+        else None
+    )
     report = {
         "machine": machine_info(),
         "command": "python benchmarks/bench_gpu_served.py " + " ".join(argv or sys.argv[1:]),
