@@ -730,12 +730,16 @@ void register_gpu(py::module_& m) {
                const int64_t* out_starts, float* out, uint8_t* status) {
               std::vector<int64_t> spans(2 * n + 1);
               gpu::fill_lookup_spans(spans.data(), key_starts, out_starts, n);
-              xc::twin_lookup_tables(tg, spans.data(), static_cast<int>(n), k, out, status);
+              gpu::each_launch(n, key_starts, [&](size_t c0, size_t count) {
+                xc::twin_lookup_tables(tg + c0, spans.data() + 2 * c0, static_cast<int>(count), k,
+                                       out, status);
+              });
             });
       },
       py::arg("tables"), py::arg("keys"), py::arg("out"), py::arg("status"),
-      "trec_lookup_tables run on the CPU: tables are CacheViews (state arrays in host memory) "
-      "or whole tables (index, rows, precision, dim, default_value); as gpu_lookup_tables.");
+      "trec_lookup_tables run on the CPU, in the same launches of at most 64 tables: tables "
+      "are CacheViews (state arrays in host memory) or whole tables (index, rows, precision, "
+      "dim, default_value); as gpu_lookup_tables.");
   m.def(
       "group_writes",
       [](const CacheView& c, const py::array& keys, int64_t repeat) {

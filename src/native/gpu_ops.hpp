@@ -389,6 +389,18 @@ inline void fill_lookup_spans(int64_t* dst, const int64_t* key_starts, const int
   dst[2 * tables] = key_starts[tables];
 }
 
+// The launches of a lookup or combine of `tables` tables whose items (keys, elements) start
+// at starts[t]: fn(first, count) for each run of at most kLaunchTables tables that has
+// items. The GPU path launches per run; the twin (bindings) runs the same runs, so CI
+// covers the split.
+template <class Fn>
+void each_launch(size_t tables, const int64_t* starts, Fn&& fn) {
+  for (size_t c0 = 0; c0 < tables; c0 += xcache::kLaunchTables) {
+    const size_t c1 = std::min(tables, c0 + xcache::kLaunchTables);
+    if (starts[c1] > starts[c0]) fn(c0, c1 - c0);
+  }
+}
+
 // Launches the lookups of every table of a request, one launch per kLaunchTables tables:
 // targets (device, one per table), spans (device, fill_lookup_spans; key_starts is its
 // host copy's key starts), keys, out and status (device) as trec_lookup_tables takes them.
@@ -398,15 +410,13 @@ inline void launch_lookups(Lane& lane, CUdeviceptr targets, size_t tables, CUdev
                            CUdeviceptr status) {
   const Kernels& k = lane.kernels();
   CUdeviceptr done = lane.done();
-  for (size_t c0 = 0; c0 < tables; c0 += xcache::kLaunchTables) {
-    const size_t c1 = std::min(tables, c0 + xcache::kLaunchTables);
-    const int64_t n = key_starts[c1] - key_starts[c0];
-    if (n <= 0) continue;
-    CUdeviceptr tg = targets + c0 * sizeof(LookupTarget), sp = spans + c0 * 16;
-    int32_t m = static_cast<int32_t>(c1 - c0);
+  each_launch(tables, key_starts, [&](size_t c0, size_t count) {
+    const int64_t n = key_starts[c0 + count] - key_starts[c0];
+    CUdeviceptr tg = targets + c0 * sizeof(LookupTarget), sp = spans + c0 * 2 * sizeof(int64_t);
+    int32_t m = static_cast<int32_t>(count);
     void* args[] = {&tg, &sp, &m, &keys, &out, &status, &done};
     launch(k.lookup_tables, k.grid(n, kWarpsPerBlock), lane.stream(), args, "trec_lookup_tables");
-  }
+  });
 }
 
 // trec_combine_tables' spans: table t's first element (slot x value) elem_starts[t] (and
@@ -428,15 +438,14 @@ inline void fill_combine_spans(int64_t* dst, const int64_t* elem_starts, const i
 inline void launch_combines(Lane& lane, CUdeviceptr targets, size_t tables, CUdeviceptr spans,
                             const int64_t* elem_starts, CUdeviceptr vectors, CUdeviceptr ptr) {
   const Kernels& k = lane.kernels();
-  for (size_t c0 = 0; c0 < tables; c0 += xcache::kLaunchTables) {
-    const size_t c1 = std::min(tables, c0 + xcache::kLaunchTables);
-    const int64_t n = elem_starts[c1] - elem_starts[c0];
-    if (n <= 0) continue;
-    CUdeviceptr tg = targets + c0 * sizeof(xcache::CombineTarget), sp = spans + c0 * 24;
-    int32_t m = static_cast<int32_t>(c1 - c0);
+  each_launch(tables, elem_starts, [&](size_t c0, size_t count) {
+    const int64_t n = elem_starts[c0 + count] - elem_starts[c0];
+    CUdeviceptr tg = targets + c0 * sizeof(xcache::CombineTarget),
+                sp = spans + c0 * 3 * sizeof(int64_t);
+    int32_t m = static_cast<int32_t>(count);
     void* args[] = {&tg, &sp, &m, &vectors, &ptr};
     launch(k.combine_tables, k.grid(n, kBlock), lane.stream(), args, "trec_combine_tables");
-  }
+  });
 }
 
 // A host-to-host lookup of `tables` tables (targets[t]: its keys from key_starts[t] to

@@ -12,6 +12,7 @@ import pytest
 
 from tests.xcache_harness import (
     TwinCache,
+    assert_same_state,
     check_one_launch,
     keys_in_set,
     operations,
@@ -176,3 +177,41 @@ def test_group_writes_gives_each_set_its_distinct_keys_last_occurrence_in_batch_
         part = src[starts[t] : starts[t + 1]]
         assert part.size > 0 and np.all(set_of[part] == s)
         assert np.all(np.diff(part) > 0)  # batch order
+
+
+def test_a_request_of_more_tables_than_one_launch_serves_is_split_and_answered_whole():
+    # 70 tables (one launch serves _native's 64): caches and whole tables in turn, the
+    # first table of the second launch without keys; the twin runs the GPU path's split
+    # (gpu_ops.hpp each_launch), and each table answers as it does alone
+    rng = np.random.default_rng(4)
+    refs, twins, wants, keys, handles = {}, {}, {}, [], []
+    for t in range(70):
+        if t % 2 == 0:
+            ref = ArrayEmbeddingCache(64, 4, ways=4)
+            held = rng.integers(0, 500, 40).astype(np.int64)
+            ref.insert(held, rows_for(ref, held))
+            refs[t], twins[t] = ref, TwinCache(ref)
+            handles.append(twins[t].view)
+            ask = np.concatenate([held[:10], rng.integers(600, 700, 3)]).astype(np.int64)
+        else:
+            stored = rng.choice(10_000, 50, replace=False).astype(np.int64)
+            rows = rng.standard_normal((50, 4)).astype(np.float32)
+            index = _native.build_index(stored)
+            handles.append((index, rows, 0, 4, 0.25))
+            ask = np.concatenate([stored[:7], [20_000, 20_001]]).astype(np.int64)
+            wants[t] = np.empty((ask.size, 4), np.float32)
+            _native.lookup(index, rows, ask, wants[t], 0.25)
+        keys.append(ask if t != 64 else np.empty(0, np.int64))
+    outs = [np.full((k.size, 4), np.nan, np.float32) for k in keys]
+    statuses = [np.full(k.size, 9, np.uint8) for k in keys]
+    _native.twin_lookup_tables(handles, keys, outs, statuses)
+    for t in range(70):
+        if t in refs:
+            if keys[t].size:
+                vec, hit = refs[t].query(keys[t])
+                assert np.array_equal(statuses[t], hit.astype(np.uint8)), t
+                assert np.array_equal(outs[t].view(np.uint32), vec.view(np.uint32)), t
+            assert_same_state(refs[t], twins[t].state(), f"table {t}")
+        else:
+            assert np.array_equal(outs[t].view(np.uint32), wants[t].view(np.uint32)), t
+            assert statuses[t].tolist() == [1] * 7 + [0, 0], t
