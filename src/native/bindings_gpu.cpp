@@ -235,9 +235,7 @@ class DeviceCache {
 
   // keys (host) -> out [n, dim] float32 and status [n] (host); returns (hits, torn).
   py::tuple query(const py::array& keys, const py::array& out, const py::array& status) {
-    gpu::LookupTarget t;
-    t.view = v_;
-    const auto [n, sp] = host_lookup(*k_, t, keys, out, status);
+    const auto [n, sp] = host_lookup(*k_, target(), keys, out, status);
     int64_t hits = 0, torn = 0;
     for (int64_t i = 0; i < n; ++i) {
       hits += sp[i] == xc::kHit;
@@ -250,10 +248,7 @@ class DeviceCache {
   void query_device(uintptr_t keys, int64_t n, uintptr_t out, uintptr_t status) {
     py::gil_scoped_release release;
     auto lease = k_->take();
-    lease.lane->enter();
-    gpu::LookupTarget t;
-    t.view = v_;
-    gpu::lookup_device(*lease.lane, t, keys, n, out, status);
+    gpu::lookup_device(*lease.lane, target(), keys, n, out, status);
   }
 
   py::tuple write(int32_t mode, const py::array& keys, const py::object& rows) {
@@ -402,10 +397,7 @@ class DeviceTable {
 
   // keys -> out [n, dim], status [n] (1 found, 0 absent: default value); returns absent.
   int64_t lookup(const py::array& keys, const py::array& out, const py::array& status) {
-    gpu::LookupTarget t;
-    t.cache = false;
-    t.table = t_;
-    const auto [n, sp] = host_lookup(*k_, t, keys, out, status);
+    const auto [n, sp] = host_lookup(*k_, target(), keys, out, status);
     int64_t absent = 0, corrupt = 0;
     for (int64_t i = 0; i < n; ++i) {
       absent += sp[i] != xc::kHit;

@@ -367,14 +367,11 @@ class DeviceArray {
     lane.enter();
     lane.to_device(d, items.data(), bytes);
     lane.sync();
-    size_ = items.size();
   }
   CUdeviceptr ptr() const { return buffer_.ptr(); }
-  size_t size() const { return size_; }
 
  private:
   DeviceBuffer buffer_;
-  size_t size_ = 0;
 };
 
 // trec_lookup_tables' spans of a request whose table t has its keys from key_starts[t]
