@@ -104,15 +104,13 @@ void read_dense_gpu(PyObject* g, NativePlan* plan) {
   }
 }
 
-// What the launches for every table read (NativePlan::targets, combines), to the device.
+// What the launches for every table read (NativePlan::targets, combines), to the device;
+// after the plan's checks (one emb_in, slots and mean entry per table).
 void upload_targets(NativePlan* plan) {
   std::vector<tr::gpu::LookupTarget> targets;
   for (const NativeTable& nt : plan->tables) targets.push_back(nt.target);
   plan->targets.upload(*plan->lane, targets);
   if (plan->emb_in.empty()) return;
-  if (plan->emb_in.size() != plan->tables.size()) {
-    throw std::runtime_error("native plan: the GPU network's inputs and the tables differ");
-  }
   std::vector<tr::xcache::CombineTarget> combines(plan->tables.size());
   for (size_t t = 0; t < combines.size(); ++t) {
     combines[t].out = reinterpret_cast<float*>(plan->emb_in[t]);
@@ -269,13 +267,13 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
       throw std::runtime_error("native plan: GPU and host tables mixed in one model");
     }
   }
-  if (plan->gpu()) upload_targets(plan.get());
   const size_t per_table = plan->hugectr ? plan->slots.size() : plan->maxnum.size();
   const size_t listed = plan->dense_only ? plan->vec_sizes.size() : plan->tables.size();
   if (listed != per_table || (plan->hugectr && plan->mean.size() != per_table) ||
       (plan->dense_only && (!plan->tables.empty() || plan->gpu() || !plan->net))) {
     throw std::runtime_error("native plan: the per-table lists differ in length");
   }
+  if (plan->gpu()) upload_targets(plan.get());
   return plan;
 }
 
