@@ -124,6 +124,10 @@ struct LookupTarget {
   View view{};
   WholeTable table{};
   TREC_HD int64_t dim() const noexcept { return cache ? view.dim : table.dim; }
+  TREC_HD int64_t row_bytes() const noexcept {
+    return cache ? view.row_bytes
+                 : encoded_row_bytes(static_cast<uint32_t>(table.precision), table.dim);
+  }
 };
 
 // Where HugeCTR's slot combiner puts one table's slots (trec_combine_tables): out [segments,

@@ -133,14 +133,9 @@ inline void twin_lookup_tables(const LookupTarget* targets, const int64_t* spans
                                const int64_t* keys, float* out, uint8_t* status) {
   if (tables <= 0) return;
   std::vector<int64_t> first(static_cast<size_t>(tables) + 1), ticks(first.size());
-  std::vector<int64_t> row_bytes(first.size());
   for (int t = 0; t <= tables; ++t) first[t] = spans[2 * t];
-  for (int t = 0; t < tables; ++t) {
-    const LookupTarget& tg = targets[t];
-    ticks[t] = tg.cache ? tg.view.meta[kClock] + 1 : 0;
-    row_bytes[t] = tg.cache
-                       ? tg.view.row_bytes
-                       : encoded_row_bytes(static_cast<uint32_t>(tg.table.precision), tg.table.dim);
+  for (int t = 0; t < tables; ++t) {  // a cache's clock: what its keys stamp with
+    ticks[t] = targets[t].cache ? targets[t].view.meta[kClock] + 1 : 0;
   }
   const SerialGroup g;
   for (int64_t i = first[0]; i < first[tables]; ++i) {
@@ -148,7 +143,7 @@ inline void twin_lookup_tables(const LookupTarget* targets, const int64_t* spans
     const LookupTarget& tg = targets[t];
     float* dst = out + spans[2 * t + 1] + (i - first[t]) * tg.dim();
     status[i] = tg.cache ? query_key(g, tg.view, keys[i], dst, ticks[t])
-                         : whole_table_key(g, tg.table, row_bytes[t], keys[i], dst);
+                         : whole_table_key(g, tg.table, tg.row_bytes(), keys[i], dst);
   }
   for (int t = 0; t < tables; ++t) {
     const int64_t n = first[t + 1] - first[t];

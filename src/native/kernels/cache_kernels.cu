@@ -168,9 +168,7 @@ extern "C" __global__ void trec_lookup_tables(const xc::LookupTarget* targets, c
     outs[t] = spans[2 * t + 1];
     const xc::LookupTarget& tg = targets[t];  // a cache's clock: what its keys stamp with
     ticks[t] = tg.cache ? xc::load_fresh(tg.view.meta + xc::kClock) + 1 : 0;
-    row_bytes[t] = tg.cache ? tg.view.row_bytes
-                            : triton_rec::encoded_row_bytes(
-                                  static_cast<uint32_t>(tg.table.precision), tg.table.dim);
+    row_bytes[t] = tg.row_bytes();
   }
   __syncthreads();
   const xc::WarpGroup g;
