@@ -188,64 +188,77 @@ def run_against_reference(
     return seen
 
 
-# One launch for a request's tables (trec_lookup_tables): the caches and whole tables of
-# check_one_launch, as (capacity, vec_size, ways, policy, precision) and (mode, precision).
-LAUNCH_CACHES = [(4096, 16, 8, "lru", "fp32"), (2048, 8, 4, "tinylfu", "fp16")]
-LAUNCH_TABLES = [("static", "fp16"), ("uvm", "int8")]
+# The tables of one request looked up together (trec_lookup_tables), in request order:
+# ("cache", capacity, vec_size, ways, policy, precision, asked) or ("table", mode,
+# precision); a cache not asked gets no keys. ONE_LAUNCH: each policy and precision, a
+# cache without keys between them, both whole-table modes. MANY_TABLES: 70 tables, more
+# than one launch serves (_native's 64), caches and whole tables in turn, the first table
+# of the second launch without keys.
+ONE_LAUNCH = [
+    ("cache", 4096, 16, 8, "lru", "fp32", True),
+    ("cache", 1024, 4, 4, "lru", "fp32", False),
+    ("cache", 2048, 8, 4, "tinylfu", "fp16", True),
+    ("table", "static", "fp16"),
+    ("table", "uvm", "int8"),
+]
+MANY_TABLES = [
+    ("cache", 64, 4, 4, "lru", "fp32", t != 64) if t % 2 == 0
+    else ("table", ("static", "uvm")[t // 2 % 2], "fp32")
+    for t in range(70)
+]  # fmt: skip
 
 
 def check_one_launch(
     make_cache: Callable[[ArrayEmbeddingCache], Tuple[object, Callable[[], Dict[str, np.ndarray]]]],
     make_table: Callable[[np.ndarray, np.ndarray, int, int, float, str], object],
     lookup: Callable[[list, list, list, list], None],
+    layout: List[tuple] = ONE_LAUNCH,
 ) -> None:
-    """Two caches (each policy and precision), a cache without keys and two whole tables,
-    looked up in one launch: each answers as alone (the caches as the numpy reference, the
-    whole tables as the CPU lookup) and each cache's state ends as the reference's (ticks
-    and sketch included; the one without keys untouched). make_cache(ref) -> (handle,
-    state()) copies ref's state; make_table(index, rows, precision code, dim, default,
-    mode) -> handle; lookup(handles, keys, outs, statuses) is the launch under test."""
+    """The tables of ``layout`` (ONE_LAUNCH, MANY_TABLES) looked up as one request: each
+    answers as alone (a cache as the numpy reference, a whole table as the CPU lookup) and
+    each cache's state ends as the reference's (ticks and sketch included; one without keys
+    untouched). make_cache(ref) -> (handle, state()) copies ref's state; make_table(index,
+    rows, precision code, dim, default, mode) -> handle; lookup(handles, keys, outs,
+    statuses) is the launch under test."""
     from triton_rec.precision import RowCodec
 
     rng = np.random.default_rng(11)
-    refs, handles, states, keys, dims = [], [], [], [], []
-    for capacity, vec, ways, policy, precision in LAUNCH_CACHES + [(1024, 4, 4, "lru", "fp32")]:
-        ref = ArrayEmbeddingCache(capacity, vec, ways=ways, policy=policy, precision=precision)
-        held = rng.integers(0, 50_000, 3_000).astype(np.int64)
-        ref.insert(held, rows_for(ref, held))
-        handle, state = make_cache(ref)
-        refs.append(ref)
+    handles, keys, checks = [], [], []
+    for spec in layout:
+        if spec[0] == "cache":
+            capacity, vec, ways, policy, precision, asked = spec[1:]
+            ref = ArrayEmbeddingCache(capacity, vec, ways=ways, policy=policy, precision=precision)
+            held = rng.integers(0, 50_000, 3_000).astype(np.int64)
+            ref.insert(held, rows_for(ref, held))
+            handle, state = make_cache(ref)
+            ask = np.concatenate([rng.choice(held, 700), rng.integers(60_000, 90_000, 300)])
+            if not asked:
+                ask = np.empty(0, np.int64)
+            checks.append(("cache", ref, state, vec))
+        else:
+            mode, precision = spec[1:]
+            stored = rng.choice(np.arange(10**6), 5_000, replace=False).astype(np.int64)
+            codec = RowCodec(precision, 5)
+            rows = codec.encode(rng.standard_normal((stored.size, 5)).astype(np.float32))
+            index = _native.build_index(stored)
+            handle = make_table(index, rows, codec.code, 5, -1.5, mode)
+            ask = np.concatenate([rng.choice(stored, 900), np.arange(2 * 10**6, 2 * 10**6 + 100)])
+            want = np.empty((ask.size, 5), np.float32)
+            _native.lookup(index, rows, ask, want, -1.5, precision=codec.code)
+            checks.append(("table", want, None, 5))
         handles.append(handle)
-        states.append(state)
-        keys.append(np.concatenate([rng.choice(held, 700), rng.integers(60_000, 90_000, 300)]))
-        dims.append(vec)
-    keys[-1] = np.empty(0, np.int64)  # the cache without keys
-    wants = []
-    for mode, precision in LAUNCH_TABLES:
-        stored = rng.choice(np.arange(10**6), 5_000, replace=False).astype(np.int64)
-        codec = RowCodec(precision, 5)
-        rows = codec.encode(rng.standard_normal((stored.size, 5)).astype(np.float32))
-        index = _native.build_index(stored)
-        handles.append(make_table(index, rows, codec.code, 5, -1.5, mode))
-        ask = np.concatenate([rng.choice(stored, 900), np.arange(2 * 10**6, 2 * 10**6 + 100)])
-        want = np.empty((ask.size, 5), np.float32)
-        _native.lookup(index, rows, ask, want, -1.5, precision=codec.code)
-        keys.append(ask)
-        dims.append(5)
-        wants.append(want)
-    # the order of a request: a cache, the one without keys between, whole tables last
-    order = [0, 2, 1, 3, 4]
-    outs = [np.full((keys[i].size, dims[i]), np.nan, np.float32) for i in order]
-    statuses = [np.full(keys[i].size, 9, np.uint8) for i in order]
-    lookup([handles[i] for i in order], [keys[i] for i in order], outs, statuses)
-    got = {i: (outs[j], statuses[j]) for j, i in enumerate(order)}
-    for i, ref in enumerate(refs):
-        if keys[i].size:
-            vec, hit = ref.query(keys[i])
-            assert np.array_equal(got[i][1], hit.astype(np.uint8)), f"cache {i}: statuses"
-            assert np.array_equal(got[i][0].view(np.uint32), vec.view(np.uint32)), f"cache {i}"
-        assert_same_state(ref, states[i](), f"cache {i} after the launch")
-    for w, want in enumerate(wants):
-        out, status = got[3 + w]
-        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"table {w}"
-        assert np.array_equal(status, (np.arange(status.size) < 900).astype(np.uint8))
+        keys.append(ask.astype(np.int64))
+    outs = [np.full((k.size, c[3]), np.nan, np.float32) for k, c in zip(keys, checks)]
+    statuses = [np.full(k.size, 9, np.uint8) for k in keys]
+    lookup(handles, keys, outs, statuses)
+    for t, (kind, expected, state, _dim) in enumerate(checks):
+        out, status = outs[t], statuses[t]
+        if kind == "cache":
+            if keys[t].size:
+                vec, hit = expected.query(keys[t])
+                assert np.array_equal(status, hit.astype(np.uint8)), f"table {t}: statuses"
+                assert np.array_equal(out.view(np.uint32), vec.view(np.uint32)), f"table {t}"
+            assert_same_state(expected, state(), f"table {t} after the launch")
+        else:
+            assert np.array_equal(out.view(np.uint32), expected.view(np.uint32)), f"table {t}"
+            assert np.array_equal(status, (np.arange(status.size) < 900).astype(np.uint8))

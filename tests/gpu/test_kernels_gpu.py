@@ -10,7 +10,9 @@ import pytest
 
 from tests.unit.test_gpu_kernels import CASES
 from tests.xcache_harness import (
+    MANY_TABLES,
     MODES,
+    ONE_LAUNCH,
     check_one_launch,
     keys_in_set,
     operations,
@@ -106,10 +108,11 @@ def test_the_cupy_cache_public_api_matches_numpy(cupy):
     assert dev.size() == ref.size()
 
 
-def test_one_launch_looks_up_caches_and_whole_tables_as_each_alone(cupy):
-    # A request's tables in one trec_lookup_tables launch (the twin's case in
+@pytest.mark.parametrize("layout", ["one launch", "many tables"])
+def test_one_launch_looks_up_caches_and_whole_tables_as_each_alone(cupy, layout):
+    # A request's tables in trec_lookup_tables (the twin's cases in
     # tests/unit/test_gpu_kernels.py, on the device): caches of each policy and precision,
-    # one without keys, a static and a uvm table.
+    # one without keys, static and uvm tables; then 70 tables, more than one launch serves
     from triton_rec import _native
     from triton_rec.gpu.kernels import load_kernels
 
@@ -126,4 +129,5 @@ def test_one_launch_looks_up_caches_and_whole_tables_as_each_alone(cupy):
     def make_table(index, rows, code, dim, default, mode):
         return _native.DeviceTable(load_kernels(0), index, rows, code, dim, default, mode)
 
-    check_one_launch(make_cache, make_table, _native.gpu_lookup_tables)
+    tables = ONE_LAUNCH if layout == "one launch" else MANY_TABLES
+    check_one_launch(make_cache, make_table, _native.gpu_lookup_tables, layout=tables)

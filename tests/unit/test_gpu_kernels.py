@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.xcache_harness import (
+    MANY_TABLES,
     TwinCache,
-    assert_same_state,
     check_one_launch,
     keys_in_set,
     operations,
@@ -142,10 +142,9 @@ def test_the_kernels_bindings_check_their_arguments_as_the_rest_of_native():
         _native.cache_twin_query(view, keys, out, status)
 
 
-def test_one_launch_looks_up_caches_and_whole_tables_as_each_alone_on_the_twin():
-    # trec_lookup_tables' twin: the tables of a request (caches of each policy and
-    # precision, one without keys, whole tables) in one call; the kernel runs the same case
-    # in tests/gpu/test_kernels_gpu.py
+def _twin_handles():
+    """check_one_launch's make_cache and make_table for the twin (host memory)."""
+
     def make_cache(ref):
         twin = TwinCache(ref)
         return twin.view, twin.state
@@ -153,7 +152,14 @@ def test_one_launch_looks_up_caches_and_whole_tables_as_each_alone_on_the_twin()
     def make_table(index, rows, code, dim, default, mode):
         return (index, rows, code, dim, default)
 
-    check_one_launch(make_cache, make_table, _native.twin_lookup_tables)
+    return make_cache, make_table
+
+
+def test_one_launch_looks_up_caches_and_whole_tables_as_each_alone_on_the_twin():
+    # trec_lookup_tables' twin: the tables of a request (caches of each policy and
+    # precision, one without keys, whole tables) in one call; the kernel runs the same case
+    # in tests/gpu/test_kernels_gpu.py
+    check_one_launch(*_twin_handles(), _native.twin_lookup_tables)
 
 
 @pytest.mark.parametrize("n,span", [(0, 10), (1, 10), (500, 40), (5_000, 3_000), (20_000, 10**12)])
@@ -180,38 +186,6 @@ def test_group_writes_gives_each_set_its_distinct_keys_last_occurrence_in_batch_
 
 
 def test_a_request_of_more_tables_than_one_launch_serves_is_split_and_answered_whole():
-    # 70 tables (one launch serves _native's 64): caches and whole tables in turn, the
-    # first table of the second launch without keys; the twin runs the GPU path's split
+    # 70 tables (one launch serves _native's 64): the twin runs the GPU path's split
     # (gpu_ops.hpp each_launch), and each table answers as it does alone
-    rng = np.random.default_rng(4)
-    refs, twins, wants, keys, handles = {}, {}, {}, [], []
-    for t in range(70):
-        if t % 2 == 0:
-            ref = ArrayEmbeddingCache(64, 4, ways=4)
-            held = rng.integers(0, 500, 40).astype(np.int64)
-            ref.insert(held, rows_for(ref, held))
-            refs[t], twins[t] = ref, TwinCache(ref)
-            handles.append(twins[t].view)
-            ask = np.concatenate([held[:10], rng.integers(600, 700, 3)]).astype(np.int64)
-        else:
-            stored = rng.choice(10_000, 50, replace=False).astype(np.int64)
-            rows = rng.standard_normal((50, 4)).astype(np.float32)
-            index = _native.build_index(stored)
-            handles.append((index, rows, 0, 4, 0.25))
-            ask = np.concatenate([stored[:7], [20_000, 20_001]]).astype(np.int64)
-            wants[t] = np.empty((ask.size, 4), np.float32)
-            _native.lookup(index, rows, ask, wants[t], 0.25)
-        keys.append(ask if t != 64 else np.empty(0, np.int64))
-    outs = [np.full((k.size, 4), np.nan, np.float32) for k in keys]
-    statuses = [np.full(k.size, 9, np.uint8) for k in keys]
-    _native.twin_lookup_tables(handles, keys, outs, statuses)
-    for t in range(70):
-        if t in refs:
-            if keys[t].size:
-                vec, hit = refs[t].query(keys[t])
-                assert np.array_equal(statuses[t], hit.astype(np.uint8)), t
-                assert np.array_equal(outs[t].view(np.uint32), vec.view(np.uint32)), t
-            assert_same_state(refs[t], twins[t].state(), f"table {t}")
-        else:
-            assert np.array_equal(outs[t].view(np.uint32), wants[t].view(np.uint32)), t
-            assert statuses[t].tolist() == [1] * 7 + [0, 0], t
+    check_one_launch(*_twin_handles(), _native.twin_lookup_tables, layout=MANY_TABLES)
