@@ -32,7 +32,6 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from machine import machine_info  # noqa: E402
 
-from tests.xcache_harness import TwinCache  # noqa: E402
 from triton_rec import _native  # noqa: E402
 from triton_rec.cache.array_cache import ArrayEmbeddingCache  # noqa: E402
 
@@ -65,7 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     cache = ArrayEmbeddingCache(args.capacity, 16, ways=8)
-    view = TwinCache(cache).view
+    view = cache.native_view()
     rng = np.random.default_rng(7)
     results = []
     for n in args.sizes:

@@ -168,7 +168,7 @@ def test_group_writes_gives_each_set_its_distinct_keys_last_occurrence_in_batch_
     # contract written out in Python: every distinct key once, at its last occurrence;
     # grouped by set, each set once; batch order within a set
     ref = ArrayEmbeddingCache(1024, 4, ways=4)
-    view = TwinCache(ref).view
+    view = ref.native_view()
     rng = np.random.default_rng(n)
     keys = rng.integers(-span, span, n).astype(np.int64)
     if n > 2:
