@@ -21,7 +21,9 @@ HugeCTR DLRM), the demo's, by default; ``hps_many``, made here, is an hps model 
 tables of 20,000 x 16 with one key per table per sample (Criteo's categorical features
 each a table, as many deployments have them; the demo models have 2 tables each), the
 demo's cache rules otherwise: where a request's per-table work (one launch per table
-until the fourth GPU session) shows.
+until the fourth GPU session) shows. ``dlrm_dense`` is the demo DLRM's HugeCTR network as
+a ``dense`` model (an ensemble's dense step: DES, the looked-up EMBEDDINGS, ROWINDEX), in
+three variants only, ``floor``, ``gpu`` (its CUDA graphs) and ``cpu``: it has no tables.
 
 1. Throughput: ``benchmarks/loadgen.cpp`` (built here with g++; a Python client's CPU per
    request would take the cores being measured) keeps ``--clients`` keep-alive HTTP
@@ -72,8 +74,17 @@ MODELS = ("dlrm_hps", "hps_demo", "dlrm")  # the default --models
 #: the models made here (module docstring): tables, rows per table, vector size, and the
 #: demo model whose config.pbtxt and cache rules they take
 SYNTHETIC = {"hps_many": {"tables": 26, "rows": 20_000, "dim": 16, "like": "dlrm_hps"}}
+#: the ``dense`` models measured here: model -> the demo ps.json entry whose network it runs
+DENSE = {"dlrm_dense": "dlrm"}
 #: the measured variants of each model (module docstring), in round order
 VARIANTS = ("floor", "gpu", "cpu", "gpu_static", "cpu_mapped")
+
+
+def variants_of(model: str) -> tuple:
+    """The variants a model is measured in: a dense model has no tables to hold whole."""
+    return VARIANTS[:3] if model in DENSE else VARIANTS
+
+
 LOADGEN_SOURCE = os.path.join(ROOT, "benchmarks", "loadgen.cpp")
 
 
@@ -110,11 +121,12 @@ def run_loadgen(exe: str, url: str, model: str, bodies_file: str, clients: int, 
 
 def _floor_parameters(model: str, entry: dict) -> dict:
     """trec_floor's parameters for a model with ``entry``'s interface (its ps.json entry)."""
-    if model == "dlrm":
+    if model in ("dlrm", *DENSE):
         from examples.dlrm.torch_dlrm import load_trained
 
         cfg = load_trained(os.path.join(DEMO, "dlrm", "1")).config
-        return {"tables": len(cfg.tables), "slots": cfg.total_slots}
+        middle = {"middle": "EMBEDDINGS"} if model in DENSE else {}
+        return {"tables": len(cfg.tables), "slots": cfg.total_slots, **middle}
     return {"vec_sizes": ",".join(str(v) for v in entry["embedding_vecsize_per_table"])}
 
 
@@ -155,11 +167,11 @@ def model_sources(models, base: str) -> dict:
     for model in models:
         like = SYNTHETIC[model]["like"] if model in SYNTHETIC else model
         with open(os.path.join(DEMO, like, "config.pbtxt")) as f:
-            cfg = f.read().replace(f'name: "{like}"', f'name: "{model}"')
+            cfg = f.read().replace(f'name: "{like}"', f'name: "{model}"', 1)
         if model in SYNTHETIC:
             sources[model] = (base, make_synthetic(model, base), cfg)
         else:
-            sources[model] = (DEMO, entries[model], cfg)
+            sources[model] = (DEMO, entries[DENSE.get(model, model)], cfg)
     return sources
 
 
@@ -175,11 +187,13 @@ def build_repository(
     sources = sources or model_sources(MODELS, path)
     ps["models"] = []
     for model, (base, model_entry, demo_cfg) in sources.items():
-        for variant in VARIANTS:
+        for variant in variants_of(model):
             name = f"{model}_{variant}"
             version = os.path.join(path, name, "1")
             os.makedirs(version)
-            cfg = demo_cfg.replace(f'name: "{model}"', f'name: "{name}"')
+            cfg = demo_cfg.replace(f'name: "{model}"', f'name: "{name}"', 1)
+            # a dense model's network: its ps.json entry (each variant has its own)
+            cfg = re.sub(r'(key: "ps_model" value: \{ string_value: )"\w+"', rf'\1"{name}"', cfg)
             kind, count = (gpu_kind, gpu_count) if "gpu" in variant else ("KIND_CPU", cpu_count)
             group = f"instance_group [ {{ count: {count} kind: {kind} }} ]"
             cfg = re.sub(r"instance_group \[.*?\]", group, cfg, flags=re.S)
@@ -209,9 +223,10 @@ def build_repository(
                 if entry.get(key):
                     entry[key] = local(entry[key])
             ps["models"].append(entry)
-            for f in os.listdir(os.path.join(base, model, "1")):  # e.g. the network JSON
+            source_dir = os.path.join(base, DENSE.get(model, model), "1")
+            for f in os.listdir(source_dir):  # e.g. the network JSON
                 if f.endswith(".json"):
-                    shutil.copy(os.path.join(base, model, "1", f), os.path.join(version, f))
+                    shutil.copy(os.path.join(source_dir, f), os.path.join(version, f))
             with open(os.path.join(path, name, "config.pbtxt"), "w") as f:
                 f.write(cfg)
     with open(os.path.join(path, "ps.json"), "w") as f:
@@ -243,17 +258,52 @@ def hps_bodies(source, batch: int, n: int, rng) -> list:
     return bodies
 
 
-def dlrm_bodies(batch: int, n: int) -> list:
+def _dlrm_samples(batch: int, n: int):
     from examples.dlrm.torch_dlrm import HiddenModel, load_trained
 
     model = load_trained(os.path.join(DEMO, "dlrm", "1"))
     with open(os.path.join(DEMO, "dlrm", "1", "dlrm_meta.json")) as f:
         seed = json.load(f)["seed"]
-    data = HiddenModel(model.config, seed).sample(batch * n, np.random.default_rng(5))
+    return HiddenModel(model.config, seed).sample(batch * n, np.random.default_rng(5))
+
+
+def dlrm_bodies(batch: int, n: int) -> list:
+    data = _dlrm_samples(batch, n)
     bodies = []
     for i in range(n):
         req = data.hugectr_request(i * batch, (i + 1) * batch)
         bodies.append(encode_request({k: v[None, :] for k, v in req.items()}, ("OUTPUT0",)))
+    return bodies
+
+
+def dense_bodies(source, batch: int, n: int) -> list:
+    """n requests of ``batch`` samples for a dense model: the demo DLRM's samples, each
+    key's vector read from its table (``source``: model_sources'; what the ensemble's hps
+    step answers)."""
+    base, m, _ = source
+    data = _dlrm_samples(batch, n)
+    tables = []
+    for p, v in zip(m["sparse_files"], m["embedding_vecsize_per_table"]):
+        keys, vectors = read_table(os.path.join(base, p), v)
+        order = np.argsort(keys)
+        tables.append((keys[order], vectors[order]))
+    bodies = []
+    for i in range(n):
+        req = data.ensemble_request(i * batch, (i + 1) * batch)
+        counts = np.concatenate([[0], np.cumsum(req["NUMKEYS"])])
+        emb = []
+        for t, (keys, vectors) in enumerate(tables):
+            part = req["KEYS"][counts[t] : counts[t + 1]]
+            at = np.searchsorted(keys, part)
+            if not np.array_equal(keys[np.minimum(at, keys.size - 1)], part):
+                raise ValueError(f"{m['model']}: a sample's key is not in table {t}")
+            emb.append(vectors[at].reshape(-1))
+        inputs = {
+            "DES": req["DES"],
+            "EMBEDDINGS": np.concatenate(emb).astype(np.float32),
+            "ROWINDEX": req["ROWINDEX"],
+        }
+        bodies.append(encode_request(inputs, ("OUTPUT0",)))
     return bodies
 
 
@@ -368,12 +418,13 @@ def serve_and_measure(args, repo, tmp, exe, bodies_files, single_files, wait) ->
     with TritonServer(repo, log_path=log, env=env) as srv:
         url = srv.http_url
         for (model, _), feed in bodies_files.items():  # warm caches and connections
-            for v in VARIANTS:
+            for v in variants_of(model):
                 run_loadgen(exe, url, f"{model}_{v}", feed, 4, 1.0)
         for (model, batch), feed in bodies_files.items():
-            rounds = {v: [] for v in VARIANTS}
+            variants = variants_of(model)
+            rounds = {v: [] for v in variants}
             for r in range(args.rounds):
-                for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                for v in variants if r % 2 == 0 else variants[::-1]:
                     name = f"{model}_{v}"
                     perf = (
                         os.path.join(args.logs or tmp, f"perf-{wait}-{name}.data")
@@ -391,11 +442,20 @@ def serve_and_measure(args, repo, tmp, exe, bodies_files, single_files, wait) ->
                 for v, rs in rounds.items()
             }
             rate = {v: m["infer_per_s"] for v, m in med.items()}
+            whole = "gpu_static" in rate  # a model with tables: held whole too
             report["throughput"][f"{model}@{batch}"] = {
                 "variants": med,
                 "gpu_over_cpu": round(rate["gpu"] / rate["cpu"], 3),
-                "gpu_static_over_cpu_mapped": round(rate["gpu_static"] / rate["cpu_mapped"], 3),
-                "over_floor": {v: round(rate[v] / rate["floor"], 3) for v in VARIANTS[1:]},
+                **(
+                    {
+                        "gpu_static_over_cpu_mapped": round(
+                            rate["gpu_static"] / rate["cpu_mapped"], 3
+                        )
+                    }
+                    if whole
+                    else {}
+                ),
+                "over_floor": {v: round(rate[v] / rate["floor"], 3) for v in variants[1:]},
             }
             print(f"[wait={wait}] {model} batch {batch}, {args.clients} connections:")
             for v, m in med.items():
@@ -415,11 +475,10 @@ def serve_and_measure(args, repo, tmp, exe, bodies_files, single_files, wait) ->
                     ),
                     flush=True,
                 )
-            print(
-                f"  GPU/CPU {rate['gpu'] / rate['cpu']:.2f}x (whole table: "
-                f"{rate['gpu_static'] / rate['cpu_mapped']:.2f}x)",
-                flush=True,
+            held = (
+                f" (whole table: {rate['gpu_static'] / rate['cpu_mapped']:.2f}x)" if whole else ""
             )
+            print(f"  GPU/CPU {rate['gpu'] / rate['cpu']:.2f}x{held}", flush=True)
         if "dlrm" not in args.models:
             return report
         lat = {}
@@ -457,7 +516,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--models",
         default=",".join(MODELS),
-        help=f"comma-separated, of {', '.join(MODELS + tuple(SYNTHETIC))} (module docstring)",
+        help=f"comma-separated, of {', '.join(MODELS + tuple(SYNTHETIC) + tuple(DENSE))} "
+        "(module docstring)",
     )
     args = ap.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
@@ -473,11 +533,12 @@ def main(argv=None) -> int:
     for batch in (int(b) for b in args.batches.split(",")):
         n = 64 if batch <= 256 else 16  # distinct requests per model and batch size
         for model in args.models:
-            made = (
-                dlrm_bodies(batch, n)
-                if model == "dlrm"
-                else hps_bodies(sources[model], batch, n, rng)
-            )
+            if model == "dlrm":
+                made = dlrm_bodies(batch, n)
+            elif model in DENSE:
+                made = dense_bodies(sources[model], batch, n)
+            else:
+                made = hps_bodies(sources[model], batch, n, rng)
             files[(model, batch)] = write_bodies(os.path.join(tmp, f"{model}-{batch}.bin"), made)
     single = (
         write_bodies(os.path.join(tmp, "dlrm1.bin"), dlrm_bodies(1, 200))

@@ -5,7 +5,8 @@
 // - `vec_sizes` ("16,8"): the `hps` interface, KEYS INT64 and NUMKEYS INT32 [T] or
 //   [1, T]; sum_t NUMKEYS[t] * vec_sizes[t] floats;
 // - `tables` and `slots` (total slots): the `hugectr` interface, DES, CATCOLUMN and
-//   ROWINDEX INT32 with tables + samples x slots values; one float per sample.
+//   ROWINDEX INT32 with tables + samples x slots values; one float per sample. With
+//   `middle` "EMBEDDINGS", the `dense` interface (DES, EMBEDDINGS, ROWINDEX) instead.
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -17,8 +18,9 @@
 namespace {
 
 struct FloorModel {
-  std::vector<int64_t> vec_sizes;  // the hps interface
-  int64_t tables = 0, slots = 0;   // the hugectr interface (when vec_sizes is empty)
+  std::vector<int64_t> vec_sizes;    // the hps interface
+  int64_t tables = 0, slots = 0;     // the hugectr interface (when vec_sizes is empty)
+  std::string middle = "CATCOLUMN";  // or EMBEDDINGS: the dense interface
 };
 
 using trec_backend::now_ns;
@@ -73,10 +75,10 @@ TRITONSERVER_Error* find_input(TRITONBACKEND_Request* request, const char* name,
   return *input != nullptr ? nullptr : invalid(std::string("missing input ") + name);
 }
 
-// One float per sample of a whole-model request: (len(ROWINDEX) - tables) / slots.
+// One float per sample of a whole-model (or dense) request: (len(ROWINDEX) - tables) / slots.
 TRITONSERVER_Error* samples(TRITONBACKEND_Request* request, const FloorModel& m, int64_t* floats) {
   TRITONBACKEND_Input* input = nullptr;
-  for (const char* name : {"DES", "CATCOLUMN", "ROWINDEX"}) {  // ROWINDEX last: kept
+  for (const char* name : {"DES", m.middle.c_str(), "ROWINDEX"}) {  // ROWINDEX last: kept
     if (auto* e = find_input(request, name, &input)) return e;
   }
   const char* name = nullptr;
@@ -203,6 +205,7 @@ __attribute__((visibility("default"))) TRITONSERVER_Error* TRITONBACKEND_ModelIn
         "interface), or tables and slots numbers (hugectr interface)");
   }
   if (!hps) state->tables = tables[0], state->slots = slots[0];
+  if (!parameter(json, "middle").empty()) state->middle = parameter(json, "middle");
   return TRITONBACKEND_ModelSetState(model, state);
 }
 

@@ -35,6 +35,13 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 parameters { key: "tables" value: { string_value: "2" } }
 parameters { key: "slots" value: { string_value: "26" } }
 """
+# the dense interface (an ensemble's dense step): EMBEDDINGS in CATCOLUMN's place
+DENSE = (
+    RANKING.replace("floor_ranking", "floor_dense").replace(
+        '{ name: "CATCOLUMN" data_type: TYPE_INT64', '{ name: "EMBEDDINGS" data_type: TYPE_FP32'
+    )
+    + 'parameters { key: "middle" value: { string_value: "EMBEDDINGS" } }\n'
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +52,13 @@ def floor_server(tmp_path_factory):
         (repo / name / "config.pbtxt").write_text(
             CONFIG.replace("{name}", name).replace("{sizes}", sizes)
         )
-    (repo / "floor_ranking" / "1").mkdir(parents=True)
-    (repo / "floor_ranking" / "config.pbtxt").write_text(RANKING)
+    for name, cfg in (("floor_ranking", RANKING), ("floor_dense", DENSE)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(cfg)
     log = tmp_path_factory.mktemp("floor_logs") / "tritonserver.log"
-    srv = TritonServer(repo, explicit=True, load_models=["floor", "floor_ranking"], log_path=log)
+    srv = TritonServer(
+        repo, explicit=True, load_models=["floor", "floor_ranking", "floor_dense"], log_path=log
+    )
     srv.start()
     yield srv
     srv.stop()
@@ -96,12 +106,21 @@ def test_a_bad_vec_sizes_parameter_fails_the_load_with_its_name(floor_server):
         assert client.is_server_ready()
 
 
-def test_the_native_floor_answers_one_zero_per_sample_on_the_hugectr_interface(floor_server):
+@pytest.mark.parametrize(
+    "model, middle",
+    [
+        ("floor_ranking", ("CATCOLUMN", np.int64, "INT64")),
+        ("floor_dense", ("EMBEDDINGS", np.float32, "FP32")),
+    ],
+)
+def test_the_native_floor_answers_one_zero_per_sample_on_the_whole_model_interfaces(
+    floor_server, model, middle
+):
     tc = client_module("grpc")
     n = 3
     arrays = {
         "DES": (np.zeros((1, n * 13), np.float32), "FP32"),
-        "CATCOLUMN": (np.arange(n * 26, dtype=np.int64)[None, :], "INT64"),
+        middle[0]: (np.arange(n * 26, dtype=middle[1])[None, :], middle[2]),
         "ROWINDEX": (np.zeros((1, n * 26 + 2), np.int32), "INT32"),
     }
     with make_client(floor_server, "grpc") as client:
@@ -110,7 +129,7 @@ def test_the_native_floor_answers_one_zero_per_sample_on_the_hugectr_interface(f
             i = tc.InferInput(name, list(a.shape), dtype)
             i.set_data_from_numpy(a)
             inputs.append(i)
-        out = client.infer("floor_ranking", inputs).as_numpy("OUTPUT0")
+        out = client.infer(model, inputs).as_numpy("OUTPUT0")
         assert out.shape == (n,) and not out.any()
         arrays["ROWINDEX"] = (np.zeros((1, n * 26 + 3), np.int32), "INT32")
         inputs[2] = tc.InferInput("ROWINDEX", [1, n * 26 + 3], "INT32")
@@ -118,7 +137,7 @@ def test_the_native_floor_answers_one_zero_per_sample_on_the_hugectr_interface(f
         with pytest.raises(
             Exception, match=re.escape("ROWINDEX has 81 values, not 2 + samples x 26")
         ):
-            client.infer("floor_ranking", inputs)
+            client.infer(model, inputs)
         assert client.is_server_ready()
 
 

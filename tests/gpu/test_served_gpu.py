@@ -26,8 +26,24 @@ HPS_OUT = ("OUTPUT0", "DefaultNotFound", "DefaultAsync")
 
 def make_repository(path: Path, kind: str) -> Path:
     """The demo repository in ``path``, every instance group of ``kind`` (count 2), plus
-    ``hps_demo_static`` and ``hps_demo_uvm`` (hps_demo's tables, those cache types)."""
+    ``hps_demo_static`` and ``hps_demo_uvm`` (hps_demo's tables, those cache types), and
+    ``dlrm_ensemble_hugectr``: the ensemble with the HugeCTR network as its dense step
+    (``dlrm_dense_hugectr``, ps.json entry ``dlrm``), which the native path runs."""
     shutil.copytree(DEMO, path)
+    for src, name, old, new in (
+        ("dlrm_dense", "dlrm_dense_hugectr", 'string_value: "dlrm_hps"', 'string_value: "dlrm"'),
+        (
+            "dlrm_ensemble",
+            "dlrm_ensemble_hugectr",
+            'model_name: "dlrm_dense"',
+            'model_name: "dlrm_dense_hugectr"',
+        ),
+    ):
+        (path / name / "1").mkdir(parents=True)
+        cfg = (path / src / "config.pbtxt").read_text()
+        assert old in cfg, (src, old)
+        cfg = cfg.replace(f'name: "{src}"', f'name: "{name}"', 1).replace(old, new)
+        (path / name / "config.pbtxt").write_text(cfg)
     for cfg in path.glob("*/config.pbtxt"):
         text = re.sub(r"kind:\s*KIND_\w+", f"kind: {kind}", cfg.read_text())
         cfg.write_text(text)
@@ -79,7 +95,14 @@ def _demo_keys():
 def test_the_load_log_names_the_gpu_path(servers):
     _, _, tmp = servers
     log = (tmp / "gpu.log").read_text()
-    for model in ("hps_demo", "dlrm", "dlrm_hps", "hps_demo_static", "hps_demo_uvm"):
+    for model in (
+        "hps_demo",
+        "dlrm",
+        "dlrm_hps",
+        "hps_demo_static",
+        "hps_demo_uvm",
+        "dlrm_dense_hugectr",
+    ):
         assert re.search(rf"model '{model}' instance \S+: request path native", log), model
     assert "embedding cache on the GPU: yes" in log
     assert "dense executor on the GPU: yes" in log
@@ -152,6 +175,36 @@ def test_the_ensemble_on_the_gpu_answers_as_on_the_cpu(servers):
         got = g.infer("dlrm_ensemble", inputs, ("PREDICTION",))["PREDICTION"]
         want = c.infer("dlrm_ensemble", inputs, ("PREDICTION",))["PREDICTION"]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("model", ["dlrm_ensemble_hugectr", "dlrm_dense_hugectr"])
+def test_the_hugectr_dense_step_on_the_gpu_answers_as_on_the_cpu(servers, model):
+    """The ``dense`` backend's native GPU path: EMBEDDINGS and ROWINDEX to the device, the
+    slots combined by the combine kernel, the network's graph of the request's bucket.
+    Batches of 300 and 1,024 samples run as graphs (the load's calibration keeps only
+    batches the host runs at least twice as fast on the host: up to 16 on an H200), the
+    small ones on the host; each answer is the KIND_CPU server's within float32 rounding."""
+    gpu, cpu, _ = servers
+    data = _dlrm_data(1400)
+    g, c = Client(gpu.http_url), Client(cpu.http_url)
+    a = 0
+    for n in (1, 7, 64, 300, 1024):
+        inputs = data.ensemble_request(a, a + n)
+        if model == "dlrm_dense_hugectr":  # the looked-up vectors, from the CPU server
+            emb = c.infer("dlrm_hps", {k: inputs[k] for k in ("KEYS", "NUMKEYS")}, ("OUTPUT0",))
+            inputs = {
+                "DES": inputs["DES"],
+                "EMBEDDINGS": emb["OUTPUT0"].reshape(-1),
+                "ROWINDEX": inputs["ROWINDEX"],
+            }
+            out = "OUTPUT0"
+        else:
+            out = "PREDICTION"
+        got = g.infer(model, inputs, (out,))[out]
+        want = c.infer(model, inputs, (out,))[out]
+        assert got.size == want.size == n
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+        a += n
 
 
 def test_no_well_formed_request_on_the_gpu_enters_python_misses_included(servers):

@@ -137,7 +137,13 @@ def gpu_plan(tables: Sequence[TablePlan]) -> Optional[Dict[str, Any]]:
         return None
     if len(devices) > 1 or any(t.device is None for t in tables):
         return None
+    (device,) = devices
+    return device_plan(int(device))
+
+
+def device_plan(device: int) -> Dict[str, Any]:
+    """The ``gpu`` entry of a plan that runs on GPU ``device``: the device and the
+    kernels' module (:func:`triton_rec.gpu.kernels.plan_image`)."""
     from triton_rec.gpu.kernels import plan_image
 
-    (device,) = devices
     return {"device": int(device), "image": plan_image(int(device))}

@@ -27,7 +27,7 @@ from triton_rec.serving.hugectr_request import (
     parse_embedding_request,
     parse_hugectr_request,
 )
-from triton_rec.serving.native_plan import NativePlan, gpu_plan, table_plans
+from triton_rec.serving.native_plan import NativePlan, device_plan, gpu_plan, table_plans
 from triton_rec.serving.session import TableSet
 
 
@@ -307,13 +307,14 @@ class DenseSession:
         (``kind`` ``dense``: no tables; per table its slots, combiner and vector width,
         ``dense_dim``, ``label_dim``, ``max_batch_size``, the most elements of each input
         and the network's ``program``), or None when the network has no native program
-        (ONNX): then Python answers. A network on a GPU (:class:`DenseGraphs`) hands over
-        its host network's program, so every batch runs on the host here and its CUDA
-        graphs are not used by the ``dense`` backend (found in issue 25, not changed: a
-        native GPU dense path, as ``hugectr``'s, needs a GPU to test)."""
+        (ONNX): then Python answers. A network on a GPU (:class:`DenseGraphs`) adds the
+        ``gpu`` entry and its graphs (``dense_gpu``): the native path combines the slots
+        and runs the graph of a batch on the GPU, and a batch of at most its
+        ``host_max_batch`` samples on the host with ``program``, as ``hugectr``'s does."""
         make_program = getattr(self.dense, "native_program", None)
         program = make_program() if make_program is not None else None
-        if program is None:
+        graphs = self.dense if isinstance(self.dense, DenseGraphs) else None
+        if program is None and graphs is None:
             return None
         return NativePlan(
             kind="dense",
@@ -326,6 +327,8 @@ class DenseSession:
             label_dim=int(self.dense.label_dim),
             limits={k: int(v[0]) for k, v in self.input_limits().items()},
             program=program,
+            gpu=device_plan(graphs.device) if graphs is not None else None,
+            dense_gpu=graphs.native_plan() if graphs is not None else None,
         )
 
     def close(self) -> None:

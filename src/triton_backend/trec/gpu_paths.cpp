@@ -134,6 +134,31 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
   plan.net->predict(n, des, s.embeddings, answer, &s.dense, tr::find_sgemm());
 }
 
+// Where the combiner of a request of n samples works (trec_combine_tables' spans): each
+// table's elements (slots x vector width), from elem[t], and row pointers, from ptr[t].
+struct CombineStarts {
+  std::vector<int64_t> elem, ptr;
+};
+const CombineStarts& combine_starts(const NativePlan& plan, int64_t n) {
+  thread_local CombineStarts c;
+  const size_t tables = plan.slots.size();
+  c.elem.assign(tables + 1, 0);
+  c.ptr.assign(tables + 1, 0);
+  for (size_t t = 0; t < tables; ++t) {
+    const int64_t segments = n * plan.slots[t];
+    c.elem[t + 1] = c.elem[t] + segments * plan.table_dim(t);
+    c.ptr[t + 1] = c.ptr[t] + segments + 1;
+  }
+  return c;
+}
+
+// The network's graph for the smallest bucket that holds n samples (the plan's buckets
+// reach max_batch_size: read_dense_gpu).
+const NativePlan::Bucket& bucket_for(const NativePlan& plan, int64_t n) {
+  return *std::find_if(plan.buckets.begin(), plan.buckets.end(),
+                       [&](const auto& b) { return b.batch >= n; });
+}
+
 // A hugectr request on the GPU (keys regrouped by table in s.keys, row pointers in s.ptrs,
 // rows rows of them): the lookups of every table in one launch, every table's slots combined
 // into the network's input in one launch, the network's graph for the smallest bucket that
@@ -146,15 +171,7 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
   lane.enter();
   const size_t tables = plan.tables.size();
   const std::vector<int64_t> voff = vector_offsets(plan, s);
-  // the combiner's spans: each table's elements (slots x values) and row pointers
-  thread_local std::vector<int64_t> elem_starts, ptr_starts;
-  elem_starts.assign(tables + 1, 0);
-  ptr_starts.assign(tables + 1, 0);
-  for (size_t t = 0; t < tables; ++t) {
-    const int64_t segments = n * plan.slots[t];
-    elem_starts[t + 1] = elem_starts[t] + segments * plan.tables[t].dim;
-    ptr_starts[t + 1] = ptr_starts[t] + segments + 1;
-  }
+  const CombineStarts& starts = combine_starts(plan, n);
   const size_t kb = static_cast<size_t>(n_cat) * 8, pb = static_cast<size_t>(rows) * 8;
   const size_t db = static_cast<size_t>(n * plan.dense_dim) * 4;
   const size_t vb = static_cast<size_t>(voff[tables]) * 4,
@@ -174,18 +191,17 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
   std::memcpy(h, s.keys.data(), kb);
   tr::gpu::fill_lookup_spans(reinterpret_cast<int64_t*>(h + o[1]), s.key_starts.data(), voff.data(),
                              tables);
-  tr::gpu::fill_combine_spans(reinterpret_cast<int64_t*>(h + o[2]), elem_starts.data(), voff.data(),
-                              ptr_starts.data(), tables);
+  tr::gpu::fill_combine_spans(reinterpret_cast<int64_t*>(h + o[2]), starts.elem.data(), voff.data(),
+                              starts.ptr.data(), tables);
   std::memcpy(h + o[3], s.ptrs.data(), pb);
   std::memcpy(h + o[4], des, db);
   lane.to_device(dv, h, o[4]);  // keys, spans and row pointers
   lane.to_device(plan.dense_in, h + o[4], db);
   tr::gpu::launch_lookups(lane, plan.targets.ptr(), tables, dv + o[1], s.key_starts.data(), dv,
                           dv + o[5], dv + o[6]);
-  const auto& bucket = *std::find_if(plan.buckets.begin(), plan.buckets.end(),
-                                     [&](const auto& b) { return b.batch >= n; });
+  const NativePlan::Bucket& bucket = bucket_for(plan, n);
   auto dense = [&] {
-    tr::gpu::launch_combines(lane, plan.combines.ptr(), tables, dv + o[2], elem_starts.data(),
+    tr::gpu::launch_combines(lane, plan.combines.ptr(), tables, dv + o[2], starts.elem.data(),
                              dv + o[5], dv + o[3]);
     tr::gpu::launch_graph(lane, bucket.graph);
     lane.to_host(h + o[7], bucket.out, ob);
@@ -225,6 +241,45 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
     lane.sync();
   }
   std::memcpy(answer, h + o[7], ob);
+}
+
+// A dense request on the GPU: the looked-up vectors (n_emb floats, table-major as the hps
+// model answered them), the row pointers (s.ptrs, rows of them, counted within each
+// table's keys as in s.key_starts) and DES through pinned staging in one copy and one
+// more, every table's slots combined in one launch, the graph of the smallest bucket that
+// holds n samples, one copy out, one synchronization.
+void dense_gpu(const InstanceState& st, const Scratch& s, int64_t n, const float* emb,
+               int64_t n_emb, int64_t rows, const float* des, float* answer) {
+  const NativePlan& plan = *st.plan;
+  tr::gpu::Lane& lane = *plan.lane;
+  lane.enter();
+  const size_t tables = plan.slots.size();
+  thread_local std::vector<int64_t> voff;  // each table's first float in `emb`
+  voff.assign(tables + 1, 0);
+  for (size_t t = 0; t < tables; ++t) {
+    voff[t + 1] = voff[t] + (s.key_starts[t + 1] - s.key_starts[t]) * plan.table_dim(t);
+  }
+  const CombineStarts& starts = combine_starts(plan, n);
+  const size_t pb = static_cast<size_t>(rows) * 8, eb = static_cast<size_t>(n_emb) * 4;
+  const size_t db = static_cast<size_t>(n * plan.dense_dim) * 4,
+               ob = static_cast<size_t>(n * plan.label_dim) * 4;
+  const tr::gpu::Lane::Parts parts{tr::gpu::combine_spans_bytes(tables), pb, eb, db, ob};
+  char* h = lane.host(parts);
+  const tr::cuda::CUdeviceptr dv = lane.device(parts);
+  const auto& o = parts.offsets;
+  tr::gpu::fill_combine_spans(reinterpret_cast<int64_t*>(h), starts.elem.data(), voff.data(),
+                              starts.ptr.data(), tables);
+  std::memcpy(h + o[1], s.ptrs.data(), pb);
+  std::memcpy(h + o[2], emb, eb);
+  std::memcpy(h + o[3], des, db);
+  lane.to_device(dv, h, o[3]);  // spans, row pointers and vectors
+  lane.to_device(plan.dense_in, h + o[3], db);
+  tr::gpu::launch_combines(lane, plan.combines.ptr(), tables, dv, starts.elem.data(), dv + o[2],
+                           dv + o[1]);
+  tr::gpu::launch_graph(lane, bucket_for(plan, n).graph);
+  lane.to_host(h + o[4], bucket_for(plan, n).out, ob);
+  lane.sync();
+  std::memcpy(answer, h + o[4], ob);
 }
 
 }  // namespace trec_host

@@ -146,6 +146,10 @@ struct NativePlan {
   std::vector<tr::cuda::CUdeviceptr> emb_in;
   int64_t host_max_batch = 0;  // requests of at most this many samples: `net` on the host
   bool gpu() const { return kernels != nullptr; }
+  // The width of table t's vectors (a dense plan has no tables, only their widths).
+  int64_t table_dim(size_t t) const { return dense_only ? vec_sizes[t] : tables[t].dim; }
+  // Whether a batch of n samples runs the network on the host (`net`), not as a graph.
+  bool dense_on_host(int64_t n) const { return !gpu() || (net && n <= host_max_batch); }
 };
 
 // Reads a NativePlan (triton_rec/serving/native_plan.py; GIL held); nullptr if None.
@@ -270,5 +274,9 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
 // A hugectr request on the GPU: lookups, slots and the network's graph.
 void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n_cat, int64_t rows,
                  const float* des, float* answer, bool exact, Defaults* d);
+// A dense request on the GPU (the looked-up vectors `emb`, n_emb floats, and the row
+// pointers s.ptrs, rows of them): the slots combined and the network's graph.
+void dense_gpu(const InstanceState& st, const Scratch& s, int64_t n, const float* emb,
+               int64_t n_emb, int64_t rows, const float* des, float* answer);
 
 }  // namespace trec_host

@@ -177,7 +177,7 @@ Native respond(const InstanceState& st, TRITONBACKEND_Request* request,
 // network's input). Returns the next table's block.
 int64_t combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, const float* vectors,
                       int64_t count, int64_t block) {
-  const int64_t dim = plan.dense_only ? plan.vec_sizes[t] : plan.tables[t].dim;
+  const int64_t dim = plan.table_dim(t);
   const int64_t segments = n * plan.slots[t];
   if (tr::one_row_per_segment(s.ptrs.data() + block, segments, count)) {
     s.embeddings.push_back(vectors);  // one-hot: already the network's input, not copied
@@ -314,7 +314,7 @@ Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   std::vector<int64_t> shape{n};
   if (plan.label_dim > 1) shape.push_back(plan.label_dim);
   return respond(st, request, shape, n, [&](float* out, Defaults* d) {
-    if (plan.gpu() && plan.net && n <= plan.host_max_batch) {
+    if (plan.gpu() && plan.dense_on_host(n)) {
       hugectr_gpu_host_dense(st, s, n, n_cat, des, out, exact == 1, d);
       return;
     }
@@ -371,6 +371,10 @@ Native dense_path(const InstanceState& st, TRITONBACKEND_Request* request) {
 
   // Checked: from here on the request is answered here.
   return respond(st, request, {n * plan.label_dim}, n, [&](float* out, Defaults*) {
+    if (!plan.dense_on_host(n)) {
+      dense_gpu(st, s, n, emb, n_emb, n_rows, des, out);
+      return;
+    }
     s.combined.resize(static_cast<size_t>(tables));
     s.embeddings.clear();
     int64_t block = 0;

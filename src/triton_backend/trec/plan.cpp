@@ -81,7 +81,7 @@ void read_device_table(PyObject* t, tr::Precision precision, NativeTable* nt) {
   }
 }
 
-// A hugectr model's "dense_gpu" entry (DenseGraphs.native_plan).
+// A hugectr or dense model's "dense_gpu" entry (DenseGraphs.native_plan).
 void read_dense_gpu(PyObject* g, NativePlan* plan) {
   plan->dense_in = as_address(field(g, "dense_in"));
   plan->host_max_batch = std::max<int64_t>(0, as_int(field(g, "host_max_batch")));
@@ -111,10 +111,10 @@ void upload_targets(NativePlan* plan) {
   for (const NativeTable& nt : plan->tables) targets.push_back(nt.target);
   plan->targets.upload(*plan->lane, targets);
   if (plan->emb_in.empty()) return;
-  std::vector<tr::xcache::CombineTarget> combines(plan->tables.size());
+  std::vector<tr::xcache::CombineTarget> combines(plan->emb_in.size());
   for (size_t t = 0; t < combines.size(); ++t) {
     combines[t].out = reinterpret_cast<float*>(plan->emb_in[t]);
-    combines[t].dim = plan->tables[t].dim;
+    combines[t].dim = plan->table_dim(t);
     combines[t].mean = plan->mean[t] ? 1 : 0;
   }
   plan->combines.upload(*plan->lane, combines);
@@ -270,7 +270,7 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
   const size_t per_table = plan->hugectr ? plan->slots.size() : plan->maxnum.size();
   const size_t listed = plan->dense_only ? plan->vec_sizes.size() : plan->tables.size();
   if (listed != per_table || (plan->hugectr && plan->mean.size() != per_table) ||
-      (plan->dense_only && (!plan->tables.empty() || plan->gpu() || !plan->net))) {
+      (plan->dense_only && (!plan->tables.empty() || (!plan->net && plan->buckets.empty())))) {
     throw std::runtime_error("native plan: the per-table lists differ in length");
   }
   if (plan->gpu()) upload_targets(plan.get());
