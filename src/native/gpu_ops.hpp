@@ -445,11 +445,18 @@ inline void launch_combines(Lane& lane, CUdeviceptr targets, size_t tables, CUde
   });
 }
 
+// Pinned keys of at most this many bytes are still copied into the staging: one copy to
+// the device instead of two (a copy's call and its DMA's start cost more than a memcpy of
+// this much; two copies per lookup where the per-table kernels made one are one of the
+// two suspects of the one-table slowdown in benchmarks/RESULTS.md, fourth GPU session).
+constexpr size_t kStageBytes = 32 << 10;
+
 // A host-to-host lookup of `tables` tables (targets[t]: its keys from key_starts[t] to
 // key_starts[t + 1] in keys, key_starts[0] = 0; its answers from out_starts[t] floats in
 // out; status one per key), through the lane's staging: the targets, spans and keys in one copy
-// (the keys straight from the caller's memory when it is pinned memory of ours), the launches, the
-// answers and statuses back. Returns when they are in place.
+// (the keys straight from the caller's memory when it is pinned memory of ours, beyond
+// kStageBytes), the launches, the answers and statuses back (in one copy unless the answers
+// go straight to pinned memory of ours). Returns when they are in place.
 inline void lookup_host(Lane& lane, const LookupTarget* targets, size_t tables, const int64_t* keys,
                         const int64_t* key_starts, const int64_t* out_starts, float* out,
                         uint8_t* status) {
@@ -465,7 +472,7 @@ inline void lookup_host(Lane& lane, const LookupTarget* targets, size_t tables, 
   std::memcpy(h, targets, tables * sizeof(LookupTarget));
   fill_lookup_spans(reinterpret_cast<int64_t*>(h + o[1]), key_starts, out_starts, tables);
   PinnedRegistry& pinned = PinnedRegistry::get();
-  if (pinned.contains(keys, kb)) {
+  if (kb > kStageBytes && pinned.contains(keys, kb)) {
     lane.to_device(d, h, o[2]);
     lane.to_device(d + o[2], keys, kb);
   } else {
@@ -475,8 +482,12 @@ inline void lookup_host(Lane& lane, const LookupTarget* targets, size_t tables, 
   const bool out_pinned = pinned.contains(out, ob);
   void* oh = out_pinned ? static_cast<void*>(out) : h + o[3];
   launch_lookups(lane, d, tables, d + o[1], key_starts, d + o[2], d + o[3], d + o[4]);
-  lane.to_host(oh, d + o[3], ob);
-  lane.to_host(h + o[4], d + o[4], sb);
+  if (out_pinned) {
+    lane.to_host(oh, d + o[3], ob);
+    lane.to_host(h + o[4], d + o[4], sb);
+  } else {  // the answers and the statuses lie one after the other: one copy back
+    lane.to_host(h + o[3], d + o[3], (o[4] - o[3]) + sb);
+  }
   lane.sync();
   if (!out_pinned) std::memcpy(out, oh, ob);
   std::memcpy(status, h + o[4], sb);
