@@ -138,10 +138,10 @@ def gpu_plan(tables: Sequence[TablePlan]) -> Optional[Dict[str, Any]]:
     if len(devices) > 1 or any(t.device is None for t in tables):
         return None
     (device,) = devices
-    return device_plan(int(device))
+    return gpu_entry(int(device))
 
 
-def device_plan(device: int) -> Dict[str, Any]:
+def gpu_entry(device: int) -> Dict[str, Any]:
     """The ``gpu`` entry of a plan that runs on GPU ``device``: the device and the
     kernels' module (:func:`triton_rec.gpu.kernels.plan_image`)."""
     from triton_rec.gpu.kernels import plan_image

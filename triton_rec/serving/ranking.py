@@ -27,7 +27,7 @@ from triton_rec.serving.hugectr_request import (
     parse_embedding_request,
     parse_hugectr_request,
 )
-from triton_rec.serving.native_plan import NativePlan, device_plan, gpu_plan, table_plans
+from triton_rec.serving.native_plan import NativePlan, gpu_entry, gpu_plan, table_plans
 from triton_rec.serving.session import TableSet
 
 
@@ -327,7 +327,7 @@ class DenseSession:
             label_dim=int(self.dense.label_dim),
             limits={k: int(v[0]) for k, v in self.input_limits().items()},
             program=program,
-            gpu=device_plan(graphs.device) if graphs is not None else None,
+            gpu=gpu_entry(graphs.device) if graphs is not None else None,
             dense_gpu=graphs.native_plan() if graphs is not None else None,
         )
 
