@@ -157,6 +157,15 @@ class LocalMisses:
     @property
     def address(self) -> int: ...
 
+def finish_tables(
+    misses: List[LocalMisses],
+    keys: List[Array],
+    outs: List[Array],
+    hits: List[Array],
+    exact: bool,
+    defaults: Array,
+) -> None: ...
+
 # -- the dense network (dense_net.hpp, blas.hpp) ---------------------------------------------
 class DenseNet:
     def __init__(self, program: Array, owner: Any) -> None: ...

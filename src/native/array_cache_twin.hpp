@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -166,22 +167,24 @@ inline void twin_query(const View& c, const int64_t* keys, int64_t n, float* out
   twin_lookup_tables(&t, spans, 1, keys, out, status);
 }
 
-// trec_cache_write on host memory (the caller holds the writer lock); adds the call's
-// counts to counts[kWriteCounts] and to meta.
-inline void twin_write(const View& c, int32_t mode, const GroupedWrites& w, const uint8_t* rows,
-                       int64_t* counts) {
-  if (w.size() == 0) return;
+// trec_cache_write on host memory, with the kernel's arguments (the caller holds the
+// writer lock): sets[0..touched), set t's keys keys[starts[t]..starts[t+1]) with rows
+// rows[src[i]], target [starts[touched]] scratch; adds the call's counts to
+// counts[kWriteCounts] and to meta.
+inline void twin_write(const View& c, int32_t mode, const int64_t* keys, const int64_t* src,
+                       const int64_t* sets, const int64_t* starts, int64_t touched,
+                       const uint8_t* rows, int32_t* target, int64_t* counts) {
+  if (touched == 0) return;
   const int64_t tick = c.meta[kClock] + 1;
   const SerialGroup g;
-  std::vector<int32_t> target(static_cast<size_t>(w.size()));
   const int kMetaOf[kWriteCounts] = {kInserts,  kUpdates, kEvictions, kRejected,
                                      kOverflow, kErased,  kRecovered};
-  for (int64_t t = 0; t < w.touched(); ++t) {
-    const int64_t s = w.sets[t], b = w.starts[t], count = w.starts[t + 1] - b;
+  for (int64_t t = 0; t < touched; ++t) {
+    const int64_t s = sets[t], b = starts[t], count = starts[t + 1] - b;
     int64_t local[kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
     begin_write(c, s, &local[kWRecovered]);
-    plan_set(c, mode, s, w.keys.data() + b, count, target.data() + b, tick, local);
-    copy_rows(g, c, s, w.src.data() + b, count, target.data() + b, rows);
+    plan_set(c, mode, s, keys + b, count, target + b, tick, local);
+    copy_rows(g, c, s, src + b, count, target + b, rows);
     end_write(c, s);
     for (int k = 0; k < kWriteCounts; ++k) {
       counts[k] += local[k];
@@ -191,13 +194,117 @@ inline void twin_write(const View& c, int32_t mode, const GroupedWrites& w, cons
   if (mode == kModeInsert) advance_clock(c);
 }
 
-// A whole write on host memory, as gpu::write_host is on the device: keys[0..n) grouped
-// by set, then twin_write (the caller holds the writer lock).
+// One write (insert, update, erase) of one cache among several written together.
+struct WritePart {
+  View view;
+  int32_t mode = kModeInsert;
+  const int64_t* keys = nullptr;
+  int64_t n = 0;
+  const uint8_t* rows = nullptr;  // [n, view.row_bytes]; null for erase
+};
+
+// Several caches' writes in one staging buffer, as gpu::write_many copies it to the device
+// in one copy and launches trec_cache_write once per write, and twin_write_staged runs the
+// twin on it: part p's grouped keys, sources, sets, starts (touched + 1) and rows, one part
+// after the other, then every part's row targets (the kernel's scratch) and counts
+// (kWriteCounts each), which are not uploaded. Offsets are 256-byte aligned.
+class StagedWrites {
+ public:
+  enum Field { kKeys, kSrc, kSets, kStarts, kRows, kTarget, kCounts, kFields };
+
+  // Groups every part's keys (group_writes) and lays the buffer out.
+  void plan(const WritePart* parts, size_t n) {
+    grouped_.resize(std::max(grouped_.size(), n));
+    offsets_.assign(n * kFields, 0);
+    size_t at = 0;
+    auto take = [&](size_t bytes) {
+      const size_t here = at;
+      at += (bytes + 255) & ~size_t{255};
+      return here;
+    };
+    for (size_t p = 0; p < n; ++p) {
+      group_writes(parts[p].view, parts[p].keys, parts[p].n, &grouped_[p]);
+      const GroupedWrites& g = grouped_[p];
+      const size_t m = static_cast<size_t>(g.size()), t = static_cast<size_t>(g.touched());
+      size_t* o = &offsets_[p * kFields];
+      o[kKeys] = take(m * 8);
+      o[kSrc] = take(m * 8);
+      o[kSets] = take(t * 8);
+      o[kStarts] = take((t + 1) * 8);
+      o[kRows] = take(
+          parts[p].rows != nullptr ? static_cast<size_t>(parts[p].n * parts[p].view.row_bytes) : 0);
+    }
+    upload_ = at;
+    for (size_t p = 0; p < n; ++p) {
+      offsets_[p * kFields + kTarget] = take(static_cast<size_t>(grouped_[p].size()) * 4);
+    }
+    counts_ = at;
+    for (size_t p = 0; p < n; ++p) offsets_[p * kFields + kCounts] = take(8 * kWriteCounts);
+    total_ = at;
+  }
+  // Writes every part's fields into h (total() bytes) and zeroes the counts.
+  void fill(char* h, const WritePart* parts, size_t n) const {
+    for (size_t p = 0; p < n; ++p) {
+      const GroupedWrites& g = grouped_[p];
+      const size_t m = static_cast<size_t>(g.size()), t = static_cast<size_t>(g.touched());
+      std::memcpy(h + at(p, kKeys), g.keys.data(), m * 8);
+      std::memcpy(h + at(p, kSrc), g.src.data(), m * 8);
+      std::memcpy(h + at(p, kSets), g.sets.data(), t * 8);
+      std::memcpy(h + at(p, kStarts), g.starts.data(), (t + 1) * 8);
+      if (parts[p].rows != nullptr) {
+        std::memcpy(h + at(p, kRows), parts[p].rows,
+                    static_cast<size_t>(parts[p].n * parts[p].view.row_bytes));
+      }
+    }
+    std::memset(h + counts_, 0, total_ - counts_);
+  }
+  size_t at(size_t part, Field f) const { return offsets_[part * kFields + f]; }
+  int64_t touched(size_t part) const { return grouped_[part].touched(); }
+  size_t upload() const { return upload_; }  // the bytes before the first target
+  size_t counts() const { return counts_; }  // where the counts start
+  size_t total() const { return total_; }
+
+ private:
+  std::vector<GroupedWrites> grouped_;
+  std::vector<size_t> offsets_;
+  size_t upload_ = 0, counts_ = 0, total_ = 0;
+};
+
+// The writes of parts[0..n) as gpu::write_many runs them, on host memory: staged into one
+// buffer by StagedWrites, then twin_write of each part on the staged fields (the caller
+// holds every cache's writer lock); adds part p's counts to counts[p * kWriteCounts ...].
+inline void twin_write_staged(const WritePart* parts, size_t n, int64_t* counts) {
+  thread_local StagedWrites staged;
+  thread_local std::vector<char> h;
+  staged.plan(parts, n);
+  h.resize(staged.total());
+  staged.fill(h.data(), parts, n);
+  for (size_t p = 0; p < n; ++p) {
+    auto field = [&](StagedWrites::Field f) { return h.data() + staged.at(p, f); };
+    auto* got = reinterpret_cast<int64_t*>(field(StagedWrites::kCounts));
+    twin_write(
+        parts[p].view, parts[p].mode, reinterpret_cast<const int64_t*>(field(StagedWrites::kKeys)),
+        reinterpret_cast<const int64_t*>(field(StagedWrites::kSrc)),
+        reinterpret_cast<const int64_t*>(field(StagedWrites::kSets)),
+        reinterpret_cast<const int64_t*>(field(StagedWrites::kStarts)), staged.touched(p),
+        parts[p].rows != nullptr ? reinterpret_cast<const uint8_t*>(field(StagedWrites::kRows))
+                                 : nullptr,
+        reinterpret_cast<int32_t*>(field(StagedWrites::kTarget)), got);
+    for (int k = 0; k < kWriteCounts; ++k) counts[p * kWriteCounts + k] += got[k];
+  }
+}
+
+// A whole write on host memory, as gpu::write_host is on the device: keys[0..n) staged
+// as one part (twin_write_staged; the caller holds the writer lock).
 inline void twin_write_keys(const View& c, int32_t mode, const int64_t* keys, int64_t n,
                             const uint8_t* rows, int64_t* counts) {
-  thread_local GroupedWrites g;
-  group_writes(c, keys, n, &g);
-  twin_write(c, mode, g, rows, counts);
+  WritePart part;
+  part.view = c;
+  part.mode = mode;
+  part.keys = keys;
+  part.n = n;
+  part.rows = rows;
+  twin_write_staged(&part, 1, counts);
 }
 
 // trec_cache_clear on host memory; returns the sets healed.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -754,6 +755,9 @@ class LocalMissesHandle {
   }
 
   uintptr_t address() const { return reinterpret_cast<uintptr_t>(core_.get()); }
+  const tr::LocalMisses& core() const { return *core_; }
+  bool shm() const { return shm_; }
+  const py::object& view() const { return view_obj_; }
 
   void finish(const py::handle& keys_obj, const py::handle& out_obj, const py::handle& hit_obj,
               int64_t hits, uint64_t query_ns, const py::handle& bounds_obj,
@@ -796,6 +800,55 @@ class LocalMissesHandle {
   bool shm_ = false;  // view_obj_ is a ShmCacheView (else a MissCache)
   std::unique_ptr<tr::LocalMisses> core_;
 };
+
+// The misses of one request's tables answered as a GPU instance answers them (gpu_paths.cpp):
+// each table's LocalMisses::finish with its inserts gathered (PendingInserts), then written
+// together. tables[i] is the query of keys[i] into outs[i] with hit[i]; exact for every
+// table; each key answered with the default adds to defaults[cause].
+void finish_tables(const py::list& misses, const py::list& keys, const py::list& outs,
+                   const py::list& hits, bool exact, const py::handle& defaults_obj) {
+  const size_t n = misses.size();
+  if (keys.size() != n || outs.size() != n || hits.size() != n) {
+    throw py::value_error("misses, keys, outs and hits must have one entry per table");
+  }
+  py::array defaults = require_array(defaults_obj, "defaults", kInt64, 1, true);
+  require_shape(defaults, "defaults", {tr::kNumDefaultCauses});
+  struct Table {
+    const tr::LocalMisses* core;
+    const int64_t* keys;
+    int64_t m, hits;
+    float* out;
+    const uint8_t* hit;
+  };
+  std::vector<Table> tables;
+  std::vector<py::array> held;         // the arrays stay alive while the GIL is released
+  std::deque<ShmCacheView::Use> uses;  // shared-memory caches stay mapped meanwhile
+  for (size_t i = 0; i < n; ++i) {
+    const auto& h = misses[i].cast<const LocalMissesHandle&>();
+    if (h.shm()) uses.emplace_back(h.view().cast<const ShmCacheView&>());
+    py::array k = require_array(keys[i], "keys", kInt64, 1, false);
+    py::array o = require_array(outs[i], "out", kFloat32, 2, true);
+    py::array t = require_array(hits[i], "hit", kMask, 1, false);
+    const py::ssize_t m = k.shape(0);
+    require_shape(o, "out", {m, static_cast<py::ssize_t>(h.core().dim())});
+    require_shape(t, "hit", {m});
+    const auto* tp = static_cast<const uint8_t*>(t.data());
+    int64_t counted = 0;
+    for (py::ssize_t j = 0; j < m; ++j) counted += tp[j] != 0;
+    tables.push_back({&h.core(), static_cast<const int64_t*>(k.data()), m, counted,
+                      static_cast<float*>(o.mutable_data()), tp});
+    held.insert(held.end(), {k, o, t});
+  }
+  auto* d = static_cast<int64_t*>(defaults.mutable_data());
+  const uint8_t want = exact ? 1 : 0;
+  py::gil_scoped_release release;
+  tr::PendingInserts pending;
+  for (const Table& t : tables) {
+    if (t.hits == t.m) continue;  // all hit: nothing to answer (as settle_gpu_table)
+    t.core->finish(t.keys, t.m, t.out, t.hit, t.hits, 0, nullptr, 0, &want, d, &pending);
+  }
+  pending.flush();
+}
 
 }  // namespace
 
@@ -857,6 +910,14 @@ void register_local_misses(py::module_& m) {
            "misses (hit[i] == 0) into out, adds each request's default answers by cause.")
       .def_property_readonly("address", &LocalMissesHandle::address,
                              "the core's address, for the native backend's plan");
+  m.def("finish_tables", &finish_tables, py::arg("misses"), py::arg("keys"), py::arg("outs"),
+        py::arg("hits"), py::arg("exact"), py::arg("defaults"),
+        "finish_tables(misses: list[LocalMisses], keys: list[int64[M_t]], outs: "
+        "list[float32[M_t, D_t]], hits: list[uint8[M_t]], exact: bool, defaults: int64[2]) "
+        "-> None\n\n"
+        "One request's tables as a GPU instance answers their misses: each table's "
+        "LocalMisses.finish with the rows fetched for its cache gathered, then written "
+        "together (the device caches of one kind in one write), before returning.");
 }
 
 void register_shm_cache(py::module_& m) {

@@ -7,6 +7,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -318,6 +319,38 @@ class ArrayMissCache final : public tr::MissCache {
   void insert(const int64_t* keys, size_t n, const uint8_t* rows) const override {
     batcher_->insert(keys, n, rows, &ArrayMissCache::write, const_cast<ArrayMissCache*>(this));
   }
+  const void* kind() const override { return writer_.kind(); }
+  // The inserts of several caches of this kind (a request's tables) in one write: every
+  // cache's writer lock, each once and in WriterLock::order, then Writer::many.
+  void insert_together(const tr::PendingInsert* parts, size_t n) const override {
+    std::vector<xc::WritePart> writes(n);
+    std::vector<tr::WriterLock*> locks;
+    for (size_t i = 0; i < n; ++i) {
+      const auto* c = static_cast<const ArrayMissCache*>(parts[i].cache);
+      writes[i].view = c->v_;
+      writes[i].mode = xc::kModeInsert;
+      writes[i].keys = parts[i].keys;
+      writes[i].n = static_cast<int64_t>(parts[i].n);
+      writes[i].rows = parts[i].rows;
+      locks.push_back(c->lock_.get());
+    }
+    std::sort(locks.begin(), locks.end(), [](const tr::WriterLock* a, const tr::WriterLock* b) {
+      return a->order() < b->order();
+    });
+    locks.erase(std::unique(locks.begin(), locks.end()), locks.end());
+    struct Held {  // unlocks what it locked, in reverse, also when a write throws
+      std::vector<tr::WriterLock*> locked;
+      ~Held() {
+        for (auto it = locked.rbegin(); it != locked.rend(); ++it) (*it)->unlock();
+      }
+    } held;
+    for (tr::WriterLock* l : locks) {
+      l->lock();
+      held.locked.push_back(l);
+    }
+    std::vector<int64_t> counts(n * xc::kWriteCounts, 0);
+    writer_.many(writes.data(), n, counts.data());
+  }
 
  private:
   static void write(void* self, const int64_t* keys, size_t n, const uint8_t* rows) {
@@ -332,7 +365,8 @@ class ArrayMissCache final : public tr::MissCache {
   std::shared_ptr<tr::InsertBatcher> batcher_;
 };
 
-// The write kernel's insert, on a lane of the device's pool.
+// The write kernel's insert, on a lane of the device's pool; several caches' writes in one
+// go (gpu::write_many). Caches whose kernels are the same (one device) are of one kind.
 struct KernelInsert {
   std::shared_ptr<GpuKernels> k;
   void operator()(const xc::View& v, const int64_t* keys, int64_t n, const uint8_t* rows) const {
@@ -340,13 +374,26 @@ struct KernelInsert {
     auto lease = k->take();
     gpu::write_host(*lease.lane, v, xc::kModeInsert, keys, n, rows, counts);
   }
+  void many(const xc::WritePart* parts, size_t n, int64_t* counts) const {
+    auto lease = k->take();
+    gpu::write_many(*lease.lane, parts, n, counts);
+  }
+  const void* kind() const { return k.get(); }
 };
 
-// The same insert by the kernel's CPU twin (array_cache_twin.hpp), on host memory.
+// The same inserts by the kernel's CPU twin (array_cache_twin.hpp), on host memory, through
+// the same staging as gpu::write_many (twin_write_staged).
 struct TwinInsert {
   void operator()(const xc::View& v, const int64_t* keys, int64_t n, const uint8_t* rows) const {
     int64_t counts[xc::kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
     xc::twin_write_keys(v, xc::kModeInsert, keys, n, rows, counts);
+  }
+  void many(const xc::WritePart* parts, size_t n, int64_t* counts) const {
+    xc::twin_write_staged(parts, n, counts);
+  }
+  const void* kind() const {
+    static const char tag = 0;
+    return &tag;
   }
 };
 

@@ -517,44 +517,61 @@ inline void lookup_device(Lane& lane, const LookupTarget& t, CUdeviceptr keys, i
   lane.sync();
 }
 
+// The writes of several device caches (the caller holds every one's writer lock):
+// parts[0..n) grouped on the host and staged together (xcache::StagedWrites: the twin runs
+// the same staging, twin_write_staged), one copy to the device, one trec_cache_write
+// launch per part on the lane's stream, the counts back in one copy, one synchronization.
+// Adds part p's counts (xcache::WriteCount order) to counts[p * kWriteCounts ...].
+inline void write_many(Lane& lane, const xcache::WritePart* parts, size_t n, int64_t* counts) {
+  size_t live = 0;
+  for (size_t p = 0; p < n; ++p) live += parts[p].n > 0;
+  if (live == 0) return;
+  lane.enter();
+  thread_local xcache::StagedWrites staged;
+  staged.plan(parts, n);
+  const Lane::Parts layout{staged.total()};
+  char* h = lane.host(layout);
+  const CUdeviceptr d = lane.device(layout);
+  staged.fill(h, parts, n);
+  // everything up to the row targets, then the zeroed counters
+  lane.to_device(d, h, staged.upload());
+  lane.to_device(d + staged.counts(), h + staged.counts(), staged.total() - staged.counts());
+  const Kernels& k = lane.kernels();
+  for (size_t p = 0; p < n; ++p) {
+    int64_t t = staged.touched(p);
+    if (t == 0) continue;
+    using F = xcache::StagedWrites;
+    xcache::View v = parts[p].view;
+    int32_t md = parts[p].mode;
+    CUdeviceptr a0 = d + staged.at(p, F::kKeys), a1 = d + staged.at(p, F::kSrc),
+                a2 = d + staged.at(p, F::kSets), a3 = d + staged.at(p, F::kStarts),
+                a4 = parts[p].rows != nullptr ? d + staged.at(p, F::kRows) : 0,
+                a5 = d + staged.at(p, F::kTarget), a6 = d + staged.at(p, F::kCounts),
+                done = lane.done();
+    void* args[] = {&v, &md, &a0, &a1, &a2, &a3, &t, &a4, &a5, &a6, &done};
+    launch(k.write, k.grid(t, kWarpsPerBlock), lane.stream(), args, "trec_cache_write");
+  }
+  lane.to_host(h + staged.counts(), d + staged.counts(), staged.total() - staged.counts());
+  lane.sync();
+  for (size_t p = 0; p < n; ++p) {
+    const auto* got =
+        reinterpret_cast<const int64_t*>(h + staged.at(p, xcache::StagedWrites::kCounts));
+    for (int i = 0; i < xcache::kWriteCounts; ++i) counts[p * xcache::kWriteCounts + i] += got[i];
+  }
+}
+
 // A write of the device cache (the caller holds its writer lock): keys[0..n) with rows
 // [n, row_bytes] (insert, update; null for erase), grouped on the host, one kernel. Adds
 // the call's counts (xcache::WriteCount order) to counts.
 inline void write_host(Lane& lane, const xcache::View& view, int32_t mode, const int64_t* keys,
                        int64_t n, const uint8_t* rows, int64_t* counts) {
-  if (n <= 0) return;
-  lane.enter();
-  thread_local xcache::GroupedWrites g;
-  xcache::group_writes(view, keys, n, &g);
-  const int64_t m = g.size(), touched = g.touched();
-  const size_t rb = rows != nullptr ? static_cast<size_t>(n * view.row_bytes) : 0;
-  const size_t mb = static_cast<size_t>(m) * 8, tb = static_cast<size_t>(touched) * 8;
-  const size_t cb = 8 * xcache::kWriteCounts;
-  const Lane::Parts parts{mb, mb, tb, tb + 8, rb, static_cast<size_t>(m) * 4, cb};
-  char* h = lane.host(parts);
-  const CUdeviceptr d = lane.device(parts);
-  std::memcpy(h + parts.offsets[0], g.keys.data(), mb);
-  std::memcpy(h + parts.offsets[1], g.src.data(), mb);
-  std::memcpy(h + parts.offsets[2], g.sets.data(), tb);
-  std::memcpy(h + parts.offsets[3], g.starts.data(), tb + 8);
-  if (rb) std::memcpy(h + parts.offsets[4], rows, rb);
-  std::memset(h + parts.offsets[6], 0, cb);
-  // one copy of everything up to the row targets, then the zeroed counters
-  lane.to_device(d, h, parts.offsets[5]);
-  lane.to_device(d + parts.offsets[6], h + parts.offsets[6], cb);
-  xcache::View v = view;
-  int32_t md = mode;
-  CUdeviceptr a0 = d + parts.offsets[0], a1 = d + parts.offsets[1], a2 = d + parts.offsets[2],
-              a3 = d + parts.offsets[3], a4 = d + parts.offsets[4], a5 = d + parts.offsets[5],
-              a6 = d + parts.offsets[6], done = lane.done();
-  int64_t t = touched;
-  void* args[] = {&v, &md, &a0, &a1, &a2, &a3, &t, &a4, &a5, &a6, &done};
-  const Kernels& k = lane.kernels();
-  launch(k.write, k.grid(touched, kWarpsPerBlock), lane.stream(), args, "trec_cache_write");
-  lane.to_host(h + parts.offsets[6], a6, cb);
-  lane.sync();
-  const auto* got = reinterpret_cast<const int64_t*>(h + parts.offsets[6]);
-  for (int i = 0; i < xcache::kWriteCounts; ++i) counts[i] += got[i];
+  xcache::WritePart part;
+  part.view = view;
+  part.mode = mode;
+  part.keys = keys;
+  part.n = n;
+  part.rows = rows;
+  write_many(lane, &part, 1, counts);
 }
 
 // clear (or repair) of the device cache; returns the sets healed.

@@ -44,6 +44,15 @@ inline uint64_t monotonic_ns() noexcept {
 }
 
 class LocalMisses;
+class MissCache;
+
+// One cache's insert among the inserts of a request's tables (PendingInserts).
+struct PendingInsert {
+  const MissCache* cache;
+  const int64_t* keys;
+  size_t n;
+  const uint8_t* rows;  // [n, cache->format().row_bytes]
+};
 
 // The cache LocalMisses puts the rows it fetched into. Thread-safe: insert may run in any
 // number of threads (the request threads and the InsertQueue's).
@@ -55,6 +64,77 @@ class MissCache {
   // Inserts (or overwrites) keys[0..n) with rows [n, format().row_bytes], by the cache's
   // policy; a key given twice: its last row.
   virtual void insert(const int64_t* keys, size_t n, const uint8_t* rows) const = 0;
+  // Caches of the same non-null kind can write several caches' inserts together
+  // (insert_together: the device caches of one GPU, one synchronization for all); null:
+  // each cache inserts alone.
+  virtual const void* kind() const { return nullptr; }
+  // Inserts parts[0..n), each into its cache (all of this cache's kind()), together;
+  // returns once every one is in its cache.
+  virtual void insert_together(const PendingInsert* parts, size_t n) const {
+    for (size_t i = 0; i < n; ++i) parts[i].cache->insert(parts[i].keys, parts[i].n, parts[i].rows);
+  }
+};
+
+// The inserts of one request's tables, gathered while each table's misses are answered and
+// written together once all are (the GPU paths: one write for every device cache of the
+// request instead of a round trip per table). flush() returns once every insert is in its
+// cache, before the request is answered: HPS's synchronous insert, as LocalMisses does it
+// alone. One per thread; not thread-safe.
+class PendingInserts {
+ public:
+  // Keeps a copy of keys[0..n) and their rows for cache.
+  void add(const MissCache* cache, const int64_t* keys, size_t n, const uint8_t* rows) {
+    if (n == 0) return;
+    const size_t rb = cache->format().row_bytes;
+    parts_.push_back({cache, keys_.size(), n, rows_.size()});
+    keys_.insert(keys_.end(), keys, keys + n);
+    rows_.insert(rows_.end(), rows, rows + n * rb);
+  }
+  bool empty() const { return parts_.empty(); }
+  // Writes every insert (the caches of one kind together, the others one by one) and
+  // forgets them, also when a write fails (its error is rethrown).
+  void flush() {
+    struct Clear {
+      PendingInserts* p;
+      ~Clear() { p->clear(); }
+    } clear{this};
+    std::vector<PendingInsert> all;
+    for (const Part& p : parts_) {
+      all.push_back({p.cache, keys_.data() + p.key0, p.n, rows_.data() + p.row0});
+    }
+    std::vector<char> done(all.size(), 0);
+    std::vector<PendingInsert> group;
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (done[i]) continue;
+      const void* kind = all[i].cache->kind();
+      group.clear();
+      for (size_t j = i; j < all.size(); ++j) {
+        if (!done[j] && (j == i || (kind != nullptr && all[j].cache->kind() == kind))) {
+          group.push_back(all[j]);
+          done[j] = 1;
+        }
+      }
+      if (kind == nullptr) {
+        group[0].cache->insert(group[0].keys, group[0].n, group[0].rows);
+      } else {
+        group[0].cache->insert_together(group.data(), group.size());
+      }
+    }
+  }
+  void clear() {
+    parts_.clear();
+    keys_.clear();
+    rows_.clear();
+  }
+
+ private:
+  struct Part {
+    const MissCache* cache;
+    size_t key0, n, row0;
+  };
+  std::vector<Part> parts_;
+  std::vector<int64_t> keys_;
+  std::vector<uint8_t> rows_;
 };
 
 // Inserts into one cache whose writes are serialized (a device cache: one writer at a
@@ -258,10 +338,12 @@ class LocalMisses {
   // keys are those of `segments` requests, request j's in [bounds[j], bounds[j+1])
   // (bounds null: one request); exact[j]: request j asks for every miss fetched now (null:
   // none does). defaults [segments, kNumDefaultCauses]: each request's keys answered with
-  // the default value are added here. Throws CorruptIndexError on a corrupt table.
+  // the default value are added here. `pending` (null: insert now): where the rows fetched
+  // for the cache go instead, for the caller to write with other tables' (PendingInserts).
+  // Throws CorruptIndexError on a corrupt table.
   void finish(const int64_t* keys, int64_t m, float* out, const uint8_t* hit, int64_t hits,
               uint64_t query_ns, const int64_t* bounds, int64_t segments, const uint8_t* exact,
-              int64_t* defaults) const {
+              int64_t* defaults, PendingInserts* pending = nullptr) const {
     const int64_t one[2] = {0, m};
     if (bounds == nullptr || segments < 1) {
       bounds = one;
@@ -324,8 +406,12 @@ class LocalMisses {
           ++absent;
         });
     const uint64_t t2 = monotonic_ns();
-    cache_->insert(s.found_keys.data(), s.found_keys.size(), s.found_rows.data());
-    const uint64_t t3 = monotonic_ns();
+    if (pending != nullptr) {  // written with the request's other tables (not timed here)
+      pending->add(cache_.get(), s.found_keys.data(), s.found_keys.size(), s.found_rows.data());
+    } else {
+      cache_->insert(s.found_keys.data(), s.found_keys.size(), s.found_rows.data());
+    }
+    const uint64_t t3 = pending != nullptr ? t2 : monotonic_ns();
     count(stats_, kSyncFetched, static_cast<int64_t>(s.fetch.size()));
     count(stats_, kNotFound, absent);
     count(stats_, kCacheNs, static_cast<int64_t>(query_ns + (t3 - t2)));

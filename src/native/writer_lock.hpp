@@ -7,10 +7,13 @@
 
 #include <errno.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <mutex>
 #include <system_error>
+#include <tuple>
 
 namespace triton_rec {
 
@@ -20,6 +23,12 @@ class WriterLock {
   // descriptor); -1: threads of this process only (a cache no other process opens).
   explicit WriterLock(int fd) : fd_(fd < 0 ? -1 : ::dup(fd)) {
     if (fd >= 0 && fd_ < 0) throw std::system_error(errno, std::generic_category(), "dup");
+    struct stat st{};
+    if (fd_ >= 0 && ::fstat(fd_, &st) == 0) {
+      order_ = {1, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+    } else {
+      order_ = {0, 0, reinterpret_cast<uintptr_t>(this)};
+    }
   }
   ~WriterLock() {
     if (fd_ >= 0) ::close(fd_);
@@ -41,8 +50,15 @@ class WriterLock {
     mutex_.unlock();
   }
 
+  // The order in which a thread takes several writer locks: the same in every process
+  // (the lock file's device and inode), so two writers of the same caches never wait on
+  // each other in a circle. A lock without a file (this process only): its address.
+  using Order = std::tuple<int, uint64_t, uint64_t>;
+  const Order& order() const { return order_; }
+
  private:
   const int fd_;
+  Order order_;
   std::mutex mutex_;
 };
 

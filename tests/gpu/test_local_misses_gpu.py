@@ -9,7 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.unit.test_local_misses import ROWS, VEC, PythonRulesStore, _table, compare_rules
+from tests.unit.test_local_misses import (
+    ROWS,
+    VEC,
+    PythonRulesStore,
+    _array_cache,
+    _table,
+    compare_rules,
+    compare_together,
+)
 from triton_rec.cache.cached_table import BackgroundInserter, CachedTable
 from triton_rec.storage.backing_store import LocalTableStore
 
@@ -40,3 +48,16 @@ def test_device_cache_misses_natively_as_the_python_rules(cupy, tmp_path, precis
             ct.inserter.close()
         for s in shared:
             s.close(linger=0)
+
+
+def test_a_requests_device_caches_insert_together_as_each_alone(cupy):
+    """The inserts of a request's device caches in one write (gpu::write_many: one staging
+    copy, a write launch per cache, one synchronization), as each cache inserting alone:
+    tests/unit/test_local_misses.py's comparison with the write kernel itself, beside a
+    twin cache (another kind: inserted alone)."""
+    from triton_rec.cache.array_cache import ArrayEmbeddingCache
+
+    def device_cache(precision):
+        return ArrayEmbeddingCache(ROWS // 2, VEC, ways=4, precision=precision, xp=cupy).host_view()
+
+    compare_together(device_cache, _array_cache)

@@ -303,3 +303,147 @@ def test_sync_misses_of_many_threads_all_land_in_the_cache(caches):
     assert set(cache.keys().tolist()) == set(table.keys[: 8 * 25 * 12].tolist())
     fields = dict(zip(_native.TABLE_STAT_FIELDS, stats.tolist()))
     assert fields["sync_fetched"] == fields["misses"] == 8 * 25 * 12
+
+
+def _tables_of(precisions, caches_of, threshold=1.1):
+    """One LocalMisses per precision over its own table and a fresh cache from
+    ``caches_of(precision)`` (threshold 1.1: every miss fetched and inserted at once)."""
+    out = []
+    for precision in precisions:
+        table = _table(precision)
+        cache = caches_of(precision)
+        stats = np.zeros(len(_native.TABLE_STAT_FIELDS), np.int64)
+        misses = _native.LocalMisses(
+            _native_cache(cache),
+            table.index,
+            table.vectors,
+            RowCodec(precision, VEC).code,
+            DEFAULT,
+            threshold,
+            False,
+            None,
+            stats,
+        )
+        out.append((table, cache, misses, stats))
+    return out
+
+
+def _query(cache, keys):
+    out = np.empty((keys.shape[0], VEC), np.float32)
+    hit = np.zeros(keys.shape[0], np.uint8)
+    cache.query(keys, out, hit)
+    return out, hit
+
+
+def _array_cache(precision, lock=None):
+    return ArrayEmbeddingCache(ROWS // 2, VEC, ways=4, precision=precision, lock=lock).host_view()
+
+
+def test_a_requests_tables_insert_together_as_each_alone(caches):
+    """The GPU paths answer a request's tables' misses with their inserts gathered and
+    written together (PendingInserts: the device caches in one write, staged as
+    gpu::write_many stages them; here the write kernel's twin, and a cache of the
+    fixture's kind, which shm inserts alone). See compare_together."""
+    compare_together(_array_cache, caches)
+
+
+def compare_together(array_cache, other_cache, steps: int = 40) -> None:
+    """A request's tables answered with finish_tables against the same tables answered one
+    by one, each inserting at once: the same answers, default counts, counters and cache
+    contents (keys and rows) after every request. Three tables on ``array_cache(precision)``
+    (small enough to evict; fp32, fp16, int8) and one on ``other_cache("fp32")``; a table
+    without keys now and then, and one whose keys all hit."""
+    precisions = ("fp32", "fp16", "int8")
+    together = _tables_of(precisions, array_cache) + _tables_of(("fp32",), other_cache)
+    alone = _tables_of(precisions, array_cache) + _tables_of(("fp32",), other_cache)
+    rng = np.random.default_rng(11)
+    for step in range(steps):
+        keys = []
+        for t, (table, *_) in enumerate(together):
+            n = 0 if t == 1 and step % 5 == 0 else int(rng.integers(1, 90))
+            k = table.keys[rng.integers(0, ROWS, n)]
+            k[: n // 10] = rng.integers(0, 10**6, n // 10) * 7 + 5  # no tier holds these
+            keys.append(k.astype(np.int64))
+        if step % 7 == 3:  # a table whose keys were all just inserted: every one hits
+            keys[2] = keys[2][keys[2] % 7 == 3][:5]
+        answers = []
+        for tables in (together, alone):
+            outs, hits, defaults = [], [], np.zeros(len(DEFAULT_CAUSES), np.int64)
+            for (_, cache, _, _), k in zip(tables, keys):
+                out, hit = _query(cache, k)
+                outs.append(out)
+                hits.append(hit)
+            if tables is together:
+                _native.finish_tables([t[2] for t in tables], keys, outs, hits, False, defaults)
+            else:
+                for (_, _, misses, _), k, out, hit in zip(tables, keys, outs, hits):
+                    if hit.all():
+                        continue
+                    d = np.zeros((1, len(DEFAULT_CAUSES)), np.int64)
+                    bounds = np.array([0, k.shape[0]], np.int64)
+                    misses.finish(k, out, hit, int(hit.sum()), 0, bounds, np.zeros(1, np.uint8), d)
+                    defaults += d[0]
+            answers.append((outs, defaults))
+        for t in range(len(together)):
+            np.testing.assert_array_equal(answers[0][0][t], answers[1][0][t], err_msg=f"{step}")
+        np.testing.assert_array_equal(answers[0][1], answers[1][1], err_msg=f"step {step}")
+        for (_, ct, _, st), (_, ca, _, sa) in zip(together, alone):
+            counted = {k: v for k, v in zip(_native.TABLE_STAT_FIELDS, st) if k not in TIMINGS}
+            expect = {k: v for k, v in zip(_native.TABLE_STAT_FIELDS, sa) if k not in TIMINGS}
+            assert counted == expect, f"step {step}"
+            cached = np.sort(ct.keys())
+            np.testing.assert_array_equal(cached, np.sort(ca.keys()), err_msg=f"step {step}")
+            np.testing.assert_array_equal(_query(ct, cached)[0], _query(ca, cached)[0])
+    assert all(int(st[_native.TABLE_STAT_FIELDS.index("sync_fetched")]) > 0 for *_, st in together)
+
+
+def test_tables_written_together_take_their_writer_locks_in_one_order(tmp_path):
+    """A request's device caches are written under all of their writer locks, taken in one
+    order in every process (WriterLock.order: the lock file's inode), whatever the order of
+    the tables: two writers of the same caches never wait for each other in a circle. Here
+    the lock that comes later in that order is held while a thread writes the request's
+    tables, that cache's table first: the thread must already hold the other lock (a
+    non-blocking flock of its file fails) while it waits; then every insert lands."""
+    import fcntl
+    import os
+    import threading
+
+    paths = [tmp_path / f"lock{i}" for i in range(2)]
+    fds = [os.open(p, os.O_RDWR | os.O_CREAT, 0o600) for p in paths]
+    first, later = sorted(range(2), key=lambda i: os.stat(paths[i]).st_ino)
+    locks = [_native.WriterLock(fd) for fd in fds]
+    try:
+        made = iter(locks)
+        tables = _tables_of(("fp32", "fp32"), lambda p: _array_cache(p, next(made)))
+        order = [tables[later], tables[first]]  # the later lock's table first
+        keys = [t[0].keys[:8].copy() for t in order]
+        outs, hits = zip(*(_query(t[1], k) for t, k in zip(order, keys)))
+        d = np.zeros(len(DEFAULT_CAUSES), np.int64)
+        args = ([t[2] for t in order], keys, list(outs), list(hits), True, d)
+        with locks[later]:
+            writer = threading.Thread(target=_native.finish_tables, args=args)
+            writer.start()
+            probe = os.open(paths[first], os.O_RDWR)
+            try:
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:  # until the writer holds the first lock
+                    try:
+                        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        break
+                    fcntl.flock(probe, fcntl.LOCK_UN)
+                    time.sleep(0.01)
+                else:
+                    pytest.fail("the writer waited for the later lock without the first one")
+            finally:
+                os.close(probe)
+            assert writer.is_alive()  # and it waits for the later one, held here
+        writer.join(10)
+        assert not writer.is_alive()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for table, cache, _, _ in tables:
+        out, hit = _query(cache, table.keys[:8].copy())
+        assert hit.all()
+        np.testing.assert_array_equal(out, table.vectors[:8])

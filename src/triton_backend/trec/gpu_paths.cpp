@@ -1,5 +1,6 @@
-// The hot paths on a GPU instance (KIND_GPU): the instance's stream, keys in, one kernel
-// per table, the network as CUDA graphs.
+// The hot paths on a GPU instance (KIND_GPU): the instance's stream, keys in, one launch
+// for every table's lookups, the caches' inserts of a request in one write, the network as
+// CUDA graphs.
 #include <algorithm>
 #include <cstring>
 
@@ -9,11 +10,22 @@
 
 namespace trec_host {
 
+// The inserts of a GPU request's caches (a node-local table's misses fetched for them),
+// gathered while its tables are settled and written together after the last (one write,
+// one synchronization, instead of a round trip per table): this thread's, emptied.
+tr::PendingInserts& request_inserts() {
+  thread_local tr::PendingInserts pending;
+  pending.clear();  // what a request that failed midway left
+  return pending;
+}
+
 // After table t's lookup on the GPU (its statuses and answers in host memory): the table's
 // statistics, and a cache's misses answered by HPS's rules (finish_query: LocalMisses for
-// a node-local table, else the engine; their answers written into `out`).
+// a node-local table, its inserts into `pending`; else the engine; their answers written
+// into `out`).
 void settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
-                      uint8_t* status, uint64_t ns, bool exact, Defaults* d) {
+                      uint8_t* status, uint64_t ns, bool exact, Defaults* d,
+                      tr::PendingInserts* pending) {
   const NativeTable& nt = st.plan->tables[t];
   int64_t hits = 0, corrupt = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -38,7 +50,7 @@ void settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, in
     return;
   }
   for (int64_t i = 0; i < n; ++i) status[i] = status[i] == tr::xcache::kHit;  // torn: a miss
-  finish_query(st, t, keys, n, out, status, hits, ns, exact, d);
+  finish_query(st, t, keys, n, out, status, hits, ns, exact, d, pending);
 }
 
 // An hps request on the GPU: keys[0..n_keys) of every table -> answer (floats), through
@@ -76,10 +88,12 @@ void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const
   const uint64_t ns = now_ns() - t0;
   auto* out = reinterpret_cast<float*>(h + o[2]);
   auto* status = reinterpret_cast<uint8_t*>(h + o[3]);
+  tr::PendingInserts& pending = request_inserts();
   for (size_t t = 0; t < tables; ++t) {
     settle_gpu_table(st, t, keys + key_starts[t], counts[t], out + out_starts[t],
-                     status + key_starts[t], ns, exact, d);
+                     status + key_starts[t], ns, exact, d, &pending);
   }
+  pending.flush();
   std::memcpy(answer, out, fb);
 }
 
@@ -125,12 +139,14 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
   s.combined.resize(tables);
   s.embeddings.clear();
   int64_t block = 0;
+  tr::PendingInserts& pending = request_inserts();
   for (size_t t = 0; t < tables; ++t) {
     const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
     settle_gpu_table(st, t, s.keys.data() + first, count, vectors + voff[t], status + first, ns,
-                     exact, d);
+                     exact, d, &pending);
     block = combine_table(plan, s, t, n, vectors + voff[t], count, block);
   }
+  pending.flush();
   plan.net->predict(n, des, s.embeddings, answer, &s.dense, tr::find_sgemm());
 }
 
@@ -227,19 +243,24 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
                  static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
   }
   if (any) lane.sync();
+  tr::PendingInserts& pending = request_inserts();
   for (size_t t = 0; t < tables; ++t) {
     const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
     settle_gpu_table(st, t, s.keys.data() + first, count, vectors + voff[t], status + first, ns,
-                     exact, d);
+                     exact, d, &pending);
     if (missed[t]) {
       lane.to_device(dv + o[5] + voff[t] * 4, h + o[5] + voff[t] * 4,
                      static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
     }
   }
-  if (any) {
-    dense();
-    lane.sync();
+  if (any) dense();  // on the instance's stream, while the inserts are written on another
+  try {
+    pending.flush();
+  } catch (...) {
+    if (any) lane.sync();  // nothing of this request left running on the lane
+    throw;
   }
+  if (any) lane.sync();
   std::memcpy(answer, h + o[7], ob);
 }
 

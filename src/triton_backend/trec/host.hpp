@@ -260,8 +260,11 @@ int64_t combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, c
                       int64_t count, int64_t block);
 
 // The misses of table `t`'s cache query by the table's handler (hot_paths.cpp).
+// pending (the GPU paths): where a node-local table's fetched rows go, to be inserted with
+// the request's other tables' (null: inserted now).
 void finish_query(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
-                  uint8_t* hit, int64_t hits, uint64_t query_ns, bool exact, Defaults* d);
+                  uint8_t* hit, int64_t hits, uint64_t query_ns, bool exact, Defaults* d,
+                  tr::PendingInserts* pending = nullptr);
 
 // -- the GPU paths (gpu_paths.cpp) --------------------------------------------------------
 

@@ -17,11 +17,12 @@ thread_local Scratch t_scratch;
 // answered with the default value to *d. In C++ for a node-local table (LocalMisses, no
 // GIL); else the engine's handler in Python (CachedTable.native_finish).
 void finish_query(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
-                  uint8_t* hit, int64_t hits, uint64_t query_ns, bool exact, Defaults* d) {
+                  uint8_t* hit, int64_t hits, uint64_t query_ns, bool exact, Defaults* d,
+                  tr::PendingInserts* pending) {
   const NativeTable& nt = st.plan->tables[t];
   if (nt.misses != nullptr) {
     const uint8_t want = exact ? 1 : 0;
-    nt.misses->finish(keys, n, out, hit, hits, query_ns, nullptr, 0, &want, d->by_cause);
+    nt.misses->finish(keys, n, out, hit, hits, query_ns, nullptr, 0, &want, d->by_cause, pending);
     return;
   }
   Gil gil;
