@@ -247,6 +247,7 @@ class StagedWrites {
     for (size_t p = 0; p < n; ++p) {
       const GroupedWrites& g = grouped_[p];
       const size_t m = static_cast<size_t>(g.size()), t = static_cast<size_t>(g.touched());
+      if (m == 0) continue;  // nothing to write: no launch reads its fields
       std::memcpy(h + at(p, kKeys), g.keys.data(), m * 8);
       std::memcpy(h + at(p, kSrc), g.src.data(), m * 8);
       std::memcpy(h + at(p, kSets), g.sets.data(), t * 8);
