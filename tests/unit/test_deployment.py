@@ -348,3 +348,24 @@ def test_a_gpu_instance_logs_what_it_puts_on_the_gpu(params):
     both_off = gpu_placement(params(gpucache=False), gpu, device)
     assert "dense executor on the GPU: yes" in both_off and "nothing" not in both_off
     assert "embedding cache on the GPU: none" in gpu_placement(None, gpu, device)
+
+
+def test_the_cpu_caches_live_where_triton_rec_shm_dir_says(params, tmp_path, monkeypatch):
+    """TRITON_REC_SHM_DIR moves a server's shared files, the CPU caches' segments too (a
+    tmpfs mounted with huge=within_size gives them 2 MiB pages: docs/configuration.md);
+    an InstanceSpec's own cache_dir wins over it."""
+    p = params()
+    spec = InstanceSpec(store_dir=str(tmp_path / "store"))
+    for env, own in ((tmp_path / "shm-env", None), (tmp_path / "shm-env", tmp_path / "own")):
+        for d in (env, own):
+            if d is not None:
+                d.mkdir(exist_ok=True)
+        monkeypatch.setenv("TRITON_REC_SHM_DIR", str(env))
+        s = open_session(p, dataclasses.replace(spec, cache_dir=own and str(own)))
+        try:
+            where = own or env
+            paths = [ct.cache.path for ct in s.cached_tables]
+            assert paths and all(path.startswith(str(where) + os.sep) for path in paths)
+            assert all(os.path.exists(path) for path in paths)
+        finally:
+            s.close()

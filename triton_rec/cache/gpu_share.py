@@ -66,7 +66,6 @@ import mmap
 import os
 import re
 import secrets
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union, cast
@@ -80,6 +79,7 @@ from triton_rec.cache.array_cache import (
     HostCacheView,
     resolve_xp,
 )
+from triton_rec.cache.shm_cache import shm_dir
 from triton_rec.cache.shm_security import open_private_file, open_segment_dir, remove_namespace_dir
 from triton_rec.config.ps_json import CachePolicy
 from triton_rec.errors import ConfigError, StaleHandlesError
@@ -141,15 +141,6 @@ def _token_alive(pid: int, starttime: int) -> bool:
     still runs. Without a start time the recorded process cannot be told apart from a
     later one under the same pid (the bare-pid check), so it counts as gone."""
     return starttime > 0 and process_alive(pid, starttime)
-
-
-def shm_dir(directory: Optional[str] = None) -> str:
-    """Where shared files go: ``directory``, else ``$TRITON_REC_SHM_DIR``, else ``/dev/shm``
-    (the system temp directory where there is no /dev/shm)."""
-    d = directory or os.environ.get("TRITON_REC_SHM_DIR")
-    if d:
-        return d
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
 #: prefix of every file this module publishes (the CPU cache's segments use ``trec_``)

@@ -54,6 +54,7 @@ import logging
 import mmap
 import os
 import re
+import tempfile
 import threading
 import time
 import uuid
@@ -72,10 +73,25 @@ from triton_rec.util.procfs import flock_exclusive, process_alive, start_time
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SharedEmbeddingCache", "InsertResult", "segment_path", "POLICIES"]
+__all__ = ["SharedEmbeddingCache", "InsertResult", "segment_path", "shm_dir", "POLICIES"]
 
 POLICIES = CACHE_POLICIES  # the names of triton_rec.config.ps_json.CachePolicy
 DEFAULT_DIRECTORY = "/dev/shm"
+#: the environment variable that moves every shared file of a server (the CPU caches'
+#: segments, a GPU cache's shared handles and lock) out of DEFAULT_DIRECTORY
+SHM_DIR_VARIABLE = "TRITON_REC_SHM_DIR"
+
+
+def shm_dir(directory: Optional[str] = None) -> str:
+    """Where shared files go: ``directory``, else ``$TRITON_REC_SHM_DIR``, else
+    ``/dev/shm`` (the system temp directory where there is no /dev/shm). A tmpfs mounted
+    with ``huge=within_size`` there gives the caches 2 MiB pages (docs/configuration.md)."""
+    d = directory or os.environ.get(SHM_DIR_VARIABLE)
+    if d:
+        return d
+    return DEFAULT_DIRECTORY if os.path.isdir(DEFAULT_DIRECTORY) else tempfile.gettempdir()
+
+
 SEGMENT_PREFIX = "trec_"
 # Longest sanitized name kept verbatim (file names are limited to 255 bytes).
 _MAX_NAME = 160
@@ -110,10 +126,11 @@ def segment_file_name(name: str) -> str:
 
 
 def segment_path(
-    name: str, directory: str = DEFAULT_DIRECTORY, namespace: Optional[str] = None
+    name: str, directory: Optional[str] = None, namespace: Optional[str] = None
 ) -> str:
-    """The file of the segment called ``name`` (in the namespace's private directory if
-    one is given)."""
+    """The file of the segment called ``name`` in ``directory`` (None: :func:`shm_dir`;
+    in the namespace's private directory if one is given)."""
+    directory = shm_dir(directory)
     if namespace is not None:
         directory = shm_security.namespace_directory(directory, namespace)
     return os.path.join(directory, segment_file_name(name))
@@ -267,7 +284,7 @@ class SharedEmbeddingCache:
         vec_size: int,
         policy: str = CachePolicy.LRU,
         ways: int = 8,
-        directory: str = DEFAULT_DIRECTORY,
+        directory: Optional[str] = None,
         timeout: float = _OPEN_TIMEOUT,
         namespace: Optional[str] = None,
         precision: str = DEFAULT_PRECISION,
@@ -289,7 +306,8 @@ class SharedEmbeddingCache:
             ways: associativity (1..64).
             precision: how the cache holds the rows (:mod:`triton_rec.precision`):
                 :meth:`insert`/:meth:`update` take rows in it, :meth:`query` decodes.
-            directory: where segments live (a tmpfs; ``/dev/shm``).
+            directory: where segments live (a tmpfs; None: :func:`shm_dir`,
+                ``$TRITON_REC_SHM_DIR`` or ``/dev/shm``).
             timeout: seconds to wait for other processes' file locks.
             namespace: the node store's token
                 (:func:`triton_rec.cache.shm_security.store_namespace`):
@@ -324,6 +342,7 @@ class SharedEmbeddingCache:
         )
         checksum = config_checksum(**params)
         nbytes = _native.ShmCacheView.required_bytes(**params)
+        directory = shm_dir(directory)
         fname = segment_file_name(name)
         token = _self_token()
         deadline = time.monotonic() + timeout

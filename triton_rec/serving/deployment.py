@@ -60,7 +60,9 @@ class InstanceSpec:
         device_id: GPU id for GPU instances (ignored on CPU).
         store_dir: node-local store directory (None: ``TRITON_REC_STORE`` or the default).
         prefault: make every page of the tables resident before serving.
-        cache_dir: directory of the CPU cache segments (``/dev/shm``).
+        cache_dir: directory of the CPU cache segments and a GPU cache's shared files
+            (None: :func:`~triton_rec.cache.shm_cache.shm_dir`, ``$TRITON_REC_SHM_DIR`` or
+            ``/dev/shm``).
         intra_op_threads: threads of the dense executor's own pool (onnxruntime).
         model_version: the version being loaded (Triton's ``model_version``); part of
             a device cache's name.
@@ -70,7 +72,7 @@ class InstanceSpec:
     device_id: int = 0
     store_dir: Optional[str] = None
     prefault: bool = True
-    cache_dir: str = "/dev/shm"
+    cache_dir: Optional[str] = None
     intra_op_threads: int = InstanceSettings.intra_op_threads
     model_version: str = ""
 
@@ -300,6 +302,9 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
         if capacity == 0:
             return None
         name = cache_name(params, spec, tp, table)
+        from triton_rec.cache.shm_cache import shm_dir
+
+        directory = shm_dir(spec.cache_dir)
         if spec.device == "cpu":
             from triton_rec.cache.shm_cache import SharedEmbeddingCache
 
@@ -310,13 +315,13 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
                 policy=params.cache_policy,
                 ways=params.cache_ways,
                 precision=tp.precision,
-                directory=spec.cache_dir,
-                namespace=shm_namespace(table, spec.cache_dir),
+                directory=directory,
+                namespace=shm_namespace(table, directory),
             )
         if params.embedding_cache_type.value in DEVICE_TABLE_MODES and not uses_tiers(params):
             # static / uvm: the whole node-local table on the GPU (device_table.py)
             return DeviceTableCache(table, params.embedding_cache_type.value, spec.device_id)
-        from triton_rec.cache.gpu_share import open_shared_cache, shm_dir
+        from triton_rec.cache.gpu_share import open_shared_cache
 
         shared = open_shared_cache(
             name,
@@ -326,7 +331,8 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
             policy=params.cache_policy,
             precision=tp.precision,
             device=spec.device_id,
-            namespace=shm_namespace(table, shm_dir()),
+            directory=directory,
+            namespace=shm_namespace(table, directory),
         )
         return shared
 
