@@ -302,6 +302,24 @@ std::shared_ptr<tr::InsertBatcher> batcher_for(const void* meta, size_t row_byte
   return b;
 }
 
+// The PartsBatcher of the caches of one kind (MissCache::kind: the device caches of one
+// GPU's kernels, or the twin's), one per kind in this process: the requests of every
+// instance, each with its caches' inserts, written together.
+std::shared_ptr<tr::PartsBatcher> parts_batcher_for(const void* kind) {
+  static std::mutex mutex;
+  static std::map<const void*, std::weak_ptr<tr::PartsBatcher>> batchers;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto it = batchers.begin(); it != batchers.end();) {  // forget the kinds gone
+    it = it->second.expired() ? batchers.erase(it) : std::next(it);
+  }
+  std::shared_ptr<tr::PartsBatcher> b = batchers[kind].lock();
+  if (!b) {
+    b = std::make_shared<tr::PartsBatcher>();
+    batchers[kind] = b;
+  }
+  return b;
+}
+
 // A cache of array_cache_rules.hpp's layout as LocalMisses inserts into it
 // (local_misses.hpp): the instances' inserts gathered by the cache's InsertBatcher, each
 // write under the cache's writer lock, by `Writer` (the write kernel on a lane of the pool,
@@ -312,7 +330,8 @@ class ArrayMissCache final : public tr::MissCache {
  public:
   ArrayMissCache(Writer writer, const xc::View& v, std::shared_ptr<tr::WriterLock> lock)
       : writer_(std::move(writer)), v_(v), lock_(std::move(lock)),
-        batcher_(batcher_for(v.meta, static_cast<size_t>(v.row_bytes))) {}
+        batcher_(batcher_for(v.meta, static_cast<size_t>(v.row_bytes))),
+        parts_batcher_(parts_batcher_for(writer_.kind())) {}
   tr::RowFormat format() const override {
     return tr::RowFormat(tr::precision_of(v_.precision), static_cast<size_t>(v_.dim));
   }
@@ -320,9 +339,19 @@ class ArrayMissCache final : public tr::MissCache {
     batcher_->insert(keys, n, rows, &ArrayMissCache::write, const_cast<ArrayMissCache*>(this));
   }
   const void* kind() const override { return writer_.kind(); }
-  // The inserts of several caches of this kind (a request's tables) in one write: every
-  // cache's writer lock, each once and in WriterLock::order, then Writer::many.
+  // The inserts of several caches of this kind (a request's tables) in one write, with
+  // the parts of other requests waiting meanwhile (PartsBatcher).
   void insert_together(const tr::PendingInsert* parts, size_t n) const override {
+    parts_batcher_->insert(parts, n, &ArrayMissCache::write_parts, this);
+  }
+
+ private:
+  // One write of parts[0..n) (each of a cache of this kind): every cache's writer lock,
+  // each once and in WriterLock::order, then Writer::many.
+  static void write_parts(const void* self, const tr::PendingInsert* parts, size_t n) {
+    static_cast<const ArrayMissCache*>(self)->write_locked(parts, n);
+  }
+  void write_locked(const tr::PendingInsert* parts, size_t n) const {
     std::vector<xc::WritePart> writes(n);
     std::vector<tr::WriterLock*> locks;
     for (size_t i = 0; i < n; ++i) {
@@ -337,7 +366,14 @@ class ArrayMissCache final : public tr::MissCache {
     std::sort(locks.begin(), locks.end(), [](const tr::WriterLock* a, const tr::WriterLock* b) {
       return a->order() < b->order();
     });
-    locks.erase(std::unique(locks.begin(), locks.end()), locks.end());
+    // one lock per lock file: the parts of one cache may come from several instances,
+    // each with its own WriterLock on that file (and a thread blocks on a second flock of
+    // a file it holds through another descriptor)
+    locks.erase(std::unique(locks.begin(), locks.end(),
+                            [](const tr::WriterLock* a, const tr::WriterLock* b) {
+                              return a->order() == b->order();
+                            }),
+                locks.end());
     struct Held {  // unlocks what it locked, in reverse, also when a write throws
       std::vector<tr::WriterLock*> locked;
       ~Held() {
@@ -352,7 +388,6 @@ class ArrayMissCache final : public tr::MissCache {
     writer_.many(writes.data(), n, counts.data());
   }
 
- private:
   static void write(void* self, const int64_t* keys, size_t n, const uint8_t* rows) {
     auto* c = static_cast<ArrayMissCache*>(self);
     std::lock_guard<tr::WriterLock> hold(*c->lock_);
@@ -363,6 +398,7 @@ class ArrayMissCache final : public tr::MissCache {
   xc::View v_;
   std::shared_ptr<tr::WriterLock> lock_;
   std::shared_ptr<tr::InsertBatcher> batcher_;
+  std::shared_ptr<tr::PartsBatcher> parts_batcher_;
 };
 
 // The write kernel's insert, on a lane of the device's pool; several caches' writes in one

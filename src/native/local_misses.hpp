@@ -210,6 +210,62 @@ class InsertBatcher {
   std::vector<uint8_t> rows_;
 };
 
+// The inserts of several requests' caches (each request's PendingInserts, its parts)
+// gathered into one write, as InsertBatcher gathers one cache's: a thread whose parts
+// arrive while another thread writes waits, and the next write takes every request's
+// parts that waited (in arrival order: a key written twice keeps its last row). Each
+// insert still returns only once its rows are in their caches. One per kind of cache
+// (MissCache::kind) per process: every part it writes is of that kind.
+class PartsBatcher {
+ public:
+  // write(target, parts, n): one write of parts[0..n) (their caches' locks taken there).
+  using Write = void (*)(const void* target, const PendingInsert* parts, size_t n);
+
+  // Writes parts[0..n) through write(target, ...), with whatever other requests' parts
+  // are waiting; returns once they are written (rethrows the write's error).
+  void insert(const PendingInsert* parts, size_t n, Write write, const void* target) {
+    Pending p{parts, n};
+    std::unique_lock<std::mutex> lock(mutex_);
+    waiting_.push_back(&p);
+    turn_.wait(lock, [&] { return p.done || !writing_; });
+    if (!p.done) {  // nobody writes: this thread writes every request that waits
+      writing_ = true;
+      std::vector<Pending*> batch;
+      batch.swap(waiting_);
+      lock.unlock();
+      std::exception_ptr failure;
+      try {
+        all_.clear();
+        for (const Pending* q : batch) all_.insert(all_.end(), q->parts, q->parts + q->n);
+        write(target, all_.data(), all_.size());
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      lock.lock();
+      for (Pending* q : batch) {
+        q->done = true;
+        q->failure = failure;
+      }
+      writing_ = false;
+      turn_.notify_all();
+    }
+    if (p.failure) std::rethrow_exception(p.failure);
+  }
+
+ private:
+  struct Pending {
+    const PendingInsert* parts;
+    size_t n;
+    bool done = false;
+    std::exception_ptr failure;
+  };
+  std::mutex mutex_;
+  std::condition_variable turn_;
+  std::vector<Pending*> waiting_;
+  bool writing_ = false;
+  std::vector<PendingInsert> all_;  // the batch's parts (by the writing thread only)
+};
+
 // The shared-memory cache (shm_cache.hpp), which locks its own sets.
 class ShmMissCache final : public MissCache {
  public:

@@ -447,3 +447,78 @@ def test_tables_written_together_take_their_writer_locks_in_one_order(tmp_path):
         out, hit = _query(cache, table.keys[:8].copy())
         assert hit.all()
         np.testing.assert_array_equal(out, table.vectors[:8])
+
+
+def test_requests_written_together_across_instances_of_one_cache(tmp_path):
+    """The requests of several instances, each with its own attachment of the same cache
+    (its own writer lock on the cache's lock file, another descriptor), are written
+    together (PartsBatcher): while one thread writes, the requests that arrive wait and
+    the next write takes them all, the cache's lock file locked once (a second flock of
+    it through the other descriptor would wait for this very thread forever). Every
+    answer is the table's row and every key lands. In a child process: a write that waits
+    for itself hangs, and the child is killed after 60 s."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; from tests.unit.test_local_misses import writes_across_instances; "
+        "writes_across_instances(sys.argv[1])"
+    )
+    root = Path(__file__).resolve().parents[2]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("a write of several instances' requests waited for itself (60 s)")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def writes_across_instances(directory: str) -> None:
+    """The scenario of test_requests_written_together_across_instances_of_one_cache."""
+    import os
+    import threading
+
+    path = os.path.join(directory, "lock")
+    fds = [os.open(path, os.O_RDWR | os.O_CREAT, 0o600) for _ in range(2)]
+    locks = [_native.WriterLock(fd) for fd in fds]
+    first = ArrayEmbeddingCache(ROWS, VEC, ways=4, lock=locks[0])
+    second = ArrayEmbeddingCache.from_arrays(first.state_arrays(), lock=locks[1])
+    table = _table("fp32")
+    misses = [
+        _native.LocalMisses(
+            c.miss_cache(), table.index, table.vectors, 0, DEFAULT, 1.1, False, None,
+            np.zeros(len(_native.TABLE_STAT_FIELDS), np.int64),
+        )
+        for c in (first, second)
+    ]  # fmt: skip
+    failures = []
+
+    def request(i, which):
+        try:
+            keys = table.keys[i * 10 : (i + 1) * 10].copy()
+            out = np.empty((10, VEC), np.float32)
+            d = np.zeros(len(DEFAULT_CAUSES), np.int64)
+            hit = np.zeros(10, np.uint8)
+            _native.finish_tables([misses[which]], [keys], [out], [hit], True, d)
+            np.testing.assert_array_equal(out, table.vectors[i * 10 : (i + 1) * 10])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    with locks[0]:  # the first request's write waits here; the others queue behind it
+        threads = [threading.Thread(target=request, args=(0, 0))]
+        threads[0].start()
+        time.sleep(0.2)
+        for i in range(1, 7):
+            threads.append(threading.Thread(target=request, args=(i, i % 2)))
+            threads[-1].start()
+        time.sleep(0.3)
+    for t in threads:
+        t.join()
+    assert failures == [], failures
+    assert set(first.host_view().keys().tolist()) == set(table.keys[:70].tolist())
