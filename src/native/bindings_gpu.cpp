@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "array_cache_twin.hpp"
@@ -285,39 +286,23 @@ class DeviceCache {
   xc::View v_;
 };
 
-// The InsertBatcher of the cache whose state starts at `meta` (one per cache in this
-// process, shared by the MissCaches of its instances: their inserts are written together).
-std::shared_ptr<tr::InsertBatcher> batcher_for(const void* meta, size_t row_bytes) {
+// The T of `key` in this process, made with args at its first use and shared while anyone
+// holds it: the InsertBatcher of a cache (key: where its state starts; its instances'
+// MissCaches share it) and the PartsBatcher of a kind of cache (MissCache::kind).
+template <class T, class... Args>
+std::shared_ptr<T> one_per(const void* key, Args&&... args) {
   static std::mutex mutex;
-  static std::map<const void*, std::weak_ptr<tr::InsertBatcher>> batchers;
+  static std::map<const void*, std::weak_ptr<T>> made;
   std::lock_guard<std::mutex> lock(mutex);
-  for (auto it = batchers.begin(); it != batchers.end();) {  // forget the caches gone
-    it = it->second.expired() ? batchers.erase(it) : std::next(it);
+  for (auto it = made.begin(); it != made.end();) {  // forget those gone
+    it = it->second.expired() ? made.erase(it) : std::next(it);
   }
-  std::shared_ptr<tr::InsertBatcher> b = batchers[meta].lock();
-  if (!b) {
-    b = std::make_shared<tr::InsertBatcher>(row_bytes);
-    batchers[meta] = b;
+  std::shared_ptr<T> t = made[key].lock();
+  if (!t) {
+    t = std::make_shared<T>(std::forward<Args>(args)...);
+    made[key] = t;
   }
-  return b;
-}
-
-// The PartsBatcher of the caches of one kind (MissCache::kind: the device caches of one
-// GPU's kernels, or the twin's), one per kind in this process: the requests of every
-// instance, each with its caches' inserts, written together.
-std::shared_ptr<tr::PartsBatcher> parts_batcher_for(const void* kind) {
-  static std::mutex mutex;
-  static std::map<const void*, std::weak_ptr<tr::PartsBatcher>> batchers;
-  std::lock_guard<std::mutex> lock(mutex);
-  for (auto it = batchers.begin(); it != batchers.end();) {  // forget the kinds gone
-    it = it->second.expired() ? batchers.erase(it) : std::next(it);
-  }
-  std::shared_ptr<tr::PartsBatcher> b = batchers[kind].lock();
-  if (!b) {
-    b = std::make_shared<tr::PartsBatcher>();
-    batchers[kind] = b;
-  }
-  return b;
+  return t;
 }
 
 // A cache of array_cache_rules.hpp's layout as LocalMisses inserts into it
@@ -330,8 +315,8 @@ class ArrayMissCache final : public tr::MissCache {
  public:
   ArrayMissCache(Writer writer, const xc::View& v, std::shared_ptr<tr::WriterLock> lock)
       : writer_(std::move(writer)), v_(v), lock_(std::move(lock)),
-        batcher_(batcher_for(v.meta, static_cast<size_t>(v.row_bytes))),
-        parts_batcher_(parts_batcher_for(writer_.kind())) {}
+        batcher_(one_per<tr::InsertBatcher>(v.meta, static_cast<size_t>(v.row_bytes))),
+        parts_batcher_(one_per<tr::PartsBatcher>(writer_.kind())) {}
   tr::RowFormat format() const override {
     return tr::RowFormat(tr::precision_of(v_.precision), static_cast<size_t>(v_.dim));
   }

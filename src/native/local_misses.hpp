@@ -137,12 +137,61 @@ class PendingInserts {
   std::vector<uint8_t> rows_;
 };
 
-// Inserts into one cache whose writes are serialized (a device cache: one writer at a
-// time, under its writer lock, and a write is a round trip to the GPU), gathered into one
-// write: a thread whose insert arrives while another thread writes waits, and the next
-// write takes every insert that waited (group commit). Each insert still returns only
-// once its rows are in the cache; under contention N inserts cost one write instead of N
-// one after the other. One per cache per process (shared by its instances' MissCaches).
+// Group commit: writes that are serialized anyway (a device cache: one writer at a time,
+// under its writer lock, and a write is a round trip to the GPU) gathered into one. A
+// thread whose item arrives while another thread writes waits, and the next write takes
+// every item that waited, in arrival order. Each submit still returns only once its item
+// is written (rethrowing the write's error); under contention N items cost one write
+// instead of N one after the other.
+template <class Item>
+class GroupCommit {
+ public:
+  // Runs write(items) for a batch of items that holds `item`.
+  template <class Write>
+  void submit(const Item& item, Write&& write) {
+    Pending p{item};
+    std::unique_lock<std::mutex> lock(mutex_);
+    waiting_.push_back(&p);
+    turn_.wait(lock, [&] { return p.done || !writing_; });
+    if (!p.done) {  // nobody writes: this thread writes every item that waits
+      writing_ = true;
+      std::vector<Pending*> batch;
+      batch.swap(waiting_);
+      lock.unlock();
+      std::exception_ptr failure;
+      try {
+        items_.clear();
+        for (const Pending* q : batch) items_.push_back(q->item);
+        write(items_);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      lock.lock();
+      for (Pending* q : batch) {
+        q->done = true;
+        q->failure = failure;
+      }
+      writing_ = false;
+      turn_.notify_all();
+    }
+    if (p.failure) std::rethrow_exception(p.failure);
+  }
+
+ private:
+  struct Pending {
+    Item item;
+    bool done = false;
+    std::exception_ptr failure;
+  };
+  std::mutex mutex_;
+  std::condition_variable turn_;
+  std::vector<Pending*> waiting_;
+  bool writing_ = false;
+  std::vector<Item> items_;  // the batch's items (by the writing thread only)
+};
+
+// Inserts into one cache, group-committed: one per cache per process (shared by its
+// instances' MissCaches).
 class InsertBatcher {
  public:
   // write(keys, n, rows): one write of n keys and their rows (row_bytes each).
@@ -152,69 +201,36 @@ class InsertBatcher {
   // Inserts keys[0..n) with rows through write(target, ...), in one write with whatever
   // other inserts are waiting; returns once they are written (rethrows the write's error).
   void insert(const int64_t* keys, size_t n, const uint8_t* rows, Write write, void* target) {
-    Pending p{keys, n, rows};
-    std::unique_lock<std::mutex> lock(mutex_);
-    waiting_.push_back(&p);
-    turn_.wait(lock, [&] { return p.done || !writing_; });
-    if (!p.done) {  // nobody writes: this thread writes every insert that waits
-      writing_ = true;
-      std::vector<Pending*> batch;
-      batch.swap(waiting_);
-      lock.unlock();
-      std::exception_ptr failure;
-      try {
-        write_all(batch, write, target);
-      } catch (...) {
-        failure = std::current_exception();
+    commit_.submit(Insert{keys, n, rows}, [&](const std::vector<Insert>& batch) {
+      if (batch.size() == 1) {
+        write(target, batch[0].keys, batch[0].n, batch[0].rows);
+        return;
       }
-      lock.lock();
-      for (Pending* q : batch) {
-        q->done = true;
-        q->failure = failure;
+      keys_.clear();
+      rows_.clear();
+      for (const Insert& q : batch) {  // in arrival order: a key given twice, its last row
+        keys_.insert(keys_.end(), q.keys, q.keys + q.n);
+        rows_.insert(rows_.end(), q.rows, q.rows + q.n * row_bytes_);
       }
-      writing_ = false;
-      turn_.notify_all();
-    }
-    if (p.failure) std::rethrow_exception(p.failure);
+      write(target, keys_.data(), keys_.size(), rows_.data());
+    });
   }
 
  private:
-  struct Pending {
+  struct Insert {
     const int64_t* keys;
     size_t n;
     const uint8_t* rows;
-    bool done = false;
-    std::exception_ptr failure;
   };
-
-  void write_all(const std::vector<Pending*>& batch, Write write, void* target) {
-    if (batch.size() == 1) {
-      write(target, batch[0]->keys, batch[0]->n, batch[0]->rows);
-      return;
-    }
-    keys_.clear();
-    rows_.clear();
-    for (const Pending* q : batch) {  // in arrival order: a key given twice, its last row
-      keys_.insert(keys_.end(), q->keys, q->keys + q->n);
-      rows_.insert(rows_.end(), q->rows, q->rows + q->n * row_bytes_);
-    }
-    write(target, keys_.data(), keys_.size(), rows_.data());
-  }
-
   const size_t row_bytes_;
-  std::mutex mutex_;
-  std::condition_variable turn_;
-  std::vector<Pending*> waiting_;
-  bool writing_ = false;
+  GroupCommit<Insert> commit_;
   std::vector<int64_t> keys_;  // the batch, gathered (by the writing thread only)
   std::vector<uint8_t> rows_;
 };
 
-// The inserts of several requests' caches (each request's PendingInserts, its parts)
-// gathered into one write, as InsertBatcher gathers one cache's: a thread whose parts
-// arrive while another thread writes waits, and the next write takes every request's
-// parts that waited (in arrival order: a key written twice keeps its last row). Each
-// insert still returns only once its rows are in their caches. One per kind of cache
+// The inserts of several requests' caches (each request's PendingInserts, its parts),
+// group-committed: a write takes the parts of every request that waited, in arrival
+// order (a key written twice keeps its last row). One per kind of cache
 // (MissCache::kind) per process: every part it writes is of that kind.
 class PartsBatcher {
  public:
@@ -224,45 +240,19 @@ class PartsBatcher {
   // Writes parts[0..n) through write(target, ...), with whatever other requests' parts
   // are waiting; returns once they are written (rethrows the write's error).
   void insert(const PendingInsert* parts, size_t n, Write write, const void* target) {
-    Pending p{parts, n};
-    std::unique_lock<std::mutex> lock(mutex_);
-    waiting_.push_back(&p);
-    turn_.wait(lock, [&] { return p.done || !writing_; });
-    if (!p.done) {  // nobody writes: this thread writes every request that waits
-      writing_ = true;
-      std::vector<Pending*> batch;
-      batch.swap(waiting_);
-      lock.unlock();
-      std::exception_ptr failure;
-      try {
-        all_.clear();
-        for (const Pending* q : batch) all_.insert(all_.end(), q->parts, q->parts + q->n);
-        write(target, all_.data(), all_.size());
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      lock.lock();
-      for (Pending* q : batch) {
-        q->done = true;
-        q->failure = failure;
-      }
-      writing_ = false;
-      turn_.notify_all();
-    }
-    if (p.failure) std::rethrow_exception(p.failure);
+    commit_.submit(Request{parts, n}, [&](const std::vector<Request>& batch) {
+      all_.clear();
+      for (const Request& q : batch) all_.insert(all_.end(), q.parts, q.parts + q.n);
+      write(target, all_.data(), all_.size());
+    });
   }
 
  private:
-  struct Pending {
+  struct Request {
     const PendingInsert* parts;
     size_t n;
-    bool done = false;
-    std::exception_ptr failure;
   };
-  std::mutex mutex_;
-  std::condition_variable turn_;
-  std::vector<Pending*> waiting_;
-  bool writing_ = false;
+  GroupCommit<Request> commit_;
   std::vector<PendingInsert> all_;  // the batch's parts (by the writing thread only)
 };
 
