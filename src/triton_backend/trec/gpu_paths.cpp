@@ -3,6 +3,7 @@
 // CUDA graphs.
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 #include "blas.hpp"
 #include "host.hpp"
@@ -53,14 +54,45 @@ void settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, in
   finish_query(st, t, keys, n, out, status, hits, ns, exact, d, pending);
 }
 
-// An hps request on the GPU: keys[0..n_keys) of every table -> answer (floats), through
-// pinned staging: one copy in (the keys and their spans), one launch for every table, one
-// copy out, one synchronization.
+// What the lookups of a request's tables on the GPU left in the lane's pinned staging: the
+// answers (table t's from out_starts[t] floats), a status per key, and the time they took.
+struct Looked {
+  float* out;
+  uint8_t* status;
+  uint64_t ns;
+};
+
+// The lookups of every table of a request on the GPU, host to host: keys[0..key_starts[T])
+// (table t's from key_starts[t]) through pinned staging, one copy in (the keys and their
+// spans), one launch for every table, one copy out (the answers and the statuses lie one
+// after the other), one synchronization. The staging is valid until the lane's next use.
+Looked lookup_tables(const NativePlan& plan, const int64_t* keys, const int64_t* key_starts,
+                     const int64_t* out_starts) {
+  tr::gpu::Lane& lane = *plan.lane;
+  lane.enter();
+  const size_t tables = plan.tables.size();
+  const auto n_keys = static_cast<size_t>(key_starts[tables]);
+  const size_t kb = n_keys * 8, fb = static_cast<size_t>(out_starts[tables]) * 4;
+  const tr::gpu::Lane::Parts parts{kb, tr::gpu::lookup_spans_bytes(tables), fb, n_keys};
+  char* h = lane.host(parts);
+  const tr::cuda::CUdeviceptr dv = lane.device(parts);
+  const auto& o = parts.offsets;
+  const uint64_t t0 = now_ns();
+  std::memcpy(h, keys, kb);
+  tr::gpu::fill_lookup_spans(reinterpret_cast<int64_t*>(h + o[1]), key_starts, out_starts, tables);
+  lane.to_device(dv, h, o[2]);  // the keys and their spans
+  tr::gpu::launch_lookups(lane, plan.targets.ptr(), tables, dv + o[1], key_starts, dv, dv + o[2],
+                          dv + o[3]);
+  lane.to_host(h + o[2], dv + o[2], (o[3] - o[2]) + n_keys);
+  lane.sync();
+  return {reinterpret_cast<float*>(h + o[2]), reinterpret_cast<uint8_t*>(h + o[3]), now_ns() - t0};
+}
+
+// An hps request on the GPU: keys[0..n_keys) of every table -> answer (floats): the
+// lookups (lookup_tables), each table settled, the caches' inserts written together.
 void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const int32_t* counts,
              int64_t floats, float* answer, bool exact, Defaults* d) {
   const NativePlan& plan = *st.plan;
-  tr::gpu::Lane& lane = *plan.lane;
-  lane.enter();
   const size_t tables = plan.tables.size();
   thread_local std::vector<int64_t> key_starts, out_starts;
   key_starts.assign(tables + 1, 0);
@@ -69,32 +101,17 @@ void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const
     key_starts[t + 1] = key_starts[t] + counts[t];
     out_starts[t + 1] = out_starts[t] + counts[t] * plan.tables[t].dim;
   }
-  const size_t kb = static_cast<size_t>(n_keys) * 8, fb = static_cast<size_t>(floats) * 4;
-  const tr::gpu::Lane::Parts parts{kb, tr::gpu::lookup_spans_bytes(tables), fb,
-                                   static_cast<size_t>(n_keys)};
-  char* h = lane.host(parts);
-  const tr::cuda::CUdeviceptr dv = lane.device(parts);
-  const auto& o = parts.offsets;
-  const uint64_t t0 = now_ns();
-  std::memcpy(h, keys, kb);
-  tr::gpu::fill_lookup_spans(reinterpret_cast<int64_t*>(h + o[1]), key_starts.data(),
-                             out_starts.data(), tables);
-  lane.to_device(dv, h, o[2]);  // the keys and their spans
-  tr::gpu::launch_lookups(lane, plan.targets.ptr(), tables, dv + o[1], key_starts.data(), dv,
-                          dv + o[2], dv + o[3]);
-  // the answers and the statuses lie one after the other: one copy back
-  lane.to_host(h + o[2], dv + o[2], (o[3] - o[2]) + static_cast<size_t>(n_keys));
-  lane.sync();
-  const uint64_t ns = now_ns() - t0;
-  auto* out = reinterpret_cast<float*>(h + o[2]);
-  auto* status = reinterpret_cast<uint8_t*>(h + o[3]);
+  if (key_starts[tables] != n_keys || out_starts[tables] != floats) {
+    throw std::logic_error("hps_gpu: the counts disagree with the request's sizes");
+  }
+  const Looked r = lookup_tables(plan, keys, key_starts.data(), out_starts.data());
   tr::PendingInserts& pending = request_inserts();
   for (size_t t = 0; t < tables; ++t) {
-    settle_gpu_table(st, t, keys + key_starts[t], counts[t], out + out_starts[t],
-                     status + key_starts[t], ns, exact, d, &pending);
+    settle_gpu_table(st, t, keys + key_starts[t], counts[t], r.out + out_starts[t],
+                     r.status + key_starts[t], r.ns, exact, d, &pending);
   }
   pending.flush();
-  std::memcpy(answer, out, fb);
+  std::memcpy(answer, r.out, static_cast<size_t>(floats) * 4);
 }
 
 // Where each table's vectors go when the keys of a regrouped hugectr request (s.key_starts)
@@ -113,38 +130,21 @@ std::vector<int64_t> vector_offsets(const NativePlan& plan, const Scratch& s) {
 void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int64_t n_cat,
                             const float* des, float* answer, bool exact, Defaults* d) {
   const NativePlan& plan = *st.plan;
-  tr::gpu::Lane& lane = *plan.lane;
-  lane.enter();
   const size_t tables = plan.tables.size();
   const std::vector<int64_t> voff = vector_offsets(plan, s);
-  const size_t kb = static_cast<size_t>(n_cat) * 8, vb = static_cast<size_t>(voff[tables]) * 4;
-  const tr::gpu::Lane::Parts parts{kb, tr::gpu::lookup_spans_bytes(tables), vb,
-                                   static_cast<size_t>(n_cat)};
-  char* h = lane.host(parts);
-  const tr::cuda::CUdeviceptr dv = lane.device(parts);
-  const auto& o = parts.offsets;
-  const uint64_t t0 = now_ns();
-  std::memcpy(h, s.keys.data(), kb);
-  tr::gpu::fill_lookup_spans(reinterpret_cast<int64_t*>(h + o[1]), s.key_starts.data(), voff.data(),
-                             tables);
-  lane.to_device(dv, h, o[2]);  // the keys and their spans
-  tr::gpu::launch_lookups(lane, plan.targets.ptr(), tables, dv + o[1], s.key_starts.data(), dv,
-                          dv + o[2], dv + o[3]);
-  // the vectors and the statuses lie one after the other: one copy back
-  lane.to_host(h + o[2], dv + o[2], (o[3] - o[2]) + static_cast<size_t>(n_cat));
-  lane.sync();
-  const uint64_t ns = now_ns() - t0;
-  auto* vectors = reinterpret_cast<float*>(h + o[2]);
-  auto* status = reinterpret_cast<uint8_t*>(h + o[3]);
+  if (s.key_starts[tables] != n_cat) {
+    throw std::logic_error("hugectr_gpu_host_dense: the key starts disagree with CATCOLUMN");
+  }
+  const Looked r = lookup_tables(plan, s.keys.data(), s.key_starts.data(), voff.data());
   s.combined.resize(tables);
   s.embeddings.clear();
   int64_t block = 0;
   tr::PendingInserts& pending = request_inserts();
   for (size_t t = 0; t < tables; ++t) {
     const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
-    settle_gpu_table(st, t, s.keys.data() + first, count, vectors + voff[t], status + first, ns,
+    settle_gpu_table(st, t, s.keys.data() + first, count, r.out + voff[t], r.status + first, r.ns,
                      exact, d, &pending);
-    block = combine_table(plan, s, t, n, vectors + voff[t], count, block);
+    block = combine_table(plan, s, t, n, r.out + voff[t], count, block);
   }
   pending.flush();
   plan.net->predict(n, des, s.embeddings, answer, &s.dense, tr::find_sgemm());
