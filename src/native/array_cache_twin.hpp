@@ -299,12 +299,7 @@ inline void twin_write_staged(const WritePart* parts, size_t n, int64_t* counts)
 // as one part (twin_write_staged; the caller holds the writer lock).
 inline void twin_write_keys(const View& c, int32_t mode, const int64_t* keys, int64_t n,
                             const uint8_t* rows, int64_t* counts) {
-  WritePart part;
-  part.view = c;
-  part.mode = mode;
-  part.keys = keys;
-  part.n = n;
-  part.rows = rows;
+  const WritePart part{c, mode, keys, n, rows};
   twin_write_staged(&part, 1, counts);
 }
 

@@ -565,12 +565,7 @@ inline void write_many(Lane& lane, const xcache::WritePart* parts, size_t n, int
 // the call's counts (xcache::WriteCount order) to counts.
 inline void write_host(Lane& lane, const xcache::View& view, int32_t mode, const int64_t* keys,
                        int64_t n, const uint8_t* rows, int64_t* counts) {
-  xcache::WritePart part;
-  part.view = view;
-  part.mode = mode;
-  part.keys = keys;
-  part.n = n;
-  part.rows = rows;
+  const xcache::WritePart part{view, mode, keys, n, rows};
   write_many(lane, &part, 1, counts);
 }
 

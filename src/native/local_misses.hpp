@@ -90,9 +90,8 @@ class PendingInserts {
     keys_.insert(keys_.end(), keys, keys + n);
     rows_.insert(rows_.end(), rows, rows + n * rb);
   }
-  bool empty() const { return parts_.empty(); }
-  // Writes every insert (the caches of one kind together, the others one by one) and
-  // forgets them, also when a write fails (its error is rethrown).
+  // Writes every insert (the caches of one kind together; a cache without a kind in a
+  // group of its own) and forgets them, also when a write fails (its error is rethrown).
   void flush() {
     struct Clear {
       PendingInserts* p;
@@ -114,11 +113,7 @@ class PendingInserts {
           done[j] = 1;
         }
       }
-      if (kind == nullptr) {
-        group[0].cache->insert(group[0].keys, group[0].n, group[0].rows);
-      } else {
-        group[0].cache->insert_together(group.data(), group.size());
-      }
+      group[0].cache->insert_together(group.data(), group.size());
     }
   }
   void clear() {

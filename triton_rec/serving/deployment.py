@@ -302,12 +302,10 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
         if capacity == 0:
             return None
         name = cache_name(params, spec, tp, table)
-        from triton_rec.cache.shm_cache import shm_dir
+        from triton_rec.cache.shm_cache import SharedEmbeddingCache, shm_dir
 
         directory = shm_dir(spec.cache_dir)
         if spec.device == "cpu":
-            from triton_rec.cache.shm_cache import SharedEmbeddingCache
-
             return SharedEmbeddingCache.open(
                 name,
                 capacity,

@@ -114,12 +114,14 @@ void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const
   std::memcpy(answer, r.out, static_cast<size_t>(floats) * 4);
 }
 
-// Where each table's vectors go when the keys of a regrouped hugectr request (s.key_starts)
-// are looked up: offsets in floats, one past the last table's end.
+// Where each table's vectors lie for the keys of a regrouped hugectr request, or in a
+// dense request's EMBEDDINGS (s.key_starts: each table's keys): offsets in floats, one past
+// the last table's end.
 std::vector<int64_t> vector_offsets(const NativePlan& plan, const Scratch& s) {
-  std::vector<int64_t> voff(plan.tables.size() + 1, 0);
-  for (size_t t = 0; t < plan.tables.size(); ++t) {
-    voff[t + 1] = voff[t] + (s.key_starts[t + 1] - s.key_starts[t]) * plan.tables[t].dim;
+  const size_t tables = plan.slots.size();
+  std::vector<int64_t> voff(tables + 1, 0);
+  for (size_t t = 0; t < tables; ++t) {
+    voff[t + 1] = voff[t] + (s.key_starts[t + 1] - s.key_starts[t]) * plan.table_dim(t);
   }
   return voff;
 }
@@ -275,11 +277,7 @@ void dense_gpu(const InstanceState& st, const Scratch& s, int64_t n, const float
   tr::gpu::Lane& lane = *plan.lane;
   lane.enter();
   const size_t tables = plan.slots.size();
-  thread_local std::vector<int64_t> voff;  // each table's first float in `emb`
-  voff.assign(tables + 1, 0);
-  for (size_t t = 0; t < tables; ++t) {
-    voff[t + 1] = voff[t] + (s.key_starts[t + 1] - s.key_starts[t]) * plan.table_dim(t);
-  }
+  const std::vector<int64_t> voff = vector_offsets(plan, s);  // each table's first float
   const CombineStarts& starts = combine_starts(plan, n);
   const size_t pb = static_cast<size_t>(rows) * 8, eb = static_cast<size_t>(n_emb) * 4;
   const size_t db = static_cast<size_t>(n * plan.dense_dim) * 4,
@@ -297,8 +295,9 @@ void dense_gpu(const InstanceState& st, const Scratch& s, int64_t n, const float
   lane.to_device(plan.dense_in, h + o[3], db);
   tr::gpu::launch_combines(lane, plan.combines.ptr(), tables, dv, starts.elem.data(), dv + o[2],
                            dv + o[1]);
-  tr::gpu::launch_graph(lane, bucket_for(plan, n).graph);
-  lane.to_host(h + o[4], bucket_for(plan, n).out, ob);
+  const NativePlan::Bucket& bucket = bucket_for(plan, n);
+  tr::gpu::launch_graph(lane, bucket.graph);
+  lane.to_host(h + o[4], bucket.out, ob);
   lane.sync();
   std::memcpy(answer, h + o[4], ob);
 }
