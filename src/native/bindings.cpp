@@ -1095,7 +1095,8 @@ void register_dense_net(py::module_& m) {
             const float* d = dense.data();
             {
               py::gil_scoped_release release;
-              tr::DenseNet::Workspace ws;
+              // reused from call to call, as an instance's is on the request path
+              thread_local tr::DenseNet::Workspace ws;
               net.predict(batch, d, emb, o, &ws, tr::find_sgemm());
             }
             return out;

@@ -365,6 +365,7 @@ class ArrayMissCache final : public tr::MissCache {
         for (auto it = locked.rbegin(); it != locked.rend(); ++it) (*it)->unlock();
       }
     } held;
+    held.locked.reserve(locks.size());  // no allocation between a lock and its record
     for (tr::WriterLock* l : locks) {
       l->lock();
       held.locked.push_back(l);

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -241,7 +242,28 @@ class Lane {
   CUstream stream() const { return stream_; }
   // The launch counter the kernels' last block uses (zero between launches).
   CUdeviceptr done() const { return done_.ptr(); }
-  void enter() const { kernels_->device().make_current(); }
+  // Left by an exception, the scope that entered the lane waits for what it queued on the
+  // stream (errors ignored) before unwinding further: no copy from the pinned staging and
+  // no kernel on a cache is still running when the staging is reused or a writer lock is
+  // released.
+  class Entered {
+   public:
+    explicit Entered(CUstream stream) : stream_(stream), unwinding_(std::uncaught_exceptions()) {}
+    ~Entered() {
+      if (std::uncaught_exceptions() > unwinding_) Driver::get().cuStreamSynchronize(stream_);
+    }
+    Entered(const Entered&) = delete;
+    Entered& operator=(const Entered&) = delete;
+
+   private:
+    CUstream stream_;
+    int unwinding_;
+  };
+  // Makes the lane's device current, for the scope that holds the result.
+  [[nodiscard]] Entered enter() const {
+    kernels_->device().make_current();
+    return Entered(stream_);
+  }
   // Waits until everything queued on the stream has run (see the file's comment).
   void sync() const {
     const Driver& d = Driver::get();
@@ -364,7 +386,7 @@ class DeviceArray {
   void upload(Lane& lane, const std::vector<T>& items) {
     const size_t bytes = items.size() * sizeof(T);
     CUdeviceptr d = buffer_.reserve(std::max<size_t>(bytes, 1));
-    lane.enter();
+    const auto entered = lane.enter();
     lane.to_device(d, items.data(), bytes);
     lane.sync();
   }
@@ -462,7 +484,7 @@ inline void lookup_host(Lane& lane, const LookupTarget* targets, size_t tables, 
                         uint8_t* status) {
   const int64_t n = key_starts[tables] - key_starts[0];
   if (n <= 0) return;
-  lane.enter();
+  const auto entered = lane.enter();
   const size_t kb = static_cast<size_t>(n) * 8, sb = static_cast<size_t>(n);
   const size_t ob = static_cast<size_t>(out_starts[tables]) * 4;
   const Lane::Parts parts{tables * sizeof(LookupTarget), lookup_spans_bytes(tables), kb, ob, sb};
@@ -505,7 +527,7 @@ inline void lookup_host(Lane& lane, const LookupTarget& t, const int64_t* keys, 
 inline void lookup_device(Lane& lane, const LookupTarget& t, CUdeviceptr keys, int64_t n,
                           CUdeviceptr out, CUdeviceptr status) {
   if (n <= 0) return;
-  lane.enter();
+  const auto entered = lane.enter();
   const Lane::Parts parts{sizeof(LookupTarget), lookup_spans_bytes(1)};
   char* h = lane.host(parts);
   const CUdeviceptr d = lane.device(parts);
@@ -526,7 +548,7 @@ inline void write_many(Lane& lane, const xcache::WritePart* parts, size_t n, int
   size_t live = 0;
   for (size_t p = 0; p < n; ++p) live += parts[p].n > 0;
   if (live == 0) return;
-  lane.enter();
+  const auto entered = lane.enter();
   thread_local xcache::StagedWrites staged;
   staged.plan(parts, n);
   const Lane::Parts layout{staged.total()};
@@ -571,7 +593,7 @@ inline void write_host(Lane& lane, const xcache::View& view, int32_t mode, const
 
 // clear (or repair) of the device cache; returns the sets healed.
 inline int64_t clear_or_repair(Lane& lane, const xcache::View& view, bool clear) {
-  lane.enter();
+  const auto entered = lane.enter();
   const Lane::Parts parts{8 * xcache::kWriteCounts};
   char* h = lane.host(parts);
   const CUdeviceptr d = lane.device(parts);

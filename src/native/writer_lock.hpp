@@ -24,10 +24,14 @@ class WriterLock {
   explicit WriterLock(int fd) : fd_(fd < 0 ? -1 : ::dup(fd)) {
     if (fd >= 0 && fd_ < 0) throw std::system_error(errno, std::generic_category(), "dup");
     struct stat st{};
-    if (fd_ >= 0 && ::fstat(fd_, &st) == 0) {
-      order_ = {1, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
-    } else {
+    if (fd_ < 0) {
       order_ = {0, 0, reinterpret_cast<uintptr_t>(this)};
+    } else if (::fstat(fd_, &st) == 0) {
+      order_ = {1, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+    } else {  // no order shared with the other processes: refuse rather than risk a cycle
+      const int e = errno;
+      ::close(fd_);
+      throw std::system_error(e, std::generic_category(), "fstat of the cache's writer lock");
     }
   }
   ~WriterLock() {

@@ -395,6 +395,10 @@ def compare_together(array_cache, other_cache, steps: int = 40) -> None:
             np.testing.assert_array_equal(cached, np.sort(ca.keys()), err_msg=f"step {step}")
             np.testing.assert_array_equal(_query(ct, cached)[0], _query(ca, cached)[0])
     assert all(int(st[_native.TABLE_STAT_FIELDS.index("sync_fetched")]) > 0 for *_, st in together)
+    # the writes' time is the tables' cache time, as when each inserts alone (the queries
+    # here are timed as 0 on both sides)
+    ns = _native.TABLE_STAT_FIELDS.index("cache_ns")
+    assert all(int(st[ns]) > 0 for *_, st in together), [int(t[3][ns]) for t in together]
 
 
 def test_tables_written_together_take_their_writer_locks_in_one_order(tmp_path):

@@ -69,7 +69,7 @@ struct Looked {
 Looked lookup_tables(const NativePlan& plan, const int64_t* keys, const int64_t* key_starts,
                      const int64_t* out_starts) {
   tr::gpu::Lane& lane = *plan.lane;
-  lane.enter();
+  const auto entered = lane.enter();
   const size_t tables = plan.tables.size();
   const auto n_keys = static_cast<size_t>(key_starts[tables]);
   const size_t kb = n_keys * 8, fb = static_cast<size_t>(out_starts[tables]) * 4;
@@ -186,7 +186,7 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
                  const float* des, float* answer, bool exact, Defaults* d) {
   const NativePlan& plan = *st.plan;
   tr::gpu::Lane& lane = *plan.lane;
-  lane.enter();
+  const auto entered = lane.enter();
   const size_t tables = plan.tables.size();
   const std::vector<int64_t> voff = vector_offsets(plan, s);
   const CombineStarts& starts = combine_starts(plan, n);
@@ -256,12 +256,7 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
     }
   }
   if (any) dense();  // on the instance's stream, while the inserts are written on another
-  try {
-    pending.flush();
-  } catch (...) {
-    if (any) lane.sync();  // nothing of this request left running on the lane
-    throw;
-  }
+  pending.flush();   // (a failure waits for the lane: `entered`)
   if (any) lane.sync();
   std::memcpy(answer, h + o[7], ob);
 }
@@ -275,7 +270,7 @@ void dense_gpu(const InstanceState& st, const Scratch& s, int64_t n, const float
                int64_t n_emb, int64_t rows, const float* des, float* answer) {
   const NativePlan& plan = *st.plan;
   tr::gpu::Lane& lane = *plan.lane;
-  lane.enter();
+  const auto entered = lane.enter();
   const size_t tables = plan.slots.size();
   const std::vector<int64_t> voff = vector_offsets(plan, s);  // each table's first float
   const CombineStarts& starts = combine_starts(plan, n);
