@@ -11,8 +11,9 @@ EXTRAS ?= server,test,tiers,lint
 comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),+,$(EXTRAS))
 NATIVE := $(wildcard src/native/*.cpp src/native/*.hpp src/native/kernels/*.cu src/triton_backend/*.cpp src/triton_backend/*.h src/triton_backend/*.hpp src/triton_backend/trec/*.cpp src/triton_backend/trec/*.hpp)
-# C++ that clang-format checks: the package's, and the benchmarks' (built by the benchmarks)
-CXX_SOURCES := $(NATIVE) $(wildcard benchmarks/*.cpp)
+# C++ that clang-format checks: the package's, the benchmarks' (built by the benchmarks) and
+# the tests' (tests/native, built by tests/unit/test_gpu_host_paths.py)
+CXX_SOURCES := $(NATIVE) $(wildcard benchmarks/*.cpp tests/native/*.cpp)
 # libpython3.X.so.1.0 of the Python in use (the venv's, else $(PYTHON)): the Triton Python stub
 # and the native backend link it. An interpreter built with --enable-shared (pyenv, uv, conda,
 # a CUDA image's venv) brings its own, which the launcher puts first on the stub's library

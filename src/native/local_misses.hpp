@@ -159,7 +159,7 @@ class GroupCommit {
   // Runs write(items) for a batch of items that holds `item`.
   template <class Write>
   void submit(const Item& item, Write&& write) {
-    Pending p{item};
+    Pending p{item, false, nullptr};
     std::unique_lock<std::mutex> lock(mutex_);
     waiting_.push_back(&p);
     turn_.wait(lock, [&] { return p.done || !writing_; });

@@ -54,14 +54,6 @@ void settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, in
   finish_query(st, t, keys, n, out, status, hits, ns, exact, d, pending);
 }
 
-// What the lookups of a request's tables on the GPU left in the lane's pinned staging: the
-// answers (table t's from out_starts[t] floats), a status per key, and the time they took.
-struct Looked {
-  float* out;
-  uint8_t* status;
-  uint64_t ns;
-};
-
 // The lookups of every table of a request on the GPU, host to host: keys[0..key_starts[T])
 // (table t's from key_starts[t]) through pinned staging, one copy in (the keys and their
 // spans), one launch for every table, one copy out (the answers and the statuses lie one

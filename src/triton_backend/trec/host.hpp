@@ -7,6 +7,7 @@
 //   python_path.cpp  a request answered by the hosted model.py (the GIL taken)
 //   hot_paths.cpp    a request answered in C++: hps, hugectr, dense (no GIL)
 //   gpu_paths.cpp    the same on a GPU instance's stream
+//   combine.cpp      HugeCTR's combiner on the host (combine_table), both paths'
 #pragma once
 
 #include <Python.h>
@@ -268,6 +269,16 @@ void finish_query(const InstanceState& st, size_t t, const int64_t* keys, int64_
 
 // -- the GPU paths (gpu_paths.cpp) --------------------------------------------------------
 
+// What the lookups of a request's tables on the GPU left in the lane's pinned staging: the
+// answers (table t's from out_starts[t] floats), a status per key, and the time they took.
+struct Looked {
+  float* out;
+  uint8_t* status;
+  uint64_t ns;
+};
+// The lookups of every table of a request on the GPU, host to host (one synchronization).
+Looked lookup_tables(const NativePlan& plan, const int64_t* keys, const int64_t* key_starts,
+                     const int64_t* out_starts);
 // An hps request on the GPU: keys[0..n_keys) of every table -> answer (floats).
 void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const int32_t* counts,
              int64_t floats, float* answer, bool exact, Defaults* d);

@@ -173,27 +173,6 @@ Native respond(const InstanceState& st, TRITONBACKEND_Request* request,
   return finish_response(*st.plan, response, err, samples, d) ? Native::kAnswered : Native::kFailed;
 }
 
-// Table t's slots of n samples combined (HugeCTR's combiner) from its `count` vectors with
-// the row pointers at s.ptrs[block...], into s.combined[t], appended to s.embeddings (the
-// network's input). Returns the next table's block.
-int64_t combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, const float* vectors,
-                      int64_t count, int64_t block) {
-  const int64_t dim = plan.table_dim(t);
-  const int64_t segments = n * plan.slots[t];
-  if (tr::one_row_per_segment(s.ptrs.data() + block, segments, count)) {
-    s.embeddings.push_back(vectors);  // one-hot: already the network's input, not copied
-    return block + segments + 1;
-  }
-  auto& combined = s.combined[t];
-  combined.resize(static_cast<size_t>(segments * dim));
-  if (!tr::combine_segments(vectors, count, dim, s.ptrs.data() + block, segments, plan.mean[t],
-                            combined.data())) {
-    throw std::runtime_error("row pointers outside the table's keys");
-  }
-  s.embeddings.push_back(combined.data());
-  return block + segments + 1;
-}
-
 // What the hugectr and dense interfaces share: DES (FP32), the middle input (`middle`:
 // CATCOLUMN's keys or EMBEDDINGS, of `type`, `size` bytes an element) and ROWINDEX
 // (INT32), readable from CPU memory, within the input limits, holding a whole number of

@@ -1,0 +1,89 @@
+"""The GPU paths' host code, run without a GPU.
+
+tests/native/gpu_host_paths.cpp (the harness) runs the real src/triton_backend/trec/
+gpu_paths.cpp, plan.cpp and combine.cpp, and src/native/gpu_ops.hpp, against
+tests/native/fake_cuda.cpp, a libcuda.so.1 whose device memory is host memory, whose copies
+and kernel arguments are checked against their allocations, and whose streams run only at a
+synchronization (their comments say what each checks and what it cannot). Built here with the
+system C++ compiler; a machine without one fails this test (the project always builds C++).
+
+Run twice: plainly (a copy's source changed while it is pending is reported), and with
+FAKE_POISON=1 (a copy to the host fills its destination with garbage until it runs).
+Checked by hand to fail on each of these mutations of the GPU paths:
+  - the answer read before the synchronization (dense_gpu's memcpy to `answer` moved
+    above lane.sync()): wrong answers, in both runs;
+  - staging written while a copy from it is pending (a memset of dense_gpu's vectors in the
+    staging after lane.to_device): the plain run;
+  - a short EMBEDDINGS copy (dense_gpu copying one float fewer of `emb` into the staging):
+    wrong answers, in both runs;
+  - hugectr_gpu's lane guard dropped (`(void)lane.enter();`): work left pending after a
+    failing finish_query or flush, in both runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NATIVE_TESTS = ROOT / "tests" / "native"
+TREC = ROOT / "src" / "triton_backend" / "trec"
+# The backend's own sources the harness links (the rest need Triton or the interpreter).
+SOURCES = [TREC / "gpu_paths.cpp", TREC / "plan.cpp", TREC / "combine.cpp"]
+INCLUDES = [ROOT / "src" / "native", ROOT / "src" / "triton_backend", TREC]
+
+
+def compiler() -> str:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    pytest.fail("no C++ compiler (CXX, c++, g++, clang++) on PATH: the project needs one")
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
+    if r.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))}\nexit {r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Builds the fake driver (as out/libcuda.so.1) and the harness linked to it."""
+    out = tmp_path_factory.mktemp("gpu_host_paths")
+    cxx = compiler()
+    flags = ["-std=c++17", "-O1", "-g0", "-Wall", "-Wextra"]
+    flags += [f"-I{d}" for d in INCLUDES] + [f"-I{sysconfig.get_paths()['include']}"]
+    fake = out / "libcuda.so.1"
+    shared = ["-fPIC", "-shared", "-Wl,-soname,libcuda.so.1"]
+    jobs = [[cxx, *flags, *shared, str(NATIVE_TESTS / "fake_cuda.cpp"), "-o", str(fake)]]
+    objects = []
+    for src in [NATIVE_TESTS / "gpu_host_paths.cpp", *SOURCES]:
+        objects.append(out / f"{src.stem}.o")
+        jobs.append([cxx, *flags, "-c", str(src), "-o", str(objects[-1])])
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        list(pool.map(run, jobs))
+    # plan.cpp reads plans from Python: the interpreter's library, as the backend links it
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    pylib = f"-lpython{sysconfig.get_config_var('LDVERSION')}"
+    exe = out / "gpu_host_paths"
+    link = [f"-L{libdir}", pylib, f"-Wl,-rpath,{libdir}", "-ldl", "-lpthread"]
+    run([cxx, "-o", str(exe), *map(str, objects), str(fake), *link])
+    return exe
+
+
+@pytest.mark.parametrize("poison", ["0", "1"], ids=["plain", "poison"])
+def test_gpu_host_paths(harness: Path, poison: str) -> None:
+    env = dict(os.environ, FAKE_POISON=poison)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(harness.parent), env.get("LD_LIBRARY_PATH")) if p
+    )
+    r = subprocess.run([str(harness)], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert "failures 0, driver reports 0" in r.stdout, r.stdout + r.stderr
