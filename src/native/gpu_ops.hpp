@@ -482,7 +482,11 @@ constexpr size_t kStageBytes = 32 << 10;
 inline void lookup_host(Lane& lane, const LookupTarget* targets, size_t tables, const int64_t* keys,
                         const int64_t* key_starts, const int64_t* out_starts, float* out,
                         uint8_t* status) {
-  const int64_t n = key_starts[tables] - key_starts[0];
+  // the spans index keys, answers and statuses from 0: the first table's keys start there
+  if (tables > 0 && (key_starts[0] != 0 || out_starts[0] != 0)) {
+    throw std::invalid_argument("lookup_host: the first table's keys and answers start at 0");
+  }
+  const int64_t n = key_starts[tables];
   if (n <= 0) return;
   const auto entered = lane.enter();
   const size_t kb = static_cast<size_t>(n) * 8, sb = static_cast<size_t>(n);

@@ -162,8 +162,9 @@ const CombineStarts& combine_starts(const NativePlan& plan, int64_t n) {
   return c;
 }
 
-// The network's graph for the smallest bucket that holds n samples (the plan's buckets
-// reach max_batch_size: read_dense_gpu).
+// The network's graph for the smallest bucket that holds n samples (found: read_dense_gpu
+// refuses a plan whose last bucket is below max_batch_size, and requests above it are
+// refused before they get here).
 const NativePlan::Bucket& bucket_for(const NativePlan& plan, int64_t n) {
   return *std::find_if(plan.buckets.begin(), plan.buckets.end(),
                        [&](const auto& b) { return b.batch >= n; });
