@@ -23,10 +23,13 @@
 #include <vector>
 
 #include "array_cache_twin.hpp"
+#include "cuda_driver.hpp"
+#include "request_kernels.hpp"
 
 namespace xc = triton_rec::xcache;
-using CUresult = int;
-using CUdeviceptr = unsigned long long;
+namespace cu = triton_rec::cuda;
+using cu::CUdeviceptr;
+using cu::CUresult;
 
 struct Region {
   size_t bytes;
@@ -141,7 +144,7 @@ CUresult cuDeviceGet(int* d, int o) {
   return 0;
 }
 CUresult cuDeviceGetAttribute(int* v, int a, int) {
-  *v = a == 16 ? 4 : 9;
+  *v = a == cu::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT ? 4 : 9;
   return 0;
 }
 CUresult cuDeviceGetName(char* n, int len, int) {
@@ -292,7 +295,8 @@ CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void* s) {
 }
 CUresult cuPointerGetAttribute(void* out, int, CUdeviceptr p) {
   const Region* r = region_of(p, 1);
-  *static_cast<unsigned*>(out) = r && r->kind == 1 ? 1 : 0;
+  *static_cast<unsigned*>(out) =
+      r && r->kind == 1 ? cu::CU_MEMORYTYPE_HOST : cu::CU_MEMORYTYPE_DEVICE;
   return r ? 0 : 1;
 }
 CUresult cuStreamBeginCapture_v2(void*, int) { return 0; }
@@ -341,26 +345,21 @@ CUresult cuLaunchKernel(void* f, unsigned, unsigned, unsigned, unsigned, unsigne
     op.run = [=] {
       check(tg, m * sizeof(xc::CombineTarget), "combine targets", 0);
       check(sp, (3 * m + 1) * 8, "combine spans", 0);
-      int64_t first[xc::kLaunchTables + 1];
-      for (int t = 0; t <= m; ++t) first[t] = sp[3 * t];
-      for (int64_t e = first[0]; e < first[m]; ++e) {
-        const int lo = xc::table_of(first, m, e);
-        const xc::CombineTarget c = tg[lo];
-        const int64_t local = e - first[lo], sg = local / c.dim, d = local - sg * c.dim;
-        const float* v = vectors + sp[3 * lo + 1];
-        const int64_t* p = ptr + sp[3 * lo + 2];
-        check(p + sg, 16, "combine row pointers", 0);
-        const int64_t a = p[sg], b = p[sg + 1];
-        float acc = 0.0f;
-        if (b > a) {
-          check(v + a * c.dim + d, 4, "combine vectors", 0);
-          check(v + (b - 1) * c.dim + d, 4, "combine vectors", 0);
-          acc = v[a * c.dim + d];
-          for (int64_t r = a + 1; r < b; ++r) acc = acc + v[r * c.dim + d];
-          if (c.mean && b - a > 1) acc = acc / static_cast<float>(b - a);
+      // each table's slots by the host's combiner, whose sums the kernel repeats
+      for (int t = 0; t < m; ++t) {
+        const xc::CombineTarget c = tg[t];
+        const int64_t elements = sp[3 * t + 3] - sp[3 * t];
+        if (elements % c.dim != 0) report("combine: a table's elements are not whole slots");
+        const int64_t segments = elements / c.dim;
+        const float* v = vectors + sp[3 * t + 1];
+        const int64_t* p = ptr + sp[3 * t + 2];
+        check(p, (segments + 1) * 8, "combine row pointers", 0);
+        const int64_t rows = segments > 0 ? p[segments] : 0;
+        check(v, rows * c.dim * 4, "combine vectors", 0);
+        check(c.out, elements * 4, "combine out", 0);
+        if (!triton_rec::combine_segments(v, rows, c.dim, p, segments, c.mean, c.out)) {
+          report("combine: row pointers out of order");
         }
-        check(c.out + local, 4, "combine out", 0);
-        c.out[local] = acc;
       }
     };
   } else if (name == "trec_cache_write") {
