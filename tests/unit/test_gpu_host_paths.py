@@ -16,6 +16,7 @@ Checked by hand to fail on each of these mutations of the GPU paths:
     staging after lane.to_device): the plain run;
   - a short EMBEDDINGS copy (dense_gpu copying one float fewer of `emb` into the staging):
     wrong answers, in both runs;
+  - a short copy back of the statuses (lookup_tables copying one byte fewer): both runs;
   - hugectr_gpu's lane guard dropped (`(void)lane.enter();`): work left pending after a
     failing finish_query or flush, in both runs.
 """
