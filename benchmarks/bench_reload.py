@@ -141,13 +141,15 @@ def main(argv=None) -> int:
     with srv:
         load = ServeLoad(srv, args.serve)
         load.start()
-        t0 = time.monotonic()
-        floor = cycle(srv, ["floor_cycle"], args.cycles, args.every)
-        t1 = time.monotonic()
-        ours = cycle(srv, models, args.cycles, args.every)
-        t2 = time.monotonic()
-        load.done.set()
-        load.join(30)
+        try:
+            t0 = time.monotonic()
+            floor = cycle(srv, ["floor_cycle"], args.cycles, args.every)
+            t1 = time.monotonic()
+            ours = cycle(srv, models, args.cycles, args.every)
+            t2 = time.monotonic()
+        finally:  # also when a cycle fails: else the load runs on against a stopped server
+            load.done.set()
+            load.join(30)
     report["floor"] = dict(summarize(floor, args.warmup), seconds=round(t1 - t0, 1))
     report["models"] = dict(summarize(ours, args.warmup), seconds=round(t2 - t1, 1))
     report["served"] = {"model": args.serve, "answered": load.answered, "errors": load.errors[:20]}

@@ -288,6 +288,23 @@ def test_sigterm_under_load_answers_what_it_accepted_and_exits_cleanly(
 # -- reloads ----------------------------------------------------------------------------
 
 
+def test_a_failed_reload_cycle_stops_the_benchmarks_load(monkeypatch):
+    """bench_reload's background load stops when a cycle fails (once a server died under
+    the cycles and the load ran on against it for the rest of the suite: a request a
+    millisecond, each failure kept, the test process at 14 GB)."""
+    from tests.benchmark_scripts import load_benchmark
+
+    bench = load_benchmark("bench_reload")
+
+    def failing_cycle(*_args):
+        raise RuntimeError("a cycle failed")
+
+    monkeypatch.setattr(bench, "cycle", failing_cycle)
+    with pytest.raises(RuntimeError, match="a cycle failed"):
+        bench.main(["--cycles", "1"])
+    assert not [t for t in threading.enumerate() if isinstance(t, bench.ServeLoad) and t.is_alive()]
+
+
 def test_reloads_do_not_grow_the_server(tmp_path):
     """benchmarks/bench_reload.py on the demo repository, shortened (400 cycles, measured
     after 200): unload/load cycles of hps_demo and dlrm while hps_wdl serves;
