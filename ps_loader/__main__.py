@@ -1,5 +1,5 @@
-"""Command line: ``python -m ps_loader {demo,validate,convert,quantize} ...`` (or
-``ps-loader ...``)."""
+"""Command line: ``python -m ps_loader {demo,validate,convert,quantize,criteo-dlrm} ...``
+(or ``ps-loader ...``)."""
 
 from __future__ import annotations
 
@@ -155,6 +155,98 @@ def _quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batch_sizes(text: str) -> list:
+    """``--batch-sizes``: comma-separated positive integers (empty: no perf inputs)."""
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if any(b < 1 for b in sizes):
+        raise argparse.ArgumentTypeError(f"batch sizes must be >= 1: {text!r}")
+    return sizes
+
+
+def _criteo_dlrm(args: argparse.Namespace) -> int:
+    from ps_loader.criteo import NUM_TABLES, argument_problem, write_criteo_dlrm
+
+    problem = argument_problem(args.scale, args.min_rows, args.batch_sizes, args.kind)
+    if problem is None and (args.perf_requests < 1 or args.instances < 1):
+        problem = "--perf-requests and --instances must be >= 1"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    w = write_criteo_dlrm(
+        args.out,
+        args.scale,
+        name=args.name,
+        precision=args.precision,
+        kind=args.kind,
+        seed=args.seed,
+        min_rows=args.min_rows,
+        batch_sizes=args.batch_sizes,
+        perf_requests=args.perf_requests,
+        instances=args.instances,
+        progress=lambda line: print(line, flush=True),
+    )
+    mb = w.table_bytes / 1e6
+    print(
+        f"wrote {w.name} into {w.out}: {NUM_TABLES} tables, {sum(w.rows):,} rows, "
+        f"{mb:,.1f} MB of {w.precision} tables in {w.seconds_tables:.1f} s "
+        f"({mb / max(w.seconds_tables, 1e-9):,.0f} MB/s); total {w.seconds:.1f} s"
+    )
+    for f in w.files:
+        print(f"wrote {f}")
+    return 0
+
+
+def _add_criteo_dlrm(sub) -> None:
+    from ps_loader.criteo import (
+        DEFAULT_BATCH_SIZES,
+        DEFAULT_MIN_ROWS,
+        HELP_DESCRIPTION,
+        help_epilog,
+    )
+
+    g = sub.add_parser(
+        "criteo-dlrm",
+        help="generate a servable DLRM of MLPerf's Criteo 1TB shape (untrained, seeded)",
+        description=HELP_DESCRIPTION,
+        epilog=help_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g.add_argument("--out", required=True, help="model repository directory (created)")
+    g.add_argument(
+        "--scale",
+        required=True,
+        type=float,
+        help="fraction of each table's rows, in (0, 1]; tables of at most --min-rows "
+        "rows are kept whole, larger ones get max(min_rows, ceil(rows * scale)) rows",
+    )
+    g.add_argument("--name", default="dlrm_criteo", help="model name (default dlrm_criteo)")
+    g.add_argument("--precision", default="fp32", choices=list(PRECISIONS))
+    g.add_argument("--kind", default="KIND_CPU", choices=["KIND_CPU", "KIND_GPU"])
+    g.add_argument("--seed", type=int, default=0, help="weights and perf inputs (default 0)")
+    g.add_argument(
+        "--min-rows",
+        type=int,
+        default=DEFAULT_MIN_ROWS,
+        help=f"tables of at most this many rows are kept whole, and no table gets fewer "
+        f"(default {DEFAULT_MIN_ROWS})",
+    )
+    g.add_argument(
+        "--batch-sizes",
+        type=_batch_sizes,
+        default=list(DEFAULT_BATCH_SIZES),
+        help="samples per request of the perf_analyzer input files, comma-separated "
+        f"(default {','.join(map(str, DEFAULT_BATCH_SIZES))}; '' for none)",
+    )
+    g.add_argument(
+        "--perf-requests", type=int, default=4, help="distinct requests per perf input file"
+    )
+    g.add_argument("--instances", type=int, default=1, help="instance_group count (default 1)")
+    g.set_defaults(fn=_criteo_dlrm)
+
+
 def main(argv=None) -> int:
     """Command line entry point (``ps-loader``); returns the exit status."""
     p = argparse.ArgumentParser(prog="ps-loader", description=__doc__)
@@ -207,6 +299,7 @@ def main(argv=None) -> int:
     )
     q.add_argument("--json", action="store_true", help="print the report as JSON")
     q.set_defaults(fn=_quantize)
+    _add_criteo_dlrm(sub)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

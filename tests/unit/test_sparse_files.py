@@ -1,5 +1,7 @@
 """Reading and validating HugeCTR sparse directories and .npz tables."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -120,3 +122,52 @@ def test_synthetic_tables_have_unique_keys_and_reproducible_vectors():
     np.testing.assert_array_equal(a, b)
     assert a.dtype == np.float32 and a.min() >= -1 and a.max() < 1
     assert not np.array_equal(expected_vectors(7, 2, keys[:10], 16), a)  # tables differ
+
+
+@pytest.mark.parametrize("fmt", ["fp32-dir", "fp32", "fp16", "int8"])
+def test_a_table_written_chunk_by_chunk_reads_back_as_one_written_at_once(tmp_path, fmt):
+    from triton_rec.formats.hugectr_sparse import SparseDirWriter
+    from triton_rec.formats.npz_table import NpzRowsWriter
+    from triton_rec.formats.tables import read_table_rows, write_table_rows
+    from triton_rec.precision import RowCodec
+
+    keys, vecs = _table(n=100)
+    codec = RowCodec(fmt.split("-")[0], 8)
+    ext = ".model" if fmt.endswith("dir") else ".npz"
+    a, b = str(tmp_path / f"a{ext}"), str(tmp_path / f"b{ext}")
+    if ext == ".model":
+        writer = SparseDirWriter(a, 8, rows=100)
+    else:
+        writer = NpzRowsWriter(a, 100, codec)
+    with writer as w:
+        for i in range(0, 100, 33):  # chunks of 33, 33, 33, 1
+            w.append(keys[i : i + 33], vecs[i : i + 33])
+    write_table_rows(b, keys, codec.encode(vecs), codec)
+    (ka, ra, ca), (kb, rb, cb) = read_table_rows(a, 8), read_table_rows(b, 8)
+    assert ca == cb == codec
+    np.testing.assert_array_equal(ka, kb)
+    np.testing.assert_array_equal(ra, rb)
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in (a, b))
+
+
+@pytest.mark.parametrize("ext", [".model", ".npz"])
+def test_a_short_or_failed_chunked_write_leaves_no_table_behind(tmp_path, ext):
+    from triton_rec.formats.hugectr_sparse import SparseDirWriter
+    from triton_rec.formats.npz_table import NpzRowsWriter
+    from triton_rec.precision import RowCodec
+
+    keys, vecs = _table(n=10)
+
+    def writer(path):
+        if ext == ".model":
+            return SparseDirWriter(path, 8, rows=11)
+        return NpzRowsWriter(path, 11, RowCodec("int8", 8))
+
+    w = writer(str(tmp_path / f"short{ext}"))
+    w.append(keys, vecs)
+    with pytest.raises(ValueError, match="10 rows written, 11"):
+        w.close()
+    with pytest.raises(RuntimeError), writer(str(tmp_path / f"failed{ext}")) as w:
+        w.append(keys, vecs)
+        raise RuntimeError("generator failed")
+    assert os.listdir(tmp_path) == []

@@ -8,13 +8,15 @@ Layout (HugeCTR / HPS, see docs/upstream-notes.md):
 - ``slot_id`` (N x uint64, localized embeddings) and ``meta`` may exist and are ignored.
 
 Reading memory-maps the files read-only (no copy); validation only looks at sizes.
+Writing: :func:`write_sparse_dir` (arrays in memory) or :class:`SparseDirWriter` (chunk by
+chunk, for tables larger than memory).
 Key uniqueness is checked when the hash index is built.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -100,3 +102,71 @@ def write_sparse_dir(path: str, keys: np.ndarray, vectors: np.ndarray) -> None:
     os.makedirs(path, exist_ok=True)
     keys.tofile(os.path.join(path, KEY_FILE))
     vectors.tofile(os.path.join(path, VECTOR_FILE))
+
+
+class SparseDirWriter:
+    """Write a HugeCTR sparse directory chunk by chunk (a table larger than memory).
+
+    ``append(keys, vectors)`` as often as needed, then ``close()``; or use it as a
+    context manager (an exception inside removes what was written). The two files are
+    written under temporary names and renamed when closed, so a directory never holds a
+    half-written table under the names :func:`read_sparse_dir` reads.
+
+    Args:
+        path: the ``*.model`` directory (created).
+        vec_size: floats per vector.
+        rows: if given, ``close()`` checks that exactly this many rows were appended.
+    """
+
+    def __init__(self, path: str, vec_size: int, rows: Optional[int] = None):
+        if vec_size < 1:
+            raise ValueError(f"vec_size must be >= 1, got {vec_size}")
+        self.path, self.vec_size, self.expected_rows = path, int(vec_size), rows
+        self.rows = 0
+        self._created = not os.path.isdir(path)
+        os.makedirs(path, exist_ok=True)
+        self._names = [os.path.join(path, n) for n in (KEY_FILE, VECTOR_FILE)]
+        self._files = [open(n + ".partial", "wb") for n in self._names]
+
+    def append(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Append rows: int64 ``keys [n]`` and float32 ``vectors [n, vec_size]``."""
+        keys = np.ascontiguousarray(keys, dtype=_KEY_DTYPE)
+        vectors = np.ascontiguousarray(vectors, dtype=_VEC_DTYPE)
+        if keys.ndim != 1 or vectors.shape != (keys.shape[0], self.vec_size):
+            raise ValueError(
+                f"{self.path}: vectors {list(vectors.shape)} do not match {keys.shape[0]} keys "
+                f"of vec_size {self.vec_size}"
+            )
+        self._files[0].write(keys.tobytes())
+        self._files[1].write(vectors.tobytes())
+        self.rows += int(keys.shape[0])
+
+    def close(self) -> None:
+        """Finish the files and give them their names (ValueError on a short table)."""
+        for f in self._files:
+            f.close()
+        if self.expected_rows is not None and self.rows != self.expected_rows:
+            self.abort()
+            raise ValueError(
+                f"{self.path}: {self.rows} rows written, {self.expected_rows} expected"
+            )
+        for n in self._names:
+            os.replace(n + ".partial", n)
+
+    def abort(self) -> None:
+        """Close and remove the partial files (and the directory, if created and empty)."""
+        for f, n in zip(self._files, self._names):
+            f.close()
+            if os.path.exists(n + ".partial"):
+                os.unlink(n + ".partial")
+        if self._created and not os.listdir(self.path):
+            os.rmdir(self.path)
+
+    def __enter__(self) -> SparseDirWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -103,3 +103,99 @@ def write_npz_rows(path: str, keys: np.ndarray, rows: np.ndarray, codec: RowCode
 def write_npz_table(path: str, keys: np.ndarray, vectors: np.ndarray) -> None:
     """Write a plain float32 table in the layout read by :func:`read_npz_table`."""
     np.savez(path, keys=np.asarray(keys, np.int64), vectors=np.asarray(vectors, np.float32))
+
+
+class NpzRowsWriter:
+    """Write an ``.npz`` table in ``codec``'s precision chunk by chunk (a table larger than
+    memory), in the layout :func:`write_npz_rows` writes and :func:`read_npz_rows` reads.
+
+    The row array's size is fixed up front (``n_rows``): the rows go straight into their
+    zip member (stored, zip64) as they are appended; the keys wait in a temporary file
+    beside the table and are copied into their member when the table is closed. The zip
+    is written under a temporary name and renamed when closed. ``append(keys, rows)`` as
+    often as needed, then ``close()``; or use it as a context manager (an exception inside
+    removes what was written).
+
+    Args:
+        path: the ``.npz`` file.
+        n_rows: rows the table will hold.
+        codec: the rows' precision (fp32: a plain table with ``vectors``).
+    """
+
+    _COPY_BYTES = 1 << 24
+
+    def __init__(self, path: str, n_rows: int, codec: RowCodec):
+        self.path, self.n_rows, self.codec = path, int(n_rows), codec
+        self.rows = 0
+        self._tmp = path + ".partial"
+        self._keys_tmp = path + ".keys.partial"
+        self._zip = zipfile.ZipFile(self._tmp, "w", zipfile.ZIP_STORED, allowZip64=True)
+        member = "vectors" if codec.precision == "fp32" else "rows"
+        self._member = self._zip.open(f"{member}.npy", "w", force_zip64=True)
+        _npy_header(self._member, codec.row_dtype, (self.n_rows, codec.row_width))
+        self._keys = open(self._keys_tmp, "w+b")
+
+    def append(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Append int64 ``keys [n]`` and their rows (a row array of the codec, or float32
+        vectors, encoded here)."""
+        keys = np.ascontiguousarray(keys, dtype="<i8")
+        rows = self.codec.as_rows(rows, f"{self.path}: rows")
+        self.codec.check_rows(rows, keys.shape[0], f"{self.path}: rows")
+        if self.rows + keys.shape[0] > self.n_rows:
+            raise ValueError(f"{self.path}: more than the {self.n_rows} rows declared")
+        self._member.write(np.ascontiguousarray(rows).tobytes())
+        self._keys.write(keys.tobytes())
+        self.rows += int(keys.shape[0])
+
+    def close(self) -> None:
+        """Write the keys and the precision, finish the zip and give it its name
+        (ValueError when fewer rows than declared were appended)."""
+        if self.rows != self.n_rows:
+            self.abort()
+            raise ValueError(f"{self.path}: {self.rows} rows written, {self.n_rows} declared")
+        self._member.close()
+        with self._zip.open("keys.npy", "w", force_zip64=True) as m:
+            _npy_header(m, np.dtype("<i8"), (self.n_rows,))
+            self._keys.seek(0)
+            while True:
+                block = self._keys.read(self._COPY_BYTES)
+                if not block:
+                    break
+                m.write(block)
+        if self.codec.precision != "fp32":
+            with self._zip.open("precision.npy", "w") as m:
+                np.lib.format.write_array(m, np.array(self.codec.precision))
+        self._zip.close()
+        self._keys.close()
+        os.unlink(self._keys_tmp)
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        """Close and remove the partial files."""
+        for f in (self._member, self._zip, self._keys):
+            try:
+                f.close()
+            except (OSError, ValueError):  # a member left open makes the zip refuse
+                pass
+        for p in (self._tmp, self._keys_tmp):
+            if os.path.exists(p):
+                os.unlink(p)
+
+    def __enter__(self) -> NpzRowsWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def _npy_header(f, dtype: np.dtype, shape: Tuple[int, ...]) -> None:
+    """The ``.npy`` header of a C-ordered array (numpy's format, version 1.0)."""
+    header = {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+        "fortran_order": False,
+        "shape": tuple(int(s) for s in shape),
+    }
+    np.lib.format.write_array_header_1_0(f, header)

@@ -1,0 +1,150 @@
+"""The generated Criteo DLRM (``ps-loader criteo-dlrm``) served by a real tritonserver.
+
+One repository, three models of the same seed and scale (fp32, fp16, int8 tables), on
+both request paths (the native backend and Triton's Python backend running the engine)
+and both protocols. The reference is numpy on the files on disk
+(tests/criteo_reference.py), not the project's network code. Requests are the generated
+perf_analyzer inputs themselves (power-law keys, ~1% in no table), sent with
+``exact: true`` (every cache miss fetched now: HPS's hit-rate rule would answer the
+misses of a warm request with the default, and the caches here hold 20% of tiny tables).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from ps_loader.criteo import write_criteo_dlrm
+from tests.criteo_reference import load_dense, load_sparse_dirs, predict
+from tests.e2e.conftest import client_module, make_client
+from triton_rec.triton import perf_analyzer
+from triton_rec.triton.runtime import TritonServer
+
+SEED = 11
+SCALE, MIN_ROWS = 1e-5, 200  # 26 tables of 3..400 rows, 4,832 rows in all
+BATCH = 256
+#: how far fp16 / int8 tables may move a prediction from the fp32 model's (documented in
+#: docs/precision.md): about 5x the largest difference measured (2.1e-4 and 4.2e-3 over
+#: 3 seeds x 4,096 samples of the perf inputs)
+BOUND = {"fp16": 1e-3, "int8": 2e-2}
+TYPES = {"DES": ("<f4", "FP32"), "CATCOLUMN": ("<i8", "INT64"), "ROWINDEX": ("<i4", "INT32")}
+
+
+@pytest.fixture(scope="module")
+def criteo_repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("criteo-repo")
+    common = dict(scale=SCALE, min_rows=MIN_ROWS, seed=SEED)
+    write_criteo_dlrm(
+        str(repo), name="criteo", batch_sizes=(64, BATCH), b64_from_batch=BATCH, **common
+    )
+    for p in ("fp16", "int8"):
+        write_criteo_dlrm(str(repo), name=f"criteo_{p}", precision=p, batch_sizes=(), **common)
+    version = repo / "criteo" / "1"
+    bottom, top = load_dense(str(version / "criteo_dense_0.model"))
+    tables = load_sparse_dirs([str(version / f"criteo{t}_sparse_0.model") for t in range(26)])
+    requests = []
+    for step in json.loads((repo / f"perf_criteo_{BATCH}.json").read_text())["data"]:
+        assert all("b64" in v for v in step.values())  # decoded here, not by the generator
+        requests.append(
+            {k: np.frombuffer(base64.b64decode(v["b64"]), TYPES[k][0]) for k, v in step.items()}
+        )
+    return repo, (bottom, top, tables), requests
+
+
+@pytest.fixture(scope="module")
+def criteo_server(criteo_repo, tmp_path_factory, nothing_left_in_dev_shm, store_dir, request_path):
+    repo = criteo_repo[0]
+    log = tmp_path_factory.mktemp("criteo-logs") / "tritonserver.log"
+    with TritonServer(
+        repo, log_path=log, env={"TRITON_REC_STORE": str(store_dir)}, request_path=request_path
+    ) as srv:
+        yield srv, log
+
+
+def _infer(server, protocol, model, des, cat):
+    """Predictions of ``des [B, 13]`` and ``cat [B, 26]`` (one key per slot)."""
+    b = des.shape[0]
+    arrays = {
+        "DES": des.reshape(1, -1).astype(np.float32),
+        "CATCOLUMN": cat.reshape(1, -1).astype(np.int64),
+        "ROWINDEX": np.tile(np.arange(b + 1, dtype=np.int32), 26)[None, :],
+    }
+    tc = client_module(protocol)
+    with make_client(server, protocol) as client:
+        inputs = []
+        for name, a in arrays.items():
+            i = tc.InferInput(name, list(a.shape), TYPES[name][1])
+            i.set_data_from_numpy(a)
+            inputs.append(i)
+        return client.infer(model, inputs, parameters={"exact": True}).as_numpy("OUTPUT0")
+
+
+def _samples(requests):
+    """(des [B, 13], cat [B, 26]) of every perf request, and of a sample all of whose
+    keys are in no table."""
+    des = np.concatenate([r["DES"].reshape(-1, 13) for r in requests])
+    cat = np.concatenate([r["CATCOLUMN"].reshape(-1, 26) for r in requests])
+    cat[0] = 2**31 + 12345 + np.arange(26)  # in no table: every vector the default 0
+    return des, cat
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_served_predictions_equal_a_numpy_reference(criteo_server, criteo_repo, protocol):
+    srv, _ = criteo_server
+    _, net, requests = criteo_repo
+    des, cat = _samples(requests)
+    assert 0.003 < (cat >= 2**31).mean() < 0.03  # the perf inputs' unseen keys are in it
+    want = predict(*net, des, cat)
+    for a, b in ((0, 1), (1, BATCH), (BATCH, des.shape[0])):  # 1, 255 and 1,024 samples
+        got = _infer(srv, protocol, "criteo", des[a:b], cat[a:b])
+        assert got.shape == (b - a,)
+        np.testing.assert_allclose(got, want[a:b], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_reduced_precision_predictions_stay_within_the_documented_bound(
+    criteo_server, criteo_repo, precision
+):
+    srv, _ = criteo_server
+    _, net, requests = criteo_repo
+    des, cat = _samples(requests)
+    want = predict(*net, des, cat)
+    got = _infer(srv, "grpc", f"criteo_{precision}", des, cat)
+    err = np.abs(got - want)
+    assert err.max() <= BOUND[precision], err.max()
+    assert err.max() > 1e-6  # the encoded tables were served, not the fp32 ones
+
+
+def test_the_native_backend_answers_every_model_itself(criteo_server, request_path):
+    # 26 tables of dim 128 in any precision, max_batch_size 65536: all on the native path
+    _, log = criteo_server
+    text = log.read_text()
+    for model in ("criteo", "criteo_fp16", "criteo_int8"):
+        assert f"successfully loaded '{model}'" in text
+        if request_path == "native":
+            assert f"model '{model}' instance {model}_0_0: request path native" in text, model
+
+
+def test_perf_analyzer_takes_the_generated_inputs(criteo_server, criteo_repo, request_path):
+    if request_path != "native":
+        pytest.skip("the inputs are the same for both paths; one perf_analyzer run is enough")
+    srv, _ = criteo_server
+    repo = criteo_repo[0]
+    for batch in (64, BATCH):  # content lists, then b64
+        cmd = perf_analyzer.command(
+            ["-m", "criteo", "-b", "1", "--input-data", f"perf_criteo_{batch}.json"]
+            + ["-u", srv.grpc_url, "-i", "grpc", "--measurement-mode", "count_windows"]
+            + ["--measurement-request-count", "3", "--max-trials", "3"]
+            + ["--stability-percentage", "1000"]
+        )
+        r = subprocess.run(
+            cmd, cwd=repo, env=perf_analyzer.environment(), capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "Successfully read data for 1 stream/streams with 4 step/steps" in r.stdout
+        assert "Successful request count" in r.stdout and "error" not in r.stdout.lower()
