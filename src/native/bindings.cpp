@@ -15,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "blas.hpp"
 #include "dense_net.hpp"
 #include "drain.hpp"
 #include "hash_index.hpp"
@@ -1056,18 +1055,24 @@ struct PyDenseNet {
 
 void register_dense_net(py::module_& m) {
   py::class_<PyDenseNet>(m, "DenseNet",
-                         "DenseNet(program: int64[N], owner) -- the native executor of a "
-                         "HugeCTRNetwork.native_program(); `owner` keeps its weights alive")
-      .def(py::init([](py::array_t<int64_t, py::array::c_style> program, py::object owner) {
+                         "DenseNet(program: int64[N], owner, gemm='auto') -- the native executor "
+                         "of a HugeCTRNetwork.native_program(); `owner` keeps its weights alive; "
+                         "`gemm` names the matrix-product kernel (gemm_kernels())")
+      .def(py::init([](py::array_t<int64_t, py::array::c_style> program, py::object owner,
+                       const std::string& gemm) {
              try {
                return new PyDenseNet{
                    std::move(owner),
-                   tr::DenseNet(program.data(), static_cast<size_t>(program.size()))};
+                   tr::DenseNet(program.data(), static_cast<size_t>(program.size()),
+                                tr::gemm_kernel(gemm))};
              } catch (const std::invalid_argument& e) {
                throw py::value_error(e.what());
              }
            }),
-           py::arg("program"), py::arg("owner"))
+           py::arg("program"), py::arg("owner"), py::arg("gemm") = "auto")
+      .def_property_readonly(
+          "gemm", [](const PyDenseNet& self) { return std::string(self.net.kernel().name); },
+          "The kernel its matrix products run on.")
       .def(
           "predict",
           [](const PyDenseNet& self, py::array_t<float, py::array::c_style> dense,
@@ -1097,7 +1102,7 @@ void register_dense_net(py::module_& m) {
               py::gil_scoped_release release;
               // reused from call to call, as an instance's is on the request path
               thread_local tr::DenseNet::Workspace ws;
-              net.predict(batch, d, emb, o, &ws, tr::find_sgemm());
+              net.predict(batch, d, emb, o, &ws);
             }
             return out;
           },
@@ -1128,7 +1133,7 @@ void register_dense_net(py::module_& m) {
         const int64_t n = slots + 1, width = dim + n * (n - 1) / 2 + 1;
         tr::InteractionFn fn = nullptr;
         if (kernel == "auto") fn = tr::interaction_rows;
-        if (kernel == "one_row") fn = tr::interaction_each_row;
+        if (kernel == "one_row") fn = tr::interaction_kernels().front().one_row;
         for (const tr::InteractionKernel& lanes : tr::interaction_kernels()) {
           if (kernel == lanes.name) fn = lanes.fn;
         }
@@ -1145,6 +1150,11 @@ void register_dense_net(py::module_& m) {
       "DLRM's interaction by one kernel (see interaction_kernels()).");
   register_gpu(m);
   m.def(
-      "sgemm_source", []() { return tr::sgemm_source(); },
-      "The BLAS library the native dense executor multiplies with (\"loops\": none found).");
+      "gemm_kernels",
+      []() {
+        py::list k;
+        for (const tr::GemmKernel& g : tr::gemm_kernels()) k.append(g.name);
+        return k;
+      },
+      "The matrix-product kernels this CPU runs, the widest (the default) first (gemm.hpp).");
 }

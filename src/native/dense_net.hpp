@@ -2,12 +2,13 @@
 // arithmetic as the numpy executor (triton_rec/dense/hugectr_network.py, the reference),
 // in float32, one thread. The network arrives as a flat int64 program that the Python
 // side encodes (HugeCTRNetwork.native_program: the single definition of the format);
-// the weights stay in the Python object's arrays, whose addresses the program holds.
+// the weights stay in the Python object's arrays, whose addresses the program holds, and
+// every matrix a product reads is packed once, here, for the CPU's kernel (gemm.hpp).
 //
 // Every tensor is a buffer of batch x (floats per sample), row-major, as numpy holds it.
-// Matrix products go to a BLAS sgemm when one was found in the process (set_sgemm), else
-// to a plain loop: both sum in float32, so the results agree with numpy's within fp32
-// rounding (tests/unit/test_native_dense.py checks every test network).
+// The products sum in float32 over k in order, so the results agree with numpy's within
+// fp32 rounding (tests/unit/test_native_dense.py checks every test network), and a
+// sample's answer does not depend on its batch.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "gemm.hpp"
 
 namespace triton_rec {
 
@@ -44,22 +47,6 @@ enum class DenseOp : int64_t {
 
 constexpr int64_t kDenseProgramMagic = 0x74726563646e7331;  // "trecdns1"
 
-// C = A [m, k] x B [k, n] (row-major, C overwritten).
-using SgemmFn = void (*)(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c);
-
-inline void sgemm_loops(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
-  for (int64_t i = 0; i < m; ++i) {
-    float* ci = c + i * n;
-    std::fill(ci, ci + n, 0.0f);
-    const float* ai = a + i * k;
-    for (int64_t p = 0; p < k; ++p) {
-      const float av = ai[p];
-      const float* bp = b + p * n;
-      for (int64_t j = 0; j < n; ++j) ci[j] += av * bp[j];
-    }
-  }
-}
-
 // sum_k a[k] * b[k] in eight interleaved partial sums (the compiler turns them into
 // SIMD lanes; a single running sum would be one serial chain of additions). The order
 // differs from numpy's, within float32 rounding, as numpy's BLAS order differs too.
@@ -74,14 +61,6 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// SIMD values of 4, 8 and 16 floats and their shuffle indices (GCC/Clang vector
-// extension: a zmm register with AVX-512; two ymm with AVX2, four xmm otherwise).
-typedef float F4 __attribute__((vector_size(16)));
-typedef float F8 __attribute__((vector_size(32)));
-typedef float F16 __attribute__((vector_size(64)));
-typedef int32_t I4 __attribute__((vector_size(16)));
-typedef int32_t I8 __attribute__((vector_size(32)));
-typedef int32_t I16 __attribute__((vector_size(64)));
 // The dot products of DLRM's interaction, one row at a time (batches too small for
 // interaction_lanes below), per row r of `rows`: the bottom MLP's output
 // m (mlp + r * dim) and the row's `slots` embeddings (emb + r * slots * dim) are the n =
@@ -90,16 +69,13 @@ typedef int32_t I16 __attribute__((vector_size(64)));
 // (zt [dim, np], z_j in column j) so that the products of 4 vectors z_i with 16 vectors
 // z_j are 64 sums kept in registers while the dimension runs (SIMD across j, no
 // horizontal sums, 4 independent chains); each sum still runs over the dimension in
-// order, within float32 rounding of the numpy executor's. Compiled for AVX-512, AVX2 and
-// the baseline (target_clones: the loader picks the CPU's, once per call).
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define TRITON_REC_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define TRITON_REC_SIMD_CLONES
-#endif
-TRITON_REC_SIMD_CLONES
-static void interaction_each_row(int64_t rows, int64_t dim, int64_t slots, int64_t width,
-                                 const float* mlp, const float* emb, float* out) {
+// order, within float32 rounding of the numpy executor's, and with the multiply-adds of
+// the lanes kernel compiled for the same CPU (interaction_kernels: AVX-512, AVX2 + FMA,
+// the baseline), so a row's sums come out the same bits either way.
+__attribute__((always_inline)) inline void interaction_one_row(int64_t rows, int64_t dim,
+                                                               int64_t slots, int64_t width,
+                                                               const float* mlp, const float* emb,
+                                                               float* out) {
   constexpr int64_t kI = 4, kJ = 16;  // z_i per block, z_j per SIMD value (F16)
   const int64_t n = slots + 1, np = (n + kJ - 1) / kJ * kJ;
   thread_local std::vector<float> zt_buf, g_buf;
@@ -282,44 +258,48 @@ __attribute__((always_inline)) inline void interaction_lanes(int64_t rows, int64
   }
 }
 
-// interaction_lanes compiled for each SIMD width.
+// interaction_lanes and interaction_one_row compiled for each SIMD width.
 using InteractionFn = void (*)(int64_t, int64_t, int64_t, int64_t, const float*, const float*,
                                float*);
+#define TRITON_REC_INTERACTION(name, target, body)                                 \
+  target inline void name(int64_t rows, int64_t dim, int64_t slots, int64_t width, \
+                          const float* mlp, const float* emb, float* out) {        \
+    body(rows, dim, slots, width, mlp, emb, out);                                  \
+  }
 #if defined(__GNUC__) && defined(__x86_64__)
-__attribute__((target("avx512f"))) inline void interaction_avx512(int64_t rows, int64_t dim,
-                                                                  int64_t slots, int64_t width,
-                                                                  const float* mlp,
-                                                                  const float* emb, float* out) {
-  interaction_lanes<F16, 4, 4>(rows, dim, slots, width, mlp, emb, out);
-}
-__attribute__((target("avx2,fma"))) inline void interaction_avx2(int64_t rows, int64_t dim,
-                                                                 int64_t slots, int64_t width,
-                                                                 const float* mlp, const float* emb,
-                                                                 float* out) {
-  interaction_lanes<F8, 3, 3>(rows, dim, slots, width, mlp, emb, out);
-}
+TRITON_REC_INTERACTION(interaction_avx512, __attribute__((target("avx512f"))),
+                       (interaction_lanes<F16, 4, 4>))
+TRITON_REC_INTERACTION(interaction_row_avx512, __attribute__((target("avx512f"))),
+                       interaction_one_row)
+TRITON_REC_INTERACTION(interaction_avx2, __attribute__((target("avx2,fma"))),
+                       (interaction_lanes<F8, 3, 3>))
+TRITON_REC_INTERACTION(interaction_row_avx2, __attribute__((target("avx2,fma"))),
+                       interaction_one_row)
 #endif
-inline void interaction_base(int64_t rows, int64_t dim, int64_t slots, int64_t width,
-                             const float* mlp, const float* emb, float* out) {
-  interaction_lanes<F4, 3, 3>(rows, dim, slots, width, mlp, emb, out);
-}
-// A lanes kernel: its name (as tests name it), the function and its lanes.
+TRITON_REC_INTERACTION(interaction_base, , (interaction_lanes<F4, 3, 3>))
+TRITON_REC_INTERACTION(interaction_row_base, , interaction_one_row)
+#undef TRITON_REC_INTERACTION
+// A lanes kernel: its name (as tests name it), the function and its lanes, and the
+// one-row kernel compiled for the same CPU.
 struct InteractionKernel {
   const char* name;
   InteractionFn fn;
   int64_t lanes;
+  InteractionFn one_row;
 };
 // The lanes kernels this CPU runs, the widest first (looked up once per process).
 inline const std::vector<InteractionKernel>& interaction_kernels() {
   static const std::vector<InteractionKernel> k = [] {
     std::vector<InteractionKernel> v;
 #if defined(__GNUC__) && defined(__x86_64__)
-    if (__builtin_cpu_supports("avx512f")) v.push_back({"lanes16", interaction_avx512, 16});
+    if (__builtin_cpu_supports("avx512f")) {
+      v.push_back({"lanes16", interaction_avx512, 16, interaction_row_avx512});
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      v.push_back({"lanes8", interaction_avx2, 8});
+      v.push_back({"lanes8", interaction_avx2, 8, interaction_row_avx2});
     }
 #endif
-    v.push_back({"lanes4", interaction_base, 4});
+    v.push_back({"lanes4", interaction_base, 4, interaction_row_base});
     return v;
   }();
   return k;
@@ -337,8 +317,8 @@ inline void interaction_rows(int64_t rows, int64_t dim, int64_t slots, int64_t w
   if (rows - grouped >= lanes * 3 / 4) grouped = rows;
   if (grouped > 0) lanes_fn(grouped, dim, slots, width, mlp, emb, out);
   if (grouped < rows) {
-    interaction_each_row(rows - grouped, dim, slots, width, mlp + grouped * dim,
-                         emb + grouped * slots * dim, out + grouped * width);
+    widest.one_row(rows - grouped, dim, slots, width, mlp + grouped * dim,
+                   emb + grouped * slots * dim, out + grouped * width);
   }
 }
 
@@ -349,6 +329,7 @@ struct DenseLayer {
   std::vector<const float*> params;
   std::vector<std::vector<int64_t>> param_shapes;
   std::vector<int64_t> attrs;
+  std::vector<PackedMatrix> packed;  // the matrices its products read (pack_layer)
 };
 
 inline int64_t per_sample(const std::vector<int64_t>& shape) {
@@ -359,9 +340,10 @@ inline int64_t per_sample(const std::vector<int64_t>& shape) {
 
 class DenseNet {
  public:
-  // Decodes a program (see HugeCTRNetwork.native_program); throws std::invalid_argument
-  // on a malformed one.
-  DenseNet(const int64_t* w, size_t n) {
+  // Decodes a program (see HugeCTRNetwork.native_program) and packs its matrices for
+  // `kernel` (the CPU's widest by default); throws std::invalid_argument on a malformed one.
+  DenseNet(const int64_t* w, size_t n, const GemmKernel& kernel = gemm_kernel())
+      : kernel_(&kernel) {
     size_t pos = 0;
     auto next = [&]() -> int64_t {
       if (pos >= n) throw std::invalid_argument("dense program truncated");
@@ -401,6 +383,7 @@ class DenseNet {
       d.attrs = list();
       for (int64_t r : d.ins) check_reg(r);
       for (int64_t r : d.outs) check_reg(r);
+      pack_layer(&d);
       layers_.push_back(std::move(d));
     }
     check_reg(dense_reg_);
@@ -412,6 +395,7 @@ class DenseNet {
   }
 
   int64_t label_dim() const { return label_dim_; }
+  const GemmKernel& kernel() const { return *kernel_; }
   int64_t dense_dim() const { return widths_[static_cast<size_t>(dense_reg_)]; }
   size_t num_tables() const { return table_regs_.size(); }
   // Floats per sample of table t's combined embeddings (slots x vec_size).
@@ -430,7 +414,7 @@ class DenseNet {
   // out [batch, label_dim] from dense [batch, dense_dim] and, per table, the combined
   // embeddings [batch, slots, vec_size].
   void predict(int64_t batch, const float* dense, const std::vector<const float*>& embeddings,
-               float* out, Workspace* ws, SgemmFn gemm) const {
+               float* out, Workspace* ws) const {
     if (embeddings.size() != table_regs_.size()) {
       throw std::invalid_argument("dense network: wrong number of embedding inputs");
     }
@@ -448,7 +432,7 @@ class DenseNet {
       }
       ws->in.clear();
       for (int64_t r : d.ins) ws->in.push_back(ws->ptr[r]);
-      run(d, batch, ws, gemm);
+      run(d, batch, ws);
     }
     if (out_regs_.size() == 1) {
       std::memcpy(out, ws->ptr[out_regs_[0]], sizeof(float) * batch * label_dim_);
@@ -484,28 +468,49 @@ class DenseNet {
   // got the same finite prediction.
   static float relu_of(float x) { return x < 0.0f ? 0.0f : x; }
 
-  static void linear(int64_t rows, int64_t k, int64_t n, const float* x, const float* w,
-                     const float* b, bool relu, float* y, SgemmFn gemm) {
-    gemm(rows, n, k, x, w, y);
-    for (int64_t i = 0; i < rows; ++i) {
-      float* yi = y + i * n;
-      if (b != nullptr) {
-        for (int64_t j = 0; j < n; ++j) yi[j] += b[j];
+  // The matrices of a layer's products, packed in the order run() reads them: an
+  // InnerProduct's W (with b); each MLP layer's W_i (with b_i where it has one); each
+  // MultiCross layer's U (no bias) and V (with b) when it projects.
+  void pack_layer(DenseLayer* d) const {
+    auto pack = [&](size_t w, const float* bias) {
+      const auto& s = d->param_shapes.at(w);
+      if (s.size() != 2) throw std::invalid_argument("dense program: a matrix is not 2-D");
+      d->packed.emplace_back(d->params[w], bias, s[0], s[1], *kernel_);
+    };
+    switch (d->op) {
+      case DenseOp::kInnerProduct:
+        pack(0, d->params.at(1));
+        break;
+      case DenseOp::kMlp: {
+        const int64_t layers = d->attrs.at(0);
+        for (int64_t i = 0; i < layers; ++i) {
+          const bool bias = d->attrs.at(static_cast<size_t>(1 + layers + i)) != 0;
+          pack(static_cast<size_t>(2 * i),
+               bias ? d->params.at(static_cast<size_t>(2 * i + 1)) : nullptr);
+        }
+        break;
       }
-      if (relu) {
-        for (int64_t j = 0; j < n; ++j) yi[j] = relu_of(yi[j]);
-      }
+      case DenseOp::kMultiCross:
+        if (d->attrs.at(1) != 0) {
+          for (int64_t l = 0; l < d->attrs.at(0); ++l) {
+            pack(static_cast<size_t>(3 * l), nullptr);
+            pack(static_cast<size_t>(3 * l + 1), d->params.at(static_cast<size_t>(3 * l + 2)));
+          }
+        }
+        break;
+      default:
+        break;
     }
   }
 
-  void run(const DenseLayer& d, int64_t batch, Workspace* ws, SgemmFn gemm) const {
+  void run(const DenseLayer& d, int64_t batch, Workspace* ws) const {
     const std::vector<const float*>& in = ws->in;
     const std::vector<float*>& out = ws->out;
     const int64_t total_in = d.ins.empty() ? 0 : batch * per_sample(d.in_shapes[0]);
     switch (d.op) {
       case DenseOp::kInnerProduct: {
-        const int64_t k = d.param_shapes[0][0], n = d.param_shapes[0][1];
-        linear(total_in / k, k, n, in[0], d.params[0], d.params[1], false, out[0], gemm);
+        const PackedMatrix& w = d.packed[0];
+        w.run(total_in / w.k(), in[0], false, out[0]);
         break;
       }
       case DenseOp::kMlp: {
@@ -514,12 +519,10 @@ class DenseNet {
         const int64_t rows = batch * d.in_shapes[0][0];
         const float* x = in[0];
         for (int64_t i = 0; i < layers; ++i) {
-          const int64_t k = d.param_shapes[2 * i][0], n = d.param_shapes[2 * i][1];
+          const PackedMatrix& w = d.packed[static_cast<size_t>(i)];
           auto& hidden = ws->tmp[i % 2];  // the layer before reads the other one
-          float* y = i + 1 == layers ? out[0] : (hidden.resize(rows * n), hidden.data());
-          linear(rows, k, n, x, d.params[2 * i],
-                 d.attrs[1 + layers + i] ? d.params[2 * i + 1] : nullptr, d.attrs[1 + i] != 0, y,
-                 gemm);
+          float* y = i + 1 == layers ? out[0] : (hidden.resize(rows * w.n()), hidden.data());
+          w.run(rows, x, d.attrs[1 + i] != 0, y);
           x = y;
         }
         break;
@@ -604,11 +607,8 @@ class DenseNet {
         u.resize(proj ? rows * proj : 0);
         for (int64_t l = 0; l < layers; ++l) {
           if (proj) {  // x0 * ((xl U) V + b) + xl
-            const float* U = d.params[3 * l];
-            const float* V = d.params[3 * l + 1];
-            const float* b = d.params[3 * l + 2];
-            gemm(rows, proj, dim, xl, U, u.data());
-            linear(rows, proj, dim, u.data(), V, b, false, t.data(), gemm);
+            d.packed[static_cast<size_t>(2 * l)].run(rows, xl, false, u.data());
+            d.packed[static_cast<size_t>(2 * l + 1)].run(rows, u.data(), false, t.data());
             for (int64_t i = 0; i < rows * dim; ++i) xl[i] = in[0][i] * t[i] + xl[i];
           } else {  // x0 * (xl . w) + xl + b
             const float* w = d.params[2 * l];
@@ -685,6 +685,7 @@ class DenseNet {
     }
   }
 
+  const GemmKernel* kernel_;
   int64_t num_regs_ = 0, dense_reg_ = 0, label_dim_ = 0;
   std::vector<int64_t> widths_, table_regs_, out_regs_;
   std::vector<DenseLayer> layers_;

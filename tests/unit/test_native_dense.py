@@ -5,7 +5,6 @@ test_hugectr_network.py (check_native, on every network there)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -99,9 +98,50 @@ def test_every_native_op_is_a_supported_layer_and_the_codes_are_the_enums_order(
     assert sorted(set(NATIVE_OPS.values())) == list(range(17))
 
 
-def test_the_process_blas_is_found_next_to_numpy():
-    # numpy's wheel ships OpenBLAS; the executor multiplies with it rather than its loops
-    assert "openblas" in os.path.basename(_native.sgemm_source())
+def _network_inputs(model, batch, seed=7):
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((batch, model.dense_dim)).astype(np.float32)
+    embs = [
+        rng.standard_normal((batch, t.slot_num, t.vec_size)).astype(np.float32)
+        for t in model.tables
+    ]
+    return dense, embs
+
+
+@pytest.mark.parametrize("gemm", _native.gemm_kernels())
+@pytest.mark.parametrize("path", NETWORKS, ids=lambda p: p.stem)
+def test_every_gemm_kernel_runs_the_sample_networks_as_numpy_does(gemm, path, tmp_path):
+    # gemm.hpp's kernels, each that this CPU has (the widest is the default), at batch
+    # sizes that make every kind of tile: 1 to 13 rows (the rest tiles of each width, a
+    # whole tile and a rest), 150 (a block of 144 rows and a rest), on networks whose
+    # widths are and are not whole panels (DCN's cross network projects, DeepFM's FM)
+    model = _random_model(path, tmp_path, seed=5)
+    net = _native.DenseNet(model.native_program(), model, gemm=gemm)
+    assert net.gemm == gemm
+    for batch in [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 150]:
+        dense, embs = _network_inputs(model, batch, seed=batch)
+        np.testing.assert_allclose(
+            net.predict(dense, embs), model.predict(dense, embs), atol=1e-5, rtol=1e-5
+        )
+
+
+def test_a_samples_answer_does_not_depend_on_its_batch(tmp_path):
+    # every sum runs over k in order from the bias, whatever the tile (gemm.hpp): the
+    # same sample alone, among others and at another place gets the same bits
+    model = _random_model(NETWORKS[2], tmp_path, seed=9)
+    for gemm in _native.gemm_kernels():
+        net = _native.DenseNet(model.native_program(), model, gemm=gemm)
+        dense, embs = _network_inputs(model, 300, seed=4)
+        whole = net.predict(dense, embs)
+        for a, b in [(0, 1), (5, 6), (17, 30), (200, 300), (150, 299)]:
+            part = net.predict(dense[a:b], [e[a:b] for e in embs])
+            np.testing.assert_array_equal(part, whole[a:b], err_msg=f"{gemm} rows {a}:{b}")
+
+
+def test_an_unknown_gemm_kernel_is_refused():
+    assert "base" in _native.gemm_kernels()
+    with pytest.raises(ValueError, match="no gemm kernel 'avx1024'"):
+        _native.DenseNet(np.zeros(1, np.int64), None, gemm="avx1024")
 
 
 def test_the_dense_step_plan_describes_the_network_for_the_native_backend(tmp_path):

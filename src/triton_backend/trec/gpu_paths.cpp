@@ -5,7 +5,6 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "blas.hpp"
 #include "host.hpp"
 #include "request_kernels.hpp"
 
@@ -141,7 +140,7 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
     block = combine_table(plan, s, t, n, r.out + voff[t], count, block);
   }
   pending.flush();
-  plan.net->predict(n, des, s.embeddings, answer, &s.dense, tr::find_sgemm());
+  plan.net->predict(n, des, s.embeddings, answer, &s.dense);
 }
 
 // Where the combiner of a request of n samples works (trec_combine_tables' spans): each

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "blas.hpp"
 #include "host.hpp"
 #include "request_kernels.hpp"
 
@@ -316,7 +315,7 @@ Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
                    exact == 1, d);
       block = combine_table(plan, s, static_cast<size_t>(t), n, buf.data(), count, block);
     }
-    plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
+    plan.net->predict(n, des, s.embeddings, out, &s.dense);
   });
 }
 
@@ -364,7 +363,7 @@ Native dense_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       block = combine_table(plan, s, static_cast<size_t>(t), n, vectors, count, block);
       vectors += count * plan.vec_sizes[t];
     }
-    plan.net->predict(n, des, s.embeddings, out, &s.dense, tr::find_sgemm());
+    plan.net->predict(n, des, s.embeddings, out, &s.dense);
   });
 }
 
