@@ -8,8 +8,8 @@ tensors; what the server spends per request read from /proc):
 
 - ``floor``: the native floor backend (``trec_floor``): Triton and a C++ backend, no work;
 - ``allhit``: ``hps`` with ps.json defaults except ``gpucacheper`` ``--cache``, fed 16
-  requests replayed: after the warm-up every key is in the cache (what RESULTS.md's
-  earlier served figures measured);
+  requests replayed: after the warm-up every key is in the cache (what the
+  earlier served figures in benchmarks/history/ measured);
 - ``misses``: the same model entry, fed ``--requests`` distinct requests whose keys are
   Zipf(1.05) over the table: a cache smaller than the working set, HPS's hit-rate rules
   (``hit_rate_threshold`` 0.9: a request at or above it gets default answers for its

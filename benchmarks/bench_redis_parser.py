@@ -2,8 +2,8 @@
 """Redis tier reads with redis-py's C reply parser (hiredis) against its pure-Python one,
 side by side in one run on one Redis Cluster.
 
-Command used for benchmarks/RESULTS.md (repository root, package installed in .venv
-with the ``tiers`` extra, which brings hiredis):
+Command used for benchmarks/history/2026-11-22-storage-tiers.md (repository root, package
+installed in .venv with the ``tiers`` extra, which brings hiredis):
 
     .venv/bin/python benchmarks/bench_redis_parser.py
 

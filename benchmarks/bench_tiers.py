@@ -2,7 +2,8 @@
 """Storage tiers side by side in one run: ingest rates, lookups per tier against the raw
 gather limit, and the shared cache in front of each tier at several hit rates.
 
-Command used for benchmarks/RESULTS.md (repository root, package installed in .venv):
+Command used for benchmarks/history/2026-11-22-storage-tiers.md (repository root, package
+installed in .venv):
 
     .venv/bin/python benchmarks/bench_tiers.py
 

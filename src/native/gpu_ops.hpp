@@ -196,9 +196,9 @@ inline size_t align256(size_t n) { return (n + 255) & ~size_t{255}; }
 // event, giving the core to any other runnable thread between polls, for up to
 // kYieldWaitNs, then sleeps as "block" does; "block" sleeps on a blocking-sync event at
 // once; "spin" calls cuStreamSynchronize (the driver's default wait: a busy core). Measured
-// on an H200 (benchmarks/RESULTS.md, issue 23): served, every GPU model got closer to its
-// floor with "yield" (e.g. dlrm_hps, whole table: 0.73x against 0.61x); in-process a
-// 1,664-key lookup took 36 us with "yield", 73 us with "block".
+// on an H200 (benchmarks/history/2026-11-26-gpu-path-h200.md): served, every GPU model
+// got closer to its floor with "yield" (e.g. dlrm_hps, whole table: 0.73x against
+// 0.61x); in-process a 1,664-key lookup took 36 us with "yield", 73 us with "block".
 enum class Wait { kBlock, kSpin, kYield };
 constexpr int64_t kYieldWaitNs = 200000;
 
@@ -470,7 +470,8 @@ inline void launch_combines(Lane& lane, CUdeviceptr targets, size_t tables, CUde
 // Pinned keys of at most this many bytes are still copied into the staging: one copy to
 // the device instead of two (a copy's call and its DMA's start cost more than a memcpy of
 // this much; two copies per lookup where the per-table kernels made one are one of the
-// two suspects of the one-table slowdown in benchmarks/RESULTS.md, fourth GPU session).
+// two suspects of the one-table slowdown in
+// benchmarks/history/2026-11-26-gpu-path-h200.md, fourth GPU session).
 constexpr size_t kStageBytes = 32 << 10;
 
 // A host-to-host lookup of `tables` tables (targets[t]: its keys from key_starts[t] to

@@ -196,7 +196,7 @@ template <typename Emit>
 inline void probe_pipelined(const IndexView& ix, const TableView& table, const int64_t* keys,
                             size_t m, Emit&& emit) {
   // (Prefetching encoded rows further ahead, up to 24 rows of <= 3 lines, measured no
-  // different here: benchmarks/RESULTS.md, "Embedding precision".)
+  // different here: benchmarks/history/2026-11-24-embedding-precision.md.)
   constexpr size_t kSlotAhead = 16;
   constexpr size_t kRowAhead = 8;
   constexpr size_t kRing = 32;  // power of two > kSlotAhead + kRowAhead

@@ -309,7 +309,8 @@ def test_reloads_do_not_grow_the_server(tmp_path):
     """benchmarks/bench_reload.py on the demo repository, shortened (400 cycles, measured
     after 200): unload/load cycles of hps_demo and dlrm while hps_wdl serves;
     tritonserver's anonymous memory stays flat (with glibc's allocator it grew ~27 kB a
-    cycle; issue 24's target is < 1 MB per 1,000 cycles, measured in benchmarks/RESULTS.md)
+    cycle; issue 24's target is < 1 MB per 1,000 cycles, measured in
+    benchmarks/history/2026-11-26-stop-start-reload.md)
     and every hps_wdl answer is right."""
     from tests.benchmark_scripts import load_benchmark
 
@@ -320,7 +321,8 @@ def test_reloads_do_not_grow_the_server(tmp_path):
     )
     report = json.loads(out.read_text())
     assert report["served"]["errors"] == [] and report["served"]["answered"] > 0
-    # jemalloc settles over the first ~300 cycles (RESULTS.md: flat after; 200-cycle runs
+    # jemalloc settles over the first ~300 cycles
+    # (benchmarks/history/2026-11-26-stop-start-reload.md: flat after; 200-cycle runs
     # from cycle 60 measured up to 26 kB a cycle in the full suite) and its samples scatter
     # by ~0.8 MB. A leak is linear: the metric wrappers this test was written for gave 25 kB
     # a cycle here. glibc's fragmentation is not (17-33 kB a cycle, sometimes less).
@@ -347,7 +349,7 @@ def test_the_server_allocator_follows_the_environment(monkeypatch):
 def test_concurrent_oversized_requests_are_refused_and_the_server_stays_up():
     """benchmarks/bench_big_requests.py, smaller: 4 requests of 40 MB at once on gRPC and
     HTTP are each refused naming KEYS, the server stays ready, a good request is answered
-    (the 400 MB figures are in benchmarks/RESULTS.md)."""
+    (the 400 MB figures: benchmarks/history/2026-11-26-stop-start-reload.md)."""
     from tests.benchmark_scripts import load_benchmark
 
     bench = load_benchmark("bench_big_requests")

@@ -14,7 +14,8 @@ that would), so the rows past the request's, left from earlier ones, change noth
 
 Small batches: a graph is a chain of dependent kernels (about 30 for the demo DLRM), whose
 launch latencies add up to ~100 us even at batch 1, where the native CPU executor takes a
-few microseconds (measured on an H200 node: benchmarks/RESULTS.md). So at load each bucket
+few microseconds (measured on an H200 node:
+benchmarks/history/2026-11-26-gpu-path-h200.md). So at load each bucket
 is timed both ways (:meth:`DenseGraphs.calibrate`), and a request of at most
 :attr:`DenseGraphs.host_max_batch` samples runs the network on the host (the native
 executor, the embeddings still looked up on the GPU): the latency of the CPU path, the

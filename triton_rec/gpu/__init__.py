@@ -25,6 +25,7 @@ import threading
 #: and each model's instances, on parallel threads; CUDA work of one thread (allocations,
 #: frees, memsets, module loads) can break a stream capture in progress on another, which
 #: showed on an H200 as ``CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`` at the end of a capture
-#: and as ``cublasSgemm failed: cuBLAS status 13`` inside one (benchmarks/RESULTS.md,
-#: issue 23). Re-entrant: a set-up may call another.
+#: and as ``cublasSgemm failed: cuBLAS status 13`` inside one
+#: (benchmarks/history/2026-11-26-gpu-path-h200.md, issue 23). Re-entrant: a set-up may
+#: call another.
 SETUP_LOCK = threading.RLock()

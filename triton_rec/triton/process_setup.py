@@ -40,7 +40,8 @@ def limit_thread_pools(threads: int) -> Dict[str, str]:
     its kernels by CPU detection, and on some virtual machines it falls back to slow
     generic ones (seen: ``Prescott`` on a Sapphire Rapids VM, where
     ``OPENBLAS_CORETYPE=Haswell`` in the server's environment made the DLRM's matrix
-    products at 1,024 samples about 1.5x faster; benchmarks/RESULTS.md).
+    products at 1,024 samples about 1.5x faster;
+    benchmarks/history/2026-11-23-served-overhead-python-backend.md).
     """
     from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -99,7 +100,8 @@ def blas_coretype_fix(architecture: Optional[str], flags: Iterable[str]) -> Opti
 
     Seen on a Sapphire Rapids VM: numpy's OpenBLAS 0.3.23 picked its ``Prescott`` (SSE3)
     kernels; the DLRM's dense network at 1,024 samples ran 1.5-1.7x slower than with
-    ``Haswell``/``SkylakeX`` kernels (benchmarks/RESULTS.md).
+    ``Haswell``/``SkylakeX`` kernels
+    (benchmarks/history/2026-11-23-served-overhead-python-backend.md).
     """
     if not architecture or architecture.lower() not in _PRE_AVX2_KERNELS:
         return None

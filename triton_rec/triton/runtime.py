@@ -355,7 +355,7 @@ EXIT_TIMEOUT_S = 10
 #: the system has it: Debian's ``libjemalloc2``, which ``make`` installs) or ``system``
 #: (glibc's). With glibc, unloading and loading models through the repository API grew
 #: tritonserver by ~27 kB a cycle for good (freed blocks of 64 kB-1 MB it keeps; jemalloc:
-#: no growth; benchmarks/RESULTS.md, "Reloads", issue 24). Triton's own documentation
+#: no growth; benchmarks/history/2026-11-26-stop-start-reload.md). Triton's own documentation
 #: recommends jemalloc or tcmalloc for the same reason (model_management.md).
 MALLOC_ENV = "TRITON_REC_MALLOC"
 JEMALLOC_LIBRARY = "libjemalloc.so.2"
