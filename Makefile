@@ -91,6 +91,13 @@ bench: $(STAMP)
 perf: $(STAMP)
 	$(VENV)/bin/triton-rec-perf $(ARGS)
 
+# docs/performance.md and the README's headline figures, generated from benchmarks/data/ and
+# benchmarks/targets.json by benchmarks/perf_docs.py (plain Python, no install needed);
+# tests/unit/test_perf_docs.py fails when either differs from what it writes now.
+.PHONY: perf-docs
+perf-docs:
+	$(PY_IN_USE) benchmarks/perf_docs.py
+
 clean:
 	rm -rf build $(VENV) model_repository/*/1/*.model
 

@@ -1,0 +1,105 @@
+"""docs/performance.md and the README's headline figures are what benchmarks/perf_docs.py
+generates now from benchmarks/data/ and benchmarks/targets.json: a data file, a spec or a
+target changed without ``make perf-docs`` fails here. Plain stdlib, no servers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.benchmark_scripts import load_benchmark
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def perf_docs():
+    return load_benchmark("perf_docs")
+
+
+def test_the_performance_page_is_what_the_script_generates_now(perf_docs):
+    page = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert page == perf_docs.render_page(), "docs/performance.md is out of date: make perf-docs"
+
+
+def test_the_readme_headline_figures_are_what_the_script_generates_now(perf_docs):
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert perf_docs.HEADLINE_BEGIN in readme and perf_docs.HEADLINE_END in readme
+    assert readme == perf_docs.readme_with_headlines(readme), (
+        "the README's headline figures are out of date: make perf-docs"
+    )
+
+
+def test_every_unmet_target_says_why_and_every_target_names_a_section(perf_docs):
+    targets = json.loads((REPO / "benchmarks" / "targets.json").read_text())["targets"]
+    sections = {b.key for b in perf_docs.BENCHMARKS}
+    for t in targets:
+        assert t["section"] in sections, t["target"]
+        assert t["op"] in perf_docs.OPS, t["target"]
+    # render_targets raises on an unmet target without a reason
+    assert perf_docs.render_targets(targets)
+
+
+def test_paths_select_one_element_and_refuse_ambiguity(perf_docs):
+    doc = {"summary": [{"model": "a", "c": 1, "v": 2.0}, {"model": "a", "c": 8, "v": 3.0}]}
+    assert perf_docs.get(doc, "summary[model=a,c=8]/v") == 3.0
+    with pytest.raises(KeyError):
+        perf_docs.get(doc, "summary[model=a]/v")
+    assert perf_docs.rows_of({"by": {"1": {"x": 1}, "8": {"x": 2}}}, "by/*") == [
+        ("1", {"x": 1}),
+        ("8", {"x": 2}),
+    ]
+
+
+def test_a_new_benchmark_is_a_spec_entry(perf_docs, tmp_path, monkeypatch):
+    """A JSON file with a date, a command and a machine, and a Benchmark naming its rows
+    and columns, give a section whose ratio column is computed against the baseline row."""
+    data = tmp_path / "data"
+    data.mkdir()
+    machine = {"cpu_model": "AMD EPYC", "nproc": 2, "ram_gib": 23.5, "kernel": "6.18.44-x"}
+    machine.update(python="3.11.7", numpy="1.26.4")
+    (data / "new_cpu_amd-epyc-2c.json").write_text(
+        json.dumps(
+            {
+                "date": "2026-11-27T10:00:00+00:00",
+                "command": "python benchmarks/bench_new.py --json /tmp/x/new.json",
+                "machine": machine,
+                "results": [
+                    {"engine": "ours", "batch": 64, "us": 50.0},
+                    {"engine": "onnxruntime", "batch": 64, "us": 100.0},
+                ],
+            }
+        )
+    )
+    monkeypatch.setattr(perf_docs, "DATA", str(data))
+    spec = perf_docs.Benchmark(
+        "bench_new",
+        "A new benchmark",
+        "bench_new.py",
+        "what it measures",
+        [
+            perf_docs.Table(
+                "us per call",
+                "new_cpu_*.json",
+                "results",
+                [
+                    perf_docs.Col("engine", "engine"),
+                    perf_docs.Col("us", "us", "{:.1f}"),
+                    perf_docs.ratio(
+                        "speed x onnxruntime", "^results[engine=onnxruntime,batch={batch}]/us", "us"
+                    ),
+                ],
+            )
+        ],
+    )
+    monkeypatch.setattr(perf_docs, "BENCHMARKS", [spec])
+    monkeypatch.setattr(perf_docs, "TARGETS", str(tmp_path / "targets.json"))
+    (tmp_path / "targets.json").write_text('{"targets": []}')
+    page = perf_docs.render_page()
+    assert '<a id="bench_new"></a>' in page
+    assert "- Measured on 2026-11-27; machine: AMD EPYC, 2 CPUs; 23.5 GiB; Linux 6.18.44" in page
+    assert "`python benchmarks/bench_new.py --json <out-dir>/new.json`" in page
+    assert "| ours | 50.0 | 2.00x |" in page
+    assert "| onnxruntime | 100.0 | 1.00x |" in page
