@@ -914,13 +914,14 @@ def date_of(doc: Any, name: str) -> str:
 
 
 def gpu_of(doc: Any, gpu_env: Optional[str]) -> Optional[str]:
-    """The GPU a file was measured on: its "device", its machine's "gpus", or the run's
-    env.txt."""
+    """The GPU a file was measured on: its "device", its "gpus" (nvidia-smi's lines, as
+    benchmarks/machine.py's ``gpus`` returns them; at the top or in "machine"), or the
+    run's env.txt."""
     if isinstance(doc, dict):
         dev = doc.get("device")
         if isinstance(dev, dict) and dev.get("name"):
             return dev["name"]
-        gpus = (doc.get("machine") or {}).get("gpus")
+        gpus = doc.get("gpus") or (doc.get("machine") or {}).get("gpus")
         if gpus:
             return str(gpus[0]).split(",")[0].strip()
     if gpu_env:

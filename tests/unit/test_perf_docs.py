@@ -103,3 +103,11 @@ def test_a_new_benchmark_is_a_spec_entry(perf_docs, tmp_path, monkeypatch):
     assert "`python benchmarks/bench_new.py --json <out-dir>/new.json`" in page
     assert "| ours | 50.0 | 2.00x |" in page
     assert "| onnxruntime | 100.0 | 1.00x |" in page
+
+
+def test_the_machine_names_the_gpu_the_file_records(perf_docs):
+    machine = {"cpu_model": "Intel(R) Xeon(R) Processor", "nproc": 16, "ram_gib": 125.9}
+    doc = {"machine": machine, "gpus": ["NVIDIA H200, 580.159.04, 143771 MiB"]}
+    assert perf_docs.machine_short(doc, None) == "NVIDIA H200 node"
+    assert perf_docs.machine_of(doc, None, None).startswith("one NVIDIA H200; Intel Xeon, 16 CPUs")
+    assert perf_docs.machine_short({"machine": machine}, None) == "Intel Xeon, 16 CPUs"
