@@ -119,11 +119,14 @@ constexpr int kLanes = static_cast<int>(sizeof(V) / sizeof(float));
 // One tile: rows [R] of x (a, stride lda) by panels [P] (b: the first panel's slice,
 // the next ones `stride` floats apart) into c (stride ldc), `cols` of its 2P vectors'
 // columns valid. first: the sums start from the bias (else from c); last: ReLU applies.
+// prefetch (not null): the slice that the next tiles will read, one panel's row fetched
+// into the cache per step (the first tile of a panel hides the next one's misses).
 template <class V, int R, int P>
 __attribute__((always_inline)) inline void tile(int64_t kc, const float* a, int64_t lda,
                                                 const float* b, int64_t stride, const float* bias,
                                                 float* c, int64_t ldc, int64_t cols, bool first,
-                                                bool last, bool relu) {
+                                                bool last, bool relu,
+                                                const float* prefetch = nullptr) {
   constexpr int L = kLanes<V>, C = 2 * P, W = C * L;
   V acc[R][C];
   if (first) {
@@ -143,8 +146,8 @@ __attribute__((always_inline)) inline void tile(int64_t kc, const float* a, int6
       for (int j = 0; j < C; ++j) std::memcpy(&acc[i][j], row + j * L, sizeof(V));
     }
   }
-#pragma GCC unroll 4
-  for (int64_t k = 0; k < kc; ++k) {
+  // one step of k: the P panels' 2P vectors of W's row k, each row's x[i, k] broadcast
+  auto step = [&](int64_t k) __attribute__((always_inline)) {
     V w[C];
 #pragma GCC unroll 8
     for (int j = 0; j < C; ++j) {
@@ -156,6 +159,17 @@ __attribute__((always_inline)) inline void tile(int64_t kc, const float* a, int6
 #pragma GCC unroll 8
       for (int j = 0; j < C; ++j) acc[i][j] += x * w[j];
     }
+  };
+  if (prefetch != nullptr) {
+    for (int64_t k = 0; k < kc; ++k) {
+      // a panel's row is 2 vectors: one cache line with AVX2, two with AVX-512
+#pragma GCC unroll 2
+      for (int l = 0; l < 2 * L; l += 16) __builtin_prefetch(prefetch + k * 2 * L + l);
+      step(k);
+    }
+  } else {
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; ++k) step(k);
   }
   if (last && relu) {
     const V zero = {};
@@ -189,69 +203,77 @@ constexpr int panels_for() {
   return p < 1 ? 1 : (p > 4 ? 4 : p);
 }
 
-// R rows of x (a) against every panel's slice from row k0 (kc rows), into c.
-template <class V, int R>
-__attribute__((always_inline)) inline void rows(const PackedMatrix& w, int64_t k0, int64_t kc,
-                                                const float* a, int64_t lda, float* c, int64_t ldc,
-                                                bool first, bool last, bool relu) {
-  constexpr int P = panels_for<V, R>();
-  const int64_t panels = w.panels(), width = w.panel_width(), n = w.n();
+// R rows of x (a) against panels [q0, q1)'s slices from row k0 (kc rows), into c: P
+// panels per tile, then one at a time.
+template <class V, int R, int P>
+__attribute__((always_inline)) inline void rows(const PackedMatrix& w, int64_t q0, int64_t q1,
+                                                int64_t k0, int64_t kc, const float* a, int64_t lda,
+                                                float* c, int64_t ldc, bool first, bool last,
+                                                bool relu) {
+  const int64_t width = w.panel_width(), n = w.n();
   const int64_t stride = w.k() * width;  // floats from one panel to the next
   const float* bias = w.bias();
-  int64_t q = 0;
-  for (; q + P <= panels; q += P) {
+  int64_t q = q0;
+  for (; q + P <= q1; q += P) {
     const int64_t cols = std::min(P * width, n - q * width);
     tile<V, R, P>(kc, a, lda, w.panel(q, k0), stride, bias + q * width, c + q * width, ldc, cols,
                   first, last, relu);
   }
-  for (; q < panels; ++q) {
+  for (; q < q1; ++q) {
     const int64_t cols = std::min(width, n - q * width);
     tile<V, R, 1>(kc, a, lda, w.panel(q, k0), stride, bias + q * width, c + q * width, ldc, cols,
                   first, last, relu);
   }
 }
 
-// The rest of a block (r < MR rows), dispatched to rows<V, r>.
-template <class V, int R>
-__attribute__((always_inline)) inline void rest(int64_t r, const PackedMatrix& w, int64_t k0,
-                                                int64_t kc, const float* a, int64_t lda, float* c,
-                                                int64_t ldc, bool first, bool last, bool relu) {
+// r (< MR) rows, dispatched to rows<V, r, P>: one panel at a time (P1) or as many as fit
+// in the registers (a batch smaller than a tile: no other tile reads the panels).
+template <class V, int R, bool P1>
+__attribute__((always_inline)) inline void rest(int64_t r, const PackedMatrix& w, int64_t q0,
+                                                int64_t q1, int64_t k0, int64_t kc, const float* a,
+                                                int64_t lda, float* c, int64_t ldc, bool first,
+                                                bool last, bool relu) {
   if constexpr (R > 0) {
     if (r == R) {
-      rows<V, R>(w, k0, kc, a, lda, c, ldc, first, last, relu);
+      rows<V, R, P1 ? 1 : panels_for<V, R>()>(w, q0, q1, k0, kc, a, lda, c, ldc, first, last, relu);
     } else {
-      rest<V, R - 1>(r, w, k0, kc, a, lda, c, ldc, first, last, relu);
+      rest<V, R - 1, P1>(r, w, q0, q1, k0, kc, a, lda, c, ldc, first, last, relu);
     }
   }
 }
 
 // The whole product: slices of W's rows, blocks of x's rows; within a block, each panel
-// against the block's tiles of MR rows (the panel's slice read from L1), then the rest.
+// against the block's tiles of MR rows and then its rest (the panel's slice read from L1).
 template <class V, int MR>
 __attribute__((always_inline)) inline void product(const PackedMatrix& w, int64_t m, const float* x,
                                                    int64_t ldx, bool relu, float* y, int64_t ldy) {
   const int64_t k = w.k(), panels = w.panels(), width = w.panel_width(), n = w.n();
   const int64_t stride = k * width;
-  // fewer rows than a tile: no block reuses a slice, each panel is streamed whole
-  const int64_t slice = m < MR ? k : kKc;
-  for (int64_t k0 = 0; k0 < k; k0 += slice) {
-    const int64_t kc = std::min(slice, k - k0);
+  if (m < MR) {  // no block reuses a slice: each panel is streamed whole, P at a time
+    rest<V, MR - 1, false>(m, w, 0, panels, 0, k, x, ldx, y, ldy, true, true, relu);
+    return;
+  }
+  for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+    const int64_t kc = std::min(kKc, k - k0);
     const bool first = k0 == 0, last = k0 + kc == k;
     for (int64_t m0 = 0; m0 < m; m0 += kMc) {
       const int64_t mc = std::min(kMc, m - m0), full = mc / MR * MR;
       const float* a = x + m0 * ldx + k0;
       float* c = y + m0 * ldy;
-      for (int64_t q = 0; q < panels && full > 0; ++q) {
+      for (int64_t q = 0; q < panels; ++q) {
         const int64_t cols = std::min(width, n - q * width);
         const float* b = w.panel(q, k0);
+        // the first tile fetches the next panel's slice while it computes
+        const float* next = q + 1 < panels ? w.panel(q + 1, k0) : nullptr;
         for (int64_t i = 0; i < full; i += MR) {
           tile<V, MR, 1>(kc, a + i * ldx, ldx, b, stride, w.bias() + q * width,
-                         c + i * ldy + q * width, ldy, cols, first, last, relu);
+                         c + i * ldy + q * width, ldy, cols, first, last, relu,
+                         i == 0 ? next : nullptr);
         }
-      }
-      if (full < mc) {
-        rest<V, MR - 1>(mc - full, w, k0, kc, a + full * ldx, ldx, c + full * ldy, ldy, first, last,
-                        relu);
+        if (full < mc) {
+          rest<V, MR - 1, true>(mc - full, w, q, q + 1, k0, kc, a + full * ldx, ldx, c + full * ldy,
+                                ldy, first, last, relu);
+        }
       }
     }
   }
