@@ -22,7 +22,7 @@ import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.e2e.conftest import hps_config
-from triton_rec.triton.runtime import TritonServer, free_port
+from triton_rec.triton.runtime import EXIT_TIMEOUT_S, TritonServer, free_port
 
 SEED = 61
 TABLES = [SyntheticTable("t", rows=2000, vec_size=8, max_keys_per_sample=4)]
@@ -258,8 +258,12 @@ def test_sigterm_under_load_answers_what_it_accepted_and_exits_cleanly(
         time.sleep(1.5)
         told = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)
-        code = proc.wait(30)
-        stopped = time.monotonic() - told
+        # A stop held up (by HTTP connections left open, by requests still in a model)
+        # runs out tritonserver's exit timeout: it logs "Exit timeout expired" and exits
+        # with status 1, both checked below, and the launcher kills what is left
+        # EXIT_TIMEOUT_S + 20 s after the signal (status 137). No bound on how long the
+        # stop takes: this wait only catches a launcher that hangs.
+        code = proc.wait(EXIT_TIMEOUT_S + 90)
         for t in loads:
             t.done.set()
         for t in loads:
@@ -267,7 +271,6 @@ def test_sigterm_under_load_answers_what_it_accepted_and_exits_cleanly(
         out = _output(tmp_path)
         assert code == 0, out[-3000:]
         assert "Signal (11)" not in out and "Exit timeout expired" not in out, out[-3000:]
-        assert stopped < 15, f"the stop took {stopped:.1f} s"
         results = [r for t in loads for r in t.results]
         before = [o for sent, o in results if sent < told - ACCEPTED_MARGIN_S]
         after = [o for sent, o in results if sent >= told - ACCEPTED_MARGIN_S]

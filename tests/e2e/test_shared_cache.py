@@ -159,26 +159,18 @@ def _sum(text, name, model="hps_shared"):
 
 def test_cache_metrics_reach_the_metrics_port_within_the_interval(shared_server):
     # execute publishes nothing; each instance's thread publishes every metrics_interval
-    # (default 1 s), so what a request counted is on the metrics port within about 1 s.
+    # (default 1 s), so what a request counted reaches the metrics port with no further
+    # request. The defect: counts published only by a later request, or never (no thread,
+    # an interval read in the wrong unit): they would never arrive. The deadline is only
+    # "never", 30x the interval, not a latency requirement (none belongs in a test).
     rng = np.random.default_rng(2)
     keys = [
         rng.choice(table_keys(SEED, t, s.rows), s.max_keys_per_sample) for t, s in enumerate(TABLES)
     ]
     before = _sum(_metrics(shared_server), "trec_cache_lookups_total")
     _lookup(shared_server, keys, "http")
-    answered = time.monotonic()
     want = before + sum(len(k) for k in keys)
-    while True:
-        text = _metrics(shared_server)
-        if _sum(text, "trec_cache_lookups_total") >= want:
-            break
-        assert time.monotonic() - answered < 3.0, (
-            "the lookups were not published within the interval"
-        )
-        time.sleep(0.05)
-    time.sleep(0.2)  # one publication increments several counters: let it finish
-    text = _metrics(shared_server)
-    for name in (
+    names = (
         "trec_cache_lookups_total",
         "trec_cache_hits_total",
         "trec_cache_misses_total",
@@ -188,13 +180,23 @@ def test_cache_metrics_reach_the_metrics_port_within_the_interval(shared_server)
         "trec_cache_inserts",
         "trec_cache_evictions",
         "trec_lookup_duration_us_total",
-    ):
-        assert re.search(rf'^{name}\{{[^}}]*model="hps_shared"', text, re.M), name
-    lookups = _sum(text, "trec_cache_lookups_total")
-    assert (
-        lookups > 0
-        and _sum(text, "trec_cache_hits_total") + _sum(text, "trec_cache_misses_total") == lookups
     )
+    deadline = time.monotonic() + 30
+    while True:
+        text = _metrics(shared_server)
+        lookups = _sum(text, "trec_cache_lookups_total")
+        answered = _sum(text, "trec_cache_hits_total") + _sum(text, "trec_cache_misses_total")
+        missing = [
+            n for n in names if not re.search(rf'^{n}\{{[^}}]*model="hps_shared"', text, re.M)
+        ]
+        # one publication sets several metrics: until it is complete (and they agree)
+        if lookups >= want and answered == lookups and not missing:
+            break
+        assert time.monotonic() < deadline, (
+            f"the lookups were never published: {lookups} counted, {want} expected, "
+            f"{answered} hits + misses, missing {missing}"
+        )
+        time.sleep(0.05)
     capacity = re.search(r'^trec_cache_capacity\{[^}]*table="ads"[^}]*\} (\S+)', text, re.M)
     assert capacity and float(capacity.group(1)) >= 0.5 * TABLES[0].rows
 

@@ -3,7 +3,6 @@
 
 import json
 import os
-import time
 
 from tests.benchmark_scripts import load_benchmark
 
@@ -11,7 +10,6 @@ from tests.benchmark_scripts import load_benchmark
 def test_bench_cache_runs_on_tiny_sizes_and_prints_every_table(capsys, tmp_path):
     bc = load_benchmark("bench_cache")
     out_json = tmp_path / "bench_cache.json"
-    t0 = time.perf_counter()
     rc = bc.main(
         [
             "--rows",
@@ -36,10 +34,8 @@ def test_bench_cache_runs_on_tiny_sizes_and_prints_every_table(capsys, tmp_path)
             str(out_json),
         ]
     )
-    elapsed = time.perf_counter() - t0
     text = capsys.readouterr().out
     assert rc == 0
-    assert elapsed < 30, f"smoke run took {elapsed:.1f} s"
     # every section, in order, each followed by a markdown table
     positions = [text.index(title) for title in bc.SECTIONS]
     assert positions == sorted(positions)
@@ -69,6 +65,18 @@ def test_bench_cache_runs_on_tiny_sizes_and_prints_every_table(capsys, tmp_path)
     data = json.loads(out_json.read_text())
     assert set(data["query"]) == {"1.0", "0.9", "0.5", "0.1", "0.0"}
     assert data["processes"] and data["insert"]
+    # It ran at the tiny sizes given (what a time bound on this test stood for: a benchmark
+    # that ignored one would run at full size; how long it takes is no business of a test).
+    assert data["config"]["rows"] == 3000 and data["config"]["cache_rows"] == 512
+    assert "table: 3000 rows x 8 float32" in text
+    assert data["query"]["1.0"]["hits"] == 256 and data["query"]["0.0"]["hits"] == 0
+    assert all(0 <= r["hits"] <= 256 for r in data["query"].values())
+    for case, r in data["insert"].items():
+        if case != "numpy scatter reference":  # --insert-reps inserts of --batch keys each
+            assert len(r["counts"]) == 2, (case, r)
+            assert all(inserted + rejected <= 256 for inserted, _, rejected in r["counts"])
+    # cold keys never enter a full TinyLFU cache: the whole batch rejected, each time
+    assert data["insert"]["tinylfu full, cold keys"]["counts"] == [[0, 0, 256]] * 2
     # no segment left behind in /dev/shm
     prefix = f"trec_bench-cache-{os.getpid()}-"
     leftovers = [f for f in os.listdir("/dev/shm") if f.startswith(prefix)]

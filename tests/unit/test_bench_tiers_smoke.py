@@ -4,7 +4,6 @@ benchmark cannot rot silently."""
 
 import json
 import os
-import time
 
 import pytest
 
@@ -21,7 +20,6 @@ def test_bench_tiers_runs_on_tiny_sizes_with_sane_figures(capsys, tmp_path):
         plot = True
     except ImportError:
         plot = False
-    t0 = time.perf_counter()
     result = bt.main(
         [
             "--rows",
@@ -46,9 +44,7 @@ def test_bench_tiers_runs_on_tiny_sizes_with_sane_figures(capsys, tmp_path):
             str(paths["png"]) if plot else "",
         ]
     )
-    elapsed = time.perf_counter() - t0
     text = capsys.readouterr().out
-    assert elapsed < 20, f"smoke run took {elapsed:.1f} s"
 
     # every section, in order, each with a markdown table; the same text in the .md file
     assert text.startswith("machine: ")
@@ -73,6 +69,16 @@ def test_bench_tiers_runs_on_tiny_sizes_with_sane_figures(capsys, tmp_path):
     assert any(t.startswith("stream ->") for t, _ in ingest)
     for r in result["ingest"]:
         assert r["rows"] > 0 and r["rows_per_s"] > 0 and r["mb_per_s"] > 0, r
+    # It ran at the tiny sizes given (what a time bound on this test stood for: a benchmark
+    # that ignored one would run at full size; how long it takes is no business of a test):
+    # --rows bulk loaded, at most --upsert-rows upserted, the --updates all applied.
+    for r in result["ingest"]:
+        if r["what"].startswith("bulk load"):
+            assert r["rows"] == 4000, r
+        elif r["what"].startswith("upsert"):
+            assert r["rows"] <= 2000, r
+        else:
+            assert r["tier"].startswith("stream") and r["rows"] == 3000, r
 
     # lookups: every tier and reference at every batch size
     got = {(r["batch"], r["tier"]) for r in result["lookup"]}
@@ -83,6 +89,7 @@ def test_bench_tiers_runs_on_tiny_sizes_with_sane_figures(capsys, tmp_path):
     }
     for r in result["lookup"]:
         assert r["keys_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"], r
+        assert r["reps"] == max(3, int(bt.LOOKUP_REPS[r["batch"]] * 0.05)), r  # --reps-scale
 
     # cache in front: 4 target hit rates x 3 tiers, measured hit rates in [0, 1] and
     # equal across tiers (same key sequence, deterministic caches)

@@ -371,6 +371,21 @@ def wait_for(cond, what, timeout=10.0):
         time.sleep(0.01)
 
 
+def assert_closed_for_good(c, closing):
+    """What ``close()`` of a consumer whose Redis is unreachable must have done: returned
+    (``closing`` seconds), and stopped its thread, which then released the connection.
+
+    Catches a close that hangs (a join without a timeout on a thread that never stops), a
+    thread that never sees the stop between failed attempts (it would retry the dead
+    cluster for the rest of the process) and a connection left open. close() waits for
+    the thread at most block_ms + 1 s by design, and here it takes milliseconds: the 30 s
+    are a "does not hang" bound, not a speed requirement (none belongs in a test).
+    """
+    assert closing < 30, f"close() took {closing:.1f} s"
+    wait_for(lambda: not c._thread.is_alive(), "the consumer's thread to end", timeout=30)
+    assert c._redis._closed  # released by the thread as it ended (or by close itself)
+
+
 @pytest.mark.redis
 def test_an_unreachable_redis_is_retried_quietly_and_close_returns_promptly(names, caplog):
     from tests.storage_fixtures import start_redis_cluster
@@ -398,8 +413,8 @@ def test_an_unreachable_redis_is_retried_quietly_and_close_returns_promptly(name
             assert c._thread.is_alive()
             t0 = time.monotonic()
             c.close()
-        assert time.monotonic() - t0 < 0.1 + 1.0 + 0.5  # block_ms + 1 s (+ slack)
-        assert not c._thread.is_alive() or time.monotonic() - t0 < 2
+            closing = time.monotonic() - t0
+        assert_closed_for_good(c, closing)
         lines = [r for r in caplog.records if "updates from" in r.getMessage()]
         assert 1 <= len(lines) <= 2, [r.getMessage() for r in lines]  # not one per attempt
 
@@ -427,7 +442,7 @@ def test_a_consumer_started_while_redis_is_down_connects_later_and_closes_prompt
     assert "cannot connect" in c.stats()["last_error"]
     t0 = time.monotonic()
     c.close()
-    assert time.monotonic() - t0 < 0.2 + 1.0 + 0.3
+    assert_closed_for_good(c, time.monotonic() - t0)
     with pytest.raises(ConfigError):
         UpdateConsumer("no-port", "g", "c", {topic: 2}, Collector())
 
