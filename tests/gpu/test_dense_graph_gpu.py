@@ -1,6 +1,7 @@
 """The dense networks on the GPU as CUDA graphs (triton_rec.dense.graphs) against the
 numpy executor: the sample networks (upstream DCN and DeepFM, the demo DLRM) with random
-weights, at batch sizes on, between and past the buckets."""
+weights, at batch sizes on, between and past the buckets (which sizes the buckets are:
+tests/unit/test_dense_graphs.py, no GPU needed)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,6 @@ NETWORKS = [
     ROOT / "tests" / "data" / "deepfm.json",
     ROOT / "model_repository" / "dlrm" / "1" / "dlrm.json",
 ]
-
-
-def test_buckets_are_powers_of_two_then_the_largest_batch():
-    assert buckets(1) == [1]
-    assert buckets(64) == [1, 2, 4, 8, 16, 32, 64]
-    assert buckets(100) == [1, 2, 4, 8, 16, 32, 64, 100]
 
 
 @pytest.mark.parametrize("path", NETWORKS, ids=lambda p: p.stem)

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "host.hpp"
@@ -326,6 +327,7 @@ static void test_hugectr(std::mt19937& rng, gpu::Lane* pool) {
   add_gpu(plan);
   add_graphs(plan);
   upload_targets(&plan);
+  int failures = 0;
   for (int it = 0; it < 30; ++it) {
     const int64_t n = 1 + rng() % 33;
     Rows r = make_rows(plan, n, rng, 3);
@@ -353,14 +355,31 @@ static void test_hugectr(std::mt19937& rng, gpu::Lane* pool) {
     if (it % 5 == 1 || it % 5 == 3) {
       g_throw_finish = it % 5 == 1;
       g_throw_flush = it % 5 == 3;
+      // the failure that must reach the caller: finish_query's on a miss of table 1, the
+      // flush's on a miss of any table (no miss, no failure: the all-hits iterations)
+      bool missed_1 = false, missed_any = false;
+      for (size_t t = 0; t < caches.size(); ++t)
+        for (int64_t i = r.key_starts[t]; i < r.key_starts[t + 1]; ++i)
+          if (!caches[t]->holds(s.keys[i])) {
+            missed_any = true;
+            missed_1 = missed_1 || t == 1;
+          }
+      const std::string want_error =
+          (g_throw_finish ? missed_1 : missed_any) ? (g_throw_finish ? "finish" : "flush") : "";
       bool threw = false;
+      std::string error;
       try {
         hugectr_gpu(st, s, n, n_cat, static_cast<int64_t>(r.ptrs.size()), des.data(), got.data(),
                     true, &d);
       } catch (const std::exception& e) {
         threw = true;
+        error = e.what();
       }
       g_throw_finish = g_throw_flush = 0;
+      failures += threw;
+      EXPECT(threw == !want_error.empty() && error == want_error,
+             "hugectr_gpu it=%d: failed with '%s', expected '%s' (a failure swallowed or made up)",
+             it, error.c_str(), want_error.c_str());
       EXPECT(fake_pending() == 0, "hugectr_gpu left work pending after a failure (it=%d threw=%d)",
              it, threw);
     }
@@ -374,6 +393,7 @@ static void test_hugectr(std::mt19937& rng, gpu::Lane* pool) {
       for (int64_t i = r.key_starts[t]; i < r.key_starts[t + 1]; ++i)
         EXPECT(caches[t]->holds(s.keys[i]), "hugectr_gpu: key %ld not inserted", (long)s.keys[i]);
   }
+  EXPECT(failures > 0, "hugectr_gpu: no failing finish_query or flush was exercised");
 }
 
 static void test_hps(std::mt19937& rng, gpu::Lane* pool) {

@@ -18,7 +18,9 @@ Checked by hand to fail on each of these mutations of the GPU paths:
     wrong answers, in both runs;
   - a short copy back of the statuses (lookup_tables copying one byte fewer): both runs;
   - hugectr_gpu's lane guard dropped (`(void)lane.enter();`): work left pending after a
-    failing finish_query or flush, in both runs.
+    failing finish_query or flush, in both runs;
+  - a failing flush swallowed (hugectr_gpu's `pending.flush()` in a try/catch): the
+    failure not reported to the caller, in both runs.
 """
 
 from __future__ import annotations
