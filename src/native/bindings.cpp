@@ -1116,8 +1116,7 @@ void register_dense_net(py::module_& m) {
       []() {
         py::list k;
         k.append("auto");
-        k.append("one_row");
-        for (const tr::InteractionKernel& lanes : tr::interaction_kernels()) k.append(lanes.name);
+        for (const tr::InteractionKernel& each : tr::interaction_kernels()) k.append(each.name);
         return k;
       },
       "The interaction kernels this CPU runs (names for interaction()).");
@@ -1133,9 +1132,8 @@ void register_dense_net(py::module_& m) {
         const int64_t n = slots + 1, width = dim + n * (n - 1) / 2 + 1;
         tr::InteractionFn fn = nullptr;
         if (kernel == "auto") fn = tr::interaction_rows;
-        if (kernel == "one_row") fn = tr::interaction_kernels().front().one_row;
-        for (const tr::InteractionKernel& lanes : tr::interaction_kernels()) {
-          if (kernel == lanes.name) fn = lanes.fn;
+        for (const tr::InteractionKernel& each : tr::interaction_kernels()) {
+          if (kernel == each.name) fn = each.fn;
         }
         if (fn == nullptr) throw py::value_error("no interaction kernel " + kernel + " here");
         py::array_t<float> out({rows, width});

@@ -50,8 +50,8 @@ def test_native_and_numpy_executors_agree_on_the_sample_networks(path, batch, tm
 
 
 def _interaction_reference(mlp: np.ndarray, emb: np.ndarray) -> np.ndarray:
-    """HugeCTR's interaction (hugectr_network._build_interaction) in float64: m, the strict
-    lower triangle of Z Z^T in row-major order, a zero."""
+    """HugeCTR's interaction (triton_rec.dense.hugectr.layers._build_interaction) in
+    float64: m, the strict lower triangle of Z Z^T in row-major order, a zero."""
     z = np.concatenate([mlp[:, None, :], emb], axis=1).astype(np.float64)
     ii, jj = np.tril_indices(z.shape[1], -1)
     gram = z @ z.transpose(0, 2, 1)
@@ -61,13 +61,10 @@ def _interaction_reference(mlp: np.ndarray, emb: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("kernel", _native.interaction_kernels())
 @pytest.mark.parametrize(
     "rows, slots, dim",
-    # DLRM's shape at batch sizes that make every kind of group ("auto" with 16 lanes): one
-    # row, a few rows (one at a time), 13 (a padded group), whole groups, whole groups and
-    # a padded one, whole groups and rows one at a time (a lanes kernel named on its own
-    # takes every row in groups, padding the last)
-    [(1, 26, 32), (3, 26, 32), (13, 26, 32), (16, 26, 32), (64 + 14, 26, 32), (64 + 3, 26, 32)]
-    # shapes whose vectors are not a whole number of lanes, and a single pair
-    + [(21, 5, 7), (6, 1, 16), (40, 26, 16)],
+    # DLRM's shapes (the demo's 27 x 32, MLPerf's 27 x 128) at a few batch sizes; vectors
+    # that are not a whole number of SIMD lanes (a scalar tail per sum), a single pair
+    [(1, 26, 32), (3, 26, 32), (13, 26, 32), (64 + 14, 26, 32), (2, 26, 128), (5, 26, 128)]
+    + [(21, 5, 7), (6, 1, 16), (40, 26, 16), (3, 7, 13), (2, 4, 3)],
 )
 def test_every_interaction_kernel_computes_hugectrs_interaction(kernel, rows, slots, dim):
     rng = np.random.default_rng(rows * 100 + slots)
@@ -82,7 +79,7 @@ def test_the_interaction_refuses_inputs_of_the_wrong_shape_and_unknown_kernels()
     with pytest.raises(ValueError, match="must be float32"):
         _native.interaction(mlp, emb[:1])
     with pytest.raises(ValueError, match="no interaction kernel"):
-        _native.interaction(mlp, emb, "lanes32")
+        _native.interaction(mlp, emb, "avx1024")
 
 
 def test_malformed_programs_and_inputs_are_refused():
