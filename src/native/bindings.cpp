@@ -1073,6 +1073,15 @@ void register_dense_net(py::module_& m) {
       .def_property_readonly(
           "gemm", [](const PyDenseNet& self) { return std::string(self.net.kernel().name); },
           "The kernel its matrix products run on.")
+      .def_property_readonly(
+          "steps",
+          [](const PyDenseNet& self) {
+            py::list ops;
+            for (int64_t op : self.net.steps()) ops.append(op);
+            return ops;
+          },
+          "The op code of each step it runs (a ReLU or Concat folded into the step that "
+          "produces or reads its tensor is not one).")
       .def(
           "predict",
           [](const PyDenseNet& self, py::array_t<float, py::array::c_style> dense,
@@ -1139,7 +1148,9 @@ void register_dense_net(py::module_& m) {
         py::array_t<float> out({rows, width});
         {
           py::gil_scoped_release release;
-          fn(rows, dim, slots, width, mlp.data(), emb.data(), out.mutable_data());
+          std::vector<tr::SlotSource> sources(static_cast<size_t>(slots));
+          tr::contiguous_slots(emb.data(), slots, dim, sources.data());
+          fn(rows, dim, slots, width, mlp.data(), sources.data(), out.mutable_data());
         }
         return out;
       },

@@ -71,6 +71,7 @@ struct DenseLayer {
   std::vector<int64_t> attrs;
   std::vector<PackedMatrix> packed;  // the matrices its products read (pack_layer)
   bool relu = false;                 // an InnerProduct with the next ReLU in it (fuse_relus)
+  bool concat_in = false;            // an Interaction reading a Concat's inputs (fuse_concat)
 };
 
 inline int64_t per_sample(const std::vector<int64_t>& shape) {
@@ -134,10 +135,17 @@ class DenseNet {
       throw std::invalid_argument("dense program: one width per register expected");
     }
     fuse_relus();
+    fuse_concat();
   }
 
   int64_t label_dim() const { return label_dim_; }
   const GemmKernel& kernel() const { return *kernel_; }
+  // The op of each step it runs, after fuse_relus and fuse_concat.
+  std::vector<int64_t> steps() const {
+    std::vector<int64_t> ops;
+    for (const DenseLayer& d : layers_) ops.push_back(static_cast<int64_t>(d.op));
+    return ops;
+  }
   int64_t dense_dim() const { return widths_[static_cast<size_t>(dense_reg_)]; }
   size_t num_tables() const { return table_regs_.size(); }
   // Floats per sample of table t's combined embeddings (slots x vec_size).
@@ -148,9 +156,10 @@ class DenseNet {
   struct Workspace {
     std::vector<std::vector<float>> regs;
     std::vector<const float*> ptr;
-    std::vector<const float*> in;  // the inputs of the layer being run
-    std::vector<float*> out;       // its outputs
-    std::vector<float> tmp[2];     // MLP's hidden layers, MultiCross's projections
+    std::vector<const float*> in;   // the inputs of the layer being run
+    std::vector<float*> out;        // its outputs
+    std::vector<float> tmp[2];      // MLP's hidden layers, MultiCross's projections
+    std::vector<SlotSource> slots;  // the Interaction's embeddings
   };
 
   // out [batch, label_dim] from dense [batch, dense_dim] and, per table, the combined
@@ -233,6 +242,49 @@ class DenseNet {
         }
       }
       kept.push_back(std::move(d));
+    }
+    layers_ = std::move(kept);
+  }
+
+  // A Concat along axis 1 of [1, slots_t, dim] inputs (per sample) whose output only an Interaction
+  // reads (as its embeddings: DLRM's tables) is not copied: the Interaction reads each
+  // slot where its table's output lies (one copy of a batch's embeddings less).
+  void fuse_concat() {
+    std::vector<int64_t> reads(static_cast<size_t>(num_regs_), 0);
+    for (const DenseLayer& d : layers_) {
+      for (int64_t r : d.ins) ++reads[static_cast<size_t>(r)];
+    }
+    for (int64_t r : out_regs_) ++reads[static_cast<size_t>(r)];
+    std::vector<bool> dropped(layers_.size(), false);
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      DenseLayer& c = layers_[l];
+      if (c.op != DenseOp::kConcat || c.attrs.at(0) != 1 || c.outs.size() != 1 ||
+          reads[static_cast<size_t>(c.outs[0])] != 1) {
+        continue;
+      }
+      const auto& whole = c.out_shapes[0];  // [lead, slots, dim]
+      bool slots_of_dim = whole.size() == 3;
+      for (const auto& shape : c.in_shapes) {
+        slots_of_dim =
+            slots_of_dim && shape.size() == 3 && shape[0] == whole[0] && shape[2] == whole[2];
+      }
+      for (size_t m = l + 1; m < layers_.size() && slots_of_dim; ++m) {
+        DenseLayer& x = layers_[m];
+        if (x.op == DenseOp::kInteraction && x.ins.size() == 2 && x.ins[1] == c.outs[0] &&
+            x.in_shapes[0][0] == whole[0]) {
+          x.ins.resize(1);
+          x.ins.insert(x.ins.end(), c.ins.begin(), c.ins.end());
+          x.in_shapes.resize(1);
+          x.in_shapes.insert(x.in_shapes.end(), c.in_shapes.begin(), c.in_shapes.end());
+          x.concat_in = true;
+          dropped[l] = true;
+          break;
+        }
+      }
+    }
+    std::vector<DenseLayer> kept;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      if (!dropped[l]) kept.push_back(std::move(layers_[l]));
     }
     layers_ = std::move(kept);
   }
@@ -359,9 +411,20 @@ class DenseNet {
         break;
       }
       case DenseOp::kInteraction: {
-        const int64_t rows = batch * d.in_shapes[0][0];
-        const int64_t dim = d.in_shapes[0][1], slots = d.in_shapes[1][1];
-        interaction_rows(rows, dim, slots, d.out_shapes[0][1], in[0], in[1], out[0]);
+        const int64_t rows = batch * d.in_shapes[0][0], dim = d.in_shapes[0][1];
+        auto& slots = ws->slots;
+        slots.clear();
+        if (d.concat_in) {  // each input [1, slots_t, dim]: its slots in order
+          for (size_t t = 1; t < in.size(); ++t) {
+            const int64_t s = d.in_shapes[t][1];
+            for (int64_t j = 0; j < s; ++j) slots.push_back({in[t] + j * dim, s * dim});
+          }
+        } else {  // one [1, slots, dim] input
+          slots.resize(static_cast<size_t>(d.in_shapes[1][1]));
+          contiguous_slots(in[1], d.in_shapes[1][1], dim, slots.data());
+        }
+        interaction_rows(rows, dim, static_cast<int64_t>(slots.size()), d.out_shapes[0][1], in[0],
+                         slots.data(), out[0]);
         break;
       }
       case DenseOp::kMultiCross: {

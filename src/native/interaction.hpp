@@ -1,7 +1,9 @@
 // DLRM's dot interaction (HugeCTR's Interaction layer), natively: per row r, the bottom
-// MLP's output m (mlp + r * dim) and the row's `slots` embeddings (emb + r * slots * dim)
-// are the n = slots + 1 vectors z_0 = m, z_1, ...; out (+ r * width) gets m, then
-// z_i . z_j for i > j in (i, j) order, then a zero (the padding element).
+// MLP's output m (mlp + r * dim) and the row's `slots` embeddings (slot k at
+// emb[k].base + r * emb[k].stride: one [rows, slots, dim] array, or the tables' own
+// arrays where the executor skips the Concat before the interaction) are the n = slots + 1
+// vectors z_0 = m, z_1, ...; out (+ r * width) gets m, then z_i . z_j for i > j in (i, j)
+// order, then a zero (the padding element).
 //
 // One row at a time, SIMD along the vectors' dimension: a block of I vectors z_i by J
 // vectors z_j keeps I x J sums of SIMD lanes in registers while the dimension runs (each
@@ -23,6 +25,17 @@
 
 namespace triton_rec {
 
+// Where each row's embedding of one slot lies: base + row * stride.
+struct SlotSource {
+  const float* base;
+  int64_t stride;
+};
+
+// The sources of a [rows, slots, dim] array's slots.
+inline void contiguous_slots(const float* emb, int64_t slots, int64_t dim, SlotSource* out) {
+  for (int64_t k = 0; k < slots; ++k) out[k] = {emb + k * dim, slots * dim};
+}
+
 namespace interaction_detail {
 
 template <class V>
@@ -42,14 +55,14 @@ __attribute__((always_inline)) inline float lane_sum(const V& v) {
   return s[0];
 }
 
-// The dot products of one row's vectors z (z_0 = m, z_k = e + (k - 1) * dim) into dots,
-// pair (i, j) at i * (i - 1) / 2 + j.
+// The dot products of one row's n vectors z[k] into dots, pair (i, j) at
+// i * (i - 1) / 2 + j.
 template <class V, int I, int J>
-__attribute__((always_inline)) inline void row_dots(int64_t dim, int64_t n, const float* m,
-                                                    const float* e, float* dots) {
+__attribute__((always_inline)) inline void row_dots(int64_t dim, int64_t n, const float* const* zs,
+                                                    float* dots) {
   constexpr int L = kLanes<V>;
   const int64_t whole = dim / L * L;
-  auto z = [&](int64_t k) { return k == 0 ? m : e + (k - 1) * dim; };
+  auto z = [&](int64_t k) { return zs[k]; };
   for (int64_t i0 = 1; i0 < n; i0 += I) {
     const int64_t j_end = std::min<int64_t>(i0 + I - 1, n - 1);  // j < i <= i0 + I - 1
     const float* zi[I];
@@ -91,22 +104,27 @@ __attribute__((always_inline)) inline void row_dots(int64_t dim, int64_t n, cons
 template <class V, int I, int J>
 __attribute__((always_inline)) inline void rows_of(int64_t rows, int64_t dim, int64_t slots,
                                                    int64_t width, const float* mlp,
-                                                   const float* emb, float* out) {
+                                                   const SlotSource* emb, float* out) {
   const int64_t n = slots + 1, pairs = n * (n - 1) / 2;
+  thread_local std::vector<const float*> zs;  // the row's vectors
+  zs.resize(static_cast<size_t>(n));
   for (int64_t r = 0; r < rows; ++r) {
     const float* m = mlp + r * dim;
+    zs[0] = m;
+    for (int64_t k = 0; k < slots; ++k)
+      zs[static_cast<size_t>(k + 1)] = emb[k].base + r * emb[k].stride;
     float* y = out + r * width;
     std::memcpy(y, m, sizeof(float) * static_cast<size_t>(dim));
-    row_dots<V, I, J>(dim, n, m, emb + r * slots * dim, y + dim);
+    row_dots<V, I, J>(dim, n, zs.data(), y + dim);
     y[dim + pairs] = 0.0f;
   }
 }
 
 }  // namespace interaction_detail
 
-// rows, dim, slots, width (floats per output row), mlp [rows, dim], emb [rows, slots, dim],
-// out [rows, width].
-using InteractionFn = void (*)(int64_t, int64_t, int64_t, int64_t, const float*, const float*,
+// rows, dim, slots, width (floats per output row), mlp [rows, dim], emb (one source per
+// slot), out [rows, width].
+using InteractionFn = void (*)(int64_t, int64_t, int64_t, int64_t, const float*, const SlotSource*,
                                float*);
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -114,18 +132,20 @@ using InteractionFn = void (*)(int64_t, int64_t, int64_t, int64_t, const float*,
 __attribute__((target("avx512f"))) inline void interaction_avx512(int64_t rows, int64_t dim,
                                                                   int64_t slots, int64_t width,
                                                                   const float* mlp,
-                                                                  const float* emb, float* out) {
+                                                                  const SlotSource* emb,
+                                                                  float* out) {
   interaction_detail::rows_of<F16, 4, 6>(rows, dim, slots, width, mlp, emb, out);
 }
 __attribute__((target("avx2,fma"))) inline void interaction_avx2(int64_t rows, int64_t dim,
                                                                  int64_t slots, int64_t width,
-                                                                 const float* mlp, const float* emb,
+                                                                 const float* mlp,
+                                                                 const SlotSource* emb,
                                                                  float* out) {
   interaction_detail::rows_of<F8, 4, 3>(rows, dim, slots, width, mlp, emb, out);
 }
 #endif
 inline void interaction_base(int64_t rows, int64_t dim, int64_t slots, int64_t width,
-                             const float* mlp, const float* emb, float* out) {
+                             const float* mlp, const SlotSource* emb, float* out) {
   interaction_detail::rows_of<F4, 4, 3>(rows, dim, slots, width, mlp, emb, out);
 }
 
@@ -152,7 +172,7 @@ inline const std::vector<InteractionKernel>& interaction_kernels() {
 
 // DLRM's interaction of `rows` rows with the CPU's widest kernel.
 inline void interaction_rows(int64_t rows, int64_t dim, int64_t slots, int64_t width,
-                             const float* mlp, const float* emb, float* out) {
+                             const float* mlp, const SlotSource* emb, float* out) {
   interaction_kernels().front().fn(rows, dim, slots, width, mlp, emb, out);
 }
 

@@ -5,6 +5,7 @@ test_hugectr_network.py (check_native, on every network there)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -133,6 +134,30 @@ def test_a_samples_answer_does_not_depend_on_its_batch(tmp_path):
         for a, b in [(0, 1), (5, 6), (17, 30), (200, 300), (150, 299)]:
             part = net.predict(dense[a:b], [e[a:b] for e in embs])
             np.testing.assert_array_equal(part, whole[a:b], err_msg=f"{gemm} rows {a}:{b}")
+
+
+def test_the_mlperf_dlrm_runs_without_its_relu_and_concat_steps(tmp_path):
+    # ps-loader criteo-dlrm's network: every InnerProduct's ReLU is applied as its sums are
+    # stored, and the interaction reads the 26 tables' outputs where they lie (no Concat);
+    # the answers are numpy's
+    from ps_loader import criteo
+
+    net_json = tmp_path / "net.json"
+    net_json.write_text(json.dumps(criteo.network_json()))
+    dense = tmp_path / "dense.model"
+    params = criteo.dense_parameters(seed=3)
+    np.concatenate([a.ravel() for wb in params for a in wb]).astype("<f4").tofile(dense)
+    model = HugeCTRNetwork.load(str(net_json), str(dense))
+    net = _native.DenseNet(model.native_program(), model)
+    ops = {name: code for name, code in NATIVE_OPS.items()}
+    assert ops["ReLU"] not in net.steps and ops["Concat"] not in net.steps, net.steps
+    assert net.steps.count(ops["InnerProduct"]) == 8 and ops["Interaction"] in net.steps
+    for batch in (1, 7, 64):
+        dense_in, embs = _network_inputs(model, batch, seed=batch)
+        embs = [0.25 * e for e in embs]
+        np.testing.assert_allclose(
+            net.predict(dense_in, embs), model.predict(dense_in, embs), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_an_unknown_gemm_kernel_is_refused():
