@@ -13,29 +13,9 @@ C++ that the CPU twin also runs; both are held bit for bit to this reference
 (tests/unit/test_gpu_kernels.py on the CPU, tests/gpu on a GPU, where they passed on an
 H200). CuPy is an optional dependency, imported only when a device cache is requested
 (``xp="cupy"``).
-
-State (all arrays; names as in :meth:`ArrayEmbeddingCache.state_arrays`)::
-
-    keys     int64   [num_sets, ways]            key held by each way
-    valid    bool    [num_sets, ways]            way holds a key
-    ticks    int64   [num_sets, ways]            clock value of the way's last access
-    vectors  rows [num_sets, ways, W]            the cached rows, encoded in the cache's
-                                                 precision (float32 W = vec_size for
-                                                 fp32; RowCodec.row_width/row_dtype)
-    seq      int64   [num_sets]                  per-set version: odd while being written
-    sketch   uint8   [4, width]                  TinyLFU count-min sketch (4 rows;
-                                                 policy ``tinylfu`` only)
-    meta     int64   [16]                        clock, sketch increments, geometry, magic,
-                                                 node-wide writer counters
-
-``num_sets`` is ``ceil(capacity / ways)`` (any integer: the slot count is what was asked
-for, rounded up to a whole set, never to a power of two); a key lives in set
-``(splitmix64(key) * num_sets) >> 64`` (multiply-shift, "fastrange":
-:meth:`ArrayEmbeddingCache.set_of`). As for the CPU cache (:mod:`triton_rec.cache.shm_cache`,
-which does round ``num_sets`` up to a power of two), ``capacity`` afterwards means the real
-slot count ``num_sets * ways`` (the requested figure is ``requested_capacity``). The sketch
-(``tinylfu`` only: an ``lru`` cache has no ``sketch`` array) has
-``max(64, next power of two >= 8 * capacity)`` counters per row.
+The state (its arrays, their layout, the hashes that place a key):
+:mod:`triton_rec.cache.array_cache_state`; the numpy interface of the CPU cache over it:
+:mod:`triton_rec.cache.host_cache_view`.
 
 Policies: ``lru`` (HPS): a new key takes a free way of its set, else evicts the least
 recently used way. ``tinylfu``: the same eviction, plus TinyLFU admission: every looked-up
@@ -43,41 +23,68 @@ key is counted in a count-min sketch (saturating 8-bit counters, all halved ever
 ``10 * capacity`` counted keys); a new key that would evict a valid way is admitted only
 if its estimated frequency is strictly greater than the victim's. Free ways always admit.
 
-Concurrency (several processes sharing the arrays):
-
-- Readers (:meth:`~ArrayEmbeddingCache.query`) take no lock. Each set has a sequence
-  number (a seqlock): a reader reads the ``seq`` of each key's set, gathers keys and
-  vectors, reads ``seq`` again; a key whose set's ``seq`` was odd or changed is retried
-  once and then reported as a miss. A concurrent writer can therefore never make a
-  reader return a torn or foreign vector; at worst the reader misses.
-- Writers (insert, update, erase, clear) are serialized by the ``lock`` passed at
-  construction and bump ``seq`` of every set they touch to odd before writing and to
-  even after (on a GPU these are kernels on one stream, hence ordered; the stream is
-  synchronized before the lock is released).
-- Readers also write: ``ticks`` of hits and the TinyLFU sketch, without a lock. Racing
-  readers may lose a tick or a sketch increment (both are approximate by nature), never
-  cached data.
-- A writer that dies mid-write leaves its sets odd: readers miss on them, and the next
-  write touching such a set first invalidates all its ways (its data may be torn) and
-  makes its ``seq`` even again (:meth:`~ArrayEmbeddingCache.repair` does it for all sets).
+Concurrency (several processes sharing the arrays): readers take no lock, validated by a
+per-set seqlock; writers are serialized by one lock; a dead writer's sets are healed by
+the next write (:mod:`triton_rec.cache.array_cache_state`, "Concurrency").
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import numpy as np
 
 from triton_rec import _native
-from triton_rec.config.ps_json import CACHE_POLICIES, CachePolicy
+from triton_rec.cache.array_cache_state import (
+    AGING_FACTOR,
+    I64_MAX,
+    I64_MIN,
+    MAGIC,
+    MAX_SETS,
+    META_CAPACITY,
+    META_CLOCK,
+    META_INCS,
+    META_LEN,
+    META_MAGIC,
+    META_POLICY,
+    META_PRECISION,
+    META_RECOVERED,
+    META_VEC,
+    META_WAYS,
+    POLICIES,
+    SKETCH_MAX,
+    SKETCH_ROWS,
+    SKETCH_WIDTH_FACTOR,
+    STATUS_HIT,
+    STATUS_TORN,
+    WRITE_MODES,
+    WRITER_COUNTERS,
+    check_layout,
+    dedupe_last,
+    fastrange,
+    host_array,
+    is_cupy,
+    num_sets_for,
+    resolve_xp,
+    sketch_index,
+    splitmix64,
+    stable_argsort,
+    state_layout,
+    xp_of,
+)
+from triton_rec.cache.host_cache_view import HostCacheView
+from triton_rec.config.ps_json import CachePolicy
 from triton_rec.errors import ConfigError, CupyUnavailableError
 from triton_rec.precision import DEFAULT_PRECISION, RowCodec
 
 __all__ = [
+    "MAX_SETS",
+    "META_LEN",
+    "SKETCH_ROWS",
+    "SKETCH_WIDTH_FACTOR",
     "ArrayEmbeddingCache",
     "CupyUnavailableError",
     "HostCacheView",
@@ -85,128 +92,6 @@ __all__ = [
     "resolve_xp",
     "splitmix64",
 ]
-
-#: cache policies (triton_rec.config.ps_json.CachePolicy); meta[_POLICY] holds the index in
-#: this order
-POLICIES = CACHE_POLICIES
-
-# The layout constants the kernels and their CPU twin share (src/native/array_cache_rules.hpp,
-# exported by _native): defined there once.
-SKETCH_ROWS = int(_native.ARRAY_CACHE_SKETCH_ROWS)
-SKETCH_MAX = int(_native.ARRAY_CACHE_SKETCH_MAX)  # uint8 counters saturate here
-AGING_FACTOR = int(_native.ARRAY_CACHE_AGING_FACTOR)  # halve after AGING_FACTOR * capacity keys
-SKETCH_WIDTH_FACTOR = int(_native.ARRAY_CACHE_SKETCH_WIDTH_FACTOR)  # counters per row: >= 8/slot
-
-# meta[] slots
-_META = _native.ARRAY_CACHE_META
-_CLOCK = _META["clock"]
-_INCS = _META["incs"]
-_CAPACITY = _META["capacity"]
-_POLICY = _META["policy"]
-_WAYS = _META["ways"]
-_VEC = _META["vec"]
-_MAGIC = _META["magic"]
-_RECOVERED = _META["recovered_sets"]
-_PRECISION = _META["precision"]  # RowCodec.code of the rows (0, fp32, in older caches)
-META_LEN = int(_native.ARRAY_CACHE_META_LEN)
-#: node-wide counters kept in meta (written under the writer lock, so exact)
-_WRITER_COUNTERS = {
-    k: _META[k]
-    for k in (
-        "inserts",
-        "updates",
-        "evictions",
-        "rejected",
-        "overflow",
-        "erased",
-        "recovered_sets",
-        "sketch_agings",
-    )
-}
-_STATUS_HIT = _native.ARRAY_CACHE_STATUS.index("hit")
-_STATUS_TORN = _native.ARRAY_CACHE_STATUS.index("torn")
-_WRITE_MODES = tuple(_native.ARRAY_CACHE_WRITE_MODES)
-MAGIC = 0x5452454341434845  # "TRECACHE"
-
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-# per-row seeds of the sketch hashes (odd 64-bit constants; row r adds _SEEDS[r])
-_SEEDS = tuple(int(v) for v in _native.ARRAY_CACHE_SKETCH_SEEDS)
-_I64_MIN = np.int64(np.iinfo(np.int64).min)
-_I64_MAX = np.int64(np.iinfo(np.int64).max)
-_LOW32 = np.uint64(0xFFFFFFFF)
-_SHIFT32 = np.uint64(32)
-#: most sets a cache may have: :func:`fastrange` is exact for ``n < 2**32``
-MAX_SETS = (1 << 32) - 1
-
-
-def resolve_xp(xp: Any = None):
-    """The array module for ``xp``: ``None``/``"numpy"``/numpy -> numpy, ``"cupy"``/cupy -> cupy.
-
-    CuPy is imported here and only here (and in :mod:`triton_rec.cache.gpu_share`), when asked for.
-
-    Raises:
-        CupyUnavailableError: ``"cupy"`` was asked for and CuPy cannot be imported or sees
-            no CUDA device.
-        ConfigError: anything else.
-    """
-    if xp is None or xp is np or xp == "numpy":
-        return np
-    name = xp if isinstance(xp, str) else getattr(xp, "__name__", None)
-    if name != "cupy":
-        raise ConfigError(f"array module must be 'numpy' or 'cupy', got {xp!r}")
-    if not isinstance(xp, str):
-        return xp
-    try:
-        cupy = importlib.import_module("cupy")
-    except ImportError as e:
-        raise CupyUnavailableError(
-            "a GPU embedding cache needs CuPy (pip install cupy-cuda12x) and a CUDA device; "
-            f"CuPy cannot be imported here ({e}). Use a CPU cache on this node."
-        ) from e
-    try:
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:  # CUDARuntimeError when there is no driver / device
-        raise CupyUnavailableError(f"CuPy is installed but sees no CUDA device ({e})") from e
-    if n < 1:
-        raise CupyUnavailableError("CuPy is installed but sees no CUDA device")
-    return cupy
-
-
-def _is_cupy(xp) -> bool:
-    return getattr(xp, "__name__", "") == "cupy"
-
-
-def _xp_of(array):
-    """numpy or cupy, whichever owns ``array`` (without importing cupy for numpy arrays)."""
-    if isinstance(array, np.ndarray):
-        return np
-    mod = type(array).__module__.split(".")[0]
-    if mod == "cupy":
-        return importlib.import_module("cupy")
-    raise ConfigError(f"state arrays must be numpy or cupy arrays, got {type(array)!r}")
-
-
-def _host(a) -> np.ndarray:
-    """``a`` in host memory (a CuPy array copied back)."""
-    return a.get() if type(a).__module__.split(".")[0] == "cupy" else np.asarray(a)
-
-
-def splitmix64(keys, xp=np):
-    """splitmix64 finalizer of int64 ``keys`` as uint64 (wrapping arithmetic, works in xp)."""
-    z = keys.astype(np.int64, copy=False).view(np.uint64)
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
-
-def fastrange(h, n: int):
-    """``floor(h * n / 2**64)`` of uint64 ``h``: an index in ``[0, n)`` from the high bits of
-    ``h`` for any ``1 <= n <= MAX_SETS`` (no power of two needed). Exact in uint64
-    arithmetic (numpy and CuPy have no 128-bit product): with ``h = hi * 2**32 + lo``,
-    it is ``(hi * n + (lo * n >> 32)) >> 32``, and neither term overflows for ``n < 2**32``."""
-    m = np.uint64(n)
-    return ((h >> _SHIFT32) * m + (((h & _LOW32) * m) >> _SHIFT32)) >> _SHIFT32
 
 
 def _on_device(method):
@@ -220,18 +105,6 @@ def _on_device(method):
             return method(self, *args, **kwargs)
 
     return wrapper
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _stable_argsort(xp, a, axis=-1):
-    # numpy: ask for a stable sort; CuPy's sorts are always stable (radix) and older
-    # releases reject the ``kind`` argument.
-    if xp is np:
-        return np.argsort(a, axis=axis, kind="stable")
-    return xp.argsort(a, axis=axis)
 
 
 class ArrayEmbeddingCache:
@@ -296,52 +169,19 @@ class ArrayEmbeddingCache:
             for a in arrays.values():
                 a[...] = 0
         meta = arrays["meta"]
-        meta[_CAPACITY] = capacity
-        meta[_POLICY] = POLICIES.index(policy)
-        meta[_WAYS] = ways
-        meta[_VEC] = vec_size
-        meta[_PRECISION] = codec.code
-        meta[_MAGIC] = MAGIC
+        meta[META_CAPACITY] = capacity
+        meta[META_POLICY] = POLICIES.index(policy)
+        meta[META_WAYS] = ways
+        meta[META_VEC] = vec_size
+        meta[META_PRECISION] = codec.code
+        meta[META_MAGIC] = MAGIC
         self._attach(arrays, lock)
 
     # ----------------------------------------------------------------- construction
-    @staticmethod
-    def num_sets_for(capacity: int, ways: int) -> int:
-        """Sets of a cache asked to hold ``capacity`` vectors: ``ceil(capacity / ways)``
-        (the slots, ``num_sets * ways``, exceed ``capacity`` by less than one set).
-
-        Raises:
-            ConfigError: more than :data:`MAX_SETS` sets.
-        """
-        num_sets = max(1, -(-int(capacity) // int(ways)))
-        if num_sets > MAX_SETS:
-            raise ConfigError(f"cache of {capacity} vectors needs more than {MAX_SETS} sets")
-        return num_sets
-
-    @staticmethod
-    def state_layout(
-        capacity: int,
-        vec_size: int,
-        ways: int = 8,
-        policy: str = CachePolicy.LRU,
-        precision: str = DEFAULT_PRECISION,
-    ) -> Dict[str, Tuple[tuple, Any]]:
-        """``name -> (shape, dtype)`` of the state arrays of such a cache (``sketch`` only
-        for ``tinylfu``)."""
-        num_sets = ArrayEmbeddingCache.num_sets_for(capacity, ways)
-        codec = RowCodec(precision, int(vec_size))
-        layout = {
-            "keys": ((num_sets, ways), np.dtype(np.int64)),
-            "valid": ((num_sets, ways), np.dtype(np.bool_)),
-            "ticks": ((num_sets, ways), np.dtype(np.int64)),
-            "vectors": ((num_sets, ways, codec.row_width), codec.row_dtype),
-            "seq": ((num_sets,), np.dtype(np.int64)),
-            "meta": ((META_LEN,), np.dtype(np.int64)),
-        }
-        if policy == CachePolicy.TINYLFU:
-            width = max(64, _next_pow2(SKETCH_WIDTH_FACTOR * num_sets * int(ways)))
-            layout["sketch"] = ((SKETCH_ROWS, width), np.dtype(np.uint8))
-        return layout
+    #: :func:`~triton_rec.cache.array_cache_state.num_sets_for` and
+    #: :func:`~triton_rec.cache.array_cache_state.state_layout`, here too
+    num_sets_for = staticmethod(num_sets_for)
+    state_layout = staticmethod(state_layout)
 
     @classmethod
     def from_arrays(
@@ -355,38 +195,26 @@ class ArrayEmbeddingCache:
         meta = arrays.get("meta")
         if meta is None:
             raise ConfigError("state arrays lack 'meta'")
-        xp = resolve_xp(xp) if xp is not None else _xp_of(meta)
-        m = [int(v) for v in (meta.get() if _is_cupy(xp) else meta)]
-        if m[_MAGIC] != MAGIC:
+        xp = resolve_xp(xp) if xp is not None else xp_of(meta)
+        m = [int(v) for v in (meta.get() if is_cupy(xp) else meta)]
+        if m[META_MAGIC] != MAGIC:
             raise ConfigError("state arrays are not an initialized embedding cache (bad magic)")
-        if not 0 <= m[_POLICY] < len(POLICIES):
-            raise ConfigError(f"state arrays carry an unknown policy code {m[_POLICY]}")
+        if not 0 <= m[META_POLICY] < len(POLICIES):
+            raise ConfigError(f"state arrays carry an unknown policy code {m[META_POLICY]}")
         self = cls.__new__(cls)
         self.xp = xp
-        policy = POLICIES[m[_POLICY]]
+        policy = POLICIES[m[META_POLICY]]
         try:
-            precision = RowCodec.from_code(m[_PRECISION], max(1, m[_VEC])).precision
+            precision = RowCodec.from_code(m[META_PRECISION], max(1, m[META_VEC])).precision
         except ValueError as e:
             raise ConfigError(f"state arrays: {e}") from None
         cls._check_layout(
-            arrays, cls.state_layout(m[_CAPACITY], m[_VEC], m[_WAYS], policy, precision)
+            arrays, cls.state_layout(m[META_CAPACITY], m[META_VEC], m[META_WAYS], policy, precision)
         )
         self._attach(arrays, lock)
         return self
 
-    @staticmethod
-    def _check_layout(arrays, layout) -> None:
-        for name, (shape, dt) in layout.items():
-            a = arrays.get(name)
-            if a is None:
-                raise ConfigError(f"state array {name!r} missing")
-            if tuple(a.shape) != tuple(shape) or np.dtype(a.dtype) != dt:
-                raise ConfigError(
-                    f"state array {name!r} is {a.dtype}{tuple(a.shape)}, "
-                    f"expected {dt}{tuple(shape)}"
-                )
-            if not a.flags.c_contiguous:
-                raise ConfigError(f"state array {name!r} must be C-contiguous")
+    _check_layout = staticmethod(check_layout)
 
     def _attach(self, arrays, lock) -> None:
         self._arrays = dict(arrays)
@@ -397,19 +225,19 @@ class ArrayEmbeddingCache:
         self.seq = arrays["seq"]
         self.sketch = arrays.get("sketch")  # None for lru
         self.meta = arrays["meta"]
-        m = self.meta.get() if _is_cupy(self.xp) else self.meta
-        self.requested_capacity = int(m[_CAPACITY])
-        self.policy = POLICIES[int(m[_POLICY])]
+        m = self.meta.get() if is_cupy(self.xp) else self.meta
+        self.requested_capacity = int(m[META_CAPACITY])
+        self.policy = POLICIES[int(m[META_POLICY])]
         self.num_sets, self.ways = (int(v) for v in self.slot_keys.shape)
         self.capacity = self.num_sets * self.ways
-        self.vec_size = int(m[_VEC])
-        self.codec = RowCodec.from_code(int(m[_PRECISION]), self.vec_size)
+        self.vec_size = int(m[META_VEC])
+        self.codec = RowCodec.from_code(int(m[META_PRECISION]), self.vec_size)
         self.sketch_width = int(self.sketch.shape[1]) if self.sketch is not None else 0
         # the writer lock; by default one for this process's threads, which native writers
         # (miss_cache) take too
         self.lock = lock if lock is not None else _native.WriterLock(-1)
         # CuPy: the device holding the arrays, made current around every operation
-        self._device_id = int(self.meta.device.id) if _is_cupy(self.xp) else None
+        self._device_id = int(self.meta.device.id) if is_cupy(self.xp) else None
         self._stats_lock = threading.Lock()
         self._stats = dict.fromkeys(("lookups", "hits", "misses", "torn"), 0)  # this process
         # Test hook: called as hook(cache, sets) between the gather and the second read of
@@ -434,7 +262,7 @@ class ArrayEmbeddingCache:
 
     def addresses(self) -> Dict[str, int]:
         """The address of each state array (host memory for numpy, device memory for CuPy)."""
-        if _is_cupy(self.xp):
+        if is_cupy(self.xp):
             return {n: int(a.data.ptr) for n, a in self._arrays.items()}
         return {n: int(a.ctypes.data) for n, a in self._arrays.items()}
 
@@ -484,17 +312,9 @@ class ArrayEmbeddingCache:
         return fastrange(splitmix64(self._keys(keys), self.xp), self.num_sets).astype(np.int64)
 
     def _sketch_index(self, k):
-        """Flat sketch indices ``[M, 4]``; row r:
-        ``r * width + (splitmix64(k + seed_r) & (width - 1))``."""
-        xp = self.xp
-        u = k.view(np.uint64)
-        mask = np.uint64(self.sketch_width - 1)
-        cols = [
-            (splitmix64((u + np.uint64(seed)).view(np.int64), xp) & mask).astype(np.int64)
-            + r * self.sketch_width
-            for r, seed in enumerate(_SEEDS)
-        ]
-        return xp.stack(cols, axis=1)
+        """Flat sketch indices ``[M, 4]`` of int64 keys (:func:`~triton_rec.cache.
+        array_cache_state.sketch_index`)."""
+        return sketch_index(self.xp, k, self.sketch_width)
 
     @_on_device
     def estimate(self, keys):
@@ -511,22 +331,24 @@ class ArrayEmbeddingCache:
 
     def _sketch_add(self, k) -> None:
         xp = self.xp
-        idx, counts = xp.unique(self._sketch_index(k).reshape(-1), return_counts=True)
+        idx, counts = xp.unique(
+            sketch_index(self.xp, k, self.sketch_width).reshape(-1), return_counts=True
+        )
         flat = self.sketch.reshape(-1)  # a view: the state arrays are C-contiguous
         flat[idx] = xp.minimum(flat[idx].astype(np.int64) + counts, SKETCH_MAX).astype(np.uint8)
-        self.meta[_INCS] += int(k.shape[0])
-        if int(self.meta[_INCS]) >= AGING_FACTOR * self.capacity:
+        self.meta[META_INCS] += int(k.shape[0])
+        if int(self.meta[META_INCS]) >= AGING_FACTOR * self.capacity:
             self.sketch >>= 1
-            self.meta[_INCS] = 0
-            self.meta[_WRITER_COUNTERS["sketch_agings"]] += 1
+            self.meta[META_INCS] = 0
+            self.meta[WRITER_COUNTERS["sketch_agings"]] += 1
 
     def _tick(self):
         """Advance the shared clock; returns its new value as a 1-element xp array."""
-        self.meta[_CLOCK] += 1
-        return self.meta[_CLOCK : _CLOCK + 1].copy()
+        self.meta[META_CLOCK] += 1
+        return self.meta[META_CLOCK : META_CLOCK + 1].copy()
 
     def _sync(self) -> None:
-        if _is_cupy(self.xp):  # writes must be done on the device before the lock is released
+        if is_cupy(self.xp):  # writes must be done on the device before the lock is released
             self.xp.cuda.get_current_stream().synchronize()
 
     def _count(self, **deltas) -> None:
@@ -538,7 +360,7 @@ class ArrayEmbeddingCache:
         """Add to the node-wide writer counters (caller holds the writer lock)."""
         for k, v in deltas.items():
             if v:
-                self.meta[_WRITER_COUNTERS[k]] += int(v)
+                self.meta[WRITER_COUNTERS[k]] += int(v)
 
     def _begin_write(self, sets) -> None:
         """Under the lock: heal sets a dead writer left odd, then make ``sets`` odd.
@@ -546,7 +368,7 @@ class ArrayEmbeddingCache:
         ``sets`` must be unique (``_end_write`` adds 1 to each entry)."""
         odd = (self.seq[sets] & 1).astype(np.bool_)
         self.valid[sets] &= ~odd[:, None]  # their data may be torn: drop it
-        self.meta[_RECOVERED : _RECOVERED + 1] += odd.sum()
+        self.meta[META_RECOVERED : META_RECOVERED + 1] += odd.sum()
         self.seq[sets] |= 1
 
     def _end_write(self, sets) -> None:
@@ -557,15 +379,6 @@ class ArrayEmbeddingCache:
         """(found, way) of each key in its set (no validation; writers hold the lock)."""
         match = self.valid[s] & (self.slot_keys[s] == k[:, None])
         return match.any(axis=1), match.argmax(axis=1)
-
-    def _dedupe_last(self, k):
-        """Positions of the last occurrence of each distinct key, in batch order."""
-        xp = self.xp
-        order = _stable_argsort(xp, k)
-        ks = k[order]
-        last = xp.ones(k.shape[0], dtype=np.bool_)
-        last[:-1] = ks[:-1] != ks[1:]
-        return xp.sort(order[last])
 
     # ----------------------------------------------------------------- reads
     def _read(self, k, s):
@@ -614,9 +427,9 @@ class ArrayEmbeddingCache:
         status = xp.empty(m, dtype=np.uint8)
         xp.cuda.get_current_stream().synchronize()  # the keys may still be in flight
         self._gpu.query_device(k.data.ptr, m, out.data.ptr, status.data.ptr)
-        hit = status == _STATUS_HIT
+        hit = status == STATUS_HIT
         hits = int(hit.sum())
-        torn = int((status == _STATUS_TORN).sum())
+        torn = int((status == STATUS_TORN).sum())
         self._count(lookups=m, hits=hits, misses=m - hits, torn=torn)
         return out, hit
 
@@ -634,20 +447,20 @@ class ArrayEmbeddingCache:
             return int(np.count_nonzero(hit))
         hits, torn = self._gpu.query(k, out, status)
         if torn:
-            status[status == _STATUS_TORN] = 0
+            status[status == STATUS_TORN] = 0
         self._count(lookups=m, hits=hits, misses=m - hits, torn=torn)
         return int(hits)
 
     def _write_kernel(self, mode: str, keys, vectors=None) -> Dict[str, int]:
         """insert / update / erase by the write kernel (CuPy), under the writer lock."""
-        k = np.ascontiguousarray(_host(keys), dtype=np.int64).reshape(-1)
+        k = np.ascontiguousarray(host_array(keys), dtype=np.int64).reshape(-1)
         rows = None
         if vectors is not None:
-            rows = self.codec.as_rows(_host(vectors), "vectors")
+            rows = self.codec.as_rows(host_array(vectors), "vectors")
             if rows.shape[0] != k.shape[0]:
                 raise ValueError(f"vectors must hold {k.shape[0]} rows, got {tuple(rows.shape)}")
         with self.lock:
-            counts = self._gpu.write(_WRITE_MODES.index(mode), k, rows)
+            counts = self._gpu.write(WRITE_MODES.index(mode), k, rows)
         return dict(zip(_native.ARRAY_CACHE_WRITE_COUNTS, (int(c) for c in counts)))
 
     # ----------------------------------------------------------------- writes
@@ -678,7 +491,7 @@ class ArrayEmbeddingCache:
         res = dict(inserted=0, updated=0, evicted=0, rejected=0, overflow=0)
         if k.shape[0] == 0:
             return res
-        pos = self._dedupe_last(k)
+        pos = dedupe_last(self.xp, k)
         uk, uv = k[pos], v[pos]
         with self._writing(uk) as s:
             res = self._insert_locked(uk, uv, s)
@@ -721,7 +534,7 @@ class ArrayEmbeddingCache:
         if n_new == 0:
             return res
         ns = s[new]
-        o = _stable_argsort(xp, ns)
+        o = stable_argsort(xp, ns)
         ns, new = ns[o], new[o]
         first = xp.searchsorted(ns, ns, side="left")
         rank = xp.arange(n_new, dtype=np.int64) - first
@@ -736,8 +549,8 @@ class ArrayEmbeddingCache:
         pt, pw = pt[in_ts], up_w[in_ts]
         hit_ts = ts[pt] == up_s[in_ts]
         pinned[pt[hit_ts], pw[hit_ts]] = True
-        order_key = xp.where(tv, xp.where(pinned, _I64_MAX, self.ticks[ts]), _I64_MIN)
-        way_order = _stable_argsort(xp, order_key, axis=1)
+        order_key = xp.where(tv, xp.where(pinned, I64_MAX, self.ticks[ts]), I64_MIN)
+        way_order = stable_argsort(xp, order_key, axis=1)
         avail = W - pinned.sum(axis=1)
         fits = rank < avail[t_of]
         way = way_order[t_of, xp.minimum(rank, W - 1)]
@@ -771,7 +584,7 @@ class ArrayEmbeddingCache:
         v = self._vectors(vectors, int(k.shape[0]))
         if k.shape[0] == 0:
             return 0
-        pos = self._dedupe_last(k)
+        pos = dedupe_last(self.xp, k)
         uk, uv = k[pos], v[pos]
         with self._writing(uk) as s:
             found, way = self._find(uk, s)
@@ -789,7 +602,7 @@ class ArrayEmbeddingCache:
         k = self._keys(keys)
         if k.shape[0] == 0:
             return 0
-        uk = k[self._dedupe_last(k)]
+        uk = k[dedupe_last(self.xp, k)]
         with self._writing(uk) as s:
             found, way = self._find(uk, s)
             f = self.xp.flatnonzero(found)
@@ -812,7 +625,7 @@ class ArrayEmbeddingCache:
                 self.valid[...] = False
                 if self.sketch is not None:
                     self.sketch[...] = 0
-                self.meta[_INCS] = 0
+                self.meta[META_INCS] = 0
             finally:
                 self._end_write(every)
 
@@ -851,8 +664,8 @@ class ArrayEmbeddingCache:
         erased, recovered_sets (sets a dead writer left odd), sketch_agings. Plus ``size``."""
         with self._stats_lock:
             d = dict(self._stats)
-        m = self.meta.get() if _is_cupy(self.xp) else self.meta
-        d.update({k: int(m[i]) for k, i in _WRITER_COUNTERS.items()})
+        m = self.meta.get() if is_cupy(self.xp) else self.meta
+        d.update({k: int(m[i]) for k, i in WRITER_COUNTERS.items()})
         d["size"] = self.size()
         return d
 
@@ -879,82 +692,6 @@ class ArrayEmbeddingCache:
         """This cache behind the numpy interface that
         :class:`triton_rec.cache.cached_table.CachedTable` uses."""
         return HostCacheView(self)
-
-
-class HostCacheView:
-    """The cache behind the ``EmbeddingCache`` protocol of :mod:`triton_rec.cache.cached_table`
-    (the interface of the CPU cache, :class:`triton_rec.cache.shm_cache.SharedEmbeddingCache`):
-    numpy in, numpy out; with CuPy, keys and vectors are copied to and from the device."""
-
-    def __init__(self, cache: ArrayEmbeddingCache):
-        self.cache = cache
-        self.vec_size = cache.vec_size
-        self.codec = cache.codec
-        self.capacity = cache.capacity
-        self.policy = cache.policy
-
-    def query(self, keys: np.ndarray, out: np.ndarray, hit_mask: np.ndarray) -> int:
-        """``out[i]`` = vector of ``keys[i]`` where ``hit_mask[i]`` is set (other rows
-        unspecified: the device cache writes zeros); returns the hits. On a GPU one kernel
-        launch, keys in and answers out through pinned staging
-        (:meth:`ArrayEmbeddingCache.query_host`)."""
-        if self.cache._gpu is not None:
-            status = hit_mask if hit_mask.dtype == np.uint8 else np.empty(len(keys), np.uint8)
-            hits = self.cache.query_host(keys, out, status)
-            if status is not hit_mask:
-                hit_mask[:] = status
-            return hits
-        vec, hit = self.cache.query(keys)
-        hit = _host(hit)
-        idx = np.flatnonzero(hit)
-        out[idx] = _host(vec)[idx]
-        hit_mask[:] = hit
-        return int(idx.shape[0])
-
-    def device_plan(self) -> Optional[dict]:
-        """What the native backend's GPU path reads this cache with (``device_cache``:
-        :meth:`ArrayEmbeddingCache.native_plan`), or None for a cache in host memory."""
-        if self.cache._gpu is None:
-            return None
-        plan = self.cache.native_plan()
-        return {"device": plan["device"], "device_cache": plan}
-
-    def miss_cache(self) -> Optional[_native.MissCache]:
-        """The wrapped cache as the native miss path inserts into it
-        (:meth:`ArrayEmbeddingCache.miss_cache`)."""
-        return self.cache.miss_cache()
-
-    def insert(self, keys: np.ndarray, vectors: np.ndarray) -> Dict[str, int]:
-        """Insert rows into the wrapped cache; returns its insert counters."""
-        return self.cache.insert(keys, vectors)
-
-    def update(self, keys: np.ndarray, vectors: np.ndarray) -> int:
-        """Overwrite the vectors of keys already cached; returns how many were updated."""
-        return self.cache.update(keys, vectors)
-
-    def erase(self, keys: np.ndarray) -> int:
-        """Remove ``keys`` from the wrapped cache; returns how many were removed."""
-        return self.cache.erase(keys)
-
-    def clear(self) -> None:
-        """Empty the wrapped cache."""
-        self.cache.clear()
-
-    def keys(self) -> np.ndarray:
-        """The cached keys, as a host (numpy) array."""
-        return _host(self.cache.cached_keys())
-
-    def size(self) -> int:
-        """Number of keys currently cached."""
-        return self.cache.size()
-
-    def stats(self) -> Dict[str, int]:
-        """The wrapped cache's counters."""
-        return self.cache.stats()
-
-    def hit_rate(self) -> float:
-        """The wrapped cache's hit rate."""
-        return self.cache.hit_rate()
 
 
 #: A no-op writer lock, for a cache written by one thread of one process only.
