@@ -41,18 +41,20 @@ namespace interaction_detail {
 template <class V>
 constexpr int kLanes = static_cast<int>(sizeof(V) / sizeof(float));
 
-// The lanes of v added in a fixed tree (halves, then quarters, ...).
-template <class V>
-__attribute__((always_inline)) inline float lane_sum(const V& v) {
-  constexpr int L = kLanes<V>;
-  float s[L];
-  std::memcpy(s, &v, sizeof s);
-#pragma GCC unroll 4
-  for (int h = L / 2; h >= 1; h /= 2) {
-#pragma GCC unroll 8
-    for (int l = 0; l < h; ++l) s[l] += s[l + h];
-  }
-  return s[0];
+// The lanes of v added in a fixed tree: the upper half onto the lower, until one lane
+// (a 256-bit sum is one 128-bit add and two shuffles, not a chain of scalar adds).
+__attribute__((always_inline)) inline float lane_sum(F4 v) {
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2);
+  return v[0];
+}
+__attribute__((always_inline)) inline float lane_sum(F8 v) {
+  return lane_sum(
+      F4(__builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7)));
+}
+__attribute__((always_inline)) inline float lane_sum(F16 v) {
+  return lane_sum(F8(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                     __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)));
 }
 
 // The dot products of one row's n vectors z[k] into dots, pair (i, j) at
