@@ -1,4 +1,4 @@
-# Type stub of the C++ extension (src/native/bindings.cpp, bindings_gpu.cpp): every binding,
+# Type stub of the C++ extension (src/native/bindings.cpp, bindings_<group>.cpp): every binding,
 # typed. The docstrings in the module say what each does (help(triton_rec._native));
 # tests/unit/test_native_stub.py holds this file and the module to the same names.
 # Arrays are numpy arrays whose dtype and shape the bindings check (never a silent copy).

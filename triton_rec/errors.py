@@ -31,7 +31,8 @@ is ``triton_rec.errors.StoreError``), so either import path names the same class
     +-- RuntimeNotFound (also a RuntimeError)
     +-- RequestPathUnavailable (also a RuntimeError)
 
-The native extension's own classes derive from this root too (src/native/bindings.cpp):
+The native extension's own classes derive from this root too (src/native/bindings.cpp,
+bindings_shm_cache.cpp):
 ``_native.DuplicateKeyError`` and ``_native.CorruptIndexError`` are TritonRecErrors and
 ValueErrors, ``_native.ShmCacheError`` a CacheError and a RuntimeError.
 """

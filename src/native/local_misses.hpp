@@ -1,7 +1,7 @@
 // The misses of a cache whose table is node-local (issue 25): what
 // CachedTable.finish_query (triton_rec/cache/cached_table.py) does with them, in C++ and
 // without the GIL. Used by the native backend's hot path (src/triton_backend/trec/, through the
-// address a table's native plan hands it) and by CachedTable itself (bindings.cpp), so
+// address a table's native plan hands it) and by CachedTable itself (bindings_local_misses.cpp), so
 // both request paths run this one implementation for node-local tables; CachedTable's
 // Python rules serve the tier stores (Redis, RocksDB) and are held to this one by
 // tests/unit/test_local_misses.py.

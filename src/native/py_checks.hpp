@@ -1,5 +1,5 @@
-// Argument checks of the pybind11 layer (bindings.cpp, bindings_gpu.cpp): dtype,
-// dimensions, C-contiguity, writability, shape; never a silent cast or copy.
+// Argument checks of the pybind11 layer (bindings*.cpp): dtype, dimensions, C-contiguity,
+// writability, shape, row arrays of a precision, hash indexes; never a silent cast or copy.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -8,6 +8,9 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+
+#include "hash_index.hpp"
+#include "row_codec.hpp"
 
 namespace triton_rec {
 namespace pycheck {
@@ -84,6 +87,54 @@ inline void require_shape(const py::array& a, const char* name,
     throw py::value_error(std::string(name) + " has shape " + shape_str(a) + ", expected " +
                           tuple_str(want.begin(), static_cast<py::ssize_t>(want.size())));
   }
+}
+
+// The dtype of a row array of precision p (triton_rec/precision.py).
+inline const DTypeSpec& row_dtype(Precision p) {
+  return p == Precision::kFp16 ? kFloat16 : p == Precision::kInt8 ? kUInt8 : kFloat32;
+}
+// Elements per row of a row array holding rows of `dim` values.
+inline py::ssize_t row_width(Precision p, py::ssize_t dim) {
+  return p == Precision::kInt8 ? dim + static_cast<py::ssize_t>(kInt8TrailerBytes) : dim;
+}
+// The number of values per row of a row array of `width` elements (ValueError if none).
+inline py::ssize_t dim_of_width(Precision p, py::ssize_t width, const char* name) {
+  const py::ssize_t dim =
+      p == Precision::kInt8 ? width - static_cast<py::ssize_t>(kInt8TrailerBytes) : width;
+  if (dim < 1) {
+    throw py::value_error(std::string(name) + " has " + std::to_string(width) +
+                          " columns: too few for an int8 row (values, then 8 bytes of scale "
+                          "and bias)");
+  }
+  return dim;
+}
+inline Precision require_precision(int64_t code) {
+  try {
+    return precision_of(code);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+}
+
+// An output must not share bytes with another argument (would race / self-overwrite).
+inline void require_disjoint(const py::array& out, const char* out_name, const py::array& other,
+                             const char* other_name) {
+  if (out.nbytes() == 0 || other.nbytes() == 0) return;
+  const auto* a = static_cast<const char*>(out.data());
+  const auto* b = static_cast<const char*>(other.data());
+  if (a < b + other.nbytes() && b < a + out.nbytes()) {
+    throw py::value_error(std::string(out_name) + " must not overlap " + other_name);
+  }
+}
+
+inline IndexView require_index(const py::handle& obj) {
+  py::array a = require_array(obj, "index", kInt64, 2, false);
+  const auto cap = static_cast<uint64_t>(a.shape(0));
+  if (a.shape(1) != 2 || !is_valid_capacity(cap)) {
+    throw py::value_error("index has shape " + shape_str(a) +
+                          ", expected (capacity, 2) with capacity a power of two >= 16");
+  }
+  return IndexView{static_cast<const int64_t*>(a.data()), cap};
 }
 
 }  // namespace pycheck

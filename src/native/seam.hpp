@@ -1,5 +1,5 @@
 // The constants both sides of the seam between the native code and the Python engine
-// use, defined here once: bindings.cpp exports each to triton_rec._native, and the engine
+// use, defined here once: bindings*.cpp export each to triton_rec._native, and the engine
 // takes them from there (cached_table.py, model_config.py), so neither side spells them
 // again.
 #pragma once
@@ -10,7 +10,7 @@ namespace triton_rec {
 
 // The counters an instance keeps per table where Python does not see the work (one int64
 // each, added atomically): TableStats.native of cached_table.py, whose NATIVE_FIELDS are
-// kTableStatNames (exported by bindings.cpp as TABLE_STAT_FIELDS).
+// kTableStatNames (exported by bindings_local_misses.cpp as TABLE_STAT_FIELDS).
 enum TableStat : int {
   kLookups = 0,
   kHits,
