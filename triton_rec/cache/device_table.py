@@ -15,6 +15,7 @@ native backend runs every instance in one process); counted, freed with the last
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Dict, Tuple
 
@@ -22,10 +23,27 @@ import numpy as np
 
 from triton_rec import _native
 from triton_rec.gpu import SETUP_LOCK
+from triton_rec.precision import RowCodec
 from triton_rec.storage.table import EmbeddingTable
+
+log = logging.getLogger(__name__)
 
 #: ps.json ``embedding_cache_type`` values served by a DeviceTableCache on a GPU
 DEVICE_TABLE_MODES = ("static", "uvm")
+#: the alignment of the rows after the index in a table's one allocation
+#: (``gpu::align256`` in src/native/gpu_ops.hpp)
+_ALIGN = 256
+
+
+def device_table_bytes(n_rows: int, codec: RowCodec) -> int:
+    """The one allocation of a whole table on a GPU (``_native.DeviceTable``): its hash
+    index (16 bytes a slot, ``_native.index_capacity`` slots), aligned to 256 bytes, then
+    its encoded rows. Device memory for ``static``, pinned host memory for ``uvm``. The
+    node plan (:mod:`triton_rec.serving.sizing`) uses this rule; the native table sizes its
+    allocation the same way, and :class:`DeviceTableCache` checks the two agree."""
+    index = 16 * int(_native.index_capacity(int(n_rows)))
+    return -(-index // _ALIGN) * _ALIGN + int(n_rows) * codec.row_bytes
+
 
 _lock = threading.Lock()
 _shared: Dict[Tuple[str, int, str], list] = {}  # key -> [DeviceTable, users]
@@ -67,6 +85,16 @@ class DeviceTableCache:
                         mode,
                     )
                 entry = _shared[self._key] = [dt, 0]
+                planned = device_table_bytes(self.capacity, self.codec)
+                if int(dt.nbytes) != planned:  # the plan's rule no longer the native one's
+                    log.warning(
+                        "%s table %s on GPU %d: %d bytes allocated, the plan's rule says %d",
+                        mode,
+                        self._key[0],
+                        self.device,
+                        int(dt.nbytes),
+                        planned,
+                    )
             entry[1] += 1
         self._table = entry[0]
         self._closed = False
@@ -114,6 +142,12 @@ class DeviceTableCache:
     def stats(self) -> Dict[str, int]:
         """This process's lookups, hits and misses (keys the table lacks), and the size."""
         return dict(self._stats, size=self.capacity)
+
+    def memory_use(self) -> Tuple[str, int]:
+        """``(where, bytes)`` of the table's copy: ``gpu<N>`` (static) or ``pinned``
+        (uvm: page-locked host memory the GPU reads)."""
+        where = "pinned" if self.mode == "uvm" else f"gpu{self.device}"
+        return where, int(self._table.nbytes) if self._table is not None else 0
 
     def device_plan(self) -> dict:
         """What the native backend's GPU path reads the table with (``device_table``)."""

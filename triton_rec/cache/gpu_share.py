@@ -91,6 +91,8 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "OWNER_LINGER_S",
+    "allocation_bytes",
+    "device_cache_bytes",
     "CupyUnavailableError",
     "FileLock",
     "SharedArrays",
@@ -418,6 +420,27 @@ def _cupy():
     return resolve_xp("cupy")  # raises CupyUnavailableError with a clear message
 
 
+def allocation_bytes(shape: tuple, dtype: Any) -> int:
+    """Bytes of the ``cudaMalloc`` that :func:`allocate_device_arrays` makes for one array
+    (at least 1)."""
+    return max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
+
+
+def device_cache_bytes(
+    capacity: int,
+    vec_size: int,
+    ways: int = 8,
+    policy: str = CachePolicy.LRU,
+    precision: str = DEFAULT_PRECISION,
+) -> int:
+    """Device memory of the cache :func:`open_shared_cache` creates on a GPU for these
+    arguments: its state arrays (:meth:`ArrayEmbeddingCache.state_layout`), one allocation
+    each (:func:`allocation_bytes`). The one rule, which the node plan
+    (:mod:`triton_rec.serving.sizing`) uses too."""
+    layout = ArrayEmbeddingCache.state_layout(capacity, vec_size, ways, policy, precision)
+    return sum(allocation_bytes(shape, dt) for shape, dt in layout.values())
+
+
 def allocate_device_arrays(
     layout: Dict[str, Tuple[tuple, Any]], device: Optional[int] = None
 ) -> Dict[str, Any]:
@@ -429,8 +452,7 @@ def allocate_device_arrays(
     with cupy.cuda.Device(device if device is not None else cupy.cuda.runtime.getDevice()):
         for n, (shape, dt) in layout.items():
             dt = np.dtype(dt)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-            mem = cupy.cuda.memory.Memory(max(nbytes, 1))
+            mem = cupy.cuda.memory.Memory(allocation_bytes(shape, dt))
             a = cupy.ndarray(tuple(shape), dtype=dt, memptr=cupy.cuda.memory.MemoryPointer(mem, 0))
             a.fill(0)
             out[n] = a
@@ -611,6 +633,15 @@ class SharedCache(HostCacheView):
         self._keepalive = keepalive
         self._token = _self_token()
         self._closed = False
+
+    def memory_use(self) -> Tuple[str, int]:
+        """``(where, bytes)`` of the cache's state arrays: ``gpu<N>`` (device memory, one
+        allocation each: :func:`allocation_bytes`) or ``shm`` (the numpy twin's file)."""
+        arrays = self.cache.state_arrays()
+        size = sum(allocation_bytes(a.shape, a.dtype) for a in arrays.values())
+        if self.kind == "cuda":
+            return f"gpu{int(arrays['meta'].device.id)}", size
+        return "shm", size
 
     def attached(self) -> List[ProcessToken]:
         """The live processes attached to this cache, as (pid, start time), one entry per

@@ -146,6 +146,46 @@ def layout_for(capacity: int, ways: int) -> int:
     return 1 << max(0, (need - 1).bit_length())
 
 
+def segment_params(
+    capacity: int,
+    vec_size: int,
+    policy: str = CachePolicy.LRU,
+    ways: int = 8,
+    precision: str = DEFAULT_PRECISION,
+) -> Dict[str, Any]:
+    """The layout of the segment of a cache asked to hold ``capacity`` rows, as the native
+    view takes it (``num_sets``, ``ways``, ``vec_size``, ``policy``, ``precision`` code);
+    ValueError for a bad policy, vec_size or ways."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if vec_size < 1:
+        raise ValueError(f"vec_size must be >= 1, got {vec_size}")
+    return dict(
+        num_sets=layout_for(int(capacity), int(ways)),
+        ways=int(ways),
+        vec_size=int(vec_size),
+        policy=CachePolicy(policy).value,  # a plain str for the native layer and the checksum
+        precision=RowCodec(precision, int(vec_size)).code,
+    )
+
+
+def segment_bytes(
+    capacity: int,
+    vec_size: int,
+    policy: str = CachePolicy.LRU,
+    ways: int = 8,
+    precision: str = DEFAULT_PRECISION,
+) -> int:
+    """Bytes of the segment file :meth:`SharedEmbeddingCache.open` creates for these
+    arguments (what it reserves in the shared-memory directory): the one rule, which the
+    node plan (:mod:`triton_rec.serving.sizing`) uses too."""
+    return int(
+        _native.ShmCacheView.required_bytes(
+            **segment_params(capacity, vec_size, policy, ways, precision)
+        )
+    )
+
+
 def config_checksum(
     num_sets: int, ways: int, vec_size: int, policy: str, precision: int = 0
 ) -> int:
@@ -326,22 +366,9 @@ class SharedEmbeddingCache:
         Thread/process safety: safe to call concurrently from any processes and threads;
         all of them end up on one segment.
         """
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-        policy = CachePolicy(policy).value  # a plain str for the native layer and the checksum
-        if vec_size < 1:
-            raise ValueError(f"vec_size must be >= 1, got {vec_size}")
-        num_sets = layout_for(int(capacity), int(ways))
-        codec = RowCodec(precision, int(vec_size))
-        params: Dict[str, Any] = dict(
-            num_sets=num_sets,
-            ways=int(ways),
-            vec_size=int(vec_size),
-            policy=policy,
-            precision=codec.code,
-        )
+        params = segment_params(capacity, vec_size, policy, ways, precision)
         checksum = config_checksum(**params)
-        nbytes = _native.ShmCacheView.required_bytes(**params)
+        nbytes = segment_bytes(capacity, vec_size, policy, ways, precision)
         directory = shm_dir(directory)
         fname = segment_file_name(name)
         token = _self_token()
@@ -524,6 +551,11 @@ class SharedEmbeddingCache:
     def nbytes(self) -> int:
         """Size of the segment in bytes."""
         return self._native().nbytes
+
+    def memory_use(self) -> Tuple[str, int]:
+        """``("shm", bytes of the segment)``: where the cache's memory is, and how much
+        (the metric ``trec_cache_bytes``)."""
+        return "shm", int(self.nbytes)
 
     @property
     def closed(self) -> bool:

@@ -35,6 +35,21 @@ def _map(f, dtype: np.dtype, count: int) -> np.ndarray:
     return np.memmap(f, dtype=dtype, mode="r", shape=(count,))
 
 
+def _sparse_files(path: str, vec_size: int) -> Tuple[str, str]:
+    """The key and vector files of a sparse directory, checked to exist (ModelFileError)."""
+    if vec_size < 1:
+        raise ModelFileError(path, f"vector size must be >= 1, got {vec_size}")
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise ModelFileError(path, f"sparse model directory {what}")
+    key_path = os.path.join(path, KEY_FILE)
+    vec_path = os.path.join(path, VECTOR_FILE)
+    for p in (key_path, vec_path):
+        if not os.path.lexists(p):
+            raise ModelFileError(p, "missing file of the sparse model")
+    return key_path, vec_path
+
+
 def read_sparse_dir(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
     """Map a HugeCTR sparse directory read-only.
 
@@ -48,16 +63,7 @@ def read_sparse_dir(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
     Raises:
         ModelFileError: naming the directory or file that is missing or whose size is wrong.
     """
-    if vec_size < 1:
-        raise ModelFileError(path, f"vector size must be >= 1, got {vec_size}")
-    if not os.path.isdir(path):
-        what = "is not a directory" if os.path.exists(path) else "does not exist"
-        raise ModelFileError(path, f"sparse model directory {what}")
-    key_path = os.path.join(path, KEY_FILE)
-    vec_path = os.path.join(path, VECTOR_FILE)
-    for p in (key_path, vec_path):
-        if not os.path.lexists(p):
-            raise ModelFileError(p, "missing file of the sparse model")
+    key_path, vec_path = _sparse_files(path, vec_size)
     # Opened once, regular files inside the allowed roots; sizes and maps from these.
     key_fd, key_st = open_model_file(key_path, "sparse key file")
     with os.fdopen(key_fd, "rb") as key_f:
@@ -68,7 +74,27 @@ def read_sparse_dir(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:
             )
 
 
-def _map_sparse(path, vec_size, key_path, key_f, key_bytes, vec_path, vec_f, vec_bytes):
+def sparse_dir_rows(path: str, vec_size: int) -> int:
+    """The rows of a HugeCTR sparse directory, from its files' sizes alone (their data is
+    never read; a file created sparse counts at its apparent size): the checks of
+    :func:`read_sparse_dir`, which maps exactly this many rows.
+
+    Raises:
+        ModelFileError: as :func:`read_sparse_dir`.
+    """
+    key_path, vec_path = _sparse_files(path, vec_size)
+    sizes = []
+    for p, what in ((key_path, "sparse key file"), (vec_path, "sparse vector file")):
+        fd, st = open_model_file(p, what)
+        os.close(fd)
+        sizes.append(st.st_size)
+    return _sparse_rows(path, vec_size, key_path, sizes[0], vec_path, sizes[1])
+
+
+def _sparse_rows(
+    path: str, vec_size: int, key_path: str, key_bytes: int, vec_path: str, vec_bytes: int
+) -> int:
+    """The rows that files of these sizes hold (ModelFileError when they disagree)."""
     if key_bytes % _KEY_DTYPE.itemsize:
         raise ModelFileError(
             key_path, f"size {key_bytes} bytes is not a multiple of 8 (int64 keys): truncated?"
@@ -88,7 +114,12 @@ def _map_sparse(path, vec_size, key_path, key_f, key_bytes, vec_path, vec_f, vec
             f"'{KEY_FILE}' holds {n_keys} keys but '{VECTOR_FILE}' holds {n_rows} vectors "
             f"of size {vec_size}",
         )
-    keys = _map(key_f, _KEY_DTYPE, n_keys)
+    return n_rows
+
+
+def _map_sparse(path, vec_size, key_path, key_f, key_bytes, vec_path, vec_f, vec_bytes):
+    n_rows = _sparse_rows(path, vec_size, key_path, key_bytes, vec_path, vec_bytes)
+    keys = _map(key_f, _KEY_DTYPE, n_rows)
     vectors = _map(vec_f, _VEC_DTYPE, n_rows * vec_size).reshape(n_rows, vec_size)
     return keys, vectors
 

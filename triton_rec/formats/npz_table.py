@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import zipfile
-from typing import Tuple
+from typing import Any, Callable, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -35,33 +35,95 @@ def read_npz_rows(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray, Row
     fd, _ = open_model_file(path, "npz table file")  # regular, inside the allowed roots
     try:
         with os.fdopen(fd, "rb") as f, np.load(f, allow_pickle=False) as z:
-            names = set(z.files)
-            if "keys" not in names:
-                raise ModelFileError(path, f"has no array 'keys' (found: {z.files})")
-            if ("vectors" in names) == ("rows" in names):
-                raise ModelFileError(
-                    path,
-                    "must hold exactly one of 'vectors' (float32) and 'rows' with "
-                    f"'precision' (encoded); found: {z.files}",
-                )
-            keys = z["keys"]
-            if "vectors" in names:
-                rows, precision = z["vectors"], "fp32"
-            else:
-                if "precision" not in names:
-                    raise ModelFileError(path, "has 'rows' but no 'precision' array")
-                tag = z["precision"]
-                if tag.ndim != 0 or tag.dtype.kind != "U" or str(tag) not in PRECISIONS:
-                    raise ModelFileError(
-                        path,
-                        f"'precision' must be one of {list(PRECISIONS)} (a 0-d string "
-                        f"array), got {tag.dtype} {tag.shape} {tag!r}",
-                    )
-                rows, precision = z["rows"], str(tag)
+            member, precision = _members(path, z.files, lambda: z["precision"])
+            keys, rows = z["keys"], z[member]
     except ModelFileError:
         raise
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
         raise ModelFileError(path, f"not a readable .npz file ({e})") from e
+    codec = _check_arrays(path, vec_size, precision, keys, rows)
+    return np.ascontiguousarray(keys), np.ascontiguousarray(rows), codec
+
+
+def npz_shape(path: str, vec_size: int) -> Tuple[int, RowCodec]:
+    """``(rows, codec)`` of an ``.npz`` table from the headers of its arrays alone (the
+    data is never read): the checks of :func:`read_npz_rows`, which loads exactly this.
+
+    Raises:
+        ModelFileError: as :func:`read_npz_rows`.
+    """
+    if not os.path.lexists(path):
+        raise ModelFileError(path, "npz table file does not exist")
+    fd, _ = open_model_file(path, "npz table file")
+    try:
+        with os.fdopen(fd, "rb") as f, zipfile.ZipFile(f) as z:
+            names = [n[: -len(".npy")] for n in z.namelist() if n.endswith(".npy")]
+
+            def header(name: str) -> _Header:
+                with z.open(name + ".npy") as m:
+                    version = np.lib.format.read_magic(m)
+                    read = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, _fortran, dtype = read(m)
+                return _Header(tuple(shape), np.dtype(dtype))
+
+            def precision_tag() -> np.ndarray:
+                with z.open("precision.npy") as m:
+                    return np.lib.format.read_array(m, allow_pickle=False)
+
+            member, precision = _members(path, names, precision_tag)
+            keys, rows = header("keys"), header(member)
+    except ModelFileError:
+        raise
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
+        raise ModelFileError(path, f"not a readable .npz file ({e})") from e
+    return int(rows.shape[0]), _check_arrays(path, vec_size, precision, keys, rows)
+
+
+class _Header(NamedTuple):
+    """An ``.npy`` array as its header describes it."""
+
+    shape: Tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        """Dimensions."""
+        return len(self.shape)
+
+
+def _members(path: str, names: Sequence[str], tag: Callable[[], Any]) -> Tuple[str, str]:
+    """``(array holding the rows, precision)`` of an npz whose arrays are ``names``;
+    ``tag()`` reads its ``precision`` array."""
+    found = sorted(names)
+    if "keys" not in names:
+        raise ModelFileError(path, f"has no array 'keys' (found: {found})")
+    if ("vectors" in names) == ("rows" in names):
+        raise ModelFileError(
+            path,
+            "must hold exactly one of 'vectors' (float32) and 'rows' with "
+            f"'precision' (encoded); found: {found}",
+        )
+    if "vectors" in names:
+        return "vectors", "fp32"
+    if "precision" not in names:
+        raise ModelFileError(path, "has 'rows' but no 'precision' array")
+    value = tag()
+    if value.ndim != 0 or value.dtype.kind != "U" or str(value) not in PRECISIONS:
+        raise ModelFileError(
+            path,
+            f"'precision' must be one of {list(PRECISIONS)} (a 0-d string "
+            f"array), got {value.dtype} {value.shape} {value!r}",
+        )
+    return "rows", str(value)
+
+
+def _check_arrays(path: str, vec_size: int, precision: str, keys: Any, rows: Any) -> RowCodec:
+    """The codec of a table whose keys and rows arrays (or their headers) are these;
+    ModelFileError for a wrong dtype or shape."""
     if keys.dtype != np.int64 or keys.ndim != 1:
         raise ModelFileError(path, f"'keys' must be 1-D int64, got {keys.dtype} {keys.shape}")
     codec = RowCodec(precision, vec_size)
@@ -80,7 +142,7 @@ def read_npz_rows(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray, Row
         raise ModelFileError(
             path, f"'keys' holds {keys.shape[0]} keys but {what} holds {rows.shape[0]} rows"
         )
-    return np.ascontiguousarray(keys), np.ascontiguousarray(rows), codec
+    return codec
 
 
 def read_npz_table(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray]:

@@ -6,8 +6,9 @@ from typing import Tuple
 
 import numpy as np
 
-from triton_rec.formats.hugectr_sparse import read_sparse_dir, write_sparse_dir
+from triton_rec.formats.hugectr_sparse import read_sparse_dir, sparse_dir_rows, write_sparse_dir
 from triton_rec.formats.npz_table import (
+    npz_shape,
     read_npz_rows,
     read_npz_table,
     write_npz_rows,
@@ -41,6 +42,15 @@ def read_table_rows(path: str, vec_size: int) -> Tuple[np.ndarray, np.ndarray, R
         return read_npz_rows(path, vec_size)
     keys, vectors = read_sparse_dir(path, vec_size)
     return keys, vectors, RowCodec("fp32", vec_size)
+
+
+def table_shape(path: str, vec_size: int) -> Tuple[int, RowCodec]:
+    """``(rows, codec)`` of a table, from its files' sizes and headers alone (never its
+    data): what :func:`read_table_rows` would return the keys and rows of. Raises
+    :class:`triton_rec.errors.ModelFileError` as it does."""
+    if is_npz(path):
+        return npz_shape(path, vec_size)
+    return sparse_dir_rows(path, vec_size), RowCodec("fp32", vec_size)
 
 
 def write_table(path: str, keys: np.ndarray, vectors: np.ndarray) -> None:

@@ -91,16 +91,21 @@ def caches_enabled(params: ModelParams) -> bool:
     return params.gpucacheper > 0 or params.embedding_cache_type == EmbeddingCacheType.STATIC
 
 
-def cache_capacity(params: ModelParams, table: EmbeddingTable) -> int:
-    """Rows of a table's cache: ``gpucacheper`` of its rows (0 means no cache); a
-    ``static`` table's cache holds all of them, as HPS's static table does (gpucacheper
-    ignored, static_table.cpp L28-106)."""
+def cache_rows(params: ModelParams, num_rows: int) -> int:
+    """Rows of the cache of a table of ``num_rows`` rows: ``gpucacheper`` of them (0
+    means no cache); a ``static`` table's cache holds all of them, as HPS's static table
+    does (gpucacheper ignored, static_table.cpp L28-106). The one rule: the caches opened
+    here and the node plan (:mod:`triton_rec.serving.sizing`) use it."""
     if not caches_enabled(params):
         return 0
     if params.embedding_cache_type == EmbeddingCacheType.STATIC:
-        return max(1, table.num_rows)
-        return 0
-    return max(1, math.ceil(params.gpucacheper * table.num_rows))
+        return max(1, int(num_rows))
+    return max(1, math.ceil(params.gpucacheper * int(num_rows)))
+
+
+def cache_capacity(params: ModelParams, table: EmbeddingTable) -> int:
+    """Rows of a table's cache (:func:`cache_rows` of its rows)."""
+    return cache_rows(params, table.num_rows)
 
 
 def server_token() -> str:

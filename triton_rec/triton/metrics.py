@@ -30,6 +30,12 @@ trec_cache_size                        gauge   rows in the shared cache
 trec_cache_capacity                    gauge   rows the shared cache can hold
 trec_cache_inserts                     gauge   inserts into the shared cache (all instances)
 trec_cache_evictions                   gauge   evictions from the shared cache (all instances)
+trec_cache_bytes                       gauge   bytes of a table's cache, label ``memory``:
+                                               ``shm`` (the /dev/shm segment), ``gpu<N>``
+                                               (device memory), ``pinned`` (a uvm table)
+trec_table_bytes                       gauge   bytes of a table in the node store (its layout
+                                               file: keys, rows, hash index; shared by every
+                                               model that serves the same table)
 trec_tier_keys_total                   counter keys a storage tier answered (label ``tier``:
                                                ``local``/``volatile``/``persistent``; ``none``:
                                                found nowhere, default value)
@@ -50,8 +56,9 @@ trec_requests_rejected_total           counter requests answered with an error (
 
 from __future__ import annotations
 
+import os
 import threading
-from typing import Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 from triton_rec.triton.request_loop import RequestCounters
 
@@ -95,6 +102,26 @@ _GAUGES = {
         "Evictions from the shared embedding cache, all instances",
     ),
 }
+
+
+def cache_memory(cache: Any) -> Optional[Tuple[str, int]]:
+    """``(where, bytes)`` of a table's cache (its ``memory_use()``), or None."""
+    use = getattr(cache, "memory_use", None)
+    return use() if use is not None else None
+
+
+def table_bytes(store: Any) -> Optional[int]:
+    """Bytes of the node store's layout file behind a table's store (the store itself, or
+    the local tier of a tiered one), or None (no node-local table)."""
+    stores = [store] + [t.store for t in getattr(store, "tiers", ())]
+    for s in stores:
+        layout = getattr(getattr(s, "table", None), "layout_path", None)
+        if layout:
+            try:
+                return os.path.getsize(layout)
+            except OSError:
+                return None
+    return None
 
 
 def update_metrics(pb_utils, model_name: str, metrics) -> None:
@@ -223,6 +250,16 @@ class CacheMetrics:
         hit_rate = pb_utils.MetricFamily(
             name="trec_cache_hit_rate", description="Cache hits / lookups since load", kind=gauge
         )
+        cache_bytes = pb_utils.MetricFamily(
+            name="trec_cache_bytes",
+            description="Bytes of a table's embedding cache (memory: shm, gpu<N>, pinned)",
+            kind=gauge,
+        )
+        layout_bytes = pb_utils.MetricFamily(
+            name="trec_table_bytes",
+            description="Bytes of a table in the node store (keys, rows, hash index)",
+            kind=gauge,
+        )
         tier_keys = pb_utils.MetricFamily(
             name="trec_tier_keys_total",
             description="Keys answered by each storage tier",
@@ -263,6 +300,8 @@ class CacheMetrics:
             duration,
             per_instance,
             hit_rate,
+            cache_bytes,
+            layout_bytes,
             tier_keys,
             tier_down,
             promoted,
@@ -271,6 +310,14 @@ class CacheMetrics:
         self._tables: List[Dict] = []
         for t in session.cached_tables:
             labels = {"model": model, "table": t.name}
+            sizes: Dict[str, Tuple[Any, float]] = {}
+            memory = cache_memory(t.cache) if t.cache is not None else None
+            if memory is not None:
+                metric = cache_bytes.Metric(labels={**labels, "memory": memory[0]})
+                sizes["cache_bytes"] = (metric, float(memory[1]))
+            layout = table_bytes(t.store)
+            if layout is not None:
+                sizes["table_bytes"] = (layout_bytes.Metric(labels=labels), float(layout))
             self._tables.append(
                 {
                     "table": t,
@@ -284,6 +331,7 @@ class CacheMetrics:
                     "instance": per_instance.Metric(labels={**labels, "instance": instance}),
                     "hit_rate": hit_rate.Metric(labels=labels),
                     "labels": labels,
+                    "sizes": sizes,
                     "tier_metrics": {},
                     "tier_last": {},
                     "gauge_last": {},
@@ -327,6 +375,8 @@ class CacheMetrics:
                     self._set(
                         entry, "hit_rate", entry["hit_rate"], stats["hits"] / stats["lookups"]
                     )
+            for key, (metric, value) in entry["sizes"].items():
+                self._set(entry, key, metric, value)
             entry["last"] = now
             counters = getattr(t.store, "counters", None)
             if counters is not None:

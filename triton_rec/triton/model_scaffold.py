@@ -5,7 +5,8 @@ its session, which inputs it reads, how it answers) in :meth:`BackendModel.open`
 - ``initialize``: the config JSON, the process set-up (:func:`~triton_rec.triton.instance.
   prepare_process`), the backend's :meth:`~BackendModel.open`; any
   :class:`~triton_rec.errors.TritonRecError` becomes the load's error, naming the model;
-  then the load log line (:func:`~triton_rec.triton.instance.log_load`);
+  then the load log line (:func:`~triton_rec.triton.instance.log_load`) and the model's
+  sizing, once per model (:func:`~triton_rec.triton.plan_cli.log_sizing`);
 - ``native_plan``: the session's plan named with the model's response (the native
   backend, :mod:`triton_rec.triton.inprocess`);
 - ``execute``: :func:`~triton_rec.triton.request_loop.run_requests` over the backend's inputs;
@@ -26,6 +27,7 @@ from triton_rec.config.ps_json import model_relative_path
 from triton_rec.errors import TritonRecError
 from triton_rec.serving.deployment import InstanceSpec
 from triton_rec.triton.instance import log_load, prepare_process
+from triton_rec.triton.plan_cli import forget_sizing, log_sizing
 from triton_rec.triton.request_loop import run_requests
 
 
@@ -50,6 +52,7 @@ class BackendModel(abc.ABC):
     counters: Any = None
     limits: Optional[Dict[str, Tuple[int, int, str]]] = None
     respond: Optional[Callable] = None
+    _sized: bool = False  # its load logged the model's sizing (plan_cli.log_sizing)
 
     def initialize(self, args: Dict[str, str]) -> None:
         """Load the model instance (Triton's ``initialize``)."""
@@ -63,6 +66,8 @@ class BackendModel(abc.ABC):
             self.finalize()  # what open() had opened before it failed
             raise self.pb_utils.TritonModelException(f"model '{self.model_name}': {e}") from e
         log_load(self.pb_utils, self.model_name, self.kind, ready, warnings, placement)
+        log_sizing(self.pb_utils, self.model_name, config, args)
+        self._sized = True
 
     @abc.abstractmethod
     def open(
@@ -122,6 +127,9 @@ class BackendModel(abc.ABC):
 
     def finalize(self) -> None:
         """Stop the metrics thread and close the session (Triton's ``finalize``)."""
+        if self._sized:
+            forget_sizing(self.model_name)
+            self._sized = False
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None

@@ -797,7 +797,7 @@ def serve(server: TritonServer) -> int:
 
 
 def main(argv=None) -> int:
-    """Command-line entry point (prepare / serve); returns the exit code."""
+    """Command-line entry point (prepare / serve / plan); returns the exit code."""
     p = argparse.ArgumentParser(prog="triton-rec-server", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     prep = sub.add_parser("prepare", help="create the backend directory and print its path")
@@ -839,7 +839,12 @@ def main(argv=None) -> int:
         help="confine every model file to these directories (sets "
         "TRITON_REC_ALLOWED_ROOTS for the backends; default: no confinement)",
     )
+    from triton_rec.triton import plan_cli
+
+    plan_cli.add_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "plan":
+        return plan_cli.run(args)
     if args.cmd == "prepare":
         print(prepare_backend_dir(args.backend_directory, args.request_path))
         return 0
