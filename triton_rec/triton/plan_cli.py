@@ -201,12 +201,12 @@ def write_table(plans, node, lines: List[str], path: str, verbose: bool, out: IO
     )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
 
-    def line(r) -> str:
+    def text(r) -> str:
         return "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n"
 
-    out.write(line(rows[0]))
+    out.write(text(rows[0]))
     for p, r in zip(plans, rows[1:]):
-        out.write(line(r))
+        out.write(text(r))
         if p.error is not None:
             out.write(f"    cannot be sized: {p.error}\n")
         for note in p.notes:
@@ -216,7 +216,7 @@ def write_table(plans, node, lines: List[str], path: str, verbose: bool, out: IO
             est = " (estimate)" if any(part.what.startswith(e) for e in ESTIMATES) else ""
             out.write(f"    {where}: {part.what}: {format_bytes(part.bytes)}{est}\n")
     out.write("-" * (sum(widths) + 2 * (len(widths) - 1)) + "\n")
-    out.write(line(rows[-1]))
+    out.write(text(rows[-1]))
     have_gpus = (
         ", ".join(f"{d}: {format_bytes(f)} free" for d, (f, _) in node.gpus.items())
         or f"none ({node.gpu_source})"
