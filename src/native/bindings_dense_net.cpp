@@ -29,21 +29,26 @@ struct PyDenseNet {
 
 void register_dense_net(py::module_& m) {
   py::class_<PyDenseNet>(m, "DenseNet",
-                         "DenseNet(program: int64[N], owner, gemm='auto') -- the native executor "
-                         "of a HugeCTRNetwork.native_program(); `owner` keeps its weights alive; "
-                         "`gemm` names the matrix-product kernel (gemm_kernels())")
+                         "DenseNet(program: int64[N], owner, gemm='auto', threads=0) -- the native "
+                         "executor of a HugeCTRNetwork.native_program(); `owner` keeps its "
+                         "weights alive; `gemm` names the matrix-product kernel "
+                         "(gemm_kernels()); `threads` caps the threads one call splits its rows "
+                         "across (0: TRITON_REC_DENSE_THREADS, by default the usable cores)")
       .def(py::init([](py::array_t<int64_t, py::array::c_style> program, py::object owner,
-                       const std::string& gemm) {
+                       const std::string& gemm, int threads) {
              try {
                return new PyDenseNet{
                    std::move(owner),
                    tr::DenseNet(program.data(), static_cast<size_t>(program.size()),
-                                tr::gemm_kernel(gemm))};
+                                tr::gemm_kernel(gemm), threads)};
              } catch (const std::invalid_argument& e) {
                throw py::value_error(e.what());
              }
            }),
-           py::arg("program"), py::arg("owner"), py::arg("gemm") = "auto")
+           py::arg("program"), py::arg("owner"), py::arg("gemm") = "auto", py::arg("threads") = 0)
+      .def_property_readonly(
+          "threads", [](const PyDenseNet& self) { return self.net.max_threads(); },
+          "The most threads one call splits its rows across.")
       .def_property_readonly(
           "gemm", [](const PyDenseNet& self) { return std::string(self.net.kernel().name); },
           "The kernel its matrix products run on.")

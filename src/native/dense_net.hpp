@@ -21,6 +21,7 @@
 
 #include "gemm.hpp"
 #include "interaction.hpp"
+#include "row_parts.hpp"
 
 namespace triton_rec {
 
@@ -84,8 +85,11 @@ class DenseNet {
  public:
   // Decodes a program (see HugeCTRNetwork.native_program) and packs its matrices for
   // `kernel` (the CPU's widest by default); throws std::invalid_argument on a malformed one.
-  DenseNet(const int64_t* w, size_t n, const GemmKernel& kernel = gemm_kernel())
-      : kernel_(&kernel) {
+  // max_threads: the most threads one call may split its rows across (row_parts.hpp;
+  // 0: TRITON_REC_DENSE_THREADS, by default the usable cores).
+  DenseNet(const int64_t* w, size_t n, const GemmKernel& kernel = gemm_kernel(),
+           int max_threads = 0)
+      : kernel_(&kernel), max_threads_(max_threads > 0 ? max_threads : dense_threads_from_env()) {
     size_t pos = 0;
     auto next = [&]() -> int64_t {
       if (pos >= n) throw std::invalid_argument("dense program truncated");
@@ -136,10 +140,12 @@ class DenseNet {
     }
     fuse_relus();
     fuse_concat();
+    for (const DenseLayer& d : layers_) macs_per_row_ += macs_per_row(d);
   }
 
   int64_t label_dim() const { return label_dim_; }
   const GemmKernel& kernel() const { return *kernel_; }
+  int max_threads() const { return max_threads_; }
   // The op of each step it runs, after fuse_relus and fuse_concat.
   std::vector<int64_t> steps() const {
     std::vector<int64_t> ops;
@@ -164,11 +170,58 @@ class DenseNet {
 
   // out [batch, label_dim] from dense [batch, dense_dim] and, per table, the combined
   // embeddings [batch, slots, vec_size].
+  // The rows are split across idle cores where the batch is worth it (row_parts.hpp):
+  // each part runs the whole network on its rows, this thread taking parts too.
   void predict(int64_t batch, const float* dense, const std::vector<const float*>& embeddings,
                float* out, Workspace* ws) const {
     if (embeddings.size() != table_regs_.size()) {
       throw std::invalid_argument("dense network: wrong number of embedding inputs");
     }
+    std::atomic<int>& busy = busy_calls();
+    const int parts = row_parts(batch, macs_per_row_, max_threads_, busy.fetch_add(1) + 1);
+    busy.fetch_add(parts - 1);  // the cores its other parts take
+    struct Release {
+      std::atomic<int>& busy;
+      int parts;
+      ~Release() { busy.fetch_sub(parts); }
+    } release{busy, parts};
+    if (parts == 1) {
+      predict_rows(batch, dense, embeddings, out, ws);
+      return;
+    }
+    const int64_t per = (batch + parts - 1) / parts;
+    const std::thread::id caller = std::this_thread::get_id();
+    RowPool::instance().run(parts, [&](int p) {
+      const int64_t r0 = p * per, rows = std::min(per, batch - r0);
+      if (rows <= 0) return;
+      thread_local Workspace own;  // a pool thread's
+      thread_local std::vector<const float*> embs;
+      embs.resize(embeddings.size());
+      for (size_t t = 0; t < embeddings.size(); ++t) {
+        embs[t] = embeddings[t] + r0 * table_width(t);
+      }
+      predict_rows(rows, dense + r0 * dense_dim(), embs, out + r0 * label_dim_,
+                   std::this_thread::get_id() == caller ? ws : &own);
+    });
+  }
+
+ private:
+  // Multiply-adds of one sample in layer d (what row_parts weighs a batch by).
+  static int64_t macs_per_row(const DenseLayer& d) {
+    int64_t macs = 0;
+    const int64_t in = d.in_shapes.empty() ? 0 : per_sample(d.in_shapes[0]);
+    for (const PackedMatrix& w : d.packed) macs += std::max<int64_t>(1, in / w.k()) * w.k() * w.n();
+    if (d.op == DenseOp::kInteraction) {
+      const int64_t dim = d.in_shapes[0].back();
+      int64_t n = 1;
+      for (size_t t = 1; t < d.in_shapes.size(); ++t) n += d.in_shapes[t][1];
+      macs += n * (n - 1) / 2 * dim;
+    }
+    return macs;
+  }
+
+  void predict_rows(int64_t batch, const float* dense, const std::vector<const float*>& embeddings,
+                    float* out, Workspace* ws) const {
     ws->regs.resize(static_cast<size_t>(num_regs_));
     ws->ptr.assign(static_cast<size_t>(num_regs_), nullptr);
     ws->ptr[dense_reg_] = dense;
@@ -517,6 +570,8 @@ class DenseNet {
   }
 
   const GemmKernel* kernel_;
+  int max_threads_;
+  int64_t macs_per_row_ = 0;
   int64_t num_regs_ = 0, dense_reg_ = 0, label_dim_ = 0;
   std::vector<int64_t> widths_, table_regs_, out_regs_;
   std::vector<DenseLayer> layers_;

@@ -6,6 +6,7 @@ test_hugectr_network.py (check_native, on every network there)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +159,44 @@ def test_the_mlperf_dlrm_runs_without_its_relu_and_concat_steps(tmp_path):
         np.testing.assert_allclose(
             net.predict(dense_in, embs), model.predict(dense_in, embs), atol=1e-5, rtol=1e-5
         )
+
+
+def test_rows_split_across_threads_give_the_same_bits_as_one_thread(tmp_path):
+    # row_parts.hpp: a large batch splits its rows across idle cores; each part runs the
+    # same kernels on its rows, so the answer is bit for bit one thread's, whatever the
+    # split (batches of 1 to 300 rows, 2 to 4 parts)
+    model = _random_model(NETWORKS[2], tmp_path, seed=11)
+    one = _native.DenseNet(model.native_program(), model, threads=1)
+    assert one.threads == 1
+    for threads in (2, 3, 4):
+        many = _native.DenseNet(model.native_program(), model, threads=threads)
+        assert many.threads == threads
+        for batch in (1, 2, 5, 64, 300):
+            dense, embs = _network_inputs(model, batch, seed=batch)
+            np.testing.assert_array_equal(many.predict(dense, embs), one.predict(dense, embs))
+
+
+def test_the_thread_limit_comes_from_the_environment_and_a_bad_one_is_refused(tmp_path):
+    code = (
+        "from pathlib import Path; import tempfile; from triton_rec import _native;"
+        "from tests.unit.test_native_dense import NETWORKS, _random_model;"
+        "m = _random_model(NETWORKS[2], Path(tempfile.mkdtemp()), seed=1);"
+        "print(_native.DenseNet(m.native_program(), m).threads)"
+    )
+    import subprocess
+    import sys
+
+    def run(value):
+        env = {**os.environ, "TRITON_REC_DENSE_THREADS": value}
+        return subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
+        )
+
+    assert run("3").stdout.strip() == "3"
+    assert run("1").stdout.strip() == "1"
+    assert int(run("auto").stdout.strip()) == len(os.sched_getaffinity(0))
+    bad = run("lots")
+    assert bad.returncode != 0 and "TRITON_REC_DENSE_THREADS" in bad.stderr, bad.stderr
 
 
 def test_an_unknown_gemm_kernel_is_refused():

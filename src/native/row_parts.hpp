@@ -1,0 +1,173 @@
+// A batch's rows split across the cores no other call is using (the dense executor,
+// dense_net.hpp): a large batch on a node whose Triton instances leave cores idle (one
+// request at a time on a node of N cores) runs on more than one of them.
+//
+// How it decides (row_parts): every predict in the process counts itself busy while it
+// runs; a call may take 1 + (usable cores - busy calls) parts, at most one per
+// kMinMacsPerPart multiply-adds of work and at most its own thread limit
+// (TRITON_REC_DENSE_THREADS, default: the usable cores; 1 turns it off). So requests
+// that arrive together each keep to their own core, and a lone large request spreads.
+// Every row is computed the same way in any part (gemm.hpp, interaction.hpp), so the
+// answers are the same bits however a batch is split.
+#pragma once
+
+#include <sched.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace triton_rec {
+
+// Work below which a part is not worth its hand-off to another thread (about 30 us).
+constexpr int64_t kMinMacsPerPart = 2'000'000;
+
+// The cores this process may run on (sched_getaffinity), at least 1.
+inline int usable_cores() {
+  static const int n = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+    const int c = CPU_COUNT(&set);
+    return c > 0 ? c : 1;
+  }();
+  return n;
+}
+
+// TRITON_REC_DENSE_THREADS: a positive number caps the threads of one call (1: never
+// split); unset, "auto" or 0: the usable cores. Anything else is refused at load.
+inline int dense_threads_from_env() {
+  const char* v = std::getenv("TRITON_REC_DENSE_THREADS");
+  if (v == nullptr || *v == '\0' || std::string(v) == "auto") return usable_cores();
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n < 0 || n > 4096) {
+    throw std::invalid_argument(std::string("TRITON_REC_DENSE_THREADS: not a thread count: ") + v);
+  }
+  return n == 0 ? usable_cores() : static_cast<int>(n);
+}
+
+// The calls running now, process-wide (a call counts itself while it runs).
+inline std::atomic<int>& busy_calls() {
+  static std::atomic<int> n{0};
+  return n;
+}
+
+// How many parts a call of `rows` rows at `macs_per_row` takes (see the top of the file).
+inline int row_parts(int64_t rows, int64_t macs_per_row, int max_threads, int busy) {
+  const int idle = usable_cores() - busy;
+  int64_t parts = 1 + (idle > 0 ? idle : 0);
+  if (parts > max_threads) parts = max_threads;
+  const int64_t by_work = rows * macs_per_row / kMinMacsPerPart;
+  if (parts > by_work) parts = by_work;
+  if (parts > rows) parts = rows;
+  return parts < 1 ? 1 : static_cast<int>(parts);
+}
+
+// The threads that take the other parts: started on first use (usable cores - 1), each
+// waiting for a job; the calling thread takes parts too, so a call never waits for a
+// thread to be free.
+class RowPool {
+ public:
+  static RowPool& instance() {
+    static RowPool* pool = new RowPool();  // never destroyed: its threads outlive statics
+    return *pool;
+  }
+
+  // fn(part) for every part in [0, parts), on this thread and the pool's; returns when
+  // all have run and no pool thread holds the job any more, rethrowing the first
+  // exception.
+  void run(int parts, const std::function<void(int)>& fn) {
+    if (parts <= 1) {
+      fn(0);
+      return;
+    }
+    Job job;
+    job.fn = &fn;
+    job.parts = parts;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job.inside = 1;  // this thread
+      jobs_.push_back(&job);
+    }
+    wake_.notify_all();
+    work(&job);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return job.finished == job.parts && job.inside == 0; });
+    drop(&job);
+    if (job.error) std::rethrow_exception(job.error);
+  }
+
+ private:
+  struct Job {
+    const std::function<void(int)>* fn = nullptr;
+    int parts = 0;
+    std::atomic<int> next{0};
+    int finished = 0;  // parts run; under mu_
+    int inside = 0;    // threads in work(); under mu_
+    std::exception_ptr error;
+  };
+
+  RowPool() {
+    for (int i = 1; i < usable_cores(); ++i) {
+      std::thread([this] { serve(); }).detach();
+    }
+  }
+
+  void drop(Job* job) {  // under mu_
+    for (size_t i = 0; i < jobs_.size(); ++i) {
+      if (jobs_[i] == job) {
+        jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+    }
+  }
+
+  // Takes parts of `job` until none is left (the caller counted itself in job->inside).
+  void work(Job* job) {
+    for (int p; (p = job->next.fetch_add(1)) < job->parts;) {
+      std::exception_ptr error;
+      try {
+        (*job->fn)(p);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (error && !job->error) job->error = error;
+      ++job->finished;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    drop(job);  // nothing left to take
+    if (--job->inside == 0) done_.notify_all();
+  }
+
+  void serve() {
+    for (;;) {
+      Job* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return !jobs_.empty(); });
+        job = jobs_.front();
+        if (job->next.load() >= job->parts) {  // all taken: not this thread's to wait for
+          drop(job);
+          continue;
+        }
+        ++job->inside;
+      }
+      work(job);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  std::vector<Job*> jobs_;
+};
+
+}  // namespace triton_rec
