@@ -29,8 +29,8 @@ LIBPYTHON_PACKAGE := $(shell $(PY_IN_USE) -c 'import os, sys, sysconfig as c; \
 # libjemalloc2 (the server's allocator: TRITON_REC_MALLOC in triton_rec/triton/runtime.py).
 APT_PACKAGES ?= $(LIBPYTHON_PACKAGE) libb64-0d redis-server openssl libjemalloc2
 
-.PHONY: all install system-deps triton demo serve lint test unit e2e bench perf clean gpu-check \
-	gpu-tests gpu-bench gpu-served
+.PHONY: all install system-deps triton demo serve lint test unit e2e bench bench-criteo perf clean \
+	gpu-check gpu-tests gpu-bench gpu-served gpu-criteo
 
 all: install
 
@@ -87,6 +87,15 @@ e2e: $(STAMP) demo
 bench: $(STAMP)
 	$(PY) benchmarks/bench_lookup.py
 
+# The generated MLPerf-shaped DLRM (ps-loader criteo-dlrm) served beside the native floor with
+# its inputs and outputs, perf_analyzer at c=1 and 2 (benchmarks/bench_criteo.py): the CPU rows
+# at scale 0.01 (1 GB of tables, generated once under the temp dir and reused); raw JSON in
+# benchmarks/data/criteo_cpu_<machine>.json. CRITEO_ARGS: more options, e.g.
+# CRITEO_ARGS="--batch-sizes 256,1024,4096 --instances 4".
+CRITEO_ARGS ?=
+bench-criteo: $(STAMP)
+	$(PY) benchmarks/bench_criteo.py --scale 0.01 --kind KIND_CPU $(CRITEO_ARGS)
+
 # perf_analyzer with its library path set, against a running server: make perf ARGS="-m hps_demo ..."
 perf: $(STAMP)
 	$(VENV)/bin/triton-rec-perf $(ARGS)
@@ -112,8 +121,9 @@ GPU_PY  ?= $(PY)
 GPU_OUT ?= benchmarks/out
 GPU_BENCH_ARGS  ?=
 GPU_SERVED_ARGS ?=
+GPU_CRITEO_ARGS ?=
 gpu-check: gpu-tests gpu-bench gpu-served
-gpu-tests gpu-bench gpu-served: SHELL := /bin/bash
+gpu-tests gpu-bench gpu-served gpu-criteo: SHELL := /bin/bash
 gpu-tests:
 	mkdir -p $(GPU_OUT)
 	set -o pipefail; $(GPU_PY) -m pytest -m gpu tests/gpu -q -rfE 2>&1 | tee $(GPU_OUT)/gpu_tests.log
@@ -123,3 +133,10 @@ gpu-bench:
 gpu-served:
 	mkdir -p $(GPU_OUT)
 	set -o pipefail; $(GPU_PY) benchmarks/bench_gpu_served.py $(GPU_SERVED_ARGS) --json $(GPU_OUT)/bench_gpu_served.json 2>&1 | tee $(GPU_OUT)/bench_gpu_served.log
+# Not part of gpu-check (benchmarks/gpu_node.sh runs it after): the generated MLPerf-shaped
+# DLRM at scale 0.05 (4.9 GB of tables, ~10 GB of disk with the node store's copy; generated
+# under the temp dir, not GPU_OUT), KIND_GPU then KIND_CPU on this node, each beside the
+# native floor (benchmarks/bench_criteo.py; needs perf_analyzer: benchmarks/gpu_node.sh).
+gpu-criteo:
+	mkdir -p $(GPU_OUT)
+	set -o pipefail; $(GPU_PY) benchmarks/bench_criteo.py --kind both --scale 0.05 --data-dir $(GPU_OUT) $(GPU_CRITEO_ARGS) 2>&1 | tee $(GPU_OUT)/bench_criteo.log

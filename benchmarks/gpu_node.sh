@@ -3,14 +3,23 @@
 # node"), from a checkout: installs the Triton server wheel brought along as a file, builds
 # this checkout into the node's Python (editable: the tests import the built _native),
 # builds the demo repository, then runs `make gpu-check` (the GPU tests, bench_gpu.py,
-# bench_gpu_served.py). Logs and JSON go to OUT_DIR.
+# bench_gpu_served.py) and `make gpu-criteo` (bench_criteo.py: the generated MLPerf-shaped
+# DLRM at scale 0.05, KIND_GPU then KIND_CPU on this node, each beside the native floor;
+# ~10 GB of disk under the temp dir). Logs and JSON go to OUT_DIR.
 #
 #   benchmarks/gpu_node.sh OUT_DIR [WHEEL_DIR]      # WHEEL_DIR: default .whl
 #
-# GPU_PY (default python3) is the node's Python with CuPy and NVRTC; GPU_SERVED_ARGS and
-# GPU_BENCH_ARGS are passed to the two benchmarks; GPU_STEPS (default gpu-check) names the
-# Makefile's steps to run, in order (gpu-tests, gpu-bench, gpu-served), each run even when
-# one before it failed (make -k).
+# GPU_PY (default python3) is the node's Python with CuPy and NVRTC; GPU_SERVED_ARGS,
+# GPU_BENCH_ARGS and GPU_CRITEO_ARGS are passed to the three benchmarks; GPU_STEPS (default
+# "gpu-check gpu-criteo") names the Makefile's steps to run, in order (gpu-tests, gpu-bench,
+# gpu-served, gpu-criteo), each run even when one before it failed (make -k).
+#
+# gpu-criteo runs perf_analyzer, which the node lacks: put beside the server wheel in
+# WHEEL_DIR tritonclient's wheel (its bin/perf_analyzer: pip download --no-deps
+# --only-binary=:all: --platform manylinux1_x86_64 tritonclient==2.50.0), the CUDA 12
+# runtime's (libcudart.so.12, which perf_analyzer links even without a GPU: pip download
+# --no-deps --only-binary=:all: --platform manylinux2014_x86_64 nvidia-cuda-runtime-cu12)
+# and Debian's libb64-0d package (apt-get download libb64-0d): each is installed when there.
 set -euo pipefail
 OUT=${1:?usage: benchmarks/gpu_node.sh OUT_DIR [WHEEL_DIR]}
 WHEELS=${2:-.whl}
@@ -23,11 +32,23 @@ start=$(date +%s)
   nproc
 } 2>&1 | tee "$OUT/env.txt"
 "$PY" -m pip install -q --no-index --no-deps "$WHEELS"/nvidia_pytriton-*.whl
+# perf_analyzer for gpu-criteo (above): its wheel, the CUDA 12 runtime and libb64, if brought
+for w in "$WHEELS"/tritonclient-*.whl "$WHEELS"/nvidia_cuda_runtime_cu12-*.whl; do
+  if [ -f "$w" ]; then "$PY" -m pip install -q --no-index --no-deps "$w"; fi
+done
+for deb in "$WHEELS"/libb64-0d_*.deb; do
+  if [ -f "$deb" ]; then
+    b64=$(mktemp -d)
+    dpkg-deb -x "$deb" "$b64"
+    export LD_LIBRARY_PATH="$b64/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+done
 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$PY" -m pip install -q --no-index --no-deps \
   --no-build-isolation -e . 2>&1 | tail -3
 [ -f model_repository/dlrm/1/dlrm_dense_0.model ] || "$PY" model_repository/dlrm/train.py > "$OUT/train.log"
 "$PY" -m ps_loader demo model_repository > "$OUT/demo.log"
 echo "set up in $(( $(date +%s) - start )) s" | tee -a "$OUT/env.txt"
-make -k ${GPU_STEPS:-gpu-check} GPU_PY="$PY" GPU_OUT="$OUT" GPU_SERVED_ARGS="${GPU_SERVED_ARGS:-}" \
-  GPU_BENCH_ARGS="${GPU_BENCH_ARGS:-}"
+make -k ${GPU_STEPS:-gpu-check gpu-criteo} GPU_PY="$PY" GPU_OUT="$OUT" \
+  GPU_SERVED_ARGS="${GPU_SERVED_ARGS:-}" GPU_BENCH_ARGS="${GPU_BENCH_ARGS:-}" \
+  GPU_CRITEO_ARGS="${GPU_CRITEO_ARGS:-}"
 echo "done in $(( $(date +%s) - start )) s" | tee -a "$OUT/env.txt"

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import re
 import shutil
+import subprocess
 from typing import Optional
 
 import numpy as np
@@ -73,6 +75,43 @@ def machine_info(path: Optional[str] = None) -> dict:
 
         info["nvidia_pytriton"] = md.version("nvidia-pytriton")
     return info
+
+
+def gpus() -> list:
+    """The NVIDIA GPUs of this machine as ``nvidia-smi`` names them (name, driver, memory),
+    one string each; [] without a GPU or without nvidia-smi."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return (
+        [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
+    )
+
+
+def machine_tag(info: Optional[dict] = None, gpu_list: Optional[list] = None) -> str:
+    """A short name of this machine for a benchmark's data file: the CPU model's words, the
+    usable CPUs and the first GPU's model, e.g. ``amd-epyc-2c`` or
+    ``amd-epyc-9654-16c-h200`` (from :func:`machine_info` and :func:`gpus` unless given)."""
+    info = machine_info() if info is None else info
+    gpu_list = gpus() if gpu_list is None else gpu_list
+
+    def slug(text: str, drop: tuple) -> str:
+        text = re.sub(r"\(r\)|\(tm\)|\b\d+-core\b|@.*$|\bwith\b.*$", " ", text.lower())
+        words = [w for w in re.split(r"[^a-z0-9+]+", text) if w and w not in drop]
+        return "-".join(w.replace("+", "p") for w in words)[:40].strip("-")
+
+    cpu = slug(info.get("cpu_model", "unknown"), ("cpu", "processor", "core", "nvidia"))
+    parts = [cpu or "cpu", f"{info.get('nproc') or info.get('cpu_count')}c"]
+    if gpu_list:
+        name = gpu_list[0].split(",")[0]
+        parts.append(slug(name, ("nvidia", "tesla", "sxm", "sxm4", "sxm5", "pcie", "hbm3", "nvl")))
+    return "-".join(p for p in parts if p)
 
 
 def evict_files(*paths: str) -> None:
