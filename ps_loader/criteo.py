@@ -374,8 +374,11 @@ def sparse_file_name(name: str, table: int, precision: str) -> str:
     return f"{name}{table}_sparse_0.{precision}.npz"
 
 
-def ps_entry(name: str, precision: str) -> Dict:
-    """The model's ps.json ``models[]`` entry (paths relative to the repository)."""
+def ps_entry(name: str, precision: str, kind: str = "KIND_CPU") -> Dict:
+    """The model's ps.json ``models[]`` entry (paths relative to the repository). A
+    ``KIND_GPU`` model caches :data:`GPUCACHEPER` of each table on its GPU, as the HPS
+    reference runs did; a ``KIND_CPU`` one reads the memory-mapped tables themselves
+    (``gpucache`` false: a CPU cache would hold a second copy of rows already mapped)."""
     rel = os.path.join(name, "1")
     entry = {
         "model": name,
@@ -392,7 +395,7 @@ def ps_entry(name: str, precision: str) -> Dict:
         "slot_num": NUM_TABLES,
         "deployed_device_list": [0],
         "max_batch_size": MAX_BATCH_SIZE,
-        "gpucache": True,
+        "gpucache": kind == "KIND_GPU",
         "gpucacheper": GPUCACHEPER,
         "hit_rate_threshold": HIT_RATE_THRESHOLD,
     }
@@ -524,7 +527,7 @@ def write_criteo_dlrm(
         f.write("\n")
     with open(os.path.join(out, name, "config.pbtxt"), "w", encoding="utf-8") as f:
         f.write(config_pbtxt(name, kind, instances))
-    _merge_ps_json(os.path.join(out, "ps.json"), ps_entry(name, precision))
+    _merge_ps_json(os.path.join(out, "ps.json"), ps_entry(name, precision, kind))
     done.files = write_perf_inputs(
         out, name, rows, seed, batch_sizes, perf_requests, b64_from_batch
     )
@@ -572,8 +575,6 @@ PERF_BYTES_DEFAULT = 170_000_000
 def help_epilog() -> str:
     """The size table of ``--help``: rows and disk computed from the row counts, times
     measured (or extrapolated from the measured MB/s)."""
-    full = sum(table_rows(1.0))
-    cache_gb = GPUCACHEPER * full * (RowCodec("fp32", EMBEDDING_DIM).row_bytes + 24) / 1e9
     perf_bytes = PERF_BYTES_DEFAULT
     lines = [
         "size and time by scale (disk: tables + dense file, exact; perf inputs extra;",
@@ -601,9 +602,8 @@ def help_epilog() -> str:
     lines += [
         "",
         f"Perf inputs: ~{perf_bytes / 1e6:.0f} MB more (default batch sizes, 4 requests each).",
-        f"Served KIND_CPU with its ps.json (gpucache true, gpucacheper {GPUCACHEPER}) the shared",
-        "cache takes gpucacheper x rows x (row bytes + 24) in /dev/shm: "
-        f"{cache_gb:.0f} GB at scale 1 in fp32.",
+        "KIND_CPU reads the memory-mapped tables (gpucache false); KIND_GPU caches",
+        f"gpucacheper {GPUCACHEPER} of each table's rows on the GPU.",
         "",
         "example: ps-loader criteo-dlrm --out repo --scale 0.001 --precision int8",
         "         triton-rec-server serve --model-repository repo; sh repo/perf_dlrm_criteo.sh",
