@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from triton_rec.errors import RequestPathUnavailable, RuntimeNotFound
-from triton_rec.triton import runtime
+from triton_rec.triton import backend_dir, runtime
 
 WHEEL = importlib.util.find_spec("pytriton") is not None
 
@@ -174,7 +174,8 @@ def numpy_2_seen(monkeypatch):
         seen.append(env["PATH"])
         return "2.5.2"
 
-    monkeypatch.setattr(runtime, "stub_numpy_version", version)
+    # where check_python_request_path looks it up (runtime re-exports it)
+    monkeypatch.setattr(backend_dir, "stub_numpy_version", version)
     return seen
 
 
