@@ -154,6 +154,32 @@ SERVED_KEYS = [Col("model", "model"), Col("samples", "batch")]
 
 BENCHMARKS: List[Benchmark] = [
     Benchmark(
+        "bench_dense_cpu",
+        "The MLPerf-shaped DLRM's network on the CPU, in-process",
+        "bench_dense_cpu.py",
+        "The network `ps-loader criteo-dlrm` writes (bottom MLP 13-512-256-128, dot "
+        "interaction over 27 vectors of 128, top MLP 1024-1024-512-256-1: 2.37 M parameters) "
+        "run by the native executor (`src/native/gemm.hpp`, `interaction.hpp`: weights "
+        "packed at load, no BLAS), onnxruntime (CPU provider) and PyTorch on the same "
+        "weights and inputs, one thread each, rounds alternating; the best round's time per "
+        "call. Ratios above 1: the native executor is faster.",
+        [
+            Table(
+                "us per call, one thread",
+                "dense_cpu.json",
+                "rows",
+                [
+                    Col("batch", "batch", "{:,}"),
+                    Col("native", "native/best_us", "{:,.0f}"),
+                    Col("onnxruntime", "onnxruntime/best_us", "{:,.0f}"),
+                    Col("PyTorch", "pytorch/best_us", "{:,.0f}"),
+                    ratio("native vs onnxruntime", "onnxruntime/best_us", "native/best_us"),
+                    ratio("native vs PyTorch", "pytorch/best_us", "native/best_us"),
+                ],
+            )
+        ],
+    ),
+    Benchmark(
         "bench_overhead",
         "Served overhead: each model beside a backend that does no work",
         "bench_overhead.py",
@@ -680,6 +706,16 @@ OLDER: List[Older] = [
 ]
 
 HEADLINES: List[Headline] = [
+    Headline(
+        "The MLPerf-shaped DLRM's network (2.37 M parameters) on one CPU core at **{v}** "
+        "onnxruntime's speed (batch 1, 64, 1,024)",
+        "dense_cpu.json",
+        [f"rows[batch={b}]/native_speed_vs_onnxruntime" for b in (1, 64, 1024)],
+        "{:.2f}",
+        "x",
+        "bench_dense_cpu",
+        sep=" / ",
+    ),
     Headline(
         "Native `hps` lookups (64 samples x 26 keys, all cached) served at **{v}** the "
         "throughput of a C++ backend that does no work",
