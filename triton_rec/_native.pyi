@@ -15,6 +15,9 @@ SIMD_DECODE: bool
 PRECISIONS: Tuple[str, ...]
 INT8_TRAILER_BYTES: int
 
+# -- the native plan's fields, as the native backend reads them (plan_fields.hpp) -----------
+PLAN_FIELDS: Dict[str, Tuple[str, ...]]
+
 class DuplicateKeyError(ValueError):
     key: int
     first_row: int
@@ -167,6 +170,10 @@ def finish_tables(
 ) -> None: ...
 
 # -- the dense network (dense_net.hpp, gemm.hpp) ---------------------------------------------
+DENSE_OPS: Dict[str, int]
+DENSE_OP_COUNT: int
+DENSE_PROGRAM_MAGIC: int
+
 class DenseNet:
     def __init__(self, program: Array, owner: Any, gemm: str = ..., threads: int = ...) -> None: ...
     @property

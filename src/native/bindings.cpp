@@ -19,6 +19,7 @@
 #include "drain.hpp"
 #include "hash_index.hpp"
 #include "parent_watchdog.hpp"
+#include "plan_fields.hpp"
 #include "py_checks.hpp"
 #include "request_kernels.hpp"
 
@@ -262,6 +263,16 @@ PYBIND11_MODULE(_native, m) {
       PyErr_SetString(g_corrupt_index_error, e.what());
     }
   });
+
+  // The fields the native backend reads of each dataclass of a native plan (plan_fields.hpp;
+  // triton_rec/serving/native_plan.py: tests hold them equal to the dataclasses').
+  py::dict plan_fields;
+  for (const tr::plan_fields::PlanType* t : tr::plan_fields::kPlanTypes) {
+    py::tuple names(static_cast<size_t>(t->count));
+    for (int i = 0; i < t->count; ++i) names[i] = t->fields[i];
+    plan_fields[t->name] = names;
+  }
+  m.attr("PLAN_FIELDS") = plan_fields;
 
   m.attr("EMPTY_ROW") = tr::kEmptyRow;
   m.attr("MIN_CAPACITY") = tr::kMinCapacity;

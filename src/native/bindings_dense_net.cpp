@@ -25,9 +25,42 @@ struct PyDenseNet {
   tr::DenseNet net;
 };
 
+// The HugeCTR layer type each op code of the program runs (DenseOp: the codes are defined
+// there, once; exported as DENSE_OPS, which HugeCTRNetwork.native_program writes). Both loss
+// layers that become a sigmoid at inference share one code.
+struct LayerOp {
+  const char* layer;
+  tr::DenseOp op;
+};
+constexpr LayerOp kLayerOps[] = {
+    {"InnerProduct", tr::DenseOp::kInnerProduct},
+    {"MLP", tr::DenseOp::kMlp},
+    {"ReLU", tr::DenseOp::kRelu},
+    {"Sigmoid", tr::DenseOp::kSigmoid},
+    {"Dropout", tr::DenseOp::kDropout},
+    {"Concat", tr::DenseOp::kConcat},
+    {"Reshape", tr::DenseOp::kReshape},
+    {"Interaction", tr::DenseOp::kInteraction},
+    {"MultiCross", tr::DenseOp::kMultiCross},
+    {"FmOrder2", tr::DenseOp::kFmOrder2},
+    {"Slice", tr::DenseOp::kSlice},
+    {"WeightMultiply", tr::DenseOp::kWeightMultiply},
+    {"Add", tr::DenseOp::kAdd},
+    {"ElementwiseMultiply", tr::DenseOp::kElementwiseMultiply},
+    {"BatchNorm", tr::DenseOp::kBatchNorm},
+    {"BinaryCrossEntropyLoss", tr::DenseOp::kSigmoidLoss},
+    {"MultiCrossEntropyLoss", tr::DenseOp::kSigmoidLoss},
+    {"ReduceSum", tr::DenseOp::kReduceSum},
+};
+
 }  // namespace
 
 void register_dense_net(py::module_& m) {
+  py::dict ops;
+  for (const LayerOp& o : kLayerOps) ops[o.layer] = static_cast<int64_t>(o.op);
+  m.attr("DENSE_OPS") = ops;
+  m.attr("DENSE_OP_COUNT") = static_cast<int64_t>(tr::DenseOp::kCount);
+  m.attr("DENSE_PROGRAM_MAGIC") = tr::kDenseProgramMagic;
   py::class_<PyDenseNet>(m, "DenseNet",
                          "DenseNet(program: int64[N], owner, gemm='auto', threads=0) -- the native "
                          "executor of a HugeCTRNetwork.native_program(); `owner` keeps its "

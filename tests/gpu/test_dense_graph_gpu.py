@@ -39,7 +39,7 @@ def test_graphs_answer_as_the_numpy_executor(cupy, path, tmp_path):
         got = graphs.predict(dense, embs)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"batch {batch}")
     plan_ = graphs.native_plan()
-    assert [b for b, _, _ in plan_["buckets"]] == buckets(64)
+    assert [b for b, _, _ in plan_.buckets] == buckets(64)
 
 
 def test_networks_loaded_on_parallel_threads_all_capture(cupy, tmp_path):

@@ -1,20 +1,40 @@
 """What the native backend's hot path is handed (LookupSession.native_plan) and the
 Python half it calls back (CachedTable.finish_query): checked through the addresses
-themselves, as the C++ side reads them."""
+themselves, as the C++ side reads them.
+
+The plan's fields are the ones the C++ reads (``_native.PLAN_FIELDS``, from
+src/native/plan_fields.hpp) and the reader itself (src/triton_backend/trec/plan.cpp's
+read_plan, built here with tests/native/plan_reader.cpp around it) refuses a plan that lacks
+one or holds it with the wrong type, naming it: the model's load fails then.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import os
+import shutil
+import subprocess
+import sysconfig
+import types
+from pathlib import Path
+from typing import Callable, List, Mapping, Sequence
 
 import numpy as np
 import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
+from triton_rec import _native
 from triton_rec.cache.cached_table import NATIVE_FIELDS, CachedTable
 from triton_rec.config.ps_json import parse_ps_config
+from triton_rec.dense.hugectr_network import HugeCTRNetwork
 from triton_rec.serving.deployment import InstanceSpec, open_session
+from triton_rec.serving.native_plan import PLAN_TYPES, NativePlan, PlanLimits
+from triton_rec.serving.ranking import DenseSession
 from triton_rec.serving.session import LookupSession
 from triton_rec.storage.backing_store import DictStore
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SEED = 4
 TABLES = [
@@ -122,3 +142,166 @@ def test_finish_query_after_an_outside_query_answers_like_lookup(session):
     snap = {k: v - before[k] for k, v in ct.stats.snapshot().items()}
     assert (snap["lookups"], snap["hits"], snap["sync_fetched"]) == (40, hits, 40 - hits)
     assert snap["cache_ns"] >= 1000
+
+
+# ---- the plan's fields: the dataclasses' and the C++ reader's --------------------------------
+
+
+def field_mismatches(native: Mapping[str, Sequence[str]], dataclasses_: Mapping[str, type]):
+    """Where the fields the C++ reads (``native``: type name -> fields) and the plan's
+    dataclasses differ, one line each (empty when they agree, order included)."""
+    out = []
+    for name in sorted(set(native) | set(dataclasses_)):
+        if name not in dataclasses_:
+            out.append(f"{name}: the C++ reads it, no dataclass of the plan has that name")
+        elif name not in native:
+            out.append(f"{name}: a dataclass of the plan the C++ does not read")
+        else:
+            have = [f.name for f in dataclasses.fields(dataclasses_[name])]
+            if have != list(native[name]):
+                out.append(f"{name}: the C++ reads {list(native[name])}, the dataclass has {have}")
+    return out
+
+
+def test_the_native_backend_reads_exactly_the_fields_of_the_plan_dataclasses():
+    assert field_mismatches(_native.PLAN_FIELDS, PLAN_TYPES) == []
+
+
+def test_a_field_renamed_on_one_side_only_is_reported():
+    renamed = dataclasses.make_dataclass("PlanLimits", [("des", int), ("keys", int), ("rows", int)])
+    assert field_mismatches(_native.PLAN_FIELDS, {**PLAN_TYPES, "PlanLimits": renamed}) == [
+        "PlanLimits: the C++ reads ['des', 'cat', 'rows'], "
+        "the dataclass has ['des', 'keys', 'rows']"
+    ]
+    table = tuple("dim" if f == "vec_size" else f for f in _native.PLAN_FIELDS["TablePlan"])
+    found = field_mismatches({**_native.PLAN_FIELDS, "TablePlan": table}, PLAN_TYPES)
+    assert len(found) == 1 and found[0].startswith("TablePlan: the C++ reads ['dim', ")
+    assert field_mismatches({**_native.PLAN_FIELDS, "Extra": ("a",)}, PLAN_TYPES) == [
+        "Extra: the C++ reads it, no dataclass of the plan has that name"
+    ]
+
+
+# ---- the reader: tests/native/plan_reader.cpp around plan.cpp ------------------------------
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    pytest.fail("no C++ compiler (CXX, c++, g++, clang++) on PATH: the project needs one")
+
+
+@pytest.fixture(scope="module")
+def read_plan(tmp_path_factory) -> Callable[[object], str]:
+    """read_plan of the native backend, as ``read_plan(plan) -> str``: ``ok ...`` (what it
+    read), ``none``, ``field: ...`` (a PlanFieldError: the load fails) or ``refused: ...``."""
+    out = tmp_path_factory.mktemp("plan_reader") / "libplan_reader.so"
+    src = ROOT / "src"
+    includes = [src / "native", src / "triton_backend", src / "triton_backend" / "trec"]
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    cmd = [_compiler(), "-std=c++17", "-O1", "-g0", "-fPIC", "-shared", "-Wall", "-Wextra"]
+    cmd += [f"-I{d}" for d in includes] + [f"-I{sysconfig.get_paths()['include']}"]
+    cmd += [str(ROOT / "tests" / "native" / "plan_reader.cpp")]
+    cmd += [str(src / "triton_backend" / "trec" / "plan.cpp"), "-o", str(out)]
+    cmd += [f"-L{libdir}", f"-lpython{sysconfig.get_config_var('LDVERSION')}", "-ldl"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)}\nexit {r.returncode}\n{r.stdout}\n{r.stderr}")
+    fn = ctypes.PyDLL(str(out)).trec_read_plan
+    fn.argtypes, fn.restype = [ctypes.py_object], ctypes.c_char_p
+    return lambda plan: fn(plan).decode()
+
+
+def _without(obj, name: str) -> types.SimpleNamespace:
+    """``obj``'s fields but ``name``: a plan whose dataclass lost (or renamed) a field."""
+    return types.SimpleNamespace(**{k: v for k, v in vars(obj).items() if k != name})
+
+
+@pytest.fixture
+def dense_plan(tmp_path) -> List[NativePlan]:
+    """The demo DLRM's dense step (random weights) as DenseSession plans it."""
+    path = ROOT / "model_repository" / "dlrm" / "1" / "dlrm.json"
+    dense_file = tmp_path / "dense.model"
+    n = HugeCTRNetwork.parse(str(path)).num_params
+    (np.random.default_rng(1).standard_normal(n) * 0.1).astype("<f4").tofile(dense_file)
+    network = HugeCTRNetwork.load(str(path), str(dense_file))
+    session = DenseSession("dlrm_dense", network, 64)
+    plan = session.native_plan()
+    assert plan is not None
+    return [plan, session, network]  # the session and network hold what the plan points to
+
+
+@pytest.mark.parametrize("session", [{"gpucache": False}], indirect=True)
+def test_the_reader_reads_a_host_plan_as_the_session_made_it(session, read_plan):
+    plan = session.native_plan().responding("OUTPUT0", ["DefaultNotFound"], 0)
+    got = read_plan(plan)
+    batch = session.params.max_batch_size
+    assert got.startswith(f"ok kind=hps batch={batch} output=OUTPUT0 info=DefaultNotFound "), got
+    assert f" maxnum=3,1 max_keys={batch * 4} " in got
+    assert got.endswith(" tables=8/-1.000000/index/none;4/-2.000000/index/none"), got
+
+
+@pytest.mark.parametrize("session", [{"gpucache": True}], indirect=True)
+def test_the_reader_reads_the_caches_and_their_miss_handlers(session, read_plan):
+    got = read_plan(session.native_plan())
+    assert got.endswith(" tables=8/-1.000000/cache/misses;4/-2.000000/cache/misses"), got
+
+
+def test_the_reader_reads_a_dense_plan_and_its_limits(dense_plan, read_plan):
+    plan, session, network = dense_plan
+    limits = session.input_limits()
+    des, cat, rows = (limits[k][0] for k in ("DES", "EMBEDDINGS", "ROWINDEX"))
+    got = read_plan(plan)
+    assert got.startswith("ok kind=dense batch=64 "), got
+    assert f" limits={des},{cat},{rows} " in got and " net=1 " in got
+    assert f" dense_dim={network.dense_dim} label_dim={network.label_dim} " in got
+
+
+@pytest.mark.parametrize("session", [{"gpucache": False}], indirect=True)
+def test_a_plan_without_a_field_fails_naming_it(session, read_plan):
+    plan = session.native_plan()
+    assert read_plan(_without(plan, "max_batch_size")) == (
+        "field: native plan: NativePlan.max_batch_size is missing "
+        "(a types.SimpleNamespace has no 'max_batch_size')"
+    )
+    plan.tables[1] = _without(plan.tables[1], "default_value")
+    assert read_plan(plan).startswith("field: native plan: TablePlan.default_value is missing")
+
+
+@pytest.mark.parametrize("session", [{"gpucache": False}], indirect=True)
+def test_a_field_of_the_wrong_type_fails_naming_it(session, read_plan):
+    plan = session.native_plan()
+    plan.tables[0].vec_size = "8"
+    assert read_plan(plan) == "field: native plan: TablePlan.vec_size must be an int, got str"
+    plan = session.native_plan()
+    plan.tables[0].index = [1, 2]
+    assert read_plan(plan) == (
+        "field: native plan: TablePlan.index must be an (address, count) tuple, got list"
+    )
+    plan = session.native_plan()
+    plan.maxnum = [3, 1.0]
+    assert read_plan(plan) == (
+        "field: native plan: NativePlan.maxnum items must be an int, got float"
+    )
+
+
+def test_limits_the_reader_cannot_read_fail_the_load_instead_of_sending_requests_to_python(
+    dense_plan, read_plan
+):
+    """A missing limit read as -1, so that every request seemed too large for the native
+    path and went to Python; now the load fails naming the limit."""
+    plan, _, _ = dense_plan
+    limits = plan.limits
+    assert isinstance(limits, PlanLimits)
+    plan.limits = None
+    assert read_plan(plan) == "field: native plan: NativePlan.limits is None"
+    plan.limits = _without(limits, "des")
+    assert read_plan(plan).startswith("field: native plan: PlanLimits.des is missing")
+    plan.limits = dataclasses.replace(limits, cat=True)
+    assert read_plan(plan) == "field: native plan: PlanLimits.cat must be an int, got bool"
+
+
+def test_a_plan_the_native_path_cannot_serve_is_refused_not_failed(dense_plan, read_plan):
+    plan, _, _ = dense_plan
+    plan.vec_sizes = plan.vec_sizes[:-1]
+    assert read_plan(plan) == "refused: native plan: the per-table lists differ in length"

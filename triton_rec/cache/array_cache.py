@@ -31,6 +31,7 @@ the next write (:mod:`triton_rec.cache.array_cache_state`, "Concurrency").
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 from typing import Any, Dict, Optional
@@ -75,6 +76,7 @@ from triton_rec.cache.array_cache_state import (
     state_layout,
     xp_of,
 )
+from triton_rec.cache.device_plans import DeviceCachePlan
 from triton_rec.cache.host_cache_view import HostCacheView
 from triton_rec.config.ps_json import CachePolicy
 from triton_rec.errors import ConfigError, CupyUnavailableError
@@ -269,24 +271,21 @@ class ArrayEmbeddingCache:
     def native_view(self):
         """The state as the kernels and their CPU twin read it (``_native.CacheView``;
         valid while this cache's arrays live)."""
-        plan = self.native_plan()
-        del plan["device"]
-        return _native.CacheView(**plan)
+        return _native.CacheView(**dataclasses.asdict(self.native_plan()))
 
-    def native_plan(self) -> Dict[str, Any]:
+    def native_plan(self) -> DeviceCachePlan:
         """What the native backend's GPU path reads this cache with: the state arrays'
-        addresses (``arrays``) and the geometry, as :class:`_native.CacheView` takes them,
-        and the ``device`` (None for numpy)."""
-        return {
-            "arrays": self.addresses(),
-            "num_sets": self.num_sets,
-            "ways": self.ways,
-            "dim": self.vec_size,
-            "precision": self.codec.code,
-            "policy": POLICIES.index(self.policy),
-            "sketch_width": self.sketch_width,
-            "device": self._device_id,
-        }
+        addresses (``arrays``) and the geometry, as :class:`_native.CacheView` takes them
+        (its device: ``_device_id``)."""
+        return DeviceCachePlan(
+            arrays=self.addresses(),
+            num_sets=self.num_sets,
+            ways=self.ways,
+            dim=self.vec_size,
+            precision=self.codec.code,
+            policy=POLICIES.index(self.policy),
+            sketch_width=self.sketch_width,
+        )
 
     # ----------------------------------------------------------------- helpers
     def _keys(self, keys):

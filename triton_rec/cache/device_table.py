@@ -22,6 +22,7 @@ from typing import Dict, Tuple
 import numpy as np
 
 from triton_rec import _native
+from triton_rec.cache.device_plans import DevicePlacement, DeviceTablePlan
 from triton_rec.gpu import SETUP_LOCK
 from triton_rec.precision import RowCodec
 from triton_rec.storage.table import EmbeddingTable
@@ -149,9 +150,10 @@ class DeviceTableCache:
         where = "pinned" if self.mode == "uvm" else f"gpu{self.device}"
         return where, int(self._table.nbytes) if self._table is not None else 0
 
-    def device_plan(self) -> dict:
-        """What the native backend's GPU path reads the table with (``device_table``)."""
-        return {"device": self.device, "device_table": dict(self._table.plan())}
+    def device_plan(self) -> DevicePlacement:
+        """What the native backend's GPU path reads the table with: its device and
+        ``device_table`` (the native table's addresses, by the names the C++ reads)."""
+        return DevicePlacement(self.device, device_table=DeviceTablePlan(**self._table.plan()))
 
     def close(self) -> None:
         """Drop this instance's use; the copy is freed with the last."""

@@ -9,6 +9,7 @@ import numpy as np
 
 from triton_rec import _native
 from triton_rec.cache.array_cache_state import host_array
+from triton_rec.cache.device_plans import DevicePlacement
 
 if TYPE_CHECKING:
     from triton_rec.cache.array_cache import ArrayEmbeddingCache
@@ -44,13 +45,14 @@ class HostCacheView:
         hit_mask[:] = hit
         return int(idx.shape[0])
 
-    def device_plan(self) -> Optional[dict]:
-        """What the native backend's GPU path reads this cache with (``device_cache``:
-        :meth:`ArrayEmbeddingCache.native_plan`), or None for a cache in host memory."""
-        if self.cache._gpu is None:
+    def device_plan(self) -> Optional[DevicePlacement]:
+        """What the native backend's GPU path reads this cache with (its device and
+        ``device_cache``: :meth:`ArrayEmbeddingCache.native_plan`), or None for a cache in
+        host memory."""
+        device = self.cache._device_id
+        if self.cache._gpu is None or device is None:
             return None
-        plan = self.cache.native_plan()
-        return {"device": plan["device"], "device_cache": plan}
+        return DevicePlacement(device, device_cache=self.cache.native_plan())
 
     def miss_cache(self) -> Optional[_native.MissCache]:
         """The wrapped cache as the native miss path inserts into it

@@ -31,6 +31,7 @@ stream, one at a time). The native backend launches the same graphs itself
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -44,6 +45,21 @@ from triton_rec.gpu.blas import CapturableCupy
 #: CUDA work of a thread that does not take :data:`~triton_rec.gpu.SETUP_LOCK` (a request
 #: of a model already serving).
 CAPTURE_ATTEMPTS = 5
+
+
+@dataclass
+class DenseGpuPlan:
+    """What the native backend's GPU path runs a network with
+    (:meth:`DenseGraphs.native_plan`; its fields are the names the C++ reads, as for every
+    part of a native plan: :mod:`triton_rec.serving.native_plan`): the device, the largest
+    batch run on the host instead (``host_max_batch``), the inputs' device addresses, and
+    per bucket (ascending) its batch size, graph and output's address."""
+
+    device: int
+    host_max_batch: int
+    dense_in: int
+    emb_in: List[int]
+    buckets: List[Tuple[int, int, int]]
 
 
 def buckets(max_batch_size: int) -> List[int]:
@@ -230,18 +246,16 @@ class DenseGraphs(DenseModel):
                 out[start : start + n] = result[:n].get(stream=self.stream)
         return out
 
-    def native_plan(self) -> Dict[str, Any]:
+    def native_plan(self) -> DenseGpuPlan:
         """What the native backend's GPU path runs the network with: the device addresses
         of the inputs, and per bucket (ascending) its batch size, graph and output."""
-        return {
-            "device": self.device,
-            "host_max_batch": int(self.host_max_batch),
-            "dense_in": int(self.dense_in.data.ptr),
-            "emb_in": [int(e.data.ptr) for e in self.emb_in],
-            "buckets": [
-                (int(b), int(g.exec), int(o.data.ptr)) for b, (g, o) in self._graphs.items()
-            ],
-        }
+        return DenseGpuPlan(
+            device=int(self.device),
+            host_max_batch=int(self.host_max_batch),
+            dense_in=int(self.dense_in.data.ptr),
+            emb_in=[int(e.data.ptr) for e in self.emb_in],
+            buckets=[(int(b), int(g.exec), int(o.data.ptr)) for b, (g, o) in self._graphs.items()],
+        )
 
     def __repr__(self) -> str:
         return f"DenseGraphs({self.network!r}, GPU {self.device}, buckets {sorted(self._graphs)})"

@@ -27,7 +27,13 @@ from triton_rec.serving.hugectr_request import (
     parse_embedding_request,
     parse_hugectr_request,
 )
-from triton_rec.serving.native_plan import NativePlan, gpu_entry, gpu_plan, table_plans
+from triton_rec.serving.native_plan import (
+    NativePlan,
+    gpu_entry,
+    gpu_plan,
+    plan_limits,
+    table_plans,
+)
 from triton_rec.serving.session import TableSet
 
 
@@ -171,7 +177,7 @@ class RankingSession:
             mean=[Combiner(c) == Combiner.MEAN for c in self.combiners],
             dense_dim=int(self.dense.dense_dim),
             label_dim=int(self.dense.label_dim),
-            limits={k: int(v[0]) for k, v in self.input_limits(key_itemsize).items()},
+            limits=plan_limits(self.input_limits(key_itemsize), "CATCOLUMN"),
             program=program,
             key_type="UINT32" if key_itemsize == 4 else "INT64",
         )
@@ -325,7 +331,7 @@ class DenseSession:
             vec_sizes=list(self.vec_sizes),
             dense_dim=int(self.dense.dense_dim),
             label_dim=int(self.dense.label_dim),
-            limits={k: int(v[0]) for k, v in self.input_limits().items()},
+            limits=plan_limits(self.input_limits(), "EMBEDDINGS"),
             program=program,
             gpu=gpu_entry(graphs.device) if graphs is not None else None,
             dense_gpu=graphs.native_plan() if graphs is not None else None,

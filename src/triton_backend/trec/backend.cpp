@@ -116,6 +116,12 @@ TREC_EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(
     if (!plan) throw std::runtime_error(python_error());
     st->plan = read_plan(plan.p);
     if (st->plan) path = "native";
+  } catch (const PlanFieldError& x) {  // the plan and its reader disagree: a bug, named
+    st->plan.reset();
+    Ref r(PyObject_CallMethod(st->hosted, "finalize", nullptr));
+    if (!r) PyErr_Clear();
+    Py_CLEAR(st->hosted);
+    return error(TRITONSERVER_ERROR_INTERNAL, "model '" + ms.name + "': " + x.what());
   } catch (const std::exception& x) {
     st->plan.reset();
     path = std::string("Python (hosted in-process; native plan refused: ") + x.what() + ")";

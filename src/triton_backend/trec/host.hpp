@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,7 @@ struct NativePlan {
   // dense network as CUDA graphs (DenseGraphs.native_plan): inputs, and per batch bucket
   // (ascending) its size, graph and output
   std::shared_ptr<tr::gpu::Kernels> kernels;
+  int gpu_device = -1;  // the device of `kernels`
   // KIND_GPU: what a launch for every table reads, in device memory: each table's lookup
   // target, and (a hugectr network on the GPU) where each table's slots are combined into
   // (emb_in). Declared before `lane`: freed after it, while its context is current.
@@ -153,8 +155,16 @@ struct NativePlan {
   bool dense_on_host(int64_t n) const { return !gpu() || (net && n <= host_max_batch); }
 };
 
+// A plan that lacks a field the native path reads, or holds one with the wrong type
+// (src/native/plan_fields.hpp names them): the plan's dataclasses and the reader disagree,
+// and the model's load fails naming the field.
+struct PlanFieldError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // Reads a NativePlan (triton_rec/serving/native_plan.py; GIL held); nullptr if None.
-// Throws a message on a malformed plan (a bug on the Python side).
+// Throws PlanFieldError naming a field it lacks or holds with the wrong type, and a
+// runtime_error saying why for a plan the native path refuses (Python answers then).
 std::unique_ptr<NativePlan> read_plan(PyObject* plan);
 
 // -- model and instance state (backend.cpp) ---------------------------------------------

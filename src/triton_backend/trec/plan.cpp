@@ -2,76 +2,175 @@
 #include <stdexcept>
 
 #include "host.hpp"
+#include "plan_fields.hpp"
 
 namespace trec_host {
 
-// One field of a plan (src: triton_rec/serving/native_plan.py): an attribute of a
-// NativePlan or TablePlan, or a key of the dicts inside them (the GPU entries); nullptr
-// when absent or None. Borrowed: the plan object holds it for as long as the plan lives.
-PyObject* field(PyObject* o, const char* name) {
-  PyObject* v = nullptr;
-  if (PyDict_Check(o)) {
-    v = PyDict_GetItemString(o, name);
-  } else {
-    v = PyObject_GetAttrString(o, name);
-    if (v == nullptr) {
-      PyErr_Clear();
-      return nullptr;
-    }
-    Py_DECREF(v);  // an instance attribute: the object keeps its own reference
+namespace pf = tr::plan_fields;
+
+namespace {
+
+// The Python type's name of `o`, for messages.
+std::string type_name(PyObject* o) { return Py_TYPE(o)->tp_name; }
+
+// "TablePlan.vec_size": a field as messages name it.
+std::string where(const pf::PlanType& t, int f) { return std::string(t.name) + "." + t.fields[f]; }
+
+[[noreturn]] void bad_field(const pf::PlanType& t, int f, const std::string& problem) {
+  throw PlanFieldError("native plan: " + where(t, f) + " " + problem);
+}
+
+// The field `f` of `o`, a plan dataclass of type `t` (plan_fields.hpp names its fields);
+// nullptr where it is None. An object without the field fails naming it (the plan's
+// dataclass and this reader disagree). Borrowed: the plan object holds it for as long as
+// the plan lives.
+PyObject* field(PyObject* o, const pf::PlanType& t, int f) {
+  PyObject* v = PyObject_GetAttrString(o, t.fields[f]);
+  if (v == nullptr) {
+    PyErr_Clear();
+    bad_field(t, f, "is missing (a " + type_name(o) + " has no '" + t.fields[f] + "')");
   }
+  Py_DECREF(v);  // an instance attribute: the object keeps its own reference
   return v == Py_None ? nullptr : v;
 }
 
-int64_t as_int(PyObject* o) { return o != nullptr ? PyLong_AsLongLong(o) : -1; }
-
-uintptr_t as_address(PyObject* o) {
-  return o != nullptr ? static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(o)) : 0;
+// The field, which may not be None.
+PyObject* required(PyObject* o, const pf::PlanType& t, int f) {
+  PyObject* v = field(o, t, f);
+  if (v == nullptr) bad_field(t, f, "is None");
+  return v;
 }
 
-// The "gpu" entry of a plan: the device and the kernels' module (bytes); this instance's
-// kernels and lane.
+// An int (not a bool) of a field: `v` its value, `what` its name in messages.
+int64_t int_value(PyObject* v, const pf::PlanType& t, int f, const char* what = "") {
+  if (!PyLong_Check(v) || PyBool_Check(v)) {
+    bad_field(t, f, std::string(what) + "must be an int, got " + type_name(v));
+  }
+  const int64_t x = PyLong_AsLongLong(v);
+  if (x == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    bad_field(t, f, std::string(what) + "does not fit in int64");
+  }
+  return x;
+}
+uintptr_t address_value(PyObject* v, const pf::PlanType& t, int f, const char* what = "") {
+  if (!PyLong_Check(v) || PyBool_Check(v)) {
+    bad_field(t, f, std::string(what) + "must be an address (an int), got " + type_name(v));
+  }
+  const unsigned long long x = PyLong_AsUnsignedLongLong(v);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    bad_field(t, f, std::string(what) + "is not an address");
+  }
+  return static_cast<uintptr_t>(x);
+}
+
+int64_t integer(PyObject* o, const pf::PlanType& t, int f) {
+  return int_value(required(o, t, f), t, f);
+}
+uintptr_t address(PyObject* o, const pf::PlanType& t, int f) {
+  return address_value(required(o, t, f), t, f);
+}
+double real(PyObject* o, const pf::PlanType& t, int f) {
+  PyObject* v = required(o, t, f);
+  if (PyFloat_Check(v)) return PyFloat_AsDouble(v);
+  return static_cast<double>(int_value(v, t, f, "(a number) "));
+}
+std::string text(PyObject* o, const pf::PlanType& t, int f) {
+  PyObject* v = required(o, t, f);
+  const char* s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : nullptr;
+  if (s == nullptr) {
+    PyErr_Clear();
+    bad_field(t, f, "must be a str, got " + type_name(v));
+  }
+  return s;
+}
+// A list field; `none_ok`: None reads as an empty list.
+PyObject* list(PyObject* o, const pf::PlanType& t, int f) {
+  PyObject* v = required(o, t, f);
+  if (!PyList_Check(v)) bad_field(t, f, "must be a list, got " + type_name(v));
+  return v;
+}
+std::vector<int64_t> ints(PyObject* o, const pf::PlanType& t, int f) {
+  PyObject* l = list(o, t, f);
+  std::vector<int64_t> out;
+  for (Py_ssize_t i = 0; i < PyList_Size(l); ++i) {
+    out.push_back(int_value(PyList_GetItem(l, i), t, f, "items "));
+  }
+  return out;
+}
+// An (address, count) tuple field (a Span), or false where it is None.
+bool span(PyObject* o, const pf::PlanType& t, int f, uintptr_t* a, int64_t* n) {
+  PyObject* v = field(o, t, f);
+  if (v == nullptr) return false;
+  if (!PyTuple_Check(v) || PyTuple_Size(v) != 2) {
+    bad_field(t, f, "must be an (address, count) tuple, got " + type_name(v));
+  }
+  *a = address_value(PyTuple_GetItem(v, 0), t, f, "(its address) ");
+  *n = int_value(PyTuple_GetItem(v, 1), t, f, "(its count) ");
+  return true;
+}
+
+}  // namespace
+
+// The "gpu" entry of a plan (GpuPlan): the device and the kernels' module (bytes); this
+// instance's kernels and lane.
 void read_gpu(PyObject* gpu, NativePlan* plan) {
-  const int device = static_cast<int>(as_int(field(gpu, "device")));
-  PyObject* image = field(gpu, "image");
+  const auto& T = pf::kGpuPlan;
+  const int device = static_cast<int>(integer(gpu, T, pf::gpu_plan::device));
+  PyObject* image = required(gpu, T, pf::gpu_plan::image);
   char* data = nullptr;
   Py_ssize_t size = 0;
-  if (image == nullptr || PyBytes_AsStringAndSize(image, &data, &size) != 0) {
+  if (!PyBytes_Check(image) || PyBytes_AsStringAndSize(image, &data, &size) != 0) {
     PyErr_Clear();
-    throw std::runtime_error("native plan: the GPU entry has no kernel image");
+    bad_field(T, pf::gpu_plan::image,
+              "must be the kernels' module (bytes), got " + type_name(image));
   }
+  plan->gpu_device = device;
   auto dev = std::make_shared<tr::cuda::Device>(device);
   plan->kernels = std::make_shared<tr::gpu::Kernels>(dev, std::string(data, size));
   plan->lane = std::make_unique<tr::gpu::Lane>(plan->kernels);
 }
 
-// A table's "device_cache" (ArrayEmbeddingCache.native_plan) or "device_table"
-// (DeviceTableCache.native_plan) entry.
-void read_device_table(PyObject* t, tr::Precision precision, NativeTable* nt) {
+// A table's "device_cache" (DeviceCachePlan: ArrayEmbeddingCache.native_plan) or
+// "device_table" (DeviceTablePlan: DeviceTableCache.device_plan) entry, on the plan's GPU.
+void read_device_table(PyObject* t, tr::Precision precision, int gpu_device, NativeTable* nt) {
   nt->device = true;
-  if (PyObject* c = field(t, "device_cache")) {
-    PyObject* arrays = field(c, "arrays");
-    const tr::gpu::StateAddresses a =
-        tr::gpu::state_addresses([&](const char* k) { return as_address(field(arrays, k)); });
-    PyErr_Clear();  // no sketch: fine
-    auto num = [&](const char* k) { return as_int(field(c, k)); };
+  const int64_t device = integer(t, pf::kTablePlan, pf::table_plan::device);
+  if (device != gpu_device) {
+    throw std::runtime_error("native plan: a table on GPU " + std::to_string(device) +
+                             ", the plan's GPU is " + std::to_string(gpu_device));
+  }
+  if (PyObject* c = field(t, pf::kTablePlan, pf::table_plan::device_cache)) {
+    namespace dc = pf::device_cache_plan;
+    const auto& C = pf::kDeviceCachePlan;
+    PyObject* arrays = required(c, C, dc::arrays);
+    if (!PyDict_Check(arrays)) bad_field(C, dc::arrays, "must be a dict, got " + type_name(arrays));
+    const tr::gpu::StateAddresses a = tr::gpu::state_addresses([&](const char* k) -> uintptr_t {
+      PyObject* v = PyDict_GetItemString(arrays, k);  // absent: 0 (the sketch without tinylfu)
+      return v != nullptr ? address_value(v, C, dc::arrays, "values ") : 0;
+    });
+    auto num = [&](int f) { return integer(c, C, f); };
     nt->target.cache = true;
-    nt->target.view = tr::gpu::make_view(a, num("num_sets"), num("ways"), num("dim"),
-                                         num("precision"), num("policy"), num("sketch_width"));
+    nt->target.view =
+        tr::gpu::make_view(a, num(dc::num_sets), num(dc::ways), num(dc::dim), num(dc::precision),
+                           num(dc::policy), num(dc::sketch_width));
     if (nt->target.view.dim != nt->dim ||
         nt->target.view.precision != static_cast<int64_t>(precision)) {
       throw std::runtime_error("native plan: the device cache's vec_size or precision differs");
     }
     return;
   }
-  PyObject* d = field(t, "device_table");
+  PyObject* d = field(t, pf::kTablePlan, pf::table_plan::device_table);
   if (d == nullptr) throw std::runtime_error("native plan: a GPU table has no device entry");
+  namespace dt = pf::device_table_plan;
+  const auto& D = pf::kDeviceTablePlan;
   nt->target.cache = false;
   tr::gpu::DeviceTable& tb = nt->target.table;
-  tb.slots = reinterpret_cast<const int64_t*>(as_address(field(d, "slots")));
-  tb.capacity = static_cast<uint64_t>(as_int(field(d, "capacity")));
-  tb.vectors = reinterpret_cast<const uint8_t*>(as_address(field(d, "vectors")));
-  tb.rows = as_int(field(d, "rows"));
+  tb.slots = reinterpret_cast<const int64_t*>(address(d, D, dt::slots));
+  tb.capacity = static_cast<uint64_t>(integer(d, D, dt::capacity));
+  tb.vectors = reinterpret_cast<const uint8_t*>(address(d, D, dt::vectors));
+  tb.rows = integer(d, D, dt::rows);
   tb.precision = static_cast<int64_t>(precision);
   tb.dim = nt->dim;
   tb.default_value = nt->default_value;
@@ -81,23 +180,33 @@ void read_device_table(PyObject* t, tr::Precision precision, NativeTable* nt) {
   }
 }
 
-// A hugectr or dense model's "dense_gpu" entry (DenseGraphs.native_plan).
+// A hugectr or dense model's "dense_gpu" entry (DenseGpuPlan: DenseGraphs.native_plan), on
+// the plan's GPU.
 void read_dense_gpu(PyObject* g, NativePlan* plan) {
-  plan->dense_in = as_address(field(g, "dense_in"));
-  plan->host_max_batch = std::max<int64_t>(0, as_int(field(g, "host_max_batch")));
-  PyObject* emb = field(g, "emb_in");
-  for (Py_ssize_t i = 0; emb != nullptr && i < PyList_Size(emb); ++i) {
-    plan->emb_in.push_back(as_address(PyList_GetItem(emb, i)));
+  namespace dg = pf::dense_gpu_plan;
+  const auto& G = pf::kDenseGpuPlan;
+  const int64_t device = integer(g, G, dg::device);
+  if (device != plan->gpu_device) {
+    throw std::runtime_error("native plan: the network on GPU " + std::to_string(device) +
+                             ", the plan's GPU is " + std::to_string(plan->gpu_device));
   }
-  PyObject* buckets = field(g, "buckets");
-  for (Py_ssize_t i = 0; buckets != nullptr && i < PyList_Size(buckets); ++i) {
+  plan->dense_in = address(g, G, dg::dense_in);
+  plan->host_max_batch = std::max<int64_t>(0, integer(g, G, dg::host_max_batch));
+  PyObject* emb = list(g, G, dg::emb_in);
+  for (Py_ssize_t i = 0; i < PyList_Size(emb); ++i) {
+    plan->emb_in.push_back(address_value(PyList_GetItem(emb, i), G, dg::emb_in, "items "));
+  }
+  PyObject* buckets = list(g, G, dg::buckets);
+  for (Py_ssize_t i = 0; i < PyList_Size(buckets); ++i) {
     PyObject* b = PyList_GetItem(buckets, i);
-    plan->buckets.push_back(
-        {as_int(PyTuple_GetItem(b, 0)),
-         reinterpret_cast<tr::cuda::CUgraphExec>(as_address(PyTuple_GetItem(b, 1))),
-         as_address(PyTuple_GetItem(b, 2))});
+    if (!PyTuple_Check(b) || PyTuple_Size(b) != 3) {
+      bad_field(G, dg::buckets, "items must be (batch, graph, output) tuples");
+    }
+    plan->buckets.push_back({int_value(PyTuple_GetItem(b, 0), G, dg::buckets, "batches "),
+                             reinterpret_cast<tr::cuda::CUgraphExec>(
+                                 address_value(PyTuple_GetItem(b, 1), G, dg::buckets, "graphs ")),
+                             address_value(PyTuple_GetItem(b, 2), G, dg::buckets, "outputs ")});
   }
-  if (PyErr_Occurred()) throw std::runtime_error(python_error());
   if (plan->dense_in == 0 || plan->emb_in.size() != plan->slots.size() || plan->buckets.empty() ||
       plan->buckets.back().batch < plan->max_batch_size) {
     throw std::runtime_error("native plan: bad GPU dense network");
@@ -120,65 +229,137 @@ void upload_targets(NativePlan* plan) {
   plan->combines.upload(*plan->lane, combines);
 }
 
-// (address, size) tuple -> its two integers
-bool pair(PyObject* t, uintptr_t* a, int64_t* b) {
-  if (t == nullptr || !PyTuple_Check(t) || PyTuple_Size(t) != 2) return false;
-  *a = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(PyTuple_GetItem(t, 0)));
-  *b = PyLong_AsLongLong(PyTuple_GetItem(t, 1));
-  return !PyErr_Occurred();
+// One table of the plan (TablePlan).
+NativeTable read_table(PyObject* t, const NativePlan& plan) {
+  namespace tp = pf::table_plan;
+  const auto& T = pf::kTablePlan;
+  NativeTable nt;
+  nt.dim = integer(t, T, tp::vec_size);
+  const tr::Precision precision = tr::precision_of(integer(t, T, tp::precision));
+  nt.default_value = static_cast<float>(real(t, T, tp::default_value));
+  nt.stats = reinterpret_cast<int64_t*>(address(t, T, tp::stats));
+  uintptr_t addr = 0;
+  int64_t n = 0;
+  if (field(t, T, tp::device_cache) != nullptr || field(t, T, tp::device_table) != nullptr) {
+    if (!plan.gpu())
+      throw std::runtime_error("native plan: GPU and host tables mixed in one model");
+    read_device_table(t, precision, plan.gpu_device, &nt);
+  } else if (span(t, T, tp::cache, &addr, &n)) {
+    nt.cache = tr::ShmCache::attach(reinterpret_cast<void*>(addr), static_cast<size_t>(n));
+    if (static_cast<int64_t>(nt.cache->vec_size()) != nt.dim ||
+        nt.cache->format().precision != precision) {
+      throw std::runtime_error("native plan: the cache's vec_size or precision differs");
+    }
+  } else {
+    if (field(t, T, tp::device) != nullptr) {
+      throw std::runtime_error("native plan: a table on a GPU without its device entry");
+    }
+    if (!span(t, T, tp::index, &addr, &n)) {
+      throw std::runtime_error("native plan: a host table without its index");
+    }
+    nt.index = tr::IndexView{reinterpret_cast<const int64_t*>(addr), static_cast<uint64_t>(n)};
+    if (!span(t, T, tp::vectors, &addr, &n)) {
+      throw std::runtime_error("native plan: a host table without its vectors");
+    }
+    nt.vectors = tr::TableView{reinterpret_cast<const void*>(addr), n,
+                               tr::RowFormat(precision, static_cast<size_t>(nt.dim))};
+  }
+  PyObject* misses = field(t, T, tp::misses);
+  nt.finish = field(t, T, tp::finish);
+  if (nt.cache || (nt.device && nt.target.cache)) {  // a cache: its miss handler
+    if (misses != nullptr) {  // a shared-memory or a device cache: LocalMisses
+      nt.misses = reinterpret_cast<const tr::LocalMisses*>(address_value(misses, T, tp::misses));
+      if (nt.misses == nullptr || nt.misses->dim() != nt.dim) {
+        throw std::runtime_error("native plan: bad miss handler");
+      }
+    } else if (nt.finish == nullptr || !PyCallable_Check(nt.finish)) {
+      throw std::runtime_error("native plan: a cache without a miss handler");
+    }
+  } else {
+    nt.finish = nullptr;  // no cache: every key is in the table (or a whole table on a GPU)
+  }
+  return nt;
 }
 
-// Reads the dict of HostedModel.native_plan() (GIL held); nullptr if None. Throws a
-// message on a malformed plan (a bug on the Python side).
+// The dense network as the host runs it: the plan's int64 program (a buffer).
+void read_program(PyObject* program, NativePlan* plan) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(program, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    PyErr_Clear();
+    bad_field(pf::kNativePlan, pf::native_plan::program,
+              "must be an int64 array, got " + type_name(program));
+  }
+  try {
+    if (view.itemsize != 8) throw std::invalid_argument("dense program is not int64");
+    plan->net = std::make_unique<tr::DenseNet>(static_cast<const int64_t*>(view.buf),
+                                               static_cast<size_t>(view.len / 8));
+  } catch (const std::exception& x) {
+    PyBuffer_Release(&view);
+    throw std::runtime_error(std::string("native plan: ") + x.what());
+  }
+  PyBuffer_Release(&view);
+  Py_INCREF(program);
+  plan->program.p = program;
+  if (plan->net->dense_dim() != plan->dense_dim || plan->net->label_dim() != plan->label_dim ||
+      plan->net->num_tables() != plan->slots.size()) {
+    throw std::runtime_error("native plan: the dense program disagrees with the model");
+  }
+}
+
+// Reads the NativePlan of HostedModel.native_plan() (GIL held); nullptr if None. Throws
+// PlanFieldError naming a field the plan lacks or holds with the wrong type, and a
+// runtime_error for a plan the native path refuses.
 std::unique_ptr<NativePlan> read_plan(PyObject* d) {
   if (d == Py_None) return nullptr;
+  namespace np = pf::native_plan;
+  const auto& P = pf::kNativePlan;
   auto plan = std::make_unique<NativePlan>();
   Py_INCREF(d);
   plan->source.p = d;
-  auto get = [&](const char* k) {
-    PyObject* v = field(d, k);
-    if (v == nullptr) throw std::runtime_error(std::string("native plan has no '") + k + "'");
-    return v;
-  };
-  auto ints = [&](const char* k) {
-    std::vector<int64_t> v;
-    PyObject* list = get(k);
-    for (Py_ssize_t i = 0; i < PyList_Size(list); ++i) v.push_back(as_int(PyList_GetItem(list, i)));
-    return v;
-  };
-  const std::string kind = PyUnicode_AsUTF8(get("kind"));
+  const std::string kind = text(d, P, np::kind);
+  if (kind != "hps" && kind != "hugectr" && kind != "dense") {
+    bad_field(P, np::kind, "must be hps, hugectr or dense, got '" + kind + "'");
+  }
   plan->dense_only = kind == "dense";
   plan->hugectr = kind == "hugectr" || plan->dense_only;
   plan->parameters = !plan->dense_only;
-  plan->max_batch_size = as_int(get("max_batch_size"));
-  plan->device_id = static_cast<int32_t>(as_int(get("device_id")));
-  plan->output = PyUnicode_AsUTF8(get("output"));
-  PyObject* gpu = field(d, "gpu");
-  if (gpu != nullptr && gpu != Py_None) read_gpu(gpu, plan.get());
-  PyObject* info = get("info_outputs");
+  plan->max_batch_size = integer(d, P, np::max_batch_size);
+  plan->device_id = static_cast<int32_t>(integer(d, P, np::device_id));
+  plan->output = text(d, P, np::output);
+  if (PyObject* gpu = field(d, P, np::gpu)) read_gpu(gpu, plan.get());
+  PyObject* info = list(d, P, np::info_outputs);
   for (Py_ssize_t i = 0; i < PyList_Size(info); ++i) {
-    plan->info_outputs.emplace_back(PyUnicode_AsUTF8(PyList_GetItem(info, i)));
+    PyObject* name = PyList_GetItem(info, i);
+    const char* s = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : nullptr;
+    if (s == nullptr) bad_field(P, np::info_outputs, "items must be str");
+    plan->info_outputs.emplace_back(s);
   }
   if (plan->hugectr) {
-    plan->slots = ints("slots");
+    plan->slots = ints(d, P, np::slots);
     for (int64_t s : plan->slots) plan->total_slots += s;
-    PyObject* mean = get("mean");
+    PyObject* mean = list(d, P, np::mean);
     for (Py_ssize_t i = 0; i < PyList_Size(mean); ++i) {
-      plan->mean.push_back(PyList_GetItem(mean, i) == Py_True);
+      PyObject* m = PyList_GetItem(mean, i);
+      if (!PyBool_Check(m)) bad_field(P, np::mean, "items must be bool, got " + type_name(m));
+      plan->mean.push_back(m == Py_True);
     }
-    plan->dense_dim = as_int(get("dense_dim"));
-    plan->label_dim = as_int(get("label_dim"));
+    plan->dense_dim = integer(d, P, np::dense_dim);
+    plan->label_dim = integer(d, P, np::label_dim);
     if (plan->dense_only) {
-      plan->vec_sizes = ints("vec_sizes");
+      plan->vec_sizes = ints(d, P, np::vec_sizes);
     } else {
-      plan->uint32_keys = std::string(PyUnicode_AsUTF8(get("key_type"))) == "UINT32";
+      const std::string key_type = text(d, P, np::key_type);
+      if (key_type != "INT64" && key_type != "UINT32") {
+        bad_field(P, np::key_type, "must be INT64 or UINT32, got '" + key_type + "'");
+      }
+      plan->uint32_keys = key_type == "UINT32";
     }
-    PyObject* limits = get("limits");
-    plan->limit_des = as_int(field(limits, "DES"));
-    plan->limit_cat = as_int(field(limits, plan->dense_only ? "EMBEDDINGS" : "CATCOLUMN"));
-    plan->limit_rows = as_int(field(limits, "ROWINDEX"));
-    PyObject* dense_gpu = field(d, "dense_gpu");
-    if (dense_gpu != nullptr && dense_gpu != Py_None) {
+    namespace pl = pf::plan_limits;
+    PyObject* limits = required(d, P, np::limits);
+    plan->limit_des = integer(limits, pf::kPlanLimits, pl::des);
+    plan->limit_cat = integer(limits, pf::kPlanLimits, pl::cat);
+    plan->limit_rows = integer(limits, pf::kPlanLimits, pl::rows);
+    if (PyObject* dense_gpu = field(d, P, np::dense_gpu)) {
       if (!plan->gpu()) throw std::runtime_error("native plan: a GPU network without kernels");
       read_dense_gpu(dense_gpu, plan.get());
     }
@@ -186,81 +367,19 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
   if (plan->hugectr && plan->gpu() && plan->buckets.empty()) {
     throw std::runtime_error("native plan: GPU tables need the network on the GPU too");
   }
-  PyObject* program_obj = field(d, "program");
-  const bool host_dense =
-      plan->host_max_batch > 0 && program_obj != nullptr && program_obj != Py_None;
+  PyObject* program = field(d, P, np::program);
+  const bool host_dense = plan->host_max_batch > 0 && program != nullptr;
   if (plan->hugectr && (plan->buckets.empty() || host_dense)) {
-    PyObject* program = get("program");
-    Py_buffer view;
-    if (PyObject_GetBuffer(program, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
-      throw std::runtime_error("native plan: the dense program is not a buffer");
-    }
-    try {
-      if (view.itemsize != 8) throw std::invalid_argument("dense program is not int64");
-      plan->net = std::make_unique<tr::DenseNet>(static_cast<const int64_t*>(view.buf),
-                                                 static_cast<size_t>(view.len / 8));
-    } catch (const std::exception& x) {
-      PyBuffer_Release(&view);
-      throw std::runtime_error(std::string("native plan: ") + x.what());
-    }
-    PyBuffer_Release(&view);
-    Py_INCREF(program);
-    plan->program.p = program;
-    if (plan->net->dense_dim() != plan->dense_dim || plan->net->label_dim() != plan->label_dim ||
-        plan->net->num_tables() != plan->slots.size()) {
-      throw std::runtime_error("native plan: the dense program disagrees with the model");
-    }
+    read_program(required(d, P, np::program), plan.get());
   } else if (!plan->hugectr) {
-    plan->maxnum = ints("maxnum");
+    plan->maxnum = ints(d, P, np::maxnum);
     int64_t per_sample = 0;
     for (int64_t m : plan->maxnum) per_sample += m;
     plan->max_keys = plan->max_batch_size * per_sample;
   }
-  PyObject* tables = get("tables");
+  PyObject* tables = list(d, P, np::tables);
   for (Py_ssize_t i = 0; i < PyList_Size(tables); ++i) {
-    PyObject* t = PyList_GetItem(tables, i);
-    NativeTable nt;
-    nt.dim = as_int(field(t, "vec_size"));
-    const tr::Precision precision = tr::precision_of(as_int(field(t, "precision")));
-    nt.default_value = static_cast<float>(PyFloat_AsDouble(field(t, "default_value")));
-    nt.stats = reinterpret_cast<int64_t*>(
-        static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(field(t, "stats"))));
-    uintptr_t addr = 0;
-    int64_t n = 0;
-    if (field(t, "device_cache") != nullptr || field(t, "device_table") != nullptr) {
-      read_device_table(t, precision, &nt);
-    } else if (PyObject* c = field(t, "cache")) {
-      if (!pair(c, &addr, &n)) throw std::runtime_error("native plan: bad cache address");
-      nt.cache = tr::ShmCache::attach(reinterpret_cast<void*>(addr), static_cast<size_t>(n));
-      if (static_cast<int64_t>(nt.cache->vec_size()) != nt.dim ||
-          nt.cache->format().precision != precision) {
-        throw std::runtime_error("native plan: the cache's vec_size or precision differs");
-      }
-    } else {
-      if (!pair(field(t, "index"), &addr, &n)) {
-        throw std::runtime_error("native plan: bad index address");
-      }
-      nt.index = tr::IndexView{reinterpret_cast<const int64_t*>(addr), static_cast<uint64_t>(n)};
-      if (!pair(field(t, "vectors"), &addr, &n)) {
-        throw std::runtime_error("native plan: bad vectors address");
-      }
-      nt.vectors = tr::TableView{reinterpret_cast<const void*>(addr), n,
-                                 tr::RowFormat(precision, static_cast<size_t>(nt.dim))};
-    }
-    if (nt.cache || (nt.device && nt.target.cache)) {  // a cache: its miss handler
-      PyObject* misses = field(t, "misses");
-      nt.finish = field(t, "finish");
-      if (misses != nullptr) {  // a shared-memory or a device cache: LocalMisses
-        nt.misses = reinterpret_cast<const tr::LocalMisses*>(as_address(misses));
-        if (nt.misses == nullptr || nt.misses->dim() != nt.dim) {
-          throw std::runtime_error("native plan: bad miss handler");
-        }
-      } else if (nt.finish == nullptr || !PyCallable_Check(nt.finish)) {
-        throw std::runtime_error("native plan: a cache without a miss handler");
-      }
-    }
-    if (PyErr_Occurred()) throw std::runtime_error(python_error());
-    plan->tables.push_back(nt);
+    plan->tables.push_back(read_table(PyList_GetItem(tables, i), *plan));
   }
   for (const NativeTable& nt : plan->tables) {
     if (nt.device != plan->gpu()) {
@@ -273,6 +392,7 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
       (plan->dense_only && (!plan->tables.empty() || (!plan->net && plan->buckets.empty())))) {
     throw std::runtime_error("native plan: the per-table lists differ in length");
   }
+  if (PyErr_Occurred()) throw std::runtime_error(python_error());
   if (plan->gpu()) upload_targets(plan.get());
   return plan;
 }

@@ -7,33 +7,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from triton_rec import _native
 from triton_rec.dense.hugectr.plan import NetworkPlan, per_sample
 
 #: Layer type -> op code of the native executor (``enum class DenseOp`` of
-#: ``src/native/dense_net.hpp``, same order). Both loss layers that become a sigmoid
-#: at inference share one code.
-NATIVE_OPS: Dict[str, int] = {
-    "InnerProduct": 0,
-    "MLP": 1,
-    "ReLU": 2,
-    "Sigmoid": 3,
-    "Dropout": 4,
-    "Concat": 5,
-    "Reshape": 6,
-    "Interaction": 7,
-    "MultiCross": 8,
-    "FmOrder2": 9,
-    "Slice": 10,
-    "WeightMultiply": 11,
-    "Add": 12,
-    "ElementwiseMultiply": 13,
-    "BatchNorm": 14,
-    "BinaryCrossEntropyLoss": 15,
-    "MultiCrossEntropyLoss": 15,
-    "ReduceSum": 16,
-}
-#: First word of a native program ("trecdns1").
-DENSE_PROGRAM_MAGIC = 0x74726563646E7331
+#: ``src/native/dense_net.hpp``, where the codes are defined, exported by the bindings as
+#: ``_native.DENSE_OPS``). Both loss layers that become a sigmoid at inference share one code.
+NATIVE_OPS: Dict[str, int] = {str(k): int(v) for k, v in _native.DENSE_OPS.items()}
+#: First word of a native program ("trecdns1"; ``kDenseProgramMagic`` of dense_net.hpp).
+DENSE_PROGRAM_MAGIC = int(_native.DENSE_PROGRAM_MAGIC)
 
 
 def native_program(
