@@ -51,10 +51,16 @@ std::string describe(const trec_host::NativePlan& p) {
        " uint32=" + std::to_string(p.uint32_keys) + " limits=" + std::to_string(p.limit_des) + "," +
        std::to_string(p.limit_cat) + "," + std::to_string(p.limit_rows) +
        " vec_sizes=" + joined(p.vec_sizes) + " net=" + std::to_string(p.net != nullptr) +
-       " tables=";
+       " gpu=" + std::to_string(p.gpu() ? p.gpu_device : -1) +
+       " buckets=" + std::to_string(p.buckets.size()) +
+       " emb_in=" + std::to_string(p.emb_in.size()) +
+       " host_max_batch=" + std::to_string(p.host_max_batch) + " tables=";
   for (size_t i = 0; i < p.tables.size(); ++i) {
     const trec_host::NativeTable& t = p.tables[i];
-    const char* where = t.cache ? "cache" : t.index.slots != nullptr ? "index" : "?";
+    const char* where = t.device        ? (t.target.cache ? "device_cache" : "device_table")
+                        : t.cache       ? "cache"
+                        : t.index.slots ? "index"
+                                        : "?";
     s += (i ? ";" : "") + std::to_string(t.dim) + "/" + std::to_string(t.default_value) + "/" +
          where + "/" +
          (t.misses   ? "misses"

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import sys
 import sysconfig
 import types
 from pathlib import Path
@@ -191,23 +192,38 @@ def _compiler() -> str:
     pytest.fail("no C++ compiler (CXX, c++, g++, clang++) on PATH: the project needs one")
 
 
-@pytest.fixture(scope="module")
-def read_plan(tmp_path_factory) -> Callable[[object], str]:
-    """read_plan of the native backend, as ``read_plan(plan) -> str``: ``ok ...`` (what it
-    read), ``none``, ``field: ...`` (a PlanFieldError: the load fails) or ``refused: ...``."""
-    out = tmp_path_factory.mktemp("plan_reader") / "libplan_reader.so"
-    src = ROOT / "src"
-    includes = [src / "native", src / "triton_backend", src / "triton_backend" / "trec"]
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    cmd = [_compiler(), "-std=c++17", "-O1", "-g0", "-fPIC", "-shared", "-Wall", "-Wextra"]
-    cmd += [f"-I{d}" for d in includes] + [f"-I{sysconfig.get_paths()['include']}"]
-    cmd += [str(ROOT / "tests" / "native" / "plan_reader.cpp")]
-    cmd += [str(src / "triton_backend" / "trec" / "plan.cpp"), "-o", str(out)]
-    cmd += [f"-L{libdir}", f"-lpython{sysconfig.get_config_var('LDVERSION')}", "-ldl"]
+def _build(cmd: List[str]) -> None:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         pytest.fail(f"{' '.join(cmd)}\nexit {r.returncode}\n{r.stdout}\n{r.stderr}")
-    fn = ctypes.PyDLL(str(out)).trec_read_plan
+
+
+@pytest.fixture(scope="module")
+def plan_reader(tmp_path_factory) -> Path:
+    """tests/native/plan_reader.cpp and plan.cpp as a shared library, beside the fake
+    libcuda.so.1 of tests/native/fake_cuda.cpp (for the GPU plans)."""
+    out = tmp_path_factory.mktemp("plan_reader")
+    src = ROOT / "src"
+    includes = [src / "native", src / "triton_backend", src / "triton_backend" / "trec"]
+    flags = ["-std=c++17", "-O1", "-g0", "-fPIC", "-shared", "-Wall", "-Wextra"]
+    flags += [f"-I{d}" for d in includes] + [f"-I{sysconfig.get_paths()['include']}"]
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    lib = out / "libplan_reader.so"
+    cmd = [_compiler(), *flags, str(ROOT / "tests" / "native" / "plan_reader.cpp")]
+    cmd += [str(src / "triton_backend" / "trec" / "plan.cpp"), "-o", str(lib)]
+    cmd += [f"-L{libdir}", f"-lpython{sysconfig.get_config_var('LDVERSION')}", "-ldl"]
+    fake = [_compiler(), *flags, "-Wl,-soname,libcuda.so.1"]
+    fake += [str(ROOT / "tests" / "native" / "fake_cuda.cpp"), "-o", str(out / "libcuda.so.1")]
+    for c in (cmd, fake):
+        _build(c)
+    return lib
+
+
+@pytest.fixture(scope="module")
+def read_plan(plan_reader) -> Callable[[object], str]:
+    """read_plan of the native backend, as ``read_plan(plan) -> str``: ``ok ...`` (what it
+    read), ``none``, ``field: ...`` (a PlanFieldError: the load fails) or ``refused: ...``."""
+    fn = ctypes.PyDLL(str(plan_reader)).trec_read_plan
     fn.argtypes, fn.restype = [ctypes.py_object], ctypes.c_char_p
     return lambda plan: fn(plan).decode()
 
@@ -305,3 +321,92 @@ def test_a_plan_the_native_path_cannot_serve_is_refused_not_failed(dense_plan, r
     plan, _, _ = dense_plan
     plan.vec_sizes = plan.vec_sizes[:-1]
     assert read_plan(plan) == "refused: native plan: the per-table lists differ in length"
+
+
+#: A KIND_GPU hugectr plan of two tables (a device cache, a whole table) and its network as
+#: graphs, over host arrays (the fake driver's device memory is host memory), then the same
+#: plan with one field wrong at a time: one line each of what read_plan made of it.
+GPU_PLANS = """
+import ctypes, dataclasses, sys, types
+import numpy as np
+from triton_rec.cache.array_cache import ArrayEmbeddingCache
+from triton_rec.cache.device_plans import DeviceTablePlan
+from triton_rec.dense.graphs import DenseGpuPlan
+from triton_rec.serving.native_plan import GpuPlan, NativePlan, PlanLimits, TablePlan
+
+fn = ctypes.PyDLL(sys.argv[1]).trec_read_plan
+fn.argtypes, fn.restype = [ctypes.py_object], ctypes.c_char_p
+keep = []
+def addr(a):
+    keep.append(a)
+    return int(a.ctypes.data)
+cache = ArrayEmbeddingCache(64, 4)
+index = np.full((16, 2), -1, np.int64)
+sizes = [1, 2, 4, 8, 16, 32, 64]
+tables = [
+    TablePlan(4, 0, -1.0, addr(np.zeros(16, np.int64)), device=0,
+              device_cache=cache.native_plan(), finish=lambda *a: (0, 0)),
+    TablePlan(4, 0, -2.0, addr(np.zeros(16, np.int64)), device=0,
+              device_table=DeviceTablePlan(addr(index), 16, addr(np.zeros((3, 4), np.float32)), 3)),
+]
+graphs = DenseGpuPlan(0, 0, addr(np.zeros(128, np.float32)),
+                      [addr(np.zeros(64 * 4, np.float32)), addr(np.zeros(128 * 4, np.float32))],
+                      [(b, i + 1, addr(np.zeros(b, np.float32))) for i, b in enumerate(sizes)])
+plan = NativePlan("hugectr", tables, 64, gpu=GpuPlan(0, b"fake"), slots=[1, 2],
+                  mean=[False, True], dense_dim=2, label_dim=1, limits=PlanLimits(128, 960, 193),
+                  dense_gpu=graphs)
+def variant(**parts):
+    p = dataclasses.replace(plan, tables=list(plan.tables))
+    for k, v in parts.items():
+        if k.startswith("t"):
+            p.tables[int(k[1])] = v
+        else:
+            setattr(p, k, v)
+    return p
+cases = [
+    plan,
+    variant(gpu=GpuPlan(0, "fake")),
+    variant(t0=dataclasses.replace(tables[0],
+            device_cache=dataclasses.replace(tables[0].device_cache, num_sets="1"))),
+    variant(t1=dataclasses.replace(tables[1],
+            device_table=types.SimpleNamespace(slots=1, capacity=16, vectors=1))),
+    variant(t1=dataclasses.replace(tables[1], device=1)),
+    variant(dense_gpu=dataclasses.replace(graphs, buckets=[[1, 1, 1]])),
+    variant(dense_gpu=dataclasses.replace(graphs, device=1)),
+]
+for c in cases:
+    print(fn(c).decode(), flush=True)
+"""
+
+
+def test_the_reader_reads_gpu_plans_on_the_fake_driver(plan_reader, tmp_path):
+    env = dict(os.environ, FAKE_POISON="0")
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(plan_reader.parent), env.get("LD_LIBRARY_PATH")) if p
+    )
+    script = tmp_path / "gpu_plans.py"
+    script.write_text(GPU_PLANS)
+    r = subprocess.run(
+        [sys.executable, str(script), str(plan_reader)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=str(ROOT),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 7, r.stdout + r.stderr
+    assert lines[0].startswith("ok kind=hugectr batch=64 "), lines[0]
+    assert " gpu=0 buckets=7 emb_in=2 host_max_batch=0 " in lines[0], lines[0]
+    tables = "4/-1.000000/device_cache/finish;4/-2.000000/device_table/none"
+    assert lines[0].endswith(" tables=" + tables), lines[0]
+    assert lines[1:] == [
+        "field: native plan: GpuPlan.image must be the kernels' module (bytes), got str",
+        "field: native plan: DeviceCachePlan.num_sets must be an int, got str",
+        "field: native plan: DeviceTablePlan.rows is missing "
+        "(a types.SimpleNamespace has no 'rows')",
+        "refused: native plan: a table on GPU 1, the plan's GPU is 0",
+        "field: native plan: DenseGpuPlan.buckets items must be (batch, graph, output) tuples",
+        "refused: native plan: the network on GPU 1, the plan's GPU is 0",
+    ]
