@@ -180,6 +180,62 @@ BENCHMARKS: List[Benchmark] = [
         ],
     ),
     Benchmark(
+        "bench_criteo",
+        "The MLPerf-shaped DLRM served, beside a floor and NVIDIA's HPS + TensorRT figures",
+        "bench_criteo.py",
+        "`ps-loader criteo-dlrm` at scale 0.01 (26 tables of dim 128, 1.9 M rows, fp32; "
+        "the network of MLPerf's DLRM), served by one tritonserver beside `trec_floor` (the "
+        "same config.pbtxt with a backend that does no work), perf_analyzer over gRPC with "
+        "system shared memory on the generated power-law inputs (1% unseen keys). NVIDIA's "
+        "figures: one A100 80GB, HPS + TensorRT FP16, the full-size trained model, c=1 "
+        "(DeepLearningExamples, DLRM_and_DCNv2 `merlin_hps_inference.md`). `KIND_GPU` has "
+        "not run: no GPU was lent when this was measured.",
+        [
+            Table(
+                "served, KIND_CPU",
+                "criteo_cpu_*.json",
+                "rows",
+                [
+                    Col("samples", "batch", "{:,}"),
+                    Col("c", "concurrency"),
+                    Col("instances", "^instances"),
+                    Col("samples/s", "samples_per_s", "{:,.0f}"),
+                    Col("p50 us", "p50_us", "{:,.0f}"),
+                    Col("p99 us", "p99_us", "{:,.0f}"),
+                    Col(
+                        "floor samples/s",
+                        "^rows[batch={batch},concurrency={concurrency},role=floor]/samples_per_s",
+                        "{:,.0f}",
+                    ),
+                    Col(
+                        "NVIDIA A100 samples/s (c=1)",
+                        "^reference/rows/{batch}",
+                        lambda v: f"{v[0]:,}",
+                    ),
+                ],
+                where={"role": "model"},
+            ),
+            Table(
+                "served at batch 64, KIND_CPU (beside the network in-process: bench_dense_cpu)",
+                "criteo_b64_cpu_*.json",
+                "rows",
+                [
+                    Col("samples", "batch", "{:,}"),
+                    Col("c", "concurrency"),
+                    Col("samples/s", "samples_per_s", "{:,.0f}"),
+                    Col("p50 us", "p50_us", "{:,.0f}"),
+                    Col("p99 us", "p99_us", "{:,.0f}"),
+                    Col(
+                        "floor p50 us",
+                        "^rows[batch={batch},concurrency={concurrency},role=floor]/p50_us",
+                        "{:,.0f}",
+                    ),
+                ],
+                where={"role": "model"},
+            ),
+        ],
+    ),
+    Benchmark(
         "bench_overhead",
         "Served overhead: each model beside a backend that does no work",
         "bench_overhead.py",
