@@ -17,18 +17,9 @@ file reads tensors, reports errors, builds responses and publishes metrics.
 
 import triton_python_backend_utils as pb_utils
 
-from triton_rec.config.model_config import (
-    check_hps_model_config,
-    model_parameter,
-    with_model_parameters,
-)
-from triton_rec.config.ps_json import (
-    config_warnings,
-    find_ps_config,
-    load_ps_config,
-)
+from triton_rec.config.model_config import check_hps_model_config
+from triton_rec.config.ps_json import config_warnings
 from triton_rec.serving.deployment import gpu_placement, open_session
-from triton_rec.triton.metrics import start_session_metrics
 from triton_rec.triton.model_scaffold import BackendModel
 from triton_rec.triton.request_loop import Responder
 
@@ -44,20 +35,12 @@ class TritonPythonModel(BackendModel):
     def open(self, args, config, settings):
         """Open the model's tables (store, cache, tiers) from ps.json; limits and metrics."""
         output_name, info_outputs = check_hps_model_config(config)
-        ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
-        params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
+        ps_path, params = self.model_params(args, config)
         spec = self.instance_spec(args, config, settings)
         self.session = open_session(params, spec)
         placement = gpu_placement(params, spec)
-        self.respond = Responder(pb_utils, output_name, info_outputs, self.device_id)
-        self.limits = self.session.input_limits()
-        self.counters, self.metrics = start_session_metrics(
-            pb_utils,
-            self.model_name,
-            args["model_instance_name"],
-            self.session,
-            settings.metrics_interval,
-        )
+        respond = Responder(pb_utils, output_name, info_outputs, self.device_id)
+        self.start_serving(args, settings, respond, self.session.input_limits())
         return self.session.describe(), config_warnings(ps_path, params), placement
 
     def answer(self, parsed):

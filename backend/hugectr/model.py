@@ -23,19 +23,13 @@ from triton_rec.config.model_config import (
     check_hugectr_parameters,
     hugectr_cache_parameters,
     model_parameter,
-    with_model_parameters,
 )
-from triton_rec.config.ps_json import (
-    config_warnings,
-    find_ps_config,
-    load_ps_config,
-)
+from triton_rec.config.ps_json import config_warnings
 from triton_rec.serving.deployment import (
     dense_placement,
     gpu_placement,
     open_ranking_session,
 )
-from triton_rec.triton.metrics import start_session_metrics
 from triton_rec.triton.model_scaffold import BackendModel
 from triton_rec.triton.request_loop import Responder
 
@@ -51,8 +45,7 @@ class TritonPythonModel(BackendModel):
     def open(self, args, config, settings):
         """Open the model's tables and dense network from ps.json; limits and metrics."""
         output_name, info_outputs = check_hugectr_model_config(config)
-        ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
-        params = with_model_parameters(config, load_ps_config(ps_path).model(self.model_name))
+        ps_path, params = self.model_params(args, config)
         params = hugectr_cache_parameters(config, params)
         spec = self.instance_spec(args, config, settings)
         notes: tuple = ()
@@ -85,15 +78,8 @@ class TritonPythonModel(BackendModel):
         placement = gpu_placement(params, spec, dense)
         cat = next(i for i in config["input"] if i["name"] == "CATCOLUMN")
         self.key_itemsize = 4 if cat.get("data_type") == "TYPE_UINT32" else 8
-        self.limits = self.session.input_limits(self.key_itemsize)
-        self.counters, self.metrics = start_session_metrics(
-            pb_utils,
-            self.model_name,
-            args["model_instance_name"],
-            self.session,
-            settings.metrics_interval,
-        )
-        self.respond = Responder(pb_utils, output_name, info_outputs, self.device_id)
+        respond = Responder(pb_utils, output_name, info_outputs, self.device_id)
+        self.start_serving(args, settings, respond, self.session.input_limits(self.key_itemsize))
         warnings = (*config_warnings(ps_path, params), *notes)
         return repr(self.session.dense), warnings, placement
 

@@ -1,7 +1,8 @@
 """The backends' ``execute`` makes no call to the server but returning responses, and
 their metrics still get published, by the instance's own thread, within the interval.
 
-``backend/hps/model.py`` and ``backend/hugectr/model.py`` run in-process against
+``backend/hps/model.py``, ``backend/hugectr/model.py`` and ``backend/dense/model.py`` run
+in-process against
 :mod:`tests.fake_pb_utils`, which records every custom-metric call (in Triton's stub,
 each one is a round trip to the server process) with the thread that made it. The
 tables, caches and dense network are the real ones. Metrics reaching Triton's metrics
@@ -180,3 +181,50 @@ def test_a_hugectr_parameter_that_contradicts_the_network_fails_the_load(dlrm_re
     # never created, so neither was its shared-memory namespace (a machine-wide look at
     # /dev/shm would see the segments of other servers of the suite)
     assert not (tmp_path / "store").exists()
+
+
+DENSE_INPUTS = (("DES", "TYPE_FP32"), ("EMBEDDINGS", "TYPE_FP32"), ("ROWINDEX", "TYPE_INT32"))
+
+
+def test_dense_answers_its_predictions_only_and_publishes_its_request_counters(dlrm_repo):
+    """The dense step of an hps -> dense ensemble (the network of ps.json's ``dlrm`` entry),
+    set up as every backend is (BackendModel: its ps.json entry, instance, response and
+    metrics): one-hot slots, so its input is each table's vectors as they are."""
+    from triton_rec.config.ps_json import load_ps_config
+    from triton_rec.dense.hugectr_network import HugeCTRNetwork
+
+    entry = load_ps_config(str(dlrm_repo / "ps.json")).model("dlrm")
+    net = HugeCTRNetwork.load(entry.network_file, entry.dense_file)
+    cfg = triton_config("dlrm_dense", "dense", DENSE_INPUTS, ps_model="dlrm", metrics_interval=0.05)
+    pb, model = start_instance(dlrm_repo, cfg)
+    try:
+        rng = np.random.default_rng(5)
+        n = 3
+        des = rng.standard_normal((n, net.dense_dim)).astype(np.float32)
+        embs = [
+            rng.standard_normal((n, t.slot_num, t.vec_size)).astype(np.float32) for t in net.tables
+        ]
+        rows = np.concatenate([np.arange(n * t.slot_num + 1) for t in net.tables]).astype(np.int32)
+        req = Request(
+            DES=des.reshape(1, -1),
+            EMBEDDINGS=np.concatenate([e.reshape(-1) for e in embs])[None, :],
+            ROWINDEX=rows[None, :],
+        )
+        me = threading.get_ident()
+        resp = model.execute([req])[0]
+        assert not resp.has_error()
+        assert [t.name() for t in resp.output_tensors] == ["OUTPUT0"]
+        np.testing.assert_allclose(resp.output("OUTPUT0"), net.predict(des, embs).reshape(-1))
+        assert not [c for c in pb.metric_calls if c[0] == me], "execute called Metric.set/increment"
+        bad = Request(
+            DES=des.reshape(1, -1),
+            EMBEDDINGS=req.tensors[1].as_numpy()[:, 1:],
+            ROWINDEX=rows[None, :],
+        )
+        assert model.execute([bad])[0].has_error()  # counted as invalid, then published
+        assert wait_for(
+            lambda: any(c[2] == "trec_requests_rejected_total" for c in pb.metric_calls), 5.0
+        )
+        assert not any(c[2].startswith("trec_cache") for c in pb.metric_calls), pb.metric_calls
+    finally:
+        model.finalize()

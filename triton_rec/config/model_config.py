@@ -84,6 +84,17 @@ def _check_inputs(config: Dict[str, Any], expected: Dict[str, Tuple[str, ...]]) 
     return name
 
 
+def check_dense_model_config(config: Dict[str, Any]) -> str:
+    """Validate a ``dense`` model's config: a sane ``max_batch_size`` and one TYPE_FP32
+    output (the predictions; its inputs are checked by its requests). Returns its name."""
+    name = config.get("name", "?")
+    check_max_batch_size(config)
+    outputs = config.get("output") or []
+    if len(outputs) != 1 or outputs[0].get("data_type") != "TYPE_FP32":
+        raise ConfigError(f"model '{name}' config.pbtxt: expected one TYPE_FP32 output")
+    return outputs[0]["name"]
+
+
 def check_hps_model_config(config: Dict[str, Any]) -> Tuple[str, Tuple[str, ...]]:
     """Validate the inputs/outputs of an ``hps`` model.
 

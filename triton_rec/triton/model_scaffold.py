@@ -3,7 +3,11 @@
 its session, which inputs it reads, how it answers) in :meth:`BackendModel.open`.
 
 - ``initialize``: the config JSON, the process set-up (:func:`~triton_rec.triton.instance.
-  prepare_process`), the backend's :meth:`~BackendModel.open`; any
+  prepare_process`), the backend's :meth:`~BackendModel.open` (which finds its ps.json
+  entry with :meth:`~BackendModel.model_params`, places its instance with
+  :meth:`~BackendModel.instance_spec` and, its session open, starts serving it with
+  :meth:`~BackendModel.start_serving`: the response, the input limits, the counters and
+  the metrics); any
   :class:`~triton_rec.errors.TritonRecError` becomes the load's error, naming the model;
   then the load log line (:func:`~triton_rec.triton.instance.log_load`) and the model's
   sizing, once per model (:func:`~triton_rec.triton.plan_cli.log_sizing`);
@@ -22,13 +26,24 @@ import abc
 import json
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from triton_rec.config.model_config import InstanceSettings, model_flag, model_parameter
-from triton_rec.config.ps_json import model_relative_path
+from triton_rec.config.model_config import (
+    InstanceSettings,
+    model_flag,
+    model_parameter,
+    with_model_parameters,
+)
+from triton_rec.config.ps_json import (
+    ModelParams,
+    find_ps_config,
+    load_ps_config,
+    model_relative_path,
+)
 from triton_rec.errors import TritonRecError
 from triton_rec.serving.deployment import InstanceSpec
 from triton_rec.triton.instance import log_load, prepare_process
+from triton_rec.triton.metrics import MetricsPusher, RequestMetrics, start_session_metrics
 from triton_rec.triton.plan_cli import forget_sizing, log_sizing
-from triton_rec.triton.request_loop import run_requests
+from triton_rec.triton.request_loop import RequestCounters, Responder, run_requests
 
 
 class BackendModel(abc.ABC):
@@ -44,6 +59,9 @@ class BackendModel(abc.ABC):
     inputs: Tuple[str, ...] = ()
     #: whether requests carry the engine's parameters (``exact``)
     options: bool = False
+    #: whether the metrics publish the session's tables (cache and store statistics) beside
+    #: the request counters (the ``dense`` backend has no tables)
+    table_metrics: bool = True
 
     model_name: str
     device_id: int
@@ -75,6 +93,44 @@ class BackendModel(abc.ABC):
     ) -> Tuple[str, Sequence[str], Optional[str]]:
         """Open the backend's session and what serves it; returns the load log's
         ``(ready description, configuration warnings, placement or None)``."""
+
+    def model_params(
+        self,
+        args: Dict[str, str],
+        config: Dict[str, Any],
+        name: Optional[str] = None,
+        apply_parameters: bool = True,
+    ) -> Tuple[str, ModelParams]:
+        """``(ps.json path, entry)``: the model's ps.json (the config.pbtxt parameter
+        ``ps``, relative to the model directory, else the repository's ``ps.json``) and its
+        entry for ``name`` (default: this model), with the config.pbtxt parameters that
+        override ps.json applied unless ``apply_parameters`` is false."""
+        ps_path = find_ps_config(args["model_repository"], model_parameter(config, "ps"))
+        params = load_ps_config(ps_path).model(name or self.model_name)
+        return ps_path, with_model_parameters(config, params) if apply_parameters else params
+
+    def start_serving(
+        self,
+        args: Dict[str, str],
+        settings: InstanceSettings,
+        respond: Responder,
+        limits: Dict[str, Tuple[int, int, str]],
+    ) -> None:
+        """Once :meth:`open` has opened ``session``: the response builder, the input
+        limits ``execute`` checks, fresh request counters and the metrics thread publishing
+        them (with the session's table statistics where :attr:`table_metrics`) every
+        ``metrics_interval`` seconds."""
+        self.respond = respond
+        self.limits = limits
+        interval = settings.metrics_interval
+        if self.table_metrics:
+            self.counters, self.metrics = start_session_metrics(
+                self.pb_utils, self.model_name, args["model_instance_name"], self.session, interval
+            )
+            return
+        self.counters = RequestCounters()
+        metrics = RequestMetrics(self.pb_utils, self.model_name, self.counters)
+        self.metrics = MetricsPusher(self.pb_utils, self.model_name, metrics, interval)
 
     def instance_spec(
         self, args: Dict[str, str], config: Dict[str, Any], settings: InstanceSettings

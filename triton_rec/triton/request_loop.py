@@ -258,14 +258,18 @@ class Responder:
         output_name: the answer's output.
         info_outputs: the declared info outputs (``NumSample``, ``DeviceID``).
         device_id: the instance's device id (``DeviceID``).
+        parameters: send HPS's response parameters where the runtime allows (False: the
+            ``dense`` backend, whose response is its predictions only).
     """
 
-    def __init__(self, pb_utils, output_name: str, info_outputs, device_id: int):
+    def __init__(
+        self, pb_utils, output_name: str, info_outputs, device_id: int, parameters: bool = True
+    ):
         self.pb_utils = pb_utils
         self.output_name = output_name
         self.info_outputs = tuple(info_outputs)
         self.device_id = int(device_id)
-        self.parameters = supports_response_parameters(pb_utils)
+        self.parameters = parameters and supports_response_parameters(pb_utils)
 
     def native_fields(self) -> dict:
         """The response's names and ``DeviceID`` as the native backend's plan takes them
@@ -279,6 +283,8 @@ class Responder:
     def __call__(self, request, out):
         """The response to ``request`` (anything with ``num_samples``) answered by ``out``."""
         pb = self.pb_utils
+        if not self.info_outputs and not self.parameters:  # the answer alone
+            return pb.InferenceResponse(output_tensors=[pb.Tensor(self.output_name, out)])
         info = {"NumSample": int(request.num_samples), "DeviceID": self.device_id}
         defaults = getattr(request, "defaults", None)
         for i, name in enumerate(DEFAULT_INFO):

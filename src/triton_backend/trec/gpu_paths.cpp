@@ -35,8 +35,7 @@ void settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, in
   if (!nt.target.cache) {  // static / uvm: the whole table; what it lacks no tier holds
     if (corrupt != 0) throw std::runtime_error("corrupt device table: a slot names no row");
     const int64_t absent = n - hits;
-    d->by_cause[tr::kCauseNotFound] += absent;
-    if (absent) nt.count(tr::kNotFound, absent);
+    nt.count_not_found(absent, d);
     nt.count(tr::kLookups, n);
     nt.count(tr::kHits, hits);
     nt.count(tr::kMisses, absent);
@@ -44,13 +43,37 @@ void settle_gpu_table(const InstanceState& st, size_t t, const int64_t* keys, in
     return;
   }
   if (hits == n) {
-    nt.count(tr::kLookups, n);
-    nt.count(tr::kHits, n);
-    nt.count(tr::kCacheNs, static_cast<int64_t>(ns));
+    nt.count_cache_hits(n, ns);
     return;
   }
   for (int64_t i = 0; i < n; ++i) status[i] = status[i] == tr::xcache::kHit;  // torn: a miss
   finish_query(st, t, keys, n, out, status, hits, ns, exact, d, pending);
+}
+
+// Every table of a request settled after its lookups on the GPU (settle_gpu_table): table t's
+// keys from key_starts[t], its vectors from vectors + voff[t] and statuses from status +
+// key_starts[t]; the caches' inserts of the request gathered (request_inserts) and written
+// together after the last table (one write, one synchronization). settled(t) runs after
+// table t is settled, before_flush() after the last, before the write.
+template <typename Settled, typename BeforeFlush>
+void settle_tables(const InstanceState& st, const int64_t* keys, const int64_t* key_starts,
+                   float* vectors, const int64_t* voff, uint8_t* status, uint64_t ns, bool exact,
+                   Defaults* d, Settled&& settled, BeforeFlush&& before_flush) {
+  tr::PendingInserts& pending = request_inserts();
+  for (size_t t = 0; t < st.plan->tables.size(); ++t) {
+    const int64_t first = key_starts[t];
+    settle_gpu_table(st, t, keys + first, key_starts[t + 1] - first, vectors + voff[t],
+                     status + first, ns, exact, d, &pending);
+    settled(t);
+  }
+  before_flush();
+  pending.flush();
+}
+// The same, with nothing to do between.
+void settle_tables(const InstanceState& st, const int64_t* keys, const int64_t* key_starts,
+                   float* vectors, const int64_t* voff, uint8_t* status, uint64_t ns, bool exact,
+                   Defaults* d) {
+  settle_tables(st, keys, key_starts, vectors, voff, status, ns, exact, d, [](size_t) {}, [] {});
 }
 
 // The lookups of every table of a request on the GPU, host to host: keys[0..key_starts[T])
@@ -96,12 +119,7 @@ void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const
     throw std::logic_error("hps_gpu: the counts disagree with the request's sizes");
   }
   const Looked r = lookup_tables(plan, keys, key_starts.data(), out_starts.data());
-  tr::PendingInserts& pending = request_inserts();
-  for (size_t t = 0; t < tables; ++t) {
-    settle_gpu_table(st, t, keys + key_starts[t], counts[t], r.out + out_starts[t],
-                     r.status + key_starts[t], r.ns, exact, d, &pending);
-  }
-  pending.flush();
+  settle_tables(st, keys, key_starts.data(), r.out, out_starts.data(), r.status, r.ns, exact, d);
   std::memcpy(answer, r.out, static_cast<size_t>(floats) * 4);
 }
 
@@ -129,18 +147,9 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
     throw std::logic_error("hugectr_gpu_host_dense: the key starts disagree with CATCOLUMN");
   }
   const Looked r = lookup_tables(plan, s.keys.data(), s.key_starts.data(), voff.data());
-  s.combined.resize(tables);
-  s.embeddings.clear();
-  int64_t block = 0;
-  tr::PendingInserts& pending = request_inserts();
-  for (size_t t = 0; t < tables; ++t) {
-    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
-    settle_gpu_table(st, t, s.keys.data() + first, count, r.out + voff[t], r.status + first, r.ns,
-                     exact, d, &pending);
-    block = combine_table(plan, s, t, n, r.out + voff[t], count, block);
-  }
-  pending.flush();
-  plan.net->predict(n, des, s.embeddings, answer, &s.dense);
+  settle_tables(st, s.keys.data(), s.key_starts.data(), r.out, voff.data(), r.status, r.ns, exact,
+                d);
+  combine_and_predict(plan, s, n, des, answer, [&](size_t t, int64_t) { return r.out + voff[t]; });
 }
 
 // Where the combiner of a request of n samples works (trec_combine_tables' spans): each
@@ -237,18 +246,19 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
                  static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
   }
   if (any) lane.sync();
-  tr::PendingInserts& pending = request_inserts();
-  for (size_t t = 0; t < tables; ++t) {
-    const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
-    settle_gpu_table(st, t, s.keys.data() + first, count, vectors + voff[t], status + first, ns,
-                     exact, d, &pending);
-    if (missed[t]) {
-      lane.to_device(dv + o[5] + voff[t] * 4, h + o[5] + voff[t] * 4,
-                     static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
-    }
-  }
-  if (any) dense();  // on the instance's stream, while the inserts are written on another
-  pending.flush();   // (a failure waits for the lane: `entered`)
+  settle_tables(
+      st, s.keys.data(), s.key_starts.data(), vectors, voff.data(), status, ns, exact, d,
+      [&](size_t t) {  // a cache that missed: its answered vectors back to the device
+        if (missed[t]) {
+          lane.to_device(dv + o[5] + voff[t] * 4, h + o[5] + voff[t] * 4,
+                         static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
+        }
+      },
+      [&] {
+        // the slots and the network again, on the instance's stream, while the inserts are
+        // written on another (a failure of the write waits for the lane: `entered`)
+        if (any) dense();
+      });
   if (any) lane.sync();
   std::memcpy(answer, h + o[7], ob);
 }

@@ -103,6 +103,18 @@ struct NativeTable {
   tr::gpu::LookupTarget target{};
 
   void count(TableStat s, int64_t v) const { tr::count(stats, s, v); }
+  // A lookup of n keys that the table's cache held every one of (its query took ns).
+  void count_cache_hits(int64_t n, uint64_t ns) const {
+    count(tr::kLookups, n);
+    count(tr::kHits, n);
+    count(tr::kCacheNs, static_cast<int64_t>(ns));
+  }
+  // `absent` keys the table itself lacks (no tier holds them): answered with the default
+  // value, counted as such in the table's statistics and the request's defaults.
+  void count_not_found(int64_t absent, Defaults* d) const {
+    d->by_cause[tr::kCauseNotFound] += absent;
+    if (absent) count(tr::kNotFound, absent);
+  }
 };
 
 struct NativePlan {
@@ -200,6 +212,11 @@ bool find(TRITONBACKEND_Request* request, const char* name, In* in);
 const void* data_of(const In& in, std::vector<char>* copy);
 // Sends `err` (owned) or the filled response; false if the request failed.
 bool send(TRITONBACKEND_Response* response, TRITONSERVER_Error* err);
+// The output `name` of `response` (type, shape) and its buffer of `bytes` in CPU memory
+// (*buffer); Triton's error, or one if the buffer is not in CPU memory.
+TRITONSERVER_Error* output_buffer(TRITONBACKEND_Response* response, const char* name,
+                                  TRITONSERVER_DataType type, const int64_t* shape, uint32_t dims,
+                                  uint64_t bytes, void** buffer);
 
 // Calls fn(key, type, value) for each parameter of `request` until fn returns false;
 // false if the parameters cannot be read.
@@ -269,6 +286,25 @@ bool read_dense_request(const NativePlan& plan, Scratch& s, TRITONBACKEND_Reques
 // one-hot table's `vectors` are the input themselves: they must live until the network ran.
 int64_t combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, const float* vectors,
                       int64_t count, int64_t block);
+
+// A hugectr or dense request of n samples answered on the host (`out`): every table's slots
+// combined into the network's input (combine_table), then the network. vectors(t, count)
+// gives table t's `count` vectors (s.key_starts counts each table's keys): looked up, or
+// where they lie already; they must live until the network ran. What the hugectr and dense
+// paths and a GPU instance's small batches share.
+template <typename Vectors>
+void combine_and_predict(const NativePlan& plan, Scratch& s, int64_t n, const float* des,
+                         float* out, Vectors&& vectors) {
+  const size_t tables = plan.slots.size();
+  s.combined.resize(tables);
+  s.embeddings.clear();
+  int64_t block = 0;
+  for (size_t t = 0; t < tables; ++t) {
+    const int64_t count = s.key_starts[t + 1] - s.key_starts[t];
+    block = combine_table(plan, s, t, n, vectors(t, count), count, block);
+  }
+  plan.net->predict(n, des, s.embeddings, out, &s.dense);
+}
 
 // The misses of table `t`'s cache query by the table's handler (hot_paths.cpp).
 // pending (the GPU paths): where a node-local table's fetched rows go, to be inserted with

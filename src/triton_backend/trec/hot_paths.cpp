@@ -50,9 +50,7 @@ void lookup_table(const InstanceState& st, size_t t, const int64_t* keys, int64_
     const int64_t hits = nt.cache->query(keys, static_cast<size_t>(n), out, s->hit.data());
     const uint64_t q = now_ns() - t0;
     if (hits == n) {
-      nt.count(tr::kLookups, n);
-      nt.count(tr::kHits, n);
-      nt.count(tr::kCacheNs, static_cast<int64_t>(q));
+      nt.count_cache_hits(n, q);
     } else {
       finish_query(st, t, keys, n, out, s->hit.data(), hits, q, exact, d);
     }
@@ -61,8 +59,7 @@ void lookup_table(const InstanceState& st, size_t t, const int64_t* keys, int64_
   const uint64_t t0 = now_ns();
   const int64_t absent = tr::lookup(nt.index, nt.vectors, keys, static_cast<size_t>(n), out,
                                     nt.default_value, nullptr);
-  d->by_cause[tr::kCauseNotFound] += absent;
-  if (absent) nt.count(tr::kNotFound, absent);
+  nt.count_not_found(absent, d);
   nt.count(tr::kLookups, n);
   nt.count(tr::kMisses, n);
   nt.count(tr::kSyncFetched, n);
@@ -74,19 +71,10 @@ TRITONSERVER_Error* answer(TRITONBACKEND_Response* response, const NativePlan& p
                            const std::vector<int64_t>& shape, float** buffer) {
   int64_t floats = 1;
   for (int64_t d : shape) floats *= d;
-  TRITONBACKEND_Output* output = nullptr;
   void* b = nullptr;
-  TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-  int64_t mt_id = 0;
   TRITONSERVER_Error* err =
-      TRITONBACKEND_ResponseOutput(response, &output, plan.output.c_str(), TRITONSERVER_TYPE_FP32,
-                                   shape.data(), static_cast<uint32_t>(shape.size()));
-  if (err == nullptr) {
-    err = TRITONBACKEND_OutputBuffer(output, &b, static_cast<uint64_t>(floats) * 4, &mt, &mt_id);
-  }
-  if (err == nullptr && mt == TRITONSERVER_MEMORY_GPU) {
-    err = error(TRITONSERVER_ERROR_UNSUPPORTED, "GPU output buffer");
-  }
+      output_buffer(response, plan.output.c_str(), TRITONSERVER_TYPE_FP32, shape.data(),
+                    static_cast<uint32_t>(shape.size()), static_cast<uint64_t>(floats) * 4, &b);
   *buffer = static_cast<float*>(b);
   return err;
 }
@@ -121,13 +109,8 @@ bool finish_response(const NativePlan& plan, TRITONBACKEND_Response* response,
                                                   : plan.device_id;
     const int32_t v = static_cast<int32_t>(v64);
     const int64_t one = 1;
-    TRITONBACKEND_Output* output = nullptr;
     void* buffer = nullptr;
-    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-    int64_t mt_id = 0;
-    err = TRITONBACKEND_ResponseOutput(response, &output, info.c_str(), TRITONSERVER_TYPE_INT32,
-                                       &one, 1);
-    if (err == nullptr) err = TRITONBACKEND_OutputBuffer(output, &buffer, 4, &mt, &mt_id);
+    err = output_buffer(response, info.c_str(), TRITONSERVER_TYPE_INT32, &one, 1, 4, &buffer);
     if (err == nullptr) std::memcpy(buffer, &v, 4);
   }
   if (err == nullptr && plan.parameters) {
@@ -301,21 +284,15 @@ Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       hugectr_gpu(st, s, n, n_cat, n_rows, des, out, exact == 1, d);
       return;
     }
-    s.combined.resize(static_cast<size_t>(tables));
     s.looked_up.resize(static_cast<size_t>(tables));
-    s.embeddings.clear();
-    int64_t block = 0;
-    for (int64_t t = 0; t < tables; ++t) {
-      const int64_t first = s.key_starts[t], count = s.key_starts[t + 1] - first;
+    combine_and_predict(plan, s, n, des, out, [&](size_t t, int64_t count) {
       // the table's own buffer: a one-hot table's vectors are the network's input as they
       // are (combine_table), so they must live until the network has run
-      auto& buf = s.looked_up[static_cast<size_t>(t)];
+      auto& buf = s.looked_up[t];
       buf.resize(static_cast<size_t>(std::max<int64_t>(count * plan.tables[t].dim, 1)));
-      lookup_table(st, static_cast<size_t>(t), s.keys.data() + first, count, buf.data(), &s,
-                   exact == 1, d);
-      block = combine_table(plan, s, static_cast<size_t>(t), n, buf.data(), count, block);
-    }
-    plan.net->predict(n, des, s.embeddings, out, &s.dense);
+      lookup_table(st, t, s.keys.data() + s.key_starts[t], count, buf.data(), &s, exact == 1, d);
+      return buf.data();
+    });
   });
 }
 
@@ -354,16 +331,12 @@ Native dense_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       dense_gpu(st, s, n, emb, n_emb, n_rows, des, out);
       return;
     }
-    s.combined.resize(static_cast<size_t>(tables));
-    s.embeddings.clear();
-    int64_t block = 0;
-    const float* vectors = emb;
-    for (int64_t t = 0; t < tables; ++t) {
-      const int64_t count = s.key_starts[t + 1] - s.key_starts[t];
-      block = combine_table(plan, s, static_cast<size_t>(t), n, vectors, count, block);
-      vectors += count * plan.vec_sizes[t];
-    }
-    plan.net->predict(n, des, s.embeddings, out, &s.dense);
+    const float* next = emb;  // the tables' vectors, one after the other
+    combine_and_predict(plan, s, n, des, out, [&](size_t t, int64_t count) {
+      const float* vectors = next;
+      next += count * plan.vec_sizes[t];
+      return vectors;
+    });
   });
 }
 

@@ -123,19 +123,13 @@ TRITONSERVER_Error* fill_response(TRITONBACKEND_Response* response, PyObject* ra
     }
     std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
     const TRITONSERVER_DataType type = triton_type(view.format, view.itemsize);
-    TRITONBACKEND_Output* output = nullptr;
     void* buffer = nullptr;
-    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-    int64_t mt_id = 0;
     TRITONSERVER_Error* e =
         type == TRITONSERVER_TYPE_INVALID
             ? error(TRITONSERVER_ERROR_INTERNAL,
                     "output " + std::string(name) + ": unsupported type")
-            : TRITONBACKEND_ResponseOutput(response, &output, name, type, shape.data(),
-                                           static_cast<uint32_t>(shape.size()));
-    if (e == nullptr) {
-      e = TRITONBACKEND_OutputBuffer(output, &buffer, static_cast<uint64_t>(view.len), &mt, &mt_id);
-    }
+            : output_buffer(response, name, type, shape.data(), static_cast<uint32_t>(shape.size()),
+                            static_cast<uint64_t>(view.len), &buffer);
     if (e == nullptr && view.len > 0) std::memcpy(buffer, view.buf, static_cast<size_t>(view.len));
     PyBuffer_Release(&view);
     if (e != nullptr) return e;

@@ -44,4 +44,20 @@ bool send(TRITONBACKEND_Response* response, TRITONSERVER_Error* err) {
   return ok;
 }
 
+// The output `name` of `response` and its buffer of `bytes` in CPU memory.
+TRITONSERVER_Error* output_buffer(TRITONBACKEND_Response* response, const char* name,
+                                  TRITONSERVER_DataType type, const int64_t* shape, uint32_t dims,
+                                  uint64_t bytes, void** buffer) {
+  TRITONBACKEND_Output* output = nullptr;
+  TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+  int64_t mt_id = 0;
+  TRITONSERVER_Error* err =
+      TRITONBACKEND_ResponseOutput(response, &output, name, type, shape, dims);
+  if (err == nullptr) err = TRITONBACKEND_OutputBuffer(output, buffer, bytes, &mt, &mt_id);
+  if (err == nullptr && mt == TRITONSERVER_MEMORY_GPU) {
+    err = error(TRITONSERVER_ERROR_UNSUPPORTED, "GPU output buffer");
+  }
+  return err;
+}
+
 }  // namespace trec_host
