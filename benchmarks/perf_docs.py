@@ -815,19 +815,6 @@ HEADLINES: List[Headline] = [
         fn=lambda a, b: a / b,
     ),
     Headline(
-        "int8 / fp16 tables at **{v}** of fp32's bytes per row (dim 128, node store)",
-        "bench_precision.json",
-        [
-            ("memory[dim=128,precision=int8]/store", "memory[dim=128,precision=fp32]/store"),
-            ("memory[dim=128,precision=fp16]/store", "memory[dim=128,precision=fp32]/store"),
-        ],
-        "{:.2f}",
-        "x",
-        "bench_precision",
-        fn=lambda a, b: a / b,
-        sep=" / ",
-    ),
-    Headline(
         "A DLRM at batch 1,024 with its tables on the GPU: **{v}** the CPU path's throughput",
         "gpu/run13_bench_gpu_served.json",
         ["by_wait/yield/throughput/dlrm@1024/gpu_static_over_cpu_mapped"],

@@ -111,3 +111,12 @@ def test_the_machine_names_the_gpu_the_file_records(perf_docs):
     assert perf_docs.machine_short(doc, None) == "NVIDIA H200 node"
     assert perf_docs.machine_of(doc, None, None).startswith("one NVIDIA H200; Intel Xeon, 16 CPUs")
     assert perf_docs.machine_short({"machine": machine}, None) == "Intel Xeon, 16 CPUs"
+
+
+def test_the_readme_is_a_product_page_of_at_most_12_kb():
+    # issue 36: what it is, the commands, what is supported, today's figures; the history
+    # lives under benchmarks/history/
+    readme = (REPO / "README.md").read_bytes()
+    assert len(readme) <= 12 * 1024, len(readme)
+    for diary in ("session", "call 13", "run13_", "next loan"):
+        assert diary not in readme.decode("utf-8").lower(), diary
