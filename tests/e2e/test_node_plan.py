@@ -50,6 +50,13 @@ def criteo_int8_repository(tmp_path_factory) -> Path:
     cmd = [sys.executable, "-m", "ps_loader", "criteo-dlrm", "--out", str(out)]
     cmd += ["--scale", "0.0002", "--min-rows", "100", "--precision", "int8", "--batch-sizes", ""]
     subprocess.run(cmd, check=True, capture_output=True)
+    # a KIND_CPU model is generated to read its mapped tables alone: put the shared CPU
+    # cache (gpucacheper 0.2) in front of them, so the plan's /dev/shm figure is held too
+    ps = out / "ps.json"
+    doc = json.loads(ps.read_text())
+    for model in doc["models"]:
+        model["gpucache"] = True
+    ps.write_text(json.dumps(doc, indent=2))
     return out
 
 
