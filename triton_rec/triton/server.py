@@ -80,7 +80,10 @@ SERVER_LIMIT_FLAGS = ("--strict-readiness=false", "--grpc-infer-allocation-pool-
 
 #: tritonserver's exit timeout (``--exit-timeout-secs``): how long it waits for in-flight
 #: inferences and model unloads once told to stop (after the drain: triton_rec.triton.drain).
-EXIT_TIMEOUT_S = 10
+#: Triton's own default (``exit_timeout_secs_ = 30``, the core's server.cc): with 10 s, a
+#: model on Triton's Python backend stopped under load on 2 busy cores was once still
+#: unloading when it ran out, and the server exited with status 1 without finalizing.
+EXIT_TIMEOUT_S = 30
 
 
 #: ``TRITON_REC_MALLOC``: the server's memory allocator, ``jemalloc`` (the default, where
