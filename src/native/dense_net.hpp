@@ -186,21 +186,16 @@ class DenseNet {
       ~Release() { busy.fetch_sub(parts); }
     } release{busy, parts};
     if (parts == 1) {
-      predict_rows(batch, dense, embeddings, out, ws);
+      predict_rows(0, batch, dense, embeddings, out, ws);
       return;
     }
     const int64_t per = (batch + parts - 1) / parts;
     const std::thread::id caller = std::this_thread::get_id();
     RowPool::instance().run(parts, [&](int p) {
-      const int64_t r0 = p * per, rows = std::min(per, batch - r0);
-      if (rows <= 0) return;
+      const int64_t r0 = p * per, r1 = std::min(r0 + per, batch);
+      if (r1 <= r0) return;
       thread_local Workspace own;  // a pool thread's
-      thread_local std::vector<const float*> embs;
-      embs.resize(embeddings.size());
-      for (size_t t = 0; t < embeddings.size(); ++t) {
-        embs[t] = embeddings[t] + r0 * table_width(t);
-      }
-      predict_rows(rows, dense + r0 * dense_dim(), embs, out + r0 * label_dim_,
+      predict_rows(r0, r1, dense, embeddings, out,
                    std::this_thread::get_id() == caller ? ws : &own);
     });
   }
@@ -226,19 +221,16 @@ class DenseNet {
   // their pass (every row is computed alike).
   static constexpr int64_t kRowsPerPass = 288;  // two of gemm.hpp's blocks of rows
 
-  void predict_rows(int64_t batch, const float* dense, const std::vector<const float*>& embeddings,
-                    float* out, Workspace* ws) const {
-    if (batch <= kRowsPerPass) {
-      predict_pass(batch, dense, embeddings, out, ws);
-      return;
-    }
-    thread_local std::vector<const float*> embs;
-    for (int64_t r0 = 0; r0 < batch; r0 += kRowsPerPass) {
-      embs.resize(embeddings.size());
+  // Rows [r_begin, r_end) of the batch's inputs and output, a pass at a time.
+  void predict_rows(int64_t r_begin, int64_t r_end, const float* dense,
+                    const std::vector<const float*>& embeddings, float* out, Workspace* ws) const {
+    thread_local std::vector<const float*> embs;  // the pass's rows of each table
+    embs.resize(embeddings.size());
+    for (int64_t r0 = r_begin; r0 < r_end; r0 += kRowsPerPass) {
       for (size_t t = 0; t < embeddings.size(); ++t) {
         embs[t] = embeddings[t] + r0 * table_width(t);
       }
-      predict_pass(std::min(kRowsPerPass, batch - r0), dense + r0 * dense_dim(), embs,
+      predict_pass(std::min(kRowsPerPass, r_end - r0), dense + r0 * dense_dim(), embs,
                    out + r0 * label_dim_, ws);
     }
   }
