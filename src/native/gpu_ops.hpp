@@ -385,8 +385,8 @@ class DeviceArray {
   DeviceArray() = default;
   void upload(Lane& lane, const std::vector<T>& items) {
     const size_t bytes = items.size() * sizeof(T);
+    const auto entered = lane.enter();  // first: the memory is the lane's device's
     CUdeviceptr d = buffer_.reserve(std::max<size_t>(bytes, 1));
-    const auto entered = lane.enter();
     lane.to_device(d, items.data(), bytes);
     lane.sync();
   }

@@ -8,6 +8,13 @@
 // versions of src/native/kernels/cache_kernels.cu (lookup and write: array_cache_twin.hpp);
 // graphs run by the harness's runner (fake_set_graph_runner). What went wrong is printed
 // and counted (fake_errors).
+// Two devices (kDevices), each with its primary context; the current context is per
+// thread, as CUDA's. Device memory (cuMemAlloc, or registered with fake_register_on) belongs
+// to the device whose context was current; a stream, a module and its functions too. Every
+// copy, memset, launch and graph launch must be queued on a stream of the current context's
+// device, and everything it touches must be that device's memory (or host memory every
+// context may use: portable pinned memory, or registered with fake_register); what crosses
+// devices is reported. fake_device_work(d) counts what ran on device d.
 // What it cannot check: real CUDA (graph capture, the kernels as compiled for the GPU and
 // their argument ABI as the GPU compiler sees it, concurrency between streams, timing).
 #include <cstdint>
@@ -31,10 +38,13 @@ namespace cu = triton_rec::cuda;
 using cu::CUdeviceptr;
 using cu::CUresult;
 
+constexpr int kDevices = 2;
+
 struct Region {
   size_t bytes;
   int kind;  // 0 device, 1 pinned host, 2 external (registered by the harness)
   std::string name;
+  int device = -1;  // the device it belongs to; -1: every context may use it
 };
 static std::map<uintptr_t, Region> g_regions;
 static int g_errors = 0;
@@ -54,7 +64,9 @@ static const Region* region_of(uintptr_t p, size_t bytes, uintptr_t* base = null
   return &it->second;
 }
 
-static void check(const void* p, size_t bytes, const char* what, int want_kind = -1) {
+// `device` >= 0: the device the operation runs on; memory of another device is reported.
+static void check(const void* p, size_t bytes, const char* what, int want_kind = -1,
+                  int device = -1) {
   if (bytes == 0) return;
   const Region* r = region_of(reinterpret_cast<uintptr_t>(p), bytes);
   if (r == nullptr) {
@@ -66,8 +78,28 @@ static void check(const void* p, size_t bytes, const char* what, int want_kind =
     snprintf(b, sizeof b, "%s: [%p, +%zu) is of kind %d (%s), not %d", what, p, bytes, r->kind,
              r->name.c_str(), want_kind);
     report(b);
+  } else if (device >= 0 && r->device >= 0 && r->device != device) {
+    char b[256];
+    snprintf(b, sizeof b, "%s: [%p, +%zu) (%s) is memory of device %d, used on device %d", what,
+             p, bytes, r->name.c_str(), r->device, device);
+    report(b);
   }
 }
+
+// The primary contexts; the calling thread's current one (CUDA's is per thread too).
+static int g_ctx[kDevices];
+static thread_local void* g_current = nullptr;
+static int current_device() {
+  for (int d = 0; d < kDevices; ++d)
+    if (g_current == &g_ctx[d]) return d;
+  return -1;
+}
+static int device_for(const char* what) {
+  const int d = current_device();
+  if (d < 0) report(std::string(what) + " with no context current");
+  return d;
+}
+static long g_work[kDevices];  // operations run, per device
 
 struct Op {
   std::function<void()> run;
@@ -76,6 +108,7 @@ struct Op {
 };
 struct Stream {
   std::deque<Op> q;
+  int device = -1;
 };
 static std::vector<Stream*> g_streams;
 
@@ -101,6 +134,17 @@ static void pending_touching(uintptr_t p, const char* what) {
   }
 }
 
+// a cache's state arrays (their first bytes) on the device `dev`
+static void check_view(const xc::View& v, const char* what, int dev) {
+  const std::string w(what);
+  check(v.keys, 8, (w + " keys").c_str(), 0, dev);
+  check(v.valid, 1, (w + " valid").c_str(), 0, dev);
+  check(v.ticks, 8, (w + " ticks").c_str(), 0, dev);
+  check(v.vectors, 1, (w + " vectors").c_str(), 0, dev);
+  check(v.seq, 8, (w + " seq").c_str(), 0, dev);
+  check(v.meta, 8, (w + " meta").c_str(), 0, dev);
+}
+
 template <class T>
 static T arg(void** args, int i) {
   T v;
@@ -109,12 +153,17 @@ static T arg(void** args, int i) {
 }
 
 extern "C" {
-typedef void (*GraphRunner)(void* exec);
+typedef void (*GraphRunner)(void* exec, int device);  // device: the stream's
 static GraphRunner g_graph_runner = nullptr;
 void fake_set_graph_runner(GraphRunner r) { g_graph_runner = r; }
 void fake_register(void* p, size_t bytes, const char* name) {
-  g_regions[reinterpret_cast<uintptr_t>(p)] = Region{bytes, 2, name};
+  g_regions[reinterpret_cast<uintptr_t>(p)] = Region{bytes, 2, name, -1};
 }
+// device memory of `device` the harness made (a cache's state, a graph's inputs)
+void fake_register_on(void* p, size_t bytes, const char* name, int device) {
+  g_regions[reinterpret_cast<uintptr_t>(p)] = Region{bytes, 2, name, device};
+}
+long fake_device_work(int device) { return device >= 0 && device < kDevices ? g_work[device] : -1; }
 int fake_errors() { return g_errors; }
 int fake_pending() {
   int n = 0;
@@ -136,10 +185,11 @@ CUresult cuDriverGetVersion(int* v) {
   return 0;
 }
 CUresult cuDeviceGetCount(int* c) {
-  *c = 1;
+  *c = kDevices;
   return 0;
 }
 CUresult cuDeviceGet(int* d, int o) {
+  if (o < 0 || o >= kDevices) return 101;  // CUDA_ERROR_INVALID_DEVICE
   *d = o;
   return 0;
 }
@@ -147,17 +197,15 @@ CUresult cuDeviceGetAttribute(int* v, int a, int) {
   *v = a == cu::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT ? 4 : 9;
   return 0;
 }
-CUresult cuDeviceGetName(char* n, int len, int) {
-  snprintf(n, len, "fake");
+CUresult cuDeviceGetName(char* n, int len, int d) {
+  snprintf(n, len, "fake %d", d);
   return 0;
 }
-static int g_ctx;
-CUresult cuDevicePrimaryCtxRetain(void** c, int) {
-  *c = &g_ctx;
+CUresult cuDevicePrimaryCtxRetain(void** c, int d) {
+  *c = &g_ctx[d];
   return 0;
 }
 CUresult cuDevicePrimaryCtxRelease_v2(int) { return 0; }
-static void* g_current = nullptr;
 CUresult cuCtxSetCurrent(void* c) {
   g_current = c;
   return 0;
@@ -166,21 +214,51 @@ CUresult cuCtxGetCurrent(void** c) {
   *c = g_current;
   return 0;
 }
-static int g_module;
+// a module and its functions belong to the device whose context loaded it
+struct Module {
+  int device;
+};
+struct Function {
+  std::string name;
+  int device;
+};
 CUresult cuModuleLoadData(void** m, const void*) {
-  *m = &g_module;
+  *m = new Module{device_for("cuModuleLoadData")};
   return 0;
 }
-CUresult cuModuleUnload(void*) { return 0; }
-CUresult cuModuleGetFunction(void** f, void*, const char* name) {
-  *f = strdup(name);
+CUresult cuModuleUnload(void* m) {
+  if (static_cast<Module*>(m)->device != current_device()) report("cuModuleUnload: not its context");
+  return 0;
+}
+CUresult cuModuleGetFunction(void** f, void* m, const char* name) {
+  *f = new Function{name, static_cast<Module*>(m)->device};
   return 0;
 }
 CUresult cuStreamCreate(void** s, unsigned) {
   Stream* st = new Stream;
+  st->device = device_for("cuStreamCreate");
   g_streams.push_back(st);
   *s = st;
   return 0;
+}
+// The stream `s` of an operation queued now: its device must be the current context's.
+static Stream* queue_on(void* s, const std::string& what) {
+  Stream* st = static_cast<Stream*>(s);
+  const int cur = current_device();
+  if (cur != st->device) {
+    report(what + " queued on a stream of device " + std::to_string(st->device) +
+           " while device " + std::to_string(cur) + " is current");
+  }
+  return st;
+}
+static void push(Stream* st, Op op) {
+  const int d = st->device;
+  auto run = std::move(op.run);
+  op.run = [d, run] {
+    if (d >= 0) ++g_work[d];
+    run();
+  };
+  st->q.push_back(std::move(op));
 }
 CUresult cuStreamDestroy_v2(void* s) {
   flush(static_cast<Stream*>(s));
@@ -202,7 +280,7 @@ CUresult cuEventDestroy_v2(void* e) {
   return 0;
 }
 CUresult cuEventRecord(void* e, void* s) {
-  static_cast<Event*>(e)->s = static_cast<Stream*>(s);
+  static_cast<Event*>(e)->s = queue_on(s, "cuEventRecord");
   return 0;
 }
 CUresult cuEventQuery(void* e) {
@@ -213,7 +291,7 @@ CUresult cuEventSynchronize(void* e) { return cuEventQuery(e); }
 CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
   void* m = malloc(bytes);
   memset(m, 0xEE, bytes);
-  g_regions[reinterpret_cast<uintptr_t>(m)] = Region{bytes, 0, "device"};
+  g_regions[reinterpret_cast<uintptr_t>(m)] = Region{bytes, 0, "device", device_for("cuMemAlloc")};
   *p = reinterpret_cast<CUdeviceptr>(m);
   return 0;
 }
@@ -223,10 +301,12 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
   free(reinterpret_cast<void*>(p));
   return 0;
 }
-CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned) {
+CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned flags) {
   void* m = malloc(bytes);
   memset(m, 0xDD, bytes);
-  g_regions[reinterpret_cast<uintptr_t>(m)] = Region{bytes, 1, "pinned"};
+  // pinned for every context only when portable; else for the one current
+  const int device = (flags & cu::CU_MEMHOSTALLOC_PORTABLE) ? -1 : device_for("cuMemHostAlloc");
+  g_regions[reinterpret_cast<uintptr_t>(m)] = Region{bytes, 1, "pinned", device};
   *p = m;
   return 0;
 }
@@ -243,10 +323,11 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* d, void* p, unsigned) {
   return 0;
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, void* s) {
-  check(reinterpret_cast<void*>(dst), n, "HtoD dst", 0);
+  Stream* st = queue_on(s, "HtoD copy");
+  check(reinterpret_cast<void*>(dst), n, "HtoD dst", 0, st->device);
   // From memory no allocation holds (pageable: a std::vector), CUDA copies at once
   const bool pageable = region_of(reinterpret_cast<uintptr_t>(src), 1) == nullptr;
-  if (!pageable) check(src, n, "HtoD src");
+  if (!pageable) check(src, n, "HtoD src", -1, st->device);
   auto snap = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                   static_cast<const char*>(src) + n);
   Op op;
@@ -265,32 +346,38 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, void* 
       memcpy(reinterpret_cast<void*>(dst), src, n);
     }
   };
-  static_cast<Stream*>(s)->q.push_back(std::move(op));
+  push(st, std::move(op));
   return 0;
 }
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, void* s) {
-  check(dst, n, "DtoH dst");
-  check(reinterpret_cast<void*>(src), n, "DtoH src", 0);
+  Stream* st = queue_on(s, "DtoH copy");
+  check(dst, n, "DtoH dst", -1, st->device);
+  check(reinterpret_cast<void*>(src), n, "DtoH src", 0, st->device);
   if (g_poison) memset(dst, 0x7F, n);  // NaN-ish floats until the copy runs
   Op op;
   op.what = "DtoH copy";
   op.touches = {{reinterpret_cast<uintptr_t>(dst), n}, {src, n}};
   op.run = [=] { memcpy(dst, reinterpret_cast<void*>(src), n); };
-  static_cast<Stream*>(s)->q.push_back(std::move(op));
+  push(st, std::move(op));
   return 0;
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s2, size_t n, void* s) {
+  Stream* st = queue_on(s, "DtoD copy");
+  check(reinterpret_cast<void*>(d), n, "DtoD dst", 0, st->device);
+  check(reinterpret_cast<void*>(s2), n, "DtoD src", 0, st->device);
   Op op;
   op.what = "DtoD";
   op.run = [=] { memcpy(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s2), n); };
-  static_cast<Stream*>(s)->q.push_back(std::move(op));
+  push(st, std::move(op));
   return 0;
 }
 CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void* s) {
+  Stream* st = queue_on(s, "memset");
+  check(reinterpret_cast<void*>(d), n, "memset dst", 0, st->device);
   Op op;
   op.what = "memset";
   op.run = [=] { memset(reinterpret_cast<void*>(d), v, n); };
-  static_cast<Stream*>(s)->q.push_back(std::move(op));
+  push(st, std::move(op));
   return 0;
 }
 CUresult cuPointerGetAttribute(void* out, int, CUdeviceptr p) {
@@ -303,10 +390,12 @@ CUresult cuStreamBeginCapture_v2(void*, int) { return 0; }
 CUresult cuStreamEndCapture(void*, void**) { return 0; }
 CUresult cuGraphInstantiateWithFlags(void**, void*, unsigned long long) { return 0; }
 CUresult cuGraphLaunch(void* exec, void* s) {
+  Stream* st = queue_on(s, "graph launch");
   Op op;
   op.what = "graph";
-  op.run = [=] { g_graph_runner(exec); };
-  static_cast<Stream*>(s)->q.push_back(std::move(op));
+  const int device = st->device;
+  op.run = [=] { g_graph_runner(exec, device); };
+  push(st, std::move(op));
   return 0;
 }
 CUresult cuGraphDestroy(void*) { return 0; }
@@ -314,7 +403,14 @@ CUresult cuGraphExecDestroy(void*) { return 0; }
 
 CUresult cuLaunchKernel(void* f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, void* s, void** args, void**) {
-  const std::string name = static_cast<const char*>(f);
+  const Function& fn = *static_cast<const Function*>(f);
+  const std::string name = fn.name;
+  Stream* st = queue_on(s, "launch of " + name);
+  const int dev = st->device;
+  if (fn.device != dev) {
+    report(name + ": a function of device " + std::to_string(fn.device) +
+           "'s module launched on device " + std::to_string(dev));
+  }
   Op op;
   op.what = name;
   if (name == "trec_lookup_tables") {
@@ -325,14 +421,15 @@ CUresult cuLaunchKernel(void* f, unsigned, unsigned, unsigned, unsigned, unsigne
     auto out = arg<float*>(args, 4);
     auto status = arg<uint8_t*>(args, 5);
     op.run = [=] {
-      check(tg, m * sizeof(xc::LookupTarget), "lookup targets", 0);
-      check(sp, (2 * m + 1) * 8, "lookup spans", 0);
+      check(tg, m * sizeof(xc::LookupTarget), "lookup targets", 0, dev);
+      check(sp, (2 * m + 1) * 8, "lookup spans", 0, dev);
       const int64_t a = sp[0], b = sp[2 * m];
-      check(keys + a, (b - a) * 8, "lookup keys", 0);
-      check(status + a, b - a, "lookup status", 0);
+      check(keys + a, (b - a) * 8, "lookup keys", 0, dev);
+      check(status + a, b - a, "lookup status", 0, dev);
       for (int t = 0; t < m; ++t) {
         const int64_t n = sp[2 * t + 2] - sp[2 * t];
-        check(out + sp[2 * t + 1], n * tg[t].dim() * 4, "lookup out", 0);
+        check(out + sp[2 * t + 1], n * tg[t].dim() * 4, "lookup out", 0, dev);
+        if (tg[t].cache) check_view(tg[t].view, "lookup cache", dev);
       }
       xc::twin_lookup_tables(tg, sp, m, keys, out, status);
     };
@@ -343,8 +440,8 @@ CUresult cuLaunchKernel(void* f, unsigned, unsigned, unsigned, unsigned, unsigne
     auto vectors = arg<const float*>(args, 3);
     auto ptr = arg<const int64_t*>(args, 4);
     op.run = [=] {
-      check(tg, m * sizeof(xc::CombineTarget), "combine targets", 0);
-      check(sp, (3 * m + 1) * 8, "combine spans", 0);
+      check(tg, m * sizeof(xc::CombineTarget), "combine targets", 0, dev);
+      check(sp, (3 * m + 1) * 8, "combine spans", 0, dev);
       // each table's slots by the host's combiner, whose sums the kernel repeats
       for (int t = 0; t < m; ++t) {
         const xc::CombineTarget c = tg[t];
@@ -353,10 +450,10 @@ CUresult cuLaunchKernel(void* f, unsigned, unsigned, unsigned, unsigned, unsigne
         const int64_t segments = elements / c.dim;
         const float* v = vectors + sp[3 * t + 1];
         const int64_t* p = ptr + sp[3 * t + 2];
-        check(p, (segments + 1) * 8, "combine row pointers", 0);
+        check(p, (segments + 1) * 8, "combine row pointers", 0, dev);
         const int64_t rows = segments > 0 ? p[segments] : 0;
-        check(v, rows * c.dim * 4, "combine vectors", 0);
-        check(c.out, elements * 4, "combine out", 0);
+        check(v, rows * c.dim * 4, "combine vectors", 0, dev);
+        check(c.out, elements * 4, "combine out", 0, dev);
         if (!triton_rec::combine_segments(v, rows, c.dim, p, segments, c.mean, c.out)) {
           report("combine: row pointers out of order");
         }
@@ -374,20 +471,21 @@ CUresult cuLaunchKernel(void* f, unsigned, unsigned, unsigned, unsigned, unsigne
     auto target = arg<int32_t*>(args, 8);
     auto counts = arg<int64_t*>(args, 9);
     op.run = [=] {
-      check(sets, t * 8, "write sets", 0);
-      check(starts, (t + 1) * 8, "write starts", 0);
+      check(sets, t * 8, "write sets", 0, dev);
+      check(starts, (t + 1) * 8, "write starts", 0, dev);
       const int64_t m = starts[t];
-      check(keys, m * 8, "write keys", 0);
-      check(src, m * 8, "write src", 0);
-      check(target, m * 4, "write target", 0);
-      check(counts, 8 * xc::kWriteCounts, "write counts", 0);
-      if (rows) check(rows, 1, "write rows", 0);
+      check(keys, m * 8, "write keys", 0, dev);
+      check(src, m * 8, "write src", 0, dev);
+      check(target, m * 4, "write target", 0, dev);
+      check(counts, 8 * xc::kWriteCounts, "write counts", 0, dev);
+      if (rows) check(rows, 1, "write rows", 0, dev);
+      check_view(v, "write cache", dev);
       xc::twin_write(v, md, keys, src, sets, starts, t, rows, target, counts);
     };
   } else {
     report("unknown kernel " + name);
   }
-  static_cast<Stream*>(s)->q.push_back(std::move(op));
+  push(st, std::move(op));
   return 0;
 }
 }

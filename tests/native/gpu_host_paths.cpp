@@ -12,17 +12,21 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "host.hpp"
 
 extern "C" {
-typedef void (*GraphRunner)(void* exec);
+typedef void (*GraphRunner)(void* exec, int device);
 void fake_set_graph_runner(GraphRunner r);
 void fake_register(void* p, size_t bytes, const char* name);
+void fake_register_on(void* p, size_t bytes, const char* name, int device);
+long fake_device_work(int device);
 int fake_errors();
 int fake_pending();
 }
@@ -53,11 +57,8 @@ static int g_fail = 0;
 static float vec(int64_t key, int64_t d) { return static_cast<float>(key % 1000) + 0.25f * d; }
 
 // ---------------------------------------------------------------- the fake network
-struct Net {
-  NativePlan* plan;
-  std::vector<float*> outs;
-};
-static Net g_net;
+// A plan's graphs: exec handles (plan number << 16) + bucket + 1, run by run_graph.
+static std::vector<NativePlan*> g_graph_plans;
 static void network_rows(const NativePlan& plan, int64_t rows, const float* dense,
                          const std::vector<const float*>& emb, float* out) {
   for (int64_t i = 0; i < rows; ++i) {
@@ -72,42 +73,49 @@ static void network_rows(const NativePlan& plan, int64_t rows, const float* dens
     }
   }
 }
-static void run_graph(void* exec) {
-  const NativePlan& plan = *g_net.plan;
-  const size_t b = reinterpret_cast<uintptr_t>(exec) - 1;
+static void run_graph(void* exec, int device) {
+  const auto h = reinterpret_cast<uintptr_t>(exec);
+  const NativePlan& plan = *g_graph_plans.at(h >> 16);
+  const size_t b = (h & 0xFFFF) - 1;
+  EXPECT(plan.gpu_device == device, "a graph of device %d launched on device %d",
+         plan.gpu_device, device);
   std::vector<const float*> emb;
   for (auto e : plan.emb_in) emb.push_back(reinterpret_cast<const float*>(e));
   network_rows(plan, plan.buckets[b].batch, reinterpret_cast<const float*>(plan.dense_in), emb,
                reinterpret_cast<float*>(plan.buckets[b].out));
 }
 
-static float* ext_alloc(size_t floats, const char* name) {
+// memory of the plan's device the harness makes (as CuPy does for the graphs)
+static float* ext_alloc(size_t floats, const char* name, int device) {
   auto* p = static_cast<float*>(malloc(std::max<size_t>(floats, 1) * 4));
   for (size_t i = 0; i < floats; ++i) p[i] = NAN;
-  fake_register(p, std::max<size_t>(floats, 1) * 4, name);
+  fake_register_on(p, std::max<size_t>(floats, 1) * 4, name, device);
   return p;
 }
 
 static void add_graphs(NativePlan& plan) {
+  const int d = plan.gpu_device;
   plan.dense_in =
-      reinterpret_cast<uintptr_t>(ext_alloc(plan.max_batch_size * plan.dense_dim, "dense_in"));
+      reinterpret_cast<uintptr_t>(ext_alloc(plan.max_batch_size * plan.dense_dim, "dense_in", d));
   for (size_t t = 0; t < plan.slots.size(); ++t) {
     plan.emb_in.push_back(reinterpret_cast<uintptr_t>(
-        ext_alloc(plan.max_batch_size * plan.slots[t] * plan.table_dim(t), "emb_in")));
+        ext_alloc(plan.max_batch_size * plan.slots[t] * plan.table_dim(t), "emb_in", d)));
   }
   std::vector<int64_t> bs;
   for (int64_t b = 1; b < plan.max_batch_size; b *= 2) bs.push_back(b);
   bs.push_back(plan.max_batch_size);
+  const uintptr_t base = g_graph_plans.size() << 16;
+  g_graph_plans.push_back(&plan);
   for (size_t i = 0; i < bs.size(); ++i) {
-    plan.buckets.push_back({bs[i], reinterpret_cast<triton_rec::cuda::CUgraphExec>(i + 1),
-                            reinterpret_cast<uintptr_t>(ext_alloc(bs[i] * plan.label_dim, "out"))});
+    plan.buckets.push_back({bs[i], reinterpret_cast<triton_rec::cuda::CUgraphExec>(base + i + 1),
+                            reinterpret_cast<uintptr_t>(ext_alloc(bs[i] * plan.label_dim, "out", d))});
   }
-  g_net.plan = &plan;
   fake_set_graph_runner(run_graph);
 }
 
-static void add_gpu(NativePlan& plan) {
-  auto dev = std::make_shared<triton_rec::cuda::Device>(0);
+static void add_gpu(NativePlan& plan, int device = 0) {
+  auto dev = std::make_shared<triton_rec::cuda::Device>(device);
+  plan.gpu_device = plan.device_id = device;
   plan.kernels = std::make_shared<gpu::Kernels>(dev, std::string("fake"));
   plan.lane = std::make_unique<gpu::Lane>(plan.kernels);
 }
@@ -173,6 +181,15 @@ struct Cache {
     a.meta = (uintptr_t)meta.data();
     v = gpu::make_view(a, sets, ways, dim, 0, 0, 0);
   }
+  // its state arrays: memory of `device`
+  void register_on(int device) {
+    fake_register_on(keys.data(), keys.size() * 8, "cache", device);
+    fake_register_on(valid.data(), valid.size(), "cache", device);
+    fake_register_on(ticks.data(), ticks.size() * 8, "cache", device);
+    fake_register_on(vectors.data(), vectors.size(), "cache", device);
+    fake_register_on(seq.data(), seq.size() * 8, "cache", device);
+    fake_register_on(meta.data(), meta.size() * 8, "cache", device);
+  }
   void insert(const std::vector<int64_t>& ks) {
     std::vector<float> rows;
     for (int64_t k : ks)
@@ -218,7 +235,8 @@ struct FakeMissCache : tr::MissCache {
   }
   mutable size_t inserted = 0;
 };
-static std::vector<FakeMissCache*> g_miss;
+// each plan's tables' inserts
+static std::map<const NativePlan*, std::vector<FakeMissCache*>> g_miss;
 static int64_t g_missed_keys = 0;
 
 namespace trec_host {
@@ -238,26 +256,24 @@ void finish_query(const InstanceState& st, size_t t, const int64_t* keys, int64_
       rows.push_back(vec(keys[i], d));
     }
   }
+  const FakeMissCache* miss = g_miss.at(st.plan.get())[t];
   if (pending) {
-    pending->add(g_miss[t], ks.data(), ks.size(), reinterpret_cast<const uint8_t*>(rows.data()),
+    pending->add(miss, ks.data(), ks.size(), reinterpret_cast<const uint8_t*>(rows.data()),
                  st.plan->tables[t].stats);
   } else {
-    g_miss[t]->insert(ks.data(), ks.size(), reinterpret_cast<const uint8_t*>(rows.data()));
+    miss->insert(ks.data(), ks.size(), reinterpret_cast<const uint8_t*>(rows.data()));
   }
 }
 }  // namespace trec_host
 
 static std::vector<int64_t> g_stats(64);
+// the plan's tables: a cache each on `pool`'s device, its inserts on `pool`
 static void add_cache_tables(NativePlan& plan, std::vector<Cache*>& caches, gpu::Lane* pool,
                              const std::vector<int64_t>& dims) {
+  g_miss[&plan].clear();  // (a plan of an earlier test may have had its address)
   for (size_t t = 0; t < dims.size(); ++t) {
     caches.push_back(new Cache(8192, 8, dims[t]));
-    fake_register(caches.back()->keys.data(), caches.back()->keys.size() * 8, "cache");
-    fake_register(caches.back()->valid.data(), caches.back()->valid.size(), "cache");
-    fake_register(caches.back()->ticks.data(), caches.back()->ticks.size() * 8, "cache");
-    fake_register(caches.back()->vectors.data(), caches.back()->vectors.size(), "cache");
-    fake_register(caches.back()->seq.data(), caches.back()->seq.size() * 8, "cache");
-    fake_register(caches.back()->meta.data(), caches.back()->meta.size() * 8, "cache");
+    caches.back()->register_on(pool->kernels().device().ordinal());
     NativeTable nt;
     nt.dim = dims[t];
     nt.stats = g_stats.data();
@@ -268,7 +284,7 @@ static void add_cache_tables(NativePlan& plan, std::vector<Cache*>& caches, gpu:
     auto* m = new FakeMissCache;
     m->c = caches.back();
     m->lane = pool;
-    g_miss.push_back(m);
+    g_miss[&plan].push_back(m);
   }
 }
 
@@ -322,7 +338,6 @@ static void test_hugectr(std::mt19937& rng, gpu::Lane* pool) {
   plan.label_dim = 1;
   plan.max_batch_size = 33;
   std::vector<Cache*> caches;
-  g_miss.clear();
   add_cache_tables(plan, caches, pool, {4, 2, 6});
   add_gpu(plan);
   add_graphs(plan);
@@ -401,7 +416,6 @@ static void test_hps(std::mt19937& rng, gpu::Lane* pool) {
   st.plan = std::make_unique<NativePlan>();
   NativePlan& plan = *st.plan;
   std::vector<Cache*> caches;
-  g_miss.clear();
   add_cache_tables(plan, caches, pool, {4, 1, 7});
   add_gpu(plan);
   upload_targets(&plan);
@@ -439,12 +453,7 @@ static void test_lookup_host(std::mt19937& rng, gpu::Lane* lane) {
   std::vector<Cache*> caches;
   for (int64_t dim : {3, 16}) caches.push_back(new Cache(4096, 8, dim));
   for (auto* c : caches) {
-    fake_register(c->keys.data(), c->keys.size() * 8, "cache");
-    fake_register(c->valid.data(), c->valid.size(), "cache");
-    fake_register(c->ticks.data(), c->ticks.size() * 8, "cache");
-    fake_register(c->vectors.data(), c->vectors.size(), "cache");
-    fake_register(c->seq.data(), c->seq.size() * 8, "cache");
-    fake_register(c->meta.data(), c->meta.size() * 8, "cache");
+    c->register_on(lane->kernels().device().ordinal());
     std::vector<int64_t> ks;
     for (int64_t k = 0; k < 6000; k += 2) ks.push_back(k);  // even keys cached
     c->insert(ks);
@@ -504,6 +513,90 @@ static void test_lookup_host(std::mt19937& rng, gpu::Lane* lane) {
   EXPECT(stt == xc::kHit && o[2] == vec(42, 2), "single lookup_host");
 }
 
+// ---------------------------------------------------------------- two devices
+// An instance of one model on a device: its plan (kernels, lane, graphs), its caches and
+// the lane of its inserts, all on that device.
+struct Instance {
+  InstanceState st;
+  std::vector<Cache*> caches;
+  std::unique_ptr<gpu::Lane> pool;
+};
+
+// One request to `in` (keys of parity `parity`: device 0's instance gets even keys, device
+// 1's odd), checked: its answer, its work on its own device only, its misses in its caches.
+static void serve_on(Instance& in, std::mt19937& rng, int parity, const char* how) {
+  NativePlan& plan = *in.st.plan;
+  const int dev = plan.gpu_device;
+  const int64_t n = 1 + rng() % plan.max_batch_size;
+  Rows r = make_rows(plan, n, rng, 3);
+  Scratch s;
+  s.ptrs = r.ptrs;
+  s.key_starts = r.key_starts;
+  const int64_t n_cat = r.key_starts.back();
+  s.keys.resize(std::max<int64_t>(n_cat, 1));
+  for (int64_t i = 0; i < n_cat; ++i) s.keys[i] = 2 * static_cast<int64_t>(rng() % 1500) + parity;
+  std::vector<float> vectors, des(n * plan.dense_dim);
+  for (size_t t = 0; t < in.caches.size(); ++t)
+    for (int64_t i = r.key_starts[t]; i < r.key_starts[t + 1]; ++i)
+      for (int64_t d = 0; d < plan.tables[t].dim; ++d) vectors.push_back(vec(s.keys[i], d));
+  for (auto& x : des) x = static_cast<float>(rng() % 1000) / 16;
+  std::vector<float> got(n * plan.label_dim, -1);
+  Defaults d;
+  const long before[2] = {fake_device_work(0), fake_device_work(1)};
+  hugectr_gpu(in.st, s, n, n_cat, static_cast<int64_t>(r.ptrs.size()), des.data(), got.data(),
+              true, &d);
+  EXPECT(fake_pending() == 0, "two devices (%s): work left pending", how);
+  EXPECT(got == expect(plan, n, r, vectors, des), "two devices (%s), device %d: answer differs",
+         how, dev);
+  EXPECT(fake_device_work(dev) > before[dev] && fake_device_work(1 - dev) == before[1 - dev],
+         "two devices (%s): a request to device %d's instance ran %ld operations on device %d",
+         how, dev, fake_device_work(1 - dev) - before[1 - dev], 1 - dev);
+  for (size_t t = 0; t < in.caches.size(); ++t)
+    for (int64_t i = r.key_starts[t]; i < r.key_starts[t + 1]; ++i)
+      EXPECT(in.caches[t]->holds(s.keys[i]), "two devices: key %ld not in device %d's cache",
+             (long)s.keys[i], dev);
+}
+
+static void test_two_devices(std::mt19937& rng) {
+  Instance in[2];
+  for (int d = 0; d < 2; ++d) {
+    in[d].st.plan = std::make_unique<NativePlan>();
+    NativePlan& plan = *in[d].st.plan;
+    plan.hugectr = true;
+    plan.slots = {2, 3, 1};
+    plan.mean = {false, true, false};
+    for (auto s : plan.slots) plan.total_slots += s;
+    plan.dense_dim = 3;
+    plan.label_dim = 1;
+    plan.max_batch_size = 33;
+    add_gpu(plan, d);
+    in[d].pool = std::make_unique<gpu::Lane>(plan.kernels);
+    add_cache_tables(plan, in[d].caches, in[d].pool.get(), {4, 2, 6});
+    add_graphs(plan);
+  }
+  // each plan's targets uploaded while the other device is current (as a thread that
+  // loaded the other instance last would have it)
+  for (int d = 0; d < 2; ++d) {
+    in[1 - d].st.plan->kernels->device().make_current();
+    upload_targets(in[d].st.plan.get());
+  }
+  for (int it = 0; it < 40; ++it) {
+    const int d = it < 8 ? it % 2 : static_cast<int>(rng() % 2);
+    if (it % 3 == 2) {  // a thread of its own, with no context current yet
+      std::thread th([&] { serve_on(in[d], rng, d, "a fresh thread"); });
+      th.join();
+    } else {
+      serve_on(in[d], rng, d, "one thread, devices in turn");
+    }
+  }
+  for (int d = 0; d < 2; ++d)  // nothing of the other instance's keys in a device's caches
+    for (size_t t = 0; t < in[d].caches.size(); ++t)
+      for (int64_t k = 1 - d; k < 3000; k += 2)
+        EXPECT(!in[d].caches[t]->holds(k), "two devices: device %d's cache holds key %ld", d,
+               (long)k);
+  EXPECT(fake_device_work(0) > 0 && fake_device_work(1) > 0, "two devices: a device did nothing");
+}
+
 int main() {
   std::mt19937 rng(7);
   auto dev = std::make_shared<triton_rec::cuda::Device>(0);
@@ -513,6 +606,7 @@ int main() {
   test_hugectr(rng, &pool);
   test_hps(rng, &pool);
   test_lookup_host(rng, &other);
+  test_two_devices(rng);
   printf("failures %d, driver reports %d\n", g_fail, fake_errors());
   return g_fail + fake_errors() ? 1 : 0;
 }

@@ -27,7 +27,10 @@ TABLES = [
 def params(tmp_path):
     def make(**over):
         entry = write_model(
-            str(tmp_path / "repo"), f"m{abs(hash(tuple(over.items()))) % 10**6}", TABLES, SEED
+            str(tmp_path / "repo"),
+            f"m{abs(hash(repr(sorted(over.items())))) % 10**6}",
+            TABLES,
+            SEED,
         )
         entry.update({"gpucacheper": 0.5, **over})
         return parse_ps_config(
@@ -140,6 +143,45 @@ def test_a_gpu_instance_without_cupy_fails_clearly_and_leaves_nothing(params, tm
         open_session(p, InstanceSpec(kind="GPU", device_id=0, store_dir=str(tmp_path / "store")))
     assert not [e for e in os.listdir("/dev/shm") if p.model in e]
     assert not glob.glob(f"/dev/shm/trec-ns-*/*{p.model}*")
+
+
+def test_a_gpu_instance_on_a_device_not_in_deployed_device_list_fails_the_load(params, tmp_path):
+    """HPS's rule (hps backend src/model_state.cpp, Create_EmbeddingCache), checked before
+    anything is opened: the model and the device named, nothing left behind."""
+    from triton_rec.errors import ConfigError
+
+    p = params(deployed_device_list=[1, 3])
+    spec = InstanceSpec(kind="GPU", device_id=2, store_dir=str(tmp_path / "store"))
+    with pytest.raises(ConfigError) as e:
+        open_session(p, spec)
+    assert str(e.value) == (
+        f"model '{p.model}': Please confirm that device 2 is added to 'deployed_device_list' "
+        "in the ps configuration file (it lists [1, 3])"
+    )
+    assert not os.path.exists(tmp_path / "store")
+    # a listed device gets past the rule (to the missing CuPy, here), a CPU instance ignores it
+    with pytest.raises(CupyUnavailableError):
+        open_session(p, dataclasses.replace(spec, device_id=3))
+    open_session(p, InstanceSpec(store_dir=str(tmp_path / "store"))).close()
+
+
+def test_each_device_of_a_model_gets_its_own_cache(params):
+    """One cache per (model, device): the names of two GPU instances' caches differ only in
+    the device, the instances of one device share theirs."""
+    from triton_rec.serving import deployment
+
+    p = params()
+
+    class T:
+        path = "/store/layouts/0123456789abcdef0123.tbl"
+
+    tp = p.tables[0]
+    name = {
+        d: deployment.cache_name(p, InstanceSpec("GPU", d, model_version="1"), tp, T)
+        for d in (0, 1)
+    }
+    assert name[0] != name[1] and name[0].replace(".gpu0.", ".gpu1.") == name[1]
+    assert name[1] == deployment.cache_name(p, InstanceSpec("GPU", 1, model_version="1"), tp, T)
 
 
 def test_a_static_table_caches_every_row_and_never_answers_a_stored_key_with_the_default(

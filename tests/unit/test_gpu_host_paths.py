@@ -7,6 +7,10 @@ and kernel arguments are checked against their allocations, and whose streams ru
 synchronization (their comments say what each checks and what it cannot). Built here with the
 system C++ compiler; a machine without one fails this test (the project always builds C++).
 
+The stand-in has two devices: a context per device, current per thread; every copy, launch
+and graph launch must go to a stream of the current context's device and touch only that
+device's memory. test_two_devices serves one model from an instance on each (issue 37).
+
 Run twice: plainly (a copy's source changed while it is pending is reported), and with
 FAKE_POISON=1 (a copy to the host fills its destination with garbage until it runs).
 Checked by hand to fail on each of these mutations of the GPU paths:
@@ -20,7 +24,12 @@ Checked by hand to fail on each of these mutations of the GPU paths:
   - hugectr_gpu's lane guard dropped (`(void)lane.enter();`): work left pending after a
     failing finish_query or flush, in both runs;
   - a failing flush swallowed (hugectr_gpu's `pending.flush()` in a try/catch): the
-    failure not reported to the caller, in both runs.
+    failure not reported to the caller, in both runs;
+  - Lane::enter no longer making its device current: copies and launches queued on a
+    stream of device 1 while device 0 (or none, on a fresh thread) is current;
+  - the targets' device memory reserved before the lane is entered (DeviceArray::upload,
+    as it was): device 1's lookups read targets in device 0's memory (the bug this test
+    found and that is fixed).
 """
 
 from __future__ import annotations

@@ -220,7 +220,12 @@ def test_loaded_versions_follow_the_version_policy(tmp_path):
 @pytest.mark.parametrize("request_path", ["native", "python"])
 def test_a_gpu_model_is_planned_per_gpu_version_and_instance(tmp_path, cache_type, request_path):
     groups = "instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0, 1 ] } ]"
-    repo = write_repo(tmp_path / "repo", {"g": groups}, embedding_cache_type=cache_type)
+    repo = write_repo(
+        tmp_path / "repo",
+        {"g": groups},
+        embedding_cache_type=cache_type,
+        deployed_device_list=[0, 1],
+    )
     config = config_of(repo, "g")
     plan = sizing.plan_model("g", config, str(repo / "g"), [0, 1], request_path)
     assert plan.error is None and not plan.refusals
@@ -333,6 +338,26 @@ def test_a_gpu_model_on_a_node_without_a_gpu_is_refused(tmp_path, capsys):
         "does not fit: model 'on_gpu': GPU: instance_group 0 is KIND_GPU and this node has no GPU"
     ]
     code, out, _ = run_plan(capsys, "--model-repository", repo, "--node-gpus", "80G")
+    assert code == 0, out
+
+
+def test_a_gpu_not_in_deployed_device_list_is_refused(tmp_path, capsys):
+    """HPS refuses a KIND_GPU instance on a GPU that ps.json's deployed_device_list lacks
+    (hps backend src/model_state.cpp, Create_EmbeddingCache); so does the plan."""
+    groups = "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0, 1, 2 ] } ]"
+    repo = write_repo(tmp_path / "repo", {"g": groups}, deployed_device_list=[1])
+    code, out, _ = run_plan(capsys, "--model-repository", repo, "--node-gpus", "80G,80G,80G")
+    assert code == 1
+    refused = [line for line in out.splitlines() if line.startswith("does not fit:")]
+    assert len(refused) == 2, out
+    for device, line in zip((0, 2), refused):
+        assert line.startswith("does not fit: model 'g': GPU: ") and (
+            f"Please confirm that device {device} is added to 'deployed_device_list' in the "
+            "ps configuration file (it lists [1])"
+        ) in line, line
+    groups = "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 1 ] } ]"
+    repo = write_repo(tmp_path / "repo2", {"g": groups}, deployed_device_list=[1])
+    code, out, _ = run_plan(capsys, "--model-repository", repo, "--node-gpus", "80G,80G,80G")
     assert code == 0, out
 
 

@@ -26,7 +26,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from triton_rec.config.ps_json import (
     TableParams,
     model_relative_path,
 )
+from triton_rec.errors import ConfigError
 from triton_rec.serving.session import LookupSession, TableSet
 from triton_rec.storage import node_store
 from triton_rec.storage.backing_store import BackingStore, LocalTableStore, tier_table_name
@@ -80,6 +81,20 @@ class InstanceSpec:
     def device(self) -> str:
         """The cache's device name: ``cpu`` or ``gpu<device_id>``."""
         return f"gpu{self.device_id}" if self.kind.upper() == "GPU" else "cpu"
+
+
+def undeployed_devices(params: ModelParams, devices: Iterable[int]) -> List[str]:
+    """HPS's rule for KIND_GPU instances of a model with tables: they run only on GPUs of
+    ps.json's ``deployed_device_list`` (hps backend ``src/model_state.cpp``,
+    ``ModelState::Create_EmbeddingCache``: every GPU of the instance groups, cache or not).
+    Upstream's message for each of ``devices`` not listed."""
+    listed = list(params.deployed_device_list)
+    return [
+        f"Please confirm that device {d} is added to 'deployed_device_list' in the ps "
+        f"configuration file (it lists {listed})"
+        for d in sorted({int(d) for d in devices})
+        if d not in listed
+    ]
 
 
 def caches_enabled(params: ModelParams) -> bool:
@@ -298,6 +313,9 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
     attach the shared caches and start the online-update consumer if configured."""
 
     confine_directories(params, spec)
+    gpus = [spec.device_id] if spec.device != "cpu" else []
+    for undeployed in undeployed_devices(params, gpus):  # before anything is opened
+        raise ConfigError(f"model '{params.model}': {undeployed}")
 
     def load(tp: TableParams) -> EmbeddingTable:
         return node_store.load_table(tp, spec.store_dir, prefault=spec.prefault)
@@ -444,7 +462,6 @@ def load_dense_model(
       else the config.pbtxt parameter ``config`` (relative to the model directory), as
       the upstream HugeCTR backend samples have it.
     """
-    from triton_rec.errors import ConfigError
 
     if not params.dense_file:
         raise ConfigError(f"model '{params.model}': ps.json names no 'dense_file'")

@@ -63,7 +63,12 @@ from triton_rec.config.ps_json import (
 from triton_rec.errors import TritonRecError
 from triton_rec.formats.tables import table_shape
 from triton_rec.precision import RowCodec
-from triton_rec.serving.deployment import cache_rows, caches_enabled, uses_tiers
+from triton_rec.serving.deployment import (
+    cache_rows,
+    caches_enabled,
+    undeployed_devices,
+    uses_tiers,
+)
 from triton_rec.storage.layout_file import layout_offsets
 
 #: the resources a plan counts: host memory (RAM: the node store's tables, pinned
@@ -386,6 +391,8 @@ def _plan_model(
         plan.notes.append(f"backend '{plan.backend}': nothing of triton-rec's to size")
         return
     groups, plan.refusals = instance_groups(config, node_gpus)
+    if plan.backend != "dense":  # HPS's rule: each GPU of the groups in deployed_device_list
+        plan.refusals += undeployed_devices(params, (d for g in groups for d in g.devices))
     versions = loaded_versions(config, model_dir)
     if not versions:
         plan.notes.append("no version directory to load")
