@@ -80,8 +80,8 @@ static void check(const void* p, size_t bytes, const char* what, int want_kind =
     report(b);
   } else if (device >= 0 && r->device >= 0 && r->device != device) {
     char b[256];
-    snprintf(b, sizeof b, "%s: [%p, +%zu) (%s) is memory of device %d, used on device %d", what,
-             p, bytes, r->name.c_str(), r->device, device);
+    snprintf(b, sizeof b, "%s: [%p, +%zu) (%s) is memory of device %d, used on device %d", what, p,
+             bytes, r->name.c_str(), r->device, device);
     report(b);
   }
 }
@@ -227,7 +227,8 @@ CUresult cuModuleLoadData(void** m, const void*) {
   return 0;
 }
 CUresult cuModuleUnload(void* m) {
-  if (static_cast<Module*>(m)->device != current_device()) report("cuModuleUnload: not its context");
+  if (static_cast<Module*>(m)->device != current_device())
+    report("cuModuleUnload: not its context");
   return 0;
 }
 CUresult cuModuleGetFunction(void** f, void* m, const char* name) {
@@ -246,8 +247,8 @@ static Stream* queue_on(void* s, const std::string& what) {
   Stream* st = static_cast<Stream*>(s);
   const int cur = current_device();
   if (cur != st->device) {
-    report(what + " queued on a stream of device " + std::to_string(st->device) +
-           " while device " + std::to_string(cur) + " is current");
+    report(what + " queued on a stream of device " + std::to_string(st->device) + " while device " +
+           std::to_string(cur) + " is current");
   }
   return st;
 }

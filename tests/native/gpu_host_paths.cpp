@@ -77,8 +77,8 @@ static void run_graph(void* exec, int device) {
   const auto h = reinterpret_cast<uintptr_t>(exec);
   const NativePlan& plan = *g_graph_plans.at(h >> 16);
   const size_t b = (h & 0xFFFF) - 1;
-  EXPECT(plan.gpu_device == device, "a graph of device %d launched on device %d",
-         plan.gpu_device, device);
+  EXPECT(plan.gpu_device == device, "a graph of device %d launched on device %d", plan.gpu_device,
+         device);
   std::vector<const float*> emb;
   for (auto e : plan.emb_in) emb.push_back(reinterpret_cast<const float*>(e));
   network_rows(plan, plan.buckets[b].batch, reinterpret_cast<const float*>(plan.dense_in), emb,
@@ -107,8 +107,9 @@ static void add_graphs(NativePlan& plan) {
   const uintptr_t base = g_graph_plans.size() << 16;
   g_graph_plans.push_back(&plan);
   for (size_t i = 0; i < bs.size(); ++i) {
-    plan.buckets.push_back({bs[i], reinterpret_cast<triton_rec::cuda::CUgraphExec>(base + i + 1),
-                            reinterpret_cast<uintptr_t>(ext_alloc(bs[i] * plan.label_dim, "out", d))});
+    plan.buckets.push_back(
+        {bs[i], reinterpret_cast<triton_rec::cuda::CUgraphExec>(base + i + 1),
+         reinterpret_cast<uintptr_t>(ext_alloc(bs[i] * plan.label_dim, "out", d))});
   }
   fake_set_graph_runner(run_graph);
 }
@@ -543,14 +544,14 @@ static void serve_on(Instance& in, std::mt19937& rng, int parity, const char* ho
   std::vector<float> got(n * plan.label_dim, -1);
   Defaults d;
   const long before[2] = {fake_device_work(0), fake_device_work(1)};
-  hugectr_gpu(in.st, s, n, n_cat, static_cast<int64_t>(r.ptrs.size()), des.data(), got.data(),
-              true, &d);
+  hugectr_gpu(in.st, s, n, n_cat, static_cast<int64_t>(r.ptrs.size()), des.data(), got.data(), true,
+              &d);
   EXPECT(fake_pending() == 0, "two devices (%s): work left pending", how);
   EXPECT(got == expect(plan, n, r, vectors, des), "two devices (%s), device %d: answer differs",
          how, dev);
   EXPECT(fake_device_work(dev) > before[dev] && fake_device_work(1 - dev) == before[1 - dev],
-         "two devices (%s): a request to device %d's instance ran %ld operations on device %d",
-         how, dev, fake_device_work(1 - dev) - before[1 - dev], 1 - dev);
+         "two devices (%s): a request to device %d's instance ran %ld operations on device %d", how,
+         dev, fake_device_work(1 - dev) - before[1 - dev], 1 - dev);
   for (size_t t = 0; t < in.caches.size(); ++t)
     for (int64_t i = r.key_starts[t]; i < r.key_starts[t + 1]; ++i)
       EXPECT(in.caches[t]->holds(s.keys[i]), "two devices: key %ld not in device %d's cache",

@@ -351,10 +351,14 @@ def test_a_gpu_not_in_deployed_device_list_is_refused(tmp_path, capsys):
     refused = [line for line in out.splitlines() if line.startswith("does not fit:")]
     assert len(refused) == 2, out
     for device, line in zip((0, 2), refused):
-        assert line.startswith("does not fit: model 'g': GPU: ") and (
-            f"Please confirm that device {device} is added to 'deployed_device_list' in the "
-            "ps configuration file (it lists [1])"
-        ) in line, line
+        assert (
+            line.startswith("does not fit: model 'g': GPU: ")
+            and (
+                f"Please confirm that device {device} is added to 'deployed_device_list' in the "
+                "ps configuration file (it lists [1])"
+            )
+            in line
+        ), line
     groups = "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 1 ] } ]"
     repo = write_repo(tmp_path / "repo2", {"g": groups}, deployed_device_list=[1])
     code, out, _ = run_plan(capsys, "--model-repository", repo, "--node-gpus", "80G,80G,80G")
