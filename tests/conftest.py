@@ -8,6 +8,9 @@
 
 ``make unit`` runs ``-m "not redis and not kafka and not server and not slow"``; ``make
 test`` runs everything.
+
+``native_build``: the C++ test programs of tests/native, compiled once per session
+(tests/native_build.py).
 """
 
 from __future__ import annotations
@@ -29,3 +32,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.kafka)
         if E2E in Path(item.path).parents:
             item.add_marker(pytest.mark.server)
+
+
+@pytest.fixture(scope="session")
+def native_build(tmp_path_factory):
+    """The objects of tests/native_build.py, compiled once for every test that links them."""
+    from tests.native_build import build
+
+    return build(tmp_path_factory.mktemp("native_build"))

@@ -11,6 +11,7 @@ checks in ``/proc/<pid>/maps`` that every stub runs the wheel's C++ module.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -47,8 +48,17 @@ def _run(cmd, **kw) -> subprocess.CompletedProcess:
 def venv(tmp_path_factory) -> Path:
     """A virtual environment with the wheel installed and the checkout's dependencies."""
     wheels = tmp_path_factory.mktemp("wheel")
-    # The build reuses the editable install's CMake build folder (build/{wheel_tag}).
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)])
+    # The build reuses the editable install's objects in its CMake build folder
+    # (build/{wheel_tag}) when it compiles with the same flags: without build isolation, with
+    # the build tools `make install` put in this environment. Without them, it builds in
+    # isolation (pyproject.toml's build-system requires, fetched), from scratch.
+    isolation = (
+        [] if importlib.util.find_spec("scikit_build_core") is None else ["--no-build-isolation"]
+    )
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(wheels)]
+        + [str(ROOT)]
+    )
     (wheel,) = wheels.glob("triton_rec-*.whl")
     env_dir = tmp_path_factory.mktemp("venv")
     _run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)])

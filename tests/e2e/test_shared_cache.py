@@ -210,10 +210,11 @@ def _pss_kb(pid):
     return smaps_rollup(pid)["Pss"] // 1024
 
 
-@pytest.mark.parametrize("path", REQUEST_PATHS)
-def test_four_instances_hold_one_copy_of_a_large_table(
-    tmp_path_factory, nothing_left_in_dev_shm, store_dir, path
-):
+@pytest.fixture(scope="module")
+def big_repo(tmp_path_factory):
+    """``(repo, table_bytes, probe_keys, probe_vecs)``: a repository whose ``hps_big`` has
+    one table of BIG_ROWS x BIG_VEC (written once for both request paths), 64 of its keys
+    and their vectors."""
     repo = tmp_path_factory.mktemp("big-repo")
     rng = np.random.default_rng(3)
     keys = rng.permutation(np.arange(BIG_ROWS, dtype=np.int64) * 7 + 3)
@@ -240,6 +241,14 @@ def test_four_instances_hold_one_copy_of_a_large_table(
     }
     (repo / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [entry]}))
     (repo / "hps_big" / "config.pbtxt").write_text(hps_config("hps_big", 4))
+    return repo, table_bytes, probe_keys, probe_vecs
+
+
+@pytest.mark.parametrize("path", REQUEST_PATHS)
+def test_four_instances_hold_one_copy_of_a_large_table(
+    tmp_path_factory, nothing_left_in_dev_shm, store_dir, path, big_repo
+):
+    repo, table_bytes, probe_keys, probe_vecs = big_repo
     log = tmp_path_factory.mktemp("big-logs") / "tritonserver.log"
     with TritonServer(
         repo,

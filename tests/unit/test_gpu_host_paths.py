@@ -35,58 +35,21 @@ Checked by hand to fail on each of these mutations of the GPU paths:
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sysconfig
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-NATIVE_TESTS = ROOT / "tests" / "native"
-TREC = ROOT / "src" / "triton_backend" / "trec"
-# The backend's own sources the harness links (the rest need Triton or the interpreter).
-SOURCES = [TREC / "gpu_paths.cpp", TREC / "plan.cpp", TREC / "combine.cpp"]
-INCLUDES = [ROOT / "src" / "native", ROOT / "src" / "triton_backend", TREC]
-
-
-def compiler() -> str:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return name
-    pytest.fail("no C++ compiler (CXX, c++, g++, clang++) on PATH: the project needs one")
-
-
-def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
-    if r.returncode != 0:
-        pytest.fail(f"{' '.join(map(str, cmd))}\nexit {r.returncode}\n{r.stdout}\n{r.stderr}")
-    return r
+from tests.native_build import NativeBuild, run
 
 
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Builds the fake driver (as out/libcuda.so.1) and the harness linked to it."""
-    out = tmp_path_factory.mktemp("gpu_host_paths")
-    cxx = compiler()
-    flags = ["-std=c++17", "-O1", "-g0", "-Wall", "-Wextra"]
-    flags += [f"-I{d}" for d in INCLUDES] + [f"-I{sysconfig.get_paths()['include']}"]
-    fake = out / "libcuda.so.1"
-    shared = ["-fPIC", "-shared", "-Wl,-soname,libcuda.so.1"]
-    jobs = [[cxx, *flags, *shared, str(NATIVE_TESTS / "fake_cuda.cpp"), "-o", str(fake)]]
-    objects = []
-    for src in [NATIVE_TESTS / "gpu_host_paths.cpp", *SOURCES]:
-        objects.append(out / f"{src.stem}.o")
-        jobs.append([cxx, *flags, "-c", str(src), "-o", str(objects[-1])])
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        list(pool.map(run, jobs))
-    # plan.cpp reads plans from Python: the interpreter's library, as the backend links it
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    pylib = f"-lpython{sysconfig.get_config_var('LDVERSION')}"
-    exe = out / "gpu_host_paths"
-    link = [f"-L{libdir}", pylib, f"-Wl,-rpath,{libdir}", "-ldl", "-lpthread"]
-    run([cxx, "-o", str(exe), *map(str, objects), str(fake), *link])
+def harness(native_build: NativeBuild) -> Path:
+    """The harness linked to the fake driver (beside it, as libcuda.so.1)."""
+    nb = native_build
+    exe = nb.dir / "gpu_host_paths"
+    objects = [nb.obj(n) for n in ("gpu_host_paths", "gpu_paths", "plan", "combine")]
+    run([nb.cxx, "-o", str(exe), *objects, str(nb.fake_driver), *nb.python_link()])
     return exe
 
 

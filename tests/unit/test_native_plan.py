@@ -13,10 +13,8 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 import types
 from pathlib import Path
 from typing import Callable, List, Mapping, Sequence
@@ -25,6 +23,7 @@ import numpy as np
 import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
+from tests.native_build import NativeBuild, run
 from triton_rec import _native
 from triton_rec.cache.cached_table import NATIVE_FIELDS, CachedTable
 from triton_rec.config.ps_json import parse_ps_config
@@ -185,37 +184,16 @@ def test_a_field_renamed_on_one_side_only_is_reported():
 # ---- the reader: tests/native/plan_reader.cpp around plan.cpp ------------------------------
 
 
-def _compiler() -> str:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return name
-    pytest.fail("no C++ compiler (CXX, c++, g++, clang++) on PATH: the project needs one")
-
-
-def _build(cmd: List[str]) -> None:
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)}\nexit {r.returncode}\n{r.stdout}\n{r.stderr}")
-
-
 @pytest.fixture(scope="module")
-def plan_reader(tmp_path_factory) -> Path:
+def plan_reader(native_build: NativeBuild) -> Path:
     """tests/native/plan_reader.cpp and plan.cpp as a shared library, beside the fake
     libcuda.so.1 of tests/native/fake_cuda.cpp (for the GPU plans)."""
-    out = tmp_path_factory.mktemp("plan_reader")
-    src = ROOT / "src"
-    includes = [src / "native", src / "triton_backend", src / "triton_backend" / "trec"]
-    flags = ["-std=c++17", "-O1", "-g0", "-fPIC", "-shared", "-Wall", "-Wextra"]
-    flags += [f"-I{d}" for d in includes] + [f"-I{sysconfig.get_paths()['include']}"]
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    lib = out / "libplan_reader.so"
-    cmd = [_compiler(), *flags, str(ROOT / "tests" / "native" / "plan_reader.cpp")]
-    cmd += [str(src / "triton_backend" / "trec" / "plan.cpp"), "-o", str(lib)]
-    cmd += [f"-L{libdir}", f"-lpython{sysconfig.get_config_var('LDVERSION')}", "-ldl"]
-    fake = [_compiler(), *flags, "-Wl,-soname,libcuda.so.1"]
-    fake += [str(ROOT / "tests" / "native" / "fake_cuda.cpp"), "-o", str(out / "libcuda.so.1")]
-    for c in (cmd, fake):
-        _build(c)
+    nb = native_build
+    lib = nb.dir / "libplan_reader.so"
+    run(
+        [nb.cxx, "-shared", "-o", str(lib), nb.obj("plan_reader"), nb.obj("plan")]
+        + nb.python_link()
+    )
     return lib
 
 

@@ -154,6 +154,7 @@ class TritonServer:
         strict_startup: exit when a model fails to load at start-up (Triton's default).
             Without it the server serves every model that loads, the failed ones reported
             by :meth:`failed_models` (and by :func:`serve`).
+        exit_timeout_s: tritonserver's exit timeout (default :data:`EXIT_TIMEOUT_S`).
     """
 
     def __init__(
@@ -173,9 +174,11 @@ class TritonServer:
         inherit_output: bool = False,
         request_path: Optional[str] = None,
         strict_startup: bool = False,
+        exit_timeout_s: int = EXIT_TIMEOUT_S,
     ):
         self.model_repository = Path(model_repository).resolve()
         self.strict_startup = strict_startup
+        self.exit_timeout_s = int(exit_timeout_s)
         self.http_port = http_port or free_port()
         self.grpc_port = grpc_port or free_port()
         self.metrics_port = metrics_port or free_port()
@@ -224,7 +227,7 @@ class TritonServer:
             "--http-address=127.0.0.1",
             "--grpc-address=127.0.0.1",
             "--allow-metrics=true",
-            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
             # Our configs are complete; auto-completion would start an extra stub per
             # model (with a fixed 1 s wait inside the Python backend) at every load.
             "--disable-auto-complete-config",
