@@ -29,7 +29,8 @@ LIBPYTHON_PACKAGE := $(shell $(PY_IN_USE) -c 'import os, sys, sysconfig as c; \
 # libjemalloc2 (the server's allocator: TRITON_REC_MALLOC in triton_rec/triton/runtime.py).
 APT_PACKAGES ?= $(LIBPYTHON_PACKAGE) libb64-0d redis-server openssl libjemalloc2
 
-.PHONY: all install system-deps triton demo serve lint test unit e2e bench bench-criteo perf clean \
+.PHONY: all install system-deps triton demo serve lint test unit e2e bench bench-criteo \
+	bench-dense bench-dense-math perf clean \
 	gpu-check gpu-tests gpu-bench gpu-served gpu-criteo
 
 all: install
@@ -103,6 +104,13 @@ bench: $(STAMP)
 CRITEO_ARGS ?=
 bench-criteo: $(STAMP)
 	$(PY) benchmarks/bench_criteo.py --scale 0.01 --kind KIND_CPU $(CRITEO_ARGS)
+
+# The MLPerf-shaped DLRM's network in-process beside onnxruntime and PyTorch; the accuracy of
+# the GPU's reduced-precision dense layers (dense_math), measured with their host twin.
+bench-dense: $(STAMP)
+	$(PY) benchmarks/bench_dense_cpu.py
+bench-dense-math: $(STAMP)
+	$(PY) benchmarks/bench_dense_math.py
 
 # perf_analyzer with its library path set, against a running server: make perf ARGS="-m hps_demo ..."
 perf: $(STAMP)

@@ -31,13 +31,15 @@
    (:data:`NVIDIA_HPS_TRT`) beside ours at c=1, and writes the raw results to
    ``<data-dir>/criteo_<cpu|gpu>_<machine tag>.json`` (``benchmarks/data`` by default;
    the machine tag is benchmarks/machine.py's ``machine_tag``; ``_<N>instances`` before
-   ``.json`` when ``--instances`` is not 1).
+   ``.json`` when ``--instances`` is not 1, ``_<math>`` for a KIND_GPU model whose
+   ``--dense-math`` is not fp32: config.pbtxt ``dense_math``, docs/precision.md).
 
 Transport, as NVIDIA's offline scenario measured it: gRPC with the tensors in system
 shared memory (``--protocol``, ``--shared-memory none`` for plain gRPC/HTTP).
 
     python benchmarks/bench_criteo.py --scale 0.01 [--kind KIND_CPU|KIND_GPU|both]
         [--batch-sizes 256,1024,4096,16384,65536] [--concurrency 1,2] [--instances 1]
+        [--dense-math fp32|tf32|fp16]
         [--window-ms 1000] [--min-requests 3] [--work DIR] [--data-dir benchmarks/data]
 
 Disk: the tables (``ps-loader criteo-dlrm --help``: 1 GB at 0.01, 4.9 GB at 0.05 in
@@ -73,6 +75,7 @@ import bench_perf_analyzer  # noqa: E402
 from machine import gpus, machine_info, machine_tag  # noqa: E402
 
 from ps_loader import criteo  # noqa: E402
+from triton_rec.config.model_config import DENSE_MATHS  # noqa: E402
 from triton_rec.triton import perf_analyzer  # noqa: E402
 from triton_rec.triton.runtime import TritonServer  # noqa: E402
 from triton_rec.util.procfs import pss_by_mapping, smaps_rollup  # noqa: E402
@@ -185,9 +188,11 @@ def floor_config(kind: str, instances: int) -> str:
     return "# The floor of benchmarks/bench_criteo.py: dlrm_criteo's I/O, no work.\n" + text
 
 
-def configure(repo: Path, kind: str, instances: int) -> None:
-    """The model's config.pbtxt for ``kind`` x ``instances``, and the floor beside it."""
-    (repo / MODEL / "config.pbtxt").write_text(criteo.config_pbtxt(MODEL, kind, instances))
+def configure(repo: Path, kind: str, instances: int, dense_math: str = "fp32") -> None:
+    """The model's config.pbtxt for ``kind`` x ``instances`` (its GPU GEMMs in
+    ``dense_math``), and the floor beside it."""
+    text = criteo.config_pbtxt(MODEL, kind, instances, dense_math)
+    (repo / MODEL / "config.pbtxt").write_text(text)
     (repo / FLOOR / "1").mkdir(parents=True, exist_ok=True)
     (repo / FLOOR / "config.pbtxt").write_text(floor_config(kind, instances))
 
@@ -379,7 +384,7 @@ def run_kind(kind: str, gen: Dict, batches, concs, args) -> Dict:
     logs = Path(args.work).resolve() / "logs" / kind.lower()
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
-    configure(repo, kind, args.instances)
+    configure(repo, kind, args.instances, args.dense_math if kind == "KIND_GPU" else "fp32")
     server = TritonServer(
         repo,
         explicit=True,
@@ -530,6 +535,8 @@ def data_path(args, kind: str, tag: str) -> Path:
     if args.json and args.kind != "both":
         return Path(args.json)
     more = f"_{args.instances}instances" if args.instances != 1 else ""
+    if kind == "KIND_GPU" and args.dense_math != "fp32":
+        more += f"_{args.dense_math}"
     return Path(args.data_dir) / f"criteo_{kind.split('_')[1].lower()}_{tag}{more}.json"
 
 
@@ -599,6 +606,12 @@ def parse_args(argv):
     p.add_argument("--batch-sizes", type=_ints, default=list(criteo.DEFAULT_BATCH_SIZES))
     p.add_argument("--concurrency", type=_ints, default=[1, 2])
     p.add_argument("--instances", type=int, default=1, help="instances of each model")
+    p.add_argument(
+        "--dense-math",
+        default="fp32",
+        choices=DENSE_MATHS,
+        help="the KIND_GPU model's GEMMs (config.pbtxt dense_math; KIND_CPU: fp32)",
+    )
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-rows", type=int, default=criteo.DEFAULT_MIN_ROWS)
@@ -678,6 +691,7 @@ def main(argv=None) -> int:
                 "seed": args.seed,
                 "min_rows": args.min_rows,
                 "request_path": "native",
+                "dense_math": args.dense_math if kind == "KIND_GPU" else "fp32",
             },
             "floor": {"model": FLOOR, "config": floor_config(kind, args.instances)},
             "reference": {**NVIDIA_HPS_TRT, "rows": {str(k): v for k, v in

@@ -180,6 +180,34 @@ BENCHMARKS: List[Benchmark] = [
         ],
     ),
     Benchmark(
+        "bench_dense_math",
+        "Reduced-precision dense layers on a GPU: their accuracy against fp32",
+        "bench_dense_math.py",
+        "How far a `KIND_GPU` instance's `dense_math` (`tf32`, `fp16`: tensor-core GEMMs; "
+        "docs/precision.md) moves the MLPerf-shaped DLRM's predictions (probabilities) from "
+        "fp32's, on the generator's weights and inputs, four networks (seeds). Measured on "
+        "the host by the twin of the GPU's GEMMs (`triton_rec/dense/emulated_math.py`: "
+        "operands rounded as the tensor cores take them, TF32 by truncation, float32 sums), "
+        "not on a GPU; the bound is what docs/precision.md states and the GPU suite holds "
+        "the device to.",
+        [
+            Table(
+                "absolute difference of a prediction from fp32's",
+                "dense_math.json",
+                "rows",
+                [
+                    Col("dense_math", "math"),
+                    Col("max", "max_abs", "{:.1e}"),
+                    Col("99.9th percentile", "p999_abs", "{:.1e}"),
+                    Col("mean", "mean_abs", "{:.1e}"),
+                    Col("sides of 0.5 changed", "decision_flips", "{:,}"),
+                    Col("samples", "samples", "{:,}"),
+                    Col("bound", "bound", "{:.0e}"),
+                ],
+            )
+        ],
+    ),
+    Benchmark(
         "bench_criteo",
         "The MLPerf-shaped DLRM served, beside a floor and NVIDIA's HPS + TensorRT figures",
         "bench_criteo.py",

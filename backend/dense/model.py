@@ -43,6 +43,7 @@ class TritonPythonModel(BackendModel):
             settings.intra_op_threads,
             placement.xp,
             placement.device,
+            placement.math,
         )
         self.session = DenseSession(self.model_name, dense, params.max_batch_size, params)
         # the response: the predictions only (no HPS response parameters)

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -316,9 +317,17 @@ class CudaGraph {
 // refuses cuBLAS calls while its stream is capturing; cuBLAS itself supports capture).
 // Row-major C [m, n] = A [m, k] B [k, n] is the column-major C^T = B^T A^T. One handle
 // per object: one thread at a time.
+// `math` (a model's dense_math): "fp32" (cuBLAS's default: no tensor cores for float32),
+// "tf32" (the handle's math mode CUBLAS_TF32_TENSOR_OP_MATH: float32 GEMMs may run on tensor
+// cores with their inputs rounded to TF32) or "fp16" (gemm_half: fp16 operands, float32
+// accumulation and result, CUBLAS_COMPUTE_32F).
 class Cublas {
  public:
-  Cublas(const std::string& library, int device) {
+  Cublas(const std::string& library, int device, const std::string& math = "fp32") : math_(math) {
+    if (math != "fp32" && math != "tf32" && math != "fp16") {
+      throw std::invalid_argument("cuBLAS math must be 'fp32', 'tf32' or 'fp16', not '" + math +
+                                  "'");
+    }
     lib_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib_ == nullptr) {
       const char* why = dlerror();
@@ -329,10 +338,13 @@ class Cublas {
     sym(set_stream_, "cublasSetStream_v2");
     sym(sgemm_, "cublasSgemm_v2");
     sym(sgemm_batched_, "cublasSgemmStridedBatched");
+    sym(set_math_mode_, "cublasSetMathMode");
+    sym(gemm_ex_, "cublasGemmEx");
     set_workspace_ = reinterpret_cast<SetWorkspace>(dlsym(lib_, "cublasSetWorkspace_v2"));
     dev_ = std::make_shared<cu::Device>(device);
     dev_->make_current();
     check(create_(&handle_), "cublasCreate");
+    if (math == "tf32") check(set_math_mode_(handle_, kTf32TensorOpMath), "cublasSetMathMode");
     if (set_workspace_ != nullptr) {  // no allocation inside a capture (cuBLAS's advice)
       const size_t bytes = size_t{32} << 20;
       workspace_.reserve(bytes);
@@ -356,6 +368,20 @@ class Cublas {
                  reinterpret_cast<float*>(c), static_cast<int>(n)),
           "cublasSgemm");
   }
+  // C [m, n] (float32) = A [m, k] B [k, n] with A and B fp16, row-major, accumulated in
+  // float32 on tensor cores (the "fp16" math; A and B converted by the caller)
+  void gemm_half(uintptr_t stream, int64_t m, int64_t n, int64_t k, uintptr_t a, uintptr_t b,
+                 uintptr_t c) {
+    prepare(stream);
+    const float one = 1.0f, zero = 0.0f;
+    check(
+        gemm_ex_(handle_, 0, 0, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one,
+                 reinterpret_cast<const void*>(b), kR16F, static_cast<int>(n),
+                 reinterpret_cast<const void*>(a), kR16F, static_cast<int>(k), &zero,
+                 reinterpret_cast<void*>(c), kR32F, static_cast<int>(n), kCompute32F, kGemmDefault),
+        "cublasGemmEx");
+  }
+  const std::string& math() const { return math_; }
   // batch x (C [m, n] = A [m, k] B [k, n]), each operand contiguous after the other
   void sgemm_batched(uintptr_t stream, int64_t batch, int64_t m, int64_t n, int64_t k, uintptr_t a,
                      uintptr_t b, uintptr_t c) {
@@ -373,6 +399,12 @@ class Cublas {
  private:
   using Handle = void*;
   using SetWorkspace = int (*)(Handle, void*, size_t);
+  // cuBLAS's enums (cublas_api.h, library_types.h of CUDA 11 and later)
+  static constexpr int kTf32TensorOpMath = 3;  // CUBLAS_TF32_TENSOR_OP_MATH
+  static constexpr int kR16F = 2;              // CUDA_R_16F
+  static constexpr int kR32F = 0;              // CUDA_R_32F
+  static constexpr int kCompute32F = 68;       // CUBLAS_COMPUTE_32F
+  static constexpr int kGemmDefault = -1;      // CUBLAS_GEMM_DEFAULT
   template <class F>
   void sym(F& f, const char* name) {
     f = reinterpret_cast<F>(dlsym(lib_, name));
@@ -398,7 +430,11 @@ class Cublas {
   int (*sgemm_batched_)(Handle, int, int, int, int, int, const float*, const float*, int, long long,
                         const float*, int, long long, const float*, float*, int, long long,
                         int) = nullptr;
+  int (*set_math_mode_)(Handle, int) = nullptr;
+  int (*gemm_ex_)(Handle, int, int, int, int, int, const void*, const void*, int, int, const void*,
+                  int, int, const void*, void*, int, int, int, int) = nullptr;
   SetWorkspace set_workspace_ = nullptr;
+  std::string math_;
 };
 
 // Page-locked host memory of ours (lookups copy straight to and from it), as a buffer.
@@ -558,8 +594,14 @@ void register_gpu(py::module_& m) {
       .def("launch", &CudaGraph::launch, py::arg("stream"))
       .def_property_readonly("exec", &CudaGraph::exec);
 
-  py::class_<Cublas>(m, "Cublas", "float32 GEMMs through cuBLAS on a caller's stream (capturable).")
-      .def(py::init<const std::string&, int>(), py::arg("library"), py::arg("device"))
+  py::class_<Cublas>(m, "Cublas",
+                     "GEMMs through cuBLAS on a caller's stream (capturable); math 'fp32', "
+                     "'tf32' or 'fp16' (gemm_half).")
+      .def(py::init<const std::string&, int, const std::string&>(), py::arg("library"),
+           py::arg("device"), py::arg("math") = "fp32")
+      .def_property_readonly("math", &Cublas::math)
+      .def("gemm_half", &Cublas::gemm_half, py::arg("stream"), py::arg("m"), py::arg("n"),
+           py::arg("k"), py::arg("a"), py::arg("b"), py::arg("c"))
       .def("sgemm", &Cublas::sgemm, py::arg("stream"), py::arg("m"), py::arg("n"), py::arg("k"),
            py::arg("a"), py::arg("b"), py::arg("c"))
       .def("sgemm_batched", &Cublas::sgemm_batched, py::arg("stream"), py::arg("batch"),

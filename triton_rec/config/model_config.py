@@ -164,7 +164,8 @@ HUGECTR_IGNORED_PARAMETERS = {
     "max_nnz": "unused by the HugeCTR backend too (parsed, never read)",
     "embedding_vector_size": "not used for inference by the HugeCTR backend either (its DCN "
     "and DeepFM samples say 32 for 16- and 11-float tables); ps.json's vector sizes count",
-    "mixed_precision": "fp16 dense layers on the GPU; the dense part runs in fp32 here",
+    "mixed_precision": "fp16 dense layers on the GPU; here the parameter dense_math (fp16, "
+    "tf32) opts a KIND_GPU instance in",
 }
 
 
@@ -324,6 +325,14 @@ def instance_count(config: Dict[str, Any]) -> int:
     return sum(int(g.get("count") or 1) for g in groups)
 
 
+#: ``dense_math`` (config.pbtxt parameter) values: the arithmetic of a KIND_GPU instance's
+#: dense layers (triton_rec.gpu.blas.CapturableCupy). ``fp32`` (the default; every KIND_CPU
+#: instance); ``tf32``: float32 GEMMs on tensor cores with TF32-rounded inputs; ``fp16``: the
+#: layers' GEMMs on fp16 copies of activations and weights, float32 accumulation. The
+#: accuracy of each against fp32: docs/precision.md ("Reduced-precision dense layers").
+DENSE_MATHS = ("fp32", "tf32", "fp16")
+
+
 @dataclass(frozen=True)
 class InstanceSettings:
     """The config.pbtxt parameters that shape how an instance runs (all backends).
@@ -338,11 +347,14 @@ class InstanceSettings:
             rule is ``instances x intra_op_threads <= cores``.
         intra_op_source: where ``intra_op_threads`` came from (``config.pbtxt``, an
             environment variable's name, or ``default``), for the load log.
+        dense_math: the arithmetic of a KIND_GPU instance's dense layers
+            (:data:`DENSE_MATHS`).
     """
 
     metrics_interval: float = 1.0
     intra_op_threads: int = 1
     intra_op_source: str = "default"
+    dense_math: str = "fp32"
 
     @classmethod
     def from_config(
@@ -363,10 +375,17 @@ class InstanceSettings:
                 if value.isdigit() and int(value) >= 1:
                     threads, source = int(value), var
                     break
+        math = model_parameter(config, "dense_math") or cls.dense_math
+        if math not in DENSE_MATHS:
+            raise ConfigError(
+                f"config.pbtxt parameter 'dense_math' must be one of {', '.join(DENSE_MATHS)}, "
+                f"got {math!r}"
+            )
         return cls(
             metrics_interval=model_seconds(config, "metrics_interval", cls.metrics_interval),
             intra_op_threads=threads,
             intra_op_source=source,
+            dense_math=math,
         )
 
     def oversubscribes(self, config: Dict[str, Any]) -> bool:

@@ -183,7 +183,8 @@ GPU_ONLY_OPTIONS = {
     "fp8_quant": "fp8 storage of static GPU tables; tables here stay fp32",
     "use_cuda_graph": "CUDA graphs for the dense network; the dense part runs on the CPU",
     "use_algorithm_search": "cuBLAS algorithm search; the dense part runs on the CPU",
-    "use_mixed_precision": "fp16 dense layers on the GPU; the dense part runs in fp32",
+    "use_mixed_precision": "fp16 dense layers on the GPU; here the config.pbtxt parameter "
+    "dense_math (fp16, tf32) opts a KIND_GPU instance in",
     "scaler": "the loss scaler of mixed precision; unused at inference here",
 }
 _TOP_KEYS_KNOWN = {

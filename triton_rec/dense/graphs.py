@@ -121,15 +121,19 @@ class DenseGraphs(DenseModel):
         non_trainable_file: Any = None,
         max_batch_size: int = 1,
         device: int = 0,
+        math: str = "fp32",
     ) -> DenseGraphs:
-        """Load a HugeCTR network onto ``device`` and capture its graphs."""
+        """Load a HugeCTR network onto ``device`` and capture its graphs, its GEMMs in
+        ``math`` (:class:`~triton_rec.gpu.blas.CapturableCupy`). A reduced ``math`` applies
+        to the batches run as graphs; those of at most :attr:`host_max_batch` samples run
+        on the host in float32."""
         import cupy
 
         from triton_rec.dense.hugectr_network import HugeCTRNetwork
 
         host = HugeCTRNetwork.load(network_file, dense_file, non_trainable_file)
         with SETUP_LOCK:  # cuBLAS set up, weights copied, graphs captured and timed
-            xp = CapturableCupy(cupy, device)
+            xp = CapturableCupy(cupy, device, math)
             graphs = cls(
                 HugeCTRNetwork.load(network_file, dense_file, non_trainable_file, xp=xp),
                 max_batch_size,

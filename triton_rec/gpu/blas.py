@@ -48,15 +48,22 @@ class CapturableCupy:
     Args:
         cupy: the CuPy module.
         device: the CUDA device the handle works on.
+        math: the model's ``dense_math`` (:data:`~triton_rec.config.model_config.DENSE_MATHS`):
+            ``fp32``; ``tf32`` (the handle's float32 GEMMs on tensor cores, their inputs
+            rounded to TF32); ``fp16`` (a layer's GEMM, activations times weights, on fp16
+            copies of both made in the graph, accumulated in float32; the interaction's
+            products of activations stay float32). :mod:`triton_rec.dense.emulated_math`
+            is its host twin, which measures the accuracy bound.
     """
 
     __name__ = "cupy"
 
-    def __init__(self, cupy: Any, device: int):
+    def __init__(self, cupy: Any, device: int, math: str = "fp32"):
         self._cupy = cupy
         cupy.cuda.Device(device).use()
         (cupy.ones((2, 2), cupy.float32) @ cupy.ones((2, 2), cupy.float32)).sum()  # loads cuBLAS
-        self._blas = _native.Cublas(library_path(), int(device))
+        self._blas = _native.Cublas(library_path(), int(device), math)
+        self.math = math
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cupy, name)
@@ -74,7 +81,12 @@ class CapturableCupy:
             a2 = cp.ascontiguousarray(a, dtype=f32).reshape(-1, k)
             b2 = cp.ascontiguousarray(b, dtype=f32)
             c = cp.empty((a2.shape[0], n), dtype=f32)
-            if c.size and k:
+            if c.size and k and self.math == "fp16":  # both converted each run: no stale copy
+                a16, b16 = a2.astype(cp.float16), b2.astype(cp.float16)
+                self._blas.gemm_half(
+                    stream, a2.shape[0], n, k, a16.data.ptr, b16.data.ptr, c.data.ptr
+                )
+            elif c.size and k:
                 self._blas.sgemm(stream, a2.shape[0], n, k, a2.data.ptr, b2.data.ptr, c.data.ptr)
             elif c.size:
                 c.fill(0)

@@ -67,6 +67,8 @@ class InstanceSpec:
         intra_op_threads: threads of the dense executor's own pool (onnxruntime).
         model_version: the version being loaded (Triton's ``model_version``); part of
             a device cache's name.
+        dense_math: the arithmetic of the dense layers on a GPU
+            (:data:`~triton_rec.config.model_config.DENSE_MATHS`).
     """
 
     kind: str = "CPU"
@@ -76,6 +78,7 @@ class InstanceSpec:
     cache_dir: Optional[str] = None
     intra_op_threads: int = InstanceSettings.intra_op_threads
     model_version: str = ""
+    dense_math: str = InstanceSettings.dense_math
 
     @property
     def device(self) -> str:
@@ -383,12 +386,14 @@ class DensePlacement:
         on_device: the executor runs on the instance's GPU.
         why: the reason, for the load log.
         device: the GPU it runs on (None on the host).
+        math: the arithmetic of its GEMMs on the GPU (``fp32`` on the host).
     """
 
     xp: Any
     on_device: bool
     why: str
     device: Optional[int] = None
+    math: str = "fp32"
 
 
 def dense_placement(params: ModelParams, spec: InstanceSpec) -> DensePlacement:
@@ -397,7 +402,10 @@ def dense_placement(params: ModelParams, spec: InstanceSpec) -> DensePlacement:
     process), if CuPy and the device are there; anything else runs on the host (numpy,
     or onnxruntime for an ONNX file)."""
     if spec.device == "cpu":
-        return DensePlacement(np, False, "KIND_CPU instance")
+        why = "KIND_CPU instance"
+        if spec.dense_math != "fp32":  # said, never silently ignored
+            why += f" (dense_math {spec.dense_math} is for KIND_GPU instances: fp32 here)"
+        return DensePlacement(np, False, why)
     if params.dense_file and params.dense_file.endswith(".onnx"):
         return DensePlacement(np, False, "ONNX models run in onnxruntime on the host")
     from triton_rec.cache.array_cache import resolve_xp
@@ -408,9 +416,10 @@ def dense_placement(params: ModelParams, spec: InstanceSpec) -> DensePlacement:
     except CupyUnavailableError as e:
         return DensePlacement(np, False, f"runs on the host with numpy: {e}")
     cupy.cuda.Device(spec.device_id).use()  # this process's arrays go to its GPU
-    return DensePlacement(
-        cupy, True, f"CUDA graphs (cuBLAS + CuPy) on GPU {spec.device_id}", spec.device_id
-    )
+    why = f"CUDA graphs (cuBLAS + CuPy) on GPU {spec.device_id}"
+    if spec.dense_math != "fp32":
+        why += f", GEMMs on tensor cores in {spec.dense_math} (dense_math)"
+    return DensePlacement(cupy, True, why, spec.device_id, spec.dense_math)
 
 
 def gpu_placement(
@@ -449,12 +458,13 @@ def load_dense_model(
     threads: int = InstanceSettings.intra_op_threads,
     xp: Any = None,
     device: Optional[int] = None,
+    math: str = "fp32",
 ):
     """The dense part of a whole model, from its ps.json entry (``threads``: onnxruntime's
     intra-op pool; the numpy executor runs in BLAS's pool, sized per process; ``xp``:
     the array module of a HugeCTR network, :attr:`DensePlacement.xp`, default numpy;
     ``device``: a GPU, where a HugeCTR network runs as CUDA graphs per batch-size bucket,
-    :class:`~triton_rec.dense.graphs.DenseGraphs`).
+    :class:`~triton_rec.dense.graphs.DenseGraphs`, with ``math``, its GEMMs' arithmetic).
 
     - ``dense_file`` ending in ``.onnx``: run with onnxruntime (tables' layout from the
       ONNX inputs, combiners from ``network_file`` if given, else ``sum``);
@@ -484,6 +494,7 @@ def load_dense_model(
             params.non_trainable_params_file,
             max(1, int(params.max_batch_size)),
             int(device),
+            math,
         )
     from triton_rec.dense.hugectr_network import HugeCTRNetwork
 
@@ -507,7 +518,13 @@ def open_ranking_session(
 
     where = placement or dense_placement(params, spec)
     dense = load_dense_model(
-        params, model_dir, config_network, spec.intra_op_threads, where.xp, where.device
+        params,
+        model_dir,
+        config_network,
+        spec.intra_op_threads,
+        where.xp,
+        where.device,
+        where.math,
     )
     if check_dense is not None:
         check_dense(dense)

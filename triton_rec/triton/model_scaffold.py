@@ -147,6 +147,7 @@ class BackendModel(abc.ABC):
             prefault=model_flag(config, "prefault", True),
             intra_op_threads=settings.intra_op_threads,
             model_version=str(args.get("model_version") or ""),
+            dense_math=settings.dense_math,
         )
 
     @abc.abstractmethod
