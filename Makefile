@@ -31,7 +31,7 @@ APT_PACKAGES ?= $(LIBPYTHON_PACKAGE) libb64-0d redis-server openssl libjemalloc2
 
 .PHONY: all install system-deps triton demo serve lint test unit e2e bench bench-criteo \
 	bench-dense bench-dense-math perf clean \
-	gpu-check gpu-tests gpu-bench gpu-served gpu-criteo
+	gpu-check gpu-tests gpu-bench gpu-served gpu-criteo gpu-criteo-tf32
 
 all: install
 
@@ -139,7 +139,7 @@ GPU_BENCH_ARGS  ?=
 GPU_SERVED_ARGS ?=
 GPU_CRITEO_ARGS ?=
 gpu-check: gpu-tests gpu-bench gpu-served
-gpu-tests gpu-bench gpu-served gpu-criteo: SHELL := /bin/bash
+gpu-tests gpu-bench gpu-served gpu-criteo gpu-criteo-tf32: SHELL := /bin/bash
 gpu-tests:
 	mkdir -p $(GPU_OUT)
 	set -o pipefail; $(GPU_PY) -m pytest -m gpu tests/gpu -q -rfE 2>&1 | tee $(GPU_OUT)/gpu_tests.log
@@ -156,3 +156,8 @@ gpu-served:
 gpu-criteo:
 	mkdir -p $(GPU_OUT)
 	set -o pipefail; $(GPU_PY) benchmarks/bench_criteo.py --kind both --scale 0.05 --data-dir $(GPU_OUT) $(GPU_CRITEO_ARGS) 2>&1 | tee $(GPU_OUT)/bench_criteo.log
+# The same model, KIND_GPU only, its dense layers on tensor cores (dense_math tf32:
+# docs/precision.md); reuses gpu-criteo's generated files.
+gpu-criteo-tf32:
+	mkdir -p $(GPU_OUT)
+	set -o pipefail; $(GPU_PY) benchmarks/bench_criteo.py --kind KIND_GPU --dense-math tf32 --scale 0.05 --data-dir $(GPU_OUT) $(GPU_CRITEO_ARGS) 2>&1 | tee $(GPU_OUT)/bench_criteo_tf32.log

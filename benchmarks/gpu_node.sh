@@ -12,7 +12,8 @@
 # GPU_PY (default python3) is the node's Python with CuPy and NVRTC; GPU_SERVED_ARGS,
 # GPU_BENCH_ARGS and GPU_CRITEO_ARGS are passed to the three benchmarks; GPU_STEPS (default
 # "gpu-check gpu-criteo") names the Makefile's steps to run, in order (gpu-tests, gpu-bench,
-# gpu-served, gpu-criteo), each run even when one before it failed (make -k).
+# gpu-served, gpu-criteo, gpu-criteo-tf32: the KIND_GPU sweep again with dense_math tf32),
+# each run even when one before it failed (make -k).
 #
 # gpu-criteo runs perf_analyzer, which the node lacks: put beside the server wheel in
 # WHEEL_DIR tritonclient's wheel (its bin/perf_analyzer: pip download --no-deps
