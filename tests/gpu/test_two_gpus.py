@@ -51,22 +51,13 @@ def test_an_instance_group_over_two_gpus_serves_from_each(cupy, tmp_path):
     gpu_repo = _on_gpus(tmp_path / "gpu", "KIND_GPU", "0, 1", [0, 1])
     cpu_repo = _on_gpus(tmp_path / "cpu", "KIND_CPU", "", [0])
     env = {"TRITON_REC_STORE": str(tmp_path / "store")}
-    with (
-        TritonServer(
-            gpu_repo,
-            log_path=tmp_path / "gpu.log",
-            env=env,
-            explicit=True,
-            load_models=["hps_demo"],
-        ) as gpu,
-        TritonServer(
-            cpu_repo,
-            log_path=tmp_path / "cpu.log",
-            env=env,
-            explicit=True,
-            load_models=["hps_demo"],
-        ) as cpu,
-    ):
+
+    def server(repo, log):
+        return TritonServer(
+            repo, log_path=tmp_path / log, env=env, explicit=True, load_models=["hps_demo"]
+        )
+
+    with server(gpu_repo, "gpu.log") as gpu, server(cpu_repo, "cpu.log") as cpu:
         log = (tmp_path / "gpu.log").read_text()
         for d in (0, 1):
             assert f"KIND_GPU instance on GPU {d}: embedding cache on the GPU: yes" in log, d

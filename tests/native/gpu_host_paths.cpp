@@ -140,6 +140,15 @@ static Rows make_rows(const NativePlan& plan, int64_t n, std::mt19937& rng, int 
   return r;
 }
 
+// a request's scratch: its row pointers and key counts, room for its keys
+static Scratch scratch_of(const Rows& r) {
+  Scratch s;
+  s.ptrs = r.ptrs;
+  s.key_starts = r.key_starts;
+  s.keys.resize(std::max<int64_t>(r.key_starts.back(), 1));
+  return s;
+}
+
 // expected predictions: host combine, then the network on n rows
 static std::vector<float> expect(const NativePlan& plan, int64_t n, const Rows& r,
                                  const std::vector<float>& vectors, const std::vector<float>& des) {
@@ -327,10 +336,9 @@ static void test_dense(std::mt19937& rng) {
   }
 }
 
-static void test_hugectr(std::mt19937& rng, gpu::Lane* pool) {
-  InstanceState st;
-  st.plan = std::make_unique<NativePlan>();
-  NativePlan& plan = *st.plan;
+// The hugectr plans' shape: three cached tables of 2, 3 and 1 slots (sum, mean, sum), three
+// dense features, one label, at most 33 samples.
+static void hugectr_shape(NativePlan& plan) {
   plan.hugectr = true;
   plan.slots = {2, 3, 1};
   plan.mean = {false, true, false};
@@ -338,6 +346,13 @@ static void test_hugectr(std::mt19937& rng, gpu::Lane* pool) {
   plan.dense_dim = 3;
   plan.label_dim = 1;
   plan.max_batch_size = 33;
+}
+
+static void test_hugectr(std::mt19937& rng, gpu::Lane* pool) {
+  InstanceState st;
+  st.plan = std::make_unique<NativePlan>();
+  NativePlan& plan = *st.plan;
+  hugectr_shape(plan);
   std::vector<Cache*> caches;
   add_cache_tables(plan, caches, pool, {4, 2, 6});
   add_gpu(plan);
@@ -347,11 +362,8 @@ static void test_hugectr(std::mt19937& rng, gpu::Lane* pool) {
   for (int it = 0; it < 30; ++it) {
     const int64_t n = 1 + rng() % 33;
     Rows r = make_rows(plan, n, rng, 3);
-    Scratch s;
-    s.ptrs = r.ptrs;
-    s.key_starts = r.key_starts;
+    Scratch s = scratch_of(r);
     const int64_t n_cat = r.key_starts.back();
-    s.keys.resize(std::max<int64_t>(n_cat, 1));
     for (int64_t i = 0; i < n_cat; ++i) s.keys[i] = static_cast<int64_t>(rng() % 3000);
     if (it % 3 == 2) {  // all hits: every key cached
       for (size_t t = 0; t < caches.size(); ++t) {
@@ -530,11 +542,8 @@ static void serve_on(Instance& in, std::mt19937& rng, int parity, const char* ho
   const int dev = plan.gpu_device;
   const int64_t n = 1 + rng() % plan.max_batch_size;
   Rows r = make_rows(plan, n, rng, 3);
-  Scratch s;
-  s.ptrs = r.ptrs;
-  s.key_starts = r.key_starts;
+  Scratch s = scratch_of(r);
   const int64_t n_cat = r.key_starts.back();
-  s.keys.resize(std::max<int64_t>(n_cat, 1));
   for (int64_t i = 0; i < n_cat; ++i) s.keys[i] = 2 * static_cast<int64_t>(rng() % 1500) + parity;
   std::vector<float> vectors, des(n * plan.dense_dim);
   for (size_t t = 0; t < in.caches.size(); ++t)
@@ -563,13 +572,7 @@ static void test_two_devices(std::mt19937& rng) {
   for (int d = 0; d < 2; ++d) {
     in[d].st.plan = std::make_unique<NativePlan>();
     NativePlan& plan = *in[d].st.plan;
-    plan.hugectr = true;
-    plan.slots = {2, 3, 1};
-    plan.mean = {false, true, false};
-    for (auto s : plan.slots) plan.total_slots += s;
-    plan.dense_dim = 3;
-    plan.label_dim = 1;
-    plan.max_batch_size = 33;
+    hugectr_shape(plan);
     add_gpu(plan, d);
     in[d].pool = std::make_unique<gpu::Lane>(plan.kernels);
     add_cache_tables(plan, in[d].caches, in[d].pool.get(), {4, 2, 6});
