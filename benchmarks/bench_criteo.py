@@ -188,11 +188,16 @@ def floor_config(kind: str, instances: int) -> str:
     return "# The floor of benchmarks/bench_criteo.py: dlrm_criteo's I/O, no work.\n" + text
 
 
-def configure(repo: Path, kind: str, instances: int, dense_math: str = "fp32") -> None:
+def configure(
+    repo: Path, kind: str, instances: int, precision: str, dense_math: str = "fp32"
+) -> None:
     """The model's config.pbtxt for ``kind`` x ``instances`` (its GPU GEMMs in
-    ``dense_math``), and the floor beside it."""
+    ``dense_math``) and its ps.json entry for ``kind`` (``gpucache``: the generator's rule
+    for that kind, whatever kind the reused files were generated for), and the floor
+    beside it."""
     text = criteo.config_pbtxt(MODEL, kind, instances, dense_math)
     (repo / MODEL / "config.pbtxt").write_text(text)
+    criteo.merge_ps_json(str(repo / "ps.json"), criteo.ps_entry(MODEL, precision, kind))
     (repo / FLOOR / "1").mkdir(parents=True, exist_ok=True)
     (repo / FLOOR / "config.pbtxt").write_text(floor_config(kind, instances))
 
@@ -384,7 +389,8 @@ def run_kind(kind: str, gen: Dict, batches, concs, args) -> Dict:
     logs = Path(args.work).resolve() / "logs" / kind.lower()
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
-    configure(repo, kind, args.instances, args.dense_math if kind == "KIND_GPU" else "fp32")
+    math = args.dense_math if kind == "KIND_GPU" else "fp32"
+    configure(repo, kind, args.instances, args.precision, math)
     server = TritonServer(
         repo,
         explicit=True,

@@ -411,7 +411,7 @@ def ps_entry(name: str, precision: str, kind: str = "KIND_CPU") -> Dict:
     return entry
 
 
-def _merge_ps_json(path: str, entry: Dict) -> None:
+def merge_ps_json(path: str, entry: Dict) -> None:
     """Write ``entry`` into the ps.json at ``path``: replacing the model's entry, keeping
     the others (a new file when there is none)."""
     doc: Dict = {"supportlonglong": True, "models": []}
@@ -534,7 +534,7 @@ def write_criteo_dlrm(
         f.write("\n")
     with open(os.path.join(out, name, "config.pbtxt"), "w", encoding="utf-8") as f:
         f.write(config_pbtxt(name, kind, instances))
-    _merge_ps_json(os.path.join(out, "ps.json"), ps_entry(name, precision, kind))
+    merge_ps_json(os.path.join(out, "ps.json"), ps_entry(name, precision, kind))
     done.files = write_perf_inputs(
         out, name, rows, seed, batch_sizes, perf_requests, b64_from_batch
     )
