@@ -159,6 +159,12 @@ def test_a_gpu_instance_on_a_device_not_in_deployed_device_list_fails_the_load(p
         "in the ps configuration file (it lists [1, 3])"
     )
     assert not os.path.exists(tmp_path / "store")
+    # a hugectr model: refused before its network is loaded (this entry has none, which
+    # would fail the load otherwise: "names no 'dense_file'")
+    from triton_rec.serving.deployment import open_ranking_session
+
+    with pytest.raises(ConfigError, match="device 2 is added to 'deployed_device_list'"):
+        open_ranking_session(p, spec, str(tmp_path))
     # a listed device gets past the rule (to the missing CuPy, here), a CPU instance ignores it
     with pytest.raises(CupyUnavailableError):
         open_session(p, dataclasses.replace(spec, device_id=3))

@@ -100,6 +100,15 @@ def undeployed_devices(params: ModelParams, devices: Iterable[int]) -> List[str]
     ]
 
 
+def check_deployed(params: ModelParams, spec: InstanceSpec) -> None:
+    """ConfigError (the model named) for a KIND_GPU instance on a GPU that ps.json's
+    ``deployed_device_list`` lacks (:func:`undeployed_devices`): before the instance
+    opens anything, its dense network included."""
+    gpus = [spec.device_id] if spec.device != "cpu" else []
+    for undeployed in undeployed_devices(params, gpus):
+        raise ConfigError(f"model '{params.model}': {undeployed}")
+
+
 def caches_enabled(params: ModelParams) -> bool:
     """Whether the model's tables get an embedding cache (``gpucache`` and a positive
     ``gpucacheper``, or a ``static`` cache, which ignores ``gpucacheper``); on a KIND_GPU
@@ -316,9 +325,7 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
     attach the shared caches and start the online-update consumer if configured."""
 
     confine_directories(params, spec)
-    gpus = [spec.device_id] if spec.device != "cpu" else []
-    for undeployed in undeployed_devices(params, gpus):  # before anything is opened
-        raise ConfigError(f"model '{params.model}': {undeployed}")
+    check_deployed(params, spec)
 
     def load(tp: TableParams) -> EmbeddingTable:
         return node_store.load_table(tp, spec.store_dir, prefault=spec.prefault)
@@ -516,6 +523,7 @@ def open_ranking_session(
     between the two, so a model refused for what its network says opens no table."""
     from triton_rec.serving.ranking import RankingSession
 
+    check_deployed(params, spec)  # before the network is put on the GPU
     where = placement or dense_placement(params, spec)
     dense = load_dense_model(
         params,
