@@ -6,7 +6,6 @@ writer lock (:class:`_NodeWriter`)."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import shutil
 import threading
@@ -26,21 +25,15 @@ from triton_rec.storage.backing_store import (
     encode_keys,
     last_occurrence,
 )
-from triton_rec.storage.rocksdb_base import (
+from triton_rec.storage.rocksdb_base import (  # rocksdict: None when not installed
     ColumnFamilyReads,
     check_table_args,
     column_family,
     db_options,
+    log,
+    rocksdict,
 )
 from triton_rec.util.procfs import flock_exclusive
-
-try:  # optional dependency (pip install rocksdict)
-    import rocksdict
-except ImportError:  # pragma: no cover - exercised only without rocksdict
-    rocksdict = None  # type: ignore[assignment]  # optional module: None when absent
-
-log = logging.getLogger("triton_rec.storage.rocksdb_store")  # the RocksDB stores' log
-
 
 META_COLUMN_FAMILY = "__trec_meta__"
 #: writes compact the table when it has this many level-0 files: every write batch

@@ -38,22 +38,18 @@ from triton_rec.storage.backing_store import (
     encode_keys,
     last_occurrence,
 )
-from triton_rec.storage.rocksdb_base import (
+from triton_rec.storage.rocksdb_base import (  # rocksdict: None when not installed
     ColumnFamilyReads,
     acquire_db,
     check_table_args,
     release_db,
+    rocksdict,
 )
 from triton_rec.storage.rocksdb_node import (  # re-exported
     L0_COMPACTION_TRIGGER,
     META_COLUMN_FAMILY,
     NodeRocksDBTable,
 )
-
-try:  # optional dependency (pip install rocksdict)
-    import rocksdict
-except ImportError:  # pragma: no cover - exercised only without rocksdict
-    rocksdict = None  # type: ignore[assignment]  # optional module: None when absent
 
 __all__ = ["L0_COMPACTION_TRIGGER", "META_COLUMN_FAMILY", "NodeRocksDBTable", "RocksDBStore"]
 
