@@ -72,7 +72,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_perf_analyzer  # noqa: E402
-from machine import gpus, machine_info, machine_tag  # noqa: E402
+from machine import gpus, machine_info, machine_tag, nvidia_smi  # noqa: E402
 
 from ps_loader import criteo  # noqa: E402
 from triton_rec.config.model_config import DENSE_MATHS  # noqa: E402
@@ -369,16 +369,8 @@ def memory(pid: int, repo: str, store: str) -> Dict:
 
 def gpu_memory_mib(pid: int) -> Optional[float]:
     """Device memory the process holds (nvidia-smi), None where it cannot tell."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    used = [float(b) for a, b in (ln.split(",") for ln in out.splitlines() if "," in ln)
+    lines = nvidia_smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+    used = [float(b) for a, b in (ln.split(",") for ln in lines or () if "," in ln)
             if int(a) == pid]  # fmt: skip
     return sum(used) if used else None
 
@@ -389,8 +381,8 @@ def run_kind(kind: str, gen: Dict, batches, concs, args) -> Dict:
     logs = Path(args.work).resolve() / "logs" / kind.lower()
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
-    math = args.dense_math if kind == "KIND_GPU" else "fp32"
-    configure(repo, kind, args.instances, args.precision, math)
+    dense_math = args.dense_math if kind == "KIND_GPU" else "fp32"
+    configure(repo, kind, args.instances, args.precision, dense_math)
     server = TritonServer(
         repo,
         explicit=True,

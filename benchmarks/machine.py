@@ -9,7 +9,7 @@ import platform
 import re
 import shutil
 import subprocess
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 
@@ -77,21 +77,22 @@ def machine_info(path: Optional[str] = None) -> dict:
     return info
 
 
+def nvidia_smi(*flags: str) -> Optional[List[str]]:
+    """The non-empty lines ``nvidia-smi <flags>`` prints, None where it cannot run or fails
+    (no GPU, no nvidia-smi)."""
+    try:
+        out = subprocess.run(["nvidia-smi", *flags], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+
+
 def gpus() -> list:
     """The NVIDIA GPUs of this machine as ``nvidia-smi`` names them (name, driver, memory),
     one string each; [] without a GPU or without nvidia-smi."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return (
-        [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
-    )
+    return nvidia_smi("--query-gpu=name,driver_version,memory.total", "--format=csv,noheader") or []
 
 
 def machine_tag(info: Optional[dict] = None, gpu_list: Optional[list] = None) -> str:
