@@ -20,10 +20,9 @@ BATCHES = (1024, 4096)
 
 @pytest.fixture(scope="module")
 def criteo_network(tmp_path_factory):
-    bench = load_benchmark("bench_dense_math")
-    dense_cpu = load_benchmark("bench_dense_cpu")
+    bench = load_benchmark("bench_dense_math")  # its inputs, bounds and network writer
     tmp = tmp_path_factory.mktemp("criteo_net")
-    net, dense, _ = dense_cpu.write_network(str(tmp), 0)
+    net, dense, _ = bench.write_network(str(tmp), 0)
     return bench, net, dense
 
 
