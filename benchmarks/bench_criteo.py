@@ -424,6 +424,8 @@ def run_kind(kind: str, gen: Dict, batches, concs, args) -> Dict:
                 "vm_hwm_bytes": m["vm_hwm_bytes"],
             }
         doc["memory"] = memory(pid, str(repo), store)
+        doc["tables"] = table_counters(server)
+        print(f"{kind}: {table_summary(doc['tables'])}", flush=True)
         if kind == "KIND_GPU":
             doc["memory"]["gpu_memory_mib"] = gpu_memory_mib(pid)
     finally:
@@ -432,6 +434,72 @@ def run_kind(kind: str, gen: Dict, batches, concs, args) -> Dict:
     doc["rows"] = rows
     doc["ratios"] = ratios(rows)
     return doc
+
+
+#: the server's per-table counters kept in the JSON (triton_rec/triton/metrics.py), and how
+#: each is named there
+TABLE_COUNTERS = {
+    "lookups": "trec_cache_lookups_total",
+    "hits": "trec_cache_hits_total",
+    "misses": "trec_cache_misses_total",
+    "sync_fetched": "trec_cache_sync_fetched_total",
+    "default_answered": "trec_cache_default_answered_total",
+    "not_found": "trec_cache_default_not_found_total",
+    "cache_bytes": "trec_cache_bytes",
+    "duration_us": "trec_lookup_duration_us_total",
+}
+
+
+def table_counters(server: TritonServer) -> Dict[str, Dict[str, float]]:
+    """The model's tables as the server counted them over the whole run (warm-ups and the
+    sweep): keys looked up, hits, misses and what answered them, and each table's cache
+    bytes (``memory`` label: where it lives). Read from the metrics endpoint after the
+    instances' next publication."""
+    import urllib.request
+
+    time.sleep(2.5)  # the instances publish every second (metrics_interval)
+    return parse_table_counters(urllib.request.urlopen(server.metrics_url, timeout=10).read())
+
+
+def parse_table_counters(metrics: bytes) -> Dict[str, Dict[str, float]]:
+    """:func:`table_counters` from the text of the metrics endpoint."""
+    text = metrics.decode()
+    names = {v: k for k, v in TABLE_COUNTERS.items()}
+    out: Dict[str, Dict[str, float]] = {}
+    for line in text.splitlines():
+        m = re.match(r"(\w+)\{([^}]*)\} (\S+)$", line)
+        if not m or m.group(1) not in names:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        if labels.get("model") != MODEL or "table" not in labels:
+            continue
+        entry = out.setdefault(labels["table"], {})
+        key = names[m.group(1)]
+        if key == "duration_us":  # by tier: the cache's time, the host table's (local)
+            key = f"{labels.get('tier', '?')}_us"
+        entry[key] = float(m.group(3))
+        if "memory" in labels:
+            entry["memory"] = labels["memory"]
+    return out
+
+
+def table_summary(tables: Dict[str, Dict[str, float]]) -> str:
+    """One line: keys looked up, the share that missed, how the misses were answered."""
+    total = {
+        k: sum(t.get(k, 0.0) for t in tables.values())
+        for k in list(TABLE_COUNTERS) + ["cache_us", "local_us"]
+    }
+    if not total["lookups"]:
+        return f"{len(tables)} tables, no lookup counted"
+    if not any("cache_bytes" in t for t in tables.values()):
+        return f"{len(tables)} tables, {total['lookups']:,.0f} keys read from the mapped tables"
+    return (
+        f"{len(tables)} tables, {total['lookups']:,.0f} keys looked up, "
+        f"{total['misses'] / total['lookups']:.2%} missed ({total['sync_fetched']:,.0f} fetched "
+        f"from the host table, {total['default_answered']:,.0f} answered with the default, "
+        f"{total['not_found']:,.0f} in no table); {total['cache_us'] / 1e6:.2f} s in the "
+        f"caches, {total['local_us'] / 1e6:.2f} s in the host tables"
+    )
 
 
 def ratios(rows: List[Dict]) -> List[Dict]:

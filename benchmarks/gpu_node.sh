@@ -16,11 +16,12 @@
 # each run even when one before it failed (make -k).
 #
 # gpu-criteo runs perf_analyzer, which the node lacks: put beside the server wheel in
-# WHEEL_DIR tritonclient's wheel (its bin/perf_analyzer: pip download --no-deps
-# --only-binary=:all: --platform manylinux1_x86_64 tritonclient==2.50.0), the CUDA 12
-# runtime's (libcudart.so.12, which perf_analyzer links even without a GPU: pip download
-# --no-deps --only-binary=:all: --platform manylinux2014_x86_64 nvidia-cuda-runtime-cu12)
-# and Debian's libb64-0d package (apt-get download libb64-0d): each is installed when there.
+# WHEEL_DIR tritonclient's wheel (its bin/perf_analyzer), the CUDA 12 runtime's
+# (libcudart.so.12, which perf_analyzer links even without a GPU) and Debian's libb64-0d
+# package: each is installed when there. benchmarks/gpu_wheels.sh fetches all four on a
+# machine with network, slimmed to ~52 MB so that they travel with the checkout.
+# In a wrapper command, stop left-over servers with `pkill -x tritonserver`: `pkill -f`
+# also matches the shell whose command line names it.
 set -euo pipefail
 OUT=${1:?usage: benchmarks/gpu_node.sh OUT_DIR [WHEEL_DIR]}
 WHEELS=${2:-.whl}

@@ -219,8 +219,9 @@ BENCHMARKS: List[Benchmark] = [
         "same config.pbtxt with a backend that does no work), perf_analyzer over gRPC with "
         "system shared memory on the generated power-law inputs (1% unseen keys). NVIDIA's "
         "figures: one A100 80GB, HPS + TensorRT FP16, the full-size trained model, c=1 "
-        "(DeepLearningExamples, DLRM_and_DCNv2 `merlin_hps_inference.md`). `KIND_GPU` has "
-        "not run: no GPU was lent when this was measured.",
+        "(DeepLearningExamples, DLRM_and_DCNv2 `merlin_hps_inference.md`). On a GPU node "
+        "(`make gpu-criteo`, run by `benchmarks/gpu_node.sh`): scale 0.05 (9.4 M rows, 4.9 GB "
+        "of fp32 tables), `KIND_GPU` and `KIND_CPU` on the same node.",
         [
             Table(
                 "served, KIND_CPU",
@@ -245,6 +246,34 @@ BENCHMARKS: List[Benchmark] = [
                     ),
                 ],
                 where={"role": "model"},
+            ),
+            Table(
+                "served, KIND_GPU",
+                "criteo_gpu_*.json",
+                "rows",
+                [
+                    Col("samples", "batch", "{:,}"),
+                    Col("c", "concurrency"),
+                    Col("dense_math", "^settings/dense_math"),
+                    Col("samples/s", "samples_per_s", "{:,.0f}"),
+                    Col("p50 us", "p50_us", "{:,.0f}"),
+                    Col("p99 us", "p99_us", "{:,.0f}"),
+                    Col(
+                        "floor samples/s",
+                        "^rows[batch={batch},concurrency={concurrency},role=floor]/samples_per_s",
+                        "{:,.0f}",
+                    ),
+                    Col(
+                        "NVIDIA A100 samples/s (c=1)",
+                        "^reference/rows/{batch}",
+                        lambda v: f"{v[0]:,}",
+                    ),
+                ],
+                where={"role": "model"},
+                note="Measured before the small tables were held whole on the GPU and before a "
+                "request's misses were copied to the device row by row: every table in a cache "
+                "of 20% of its rows ([record](../benchmarks/history/"
+                "2026-11-27-criteo-dlrm-on-an-h200.md)).",
             ),
             Table(
                 "served at batch 64, KIND_CPU (beside the network in-process: bench_dense_cpu)",

@@ -74,6 +74,12 @@ UNSEEN_BASE = 1 << 31
 UNSEEN_SPAN = 1 << 26
 #: ps.json: the cache's share of each table (HPS reference runs used 0.1-0.2)
 GPUCACHEPER = 0.2
+#: ps.json ``whole_table_max_bytes`` of a KIND_GPU model: tables of at most 64 MiB on the
+#: device (rows 3 to ~120,000 at dim 128 in fp32) are held whole, the large ones cached
+#: (issue 35: caches of 10-20% of each large table). A small table's 20% cache holds fewer
+#: rows than a request uses and misses a third of its keys on every request
+#: (benchmarks/history/2026-11-27-criteo-dlrm-on-an-h200.md).
+WHOLE_TABLE_MAX_BYTES = 64 << 20
 #: HPS's default (HugeCTR v23.09.00 src/hps/inference_utils.cpp L529-533, read for
 #: docs/upstream-notes.md)
 HIT_RATE_THRESHOLD = 0.9
@@ -383,8 +389,9 @@ def sparse_file_name(name: str, table: int, precision: str) -> str:
 
 def ps_entry(name: str, precision: str, kind: str = "KIND_CPU") -> Dict:
     """The model's ps.json ``models[]`` entry (paths relative to the repository). A
-    ``KIND_GPU`` model caches :data:`GPUCACHEPER` of each table on its GPU, as the HPS
-    reference runs did; a ``KIND_CPU`` one reads the memory-mapped tables themselves
+    ``KIND_GPU`` model caches :data:`GPUCACHEPER` of each large table on its GPU, as the HPS
+    reference runs did, and holds the tables of at most :data:`WHOLE_TABLE_MAX_BYTES` whole
+    there; a ``KIND_CPU`` one reads the memory-mapped tables themselves
     (``gpucache`` false: a CPU cache would hold a second copy of rows already mapped)."""
     rel = os.path.join(name, "1")
     entry = {
@@ -406,6 +413,8 @@ def ps_entry(name: str, precision: str, kind: str = "KIND_CPU") -> Dict:
         "gpucacheper": GPUCACHEPER,
         "hit_rate_threshold": HIT_RATE_THRESHOLD,
     }
+    if kind == "KIND_GPU":
+        entry["whole_table_max_bytes"] = WHOLE_TABLE_MAX_BYTES
     if precision != "fp32":
         entry["embedding_precision"] = [precision] * NUM_TABLES
     return entry
@@ -610,7 +619,8 @@ def help_epilog() -> str:
         "",
         f"Perf inputs: ~{perf_bytes / 1e6:.0f} MB more (default batch sizes, 4 requests each).",
         "KIND_CPU reads the memory-mapped tables (gpucache false); KIND_GPU caches",
-        f"gpucacheper {GPUCACHEPER} of each table's rows on the GPU.",
+        f"gpucacheper {GPUCACHEPER} of each table's rows on the GPU, and holds the tables",
+        f"of at most {WHOLE_TABLE_MAX_BYTES >> 20} MiB whole there (whole_table_max_bytes).",
         "",
         "example: ps-loader criteo-dlrm --out repo --scale 0.001 --precision int8",
         "         triton-rec-server serve --model-repository repo; sh repo/perf_dlrm_criteo.sh",

@@ -57,6 +57,7 @@ class Kernels {
     get(&repair, "trec_cache_repair");
     get(&lookup_tables, "trec_lookup_tables");
     get(&combine_tables, "trec_combine_tables");
+    get(&scatter_rows, "trec_scatter_rows");
     sms_ = device_->multiprocessors();
   }
   ~Kernels() {
@@ -77,7 +78,7 @@ class Kernels {
   }
 
   CUfunction write = nullptr, clear = nullptr, repair = nullptr;
-  CUfunction lookup_tables = nullptr, combine_tables = nullptr;
+  CUfunction lookup_tables = nullptr, combine_tables = nullptr, scatter_rows = nullptr;
 
  private:
   void get(CUfunction* f, const char* name) {
@@ -296,6 +297,14 @@ class Lane {
       Driver::get().check(Driver::get().cuMemcpyDtoHAsync(dst, src, bytes, stream_),
                           "cuMemcpyDtoHAsync");
   }
+  // The device's address of host staging (mapped pinned memory: PinnedRegistry), which a
+  // kernel reads across the bus.
+  CUdeviceptr mapped(const void* host) const {
+    CUdeviceptr p = 0;
+    Driver::get().check(Driver::get().cuMemHostGetDevicePointer(&p, const_cast<void*>(host), 0),
+                        "cuMemHostGetDevicePointer");
+    return p;
+  }
 
   // Staging memory, carved into 256-byte aligned parts of the sizes asked for.
   struct Parts {
@@ -465,6 +474,16 @@ inline void launch_combines(Lane& lane, CUdeviceptr targets, size_t tables, CUde
     void* args[] = {&tg, &sp, &m, &vectors, &ptr};
     launch(k.combine_tables, k.grid(n, kBlock), lane.stream(), args, "trec_combine_tables");
   });
+}
+
+// Copies rows[0..k) (row indices) of dim floats from src (mapped host memory: Lane::mapped)
+// to the same rows of dst (device) with trec_scatter_rows. Nothing waits for it.
+inline void launch_scatter_rows(Lane& lane, CUdeviceptr dst, CUdeviceptr src, CUdeviceptr rows,
+                                int64_t k, int32_t dim) {
+  if (k <= 0) return;
+  const Kernels& kn = lane.kernels();
+  void* args[] = {&dst, &src, &rows, &k, &dim};
+  launch(kn.scatter_rows, kn.grid(k, kWarpsPerBlock), lane.stream(), args, "trec_scatter_rows");
 }
 
 // Pinned keys of at most this many bytes are still copied into the staging: one copy to

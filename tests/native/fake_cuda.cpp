@@ -460,6 +460,20 @@ CUresult cuLaunchKernel(void* f, unsigned, unsigned, unsigned, unsigned, unsigne
         }
       }
     };
+  } else if (name == "trec_scatter_rows") {
+    auto dst = arg<float*>(args, 0);
+    auto src = arg<const float*>(args, 1);
+    auto rows = arg<const int64_t*>(args, 2);
+    auto k = arg<int64_t>(args, 3);
+    auto dim = arg<int32_t>(args, 4);
+    op.run = [=] {
+      check(rows, k * 8, "scatter rows", 1, dev);  // mapped pinned host memory
+      for (int64_t i = 0; i < k; ++i) {
+        check(src + rows[i] * dim, dim * 4, "scatter src", 1, dev);
+        check(dst + rows[i] * dim, dim * 4, "scatter dst", 0, dev);
+        memcpy(dst + rows[i] * dim, src + rows[i] * dim, dim * 4);
+      }
+    };
   } else if (name == "trec_cache_write") {
     auto v = arg<xc::View>(args, 0);
     auto md = arg<int32_t>(args, 1);

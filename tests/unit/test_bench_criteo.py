@@ -90,3 +90,40 @@ def test_machine_tags_name_cpu_cores_and_gpu():
     assert machine_tag(info, ["NVIDIA H200, 580.159.04, 143771 MiB"]) == "amd-epyc-9654-16c-h200"
     info = {"cpu_model": "Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz", "nproc": 2}
     assert machine_tag(info, []) == "intel-xeon-platinum-8480p-2c"
+
+
+def test_the_tables_counters_are_read_from_the_metrics_text(bench):
+    """What the JSON keeps of each table (``tables``) and the log line that sums it."""
+    text = b"""# HELP trec_cache_lookups_total Keys looked up
+trec_cache_lookups_total{model="dlrm_criteo",table="C1"} 1000
+trec_cache_hits_total{model="dlrm_criteo",table="C1"} 900
+trec_cache_misses_total{model="dlrm_criteo",table="C1"} 100
+trec_cache_sync_fetched_total{model="dlrm_criteo",table="C1"} 90
+trec_cache_default_not_found_total{model="dlrm_criteo",table="C1"} 10
+trec_cache_bytes{memory="gpu0",model="dlrm_criteo",table="C1"} 4096
+trec_lookup_duration_us_total{model="dlrm_criteo",table="C1",tier="cache"} 1500000
+trec_lookup_duration_us_total{model="dlrm_criteo",table="C1",tier="local"} 500000
+trec_cache_lookups_total{model="dlrm_criteo",table="C2"} 1000
+trec_cache_hits_total{model="dlrm_criteo",table="C2"} 1000
+trec_cache_bytes{memory="gpu0",model="dlrm_criteo",table="C2"} 2048
+trec_cache_lookups_total{model="floor_criteo",table="C1"} 5
+nv_inference_count{model="dlrm_criteo",version="1"} 7
+"""
+    tables = bench.parse_table_counters(text)
+    assert set(tables) == {"C1", "C2"}  # the floor's and Triton's own series left out
+    assert tables["C1"] == {
+        "lookups": 1000.0,
+        "hits": 900.0,
+        "misses": 100.0,
+        "sync_fetched": 90.0,
+        "not_found": 10.0,
+        "cache_bytes": 4096.0,
+        "memory": "gpu0",
+        "cache_us": 1500000.0,
+        "local_us": 500000.0,
+    }
+    line = bench.table_summary(tables)
+    assert "2,000 keys looked up, 5.00% missed (90 fetched" in line, line
+    assert "1.50 s in the caches, 0.50 s in the host tables" in line, line
+    no_cache = {"C1": {"lookups": 10.0, "misses": 10.0, "sync_fetched": 10.0}}
+    assert bench.table_summary(no_cache) == "1 tables, 10 keys read from the mapped tables"

@@ -195,7 +195,9 @@ def test_the_cli_writes_config_and_ps_json_and_keeps_other_models(tmp_path, caps
     assert [m["model"] for m in doc["models"]] == ["a", "dlrm_criteo"]
     entry = doc["models"][1]
     assert entry["gpucache"] is True and entry["gpucacheper"] == 0.2  # KIND_GPU: cached
+    assert entry["whole_table_max_bytes"] == 64 << 20  # KIND_GPU: small tables whole
     assert doc["models"][0]["gpucache"] is False  # KIND_CPU: the mapped tables
+    assert "whole_table_max_bytes" not in doc["models"][0]
     assert entry["hit_rate_threshold"] == 0.9 and entry["max_batch_size"] == 65536
     assert entry["deployed_device_list"] == [0] and entry["embedding_precision"] == ["int8"] * 26
     assert "embedding_precision" not in doc["models"][0]

@@ -24,7 +24,7 @@ from triton_rec.cache.array_cache import ArrayEmbeddingCache
 from triton_rec.gpu import kernels, nvrtc
 
 KERNELS = ("trec_lookup_tables", "trec_cache_write", "trec_cache_clear", "trec_cache_repair",
-           "trec_combine_tables")  # fmt: skip
+           "trec_combine_tables", "trec_scatter_rows")  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", kernels.CI_ARCHS)

@@ -405,3 +405,51 @@ def test_the_load_log_states_the_plans_figures_once_per_model(tmp_path):
     plan_cli.log_sizing(pb, "m", config, args)  # loaded again: said again
     assert len([msg for _, msg in pb.log_lines if "sizing" in msg]) == 2
     plan_cli.forget_sizing("m")
+
+
+def test_whole_table_max_bytes_holds_small_tables_whole_on_the_gpu(tmp_path):
+    """ps.json ``whole_table_max_bytes`` (our extension): a dynamic cache's table whose whole
+    copy fits in it is held whole on the GPU (a static table), the others cached; the plan
+    counts each as it is opened (deployment.device_table_mode, the one rule)."""
+    import dataclasses
+
+    from triton_rec.config.ps_json import EmbeddingCacheType
+    from triton_rec.serving.deployment import device_table_mode
+
+    item, user = (device_table_bytes(t.rows, RowCodec("fp32", t.vec_size)) for t in TABLES)
+    assert user < item
+    groups = "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]"
+    repo = write_repo(tmp_path / "repo", {"g": groups}, whole_table_max_bytes=user)
+    params = load_ps_config(str(repo / "ps.json")).model("g")
+    assert params.whole_table_max_bytes == user
+    modes = [device_table_mode(params, t.rows, RowCodec("fp32", t.vec_size)) for t in TABLES]
+    assert modes == [None, "static"]
+    plan = sizing.plan_model("g", config_of(repo, "g"), str(repo / "g"), [0], "native")
+    staging = sizing.staging_bytes(params.max_batch_size, [(2, 16), (1, 4)])
+    cached = device_cache_bytes(cache_rows(params, TABLES[0].rows), TABLES[0].vec_size)
+    assert plan.gpu_bytes == {0: staging + cached + user}
+    whats = [p.what for p in plan.parts if p.resource == "gpu"]
+    assert "table 'user' whole on the GPU (static)" in whats
+    assert any(w.startswith("table 'item': GPU cache of") for w in whats)
+
+    def mode(**change):
+        p = dataclasses.replace(params, **change)
+        return device_table_mode(p, TABLES[1].rows, RowCodec("fp32", TABLES[1].vec_size))
+
+    assert mode(whole_table_max_bytes=user - 1) is None
+    assert mode(whole_table_max_bytes=0) is None  # the default: HPS's caches
+    assert mode(gpucache=False) is None
+    assert mode(embedding_cache_type=EmbeddingCacheType.UVM, whole_table_max_bytes=0) == "uvm"
+    tiers = dataclasses.replace(params.volatile_db, type="redis_cluster")
+    assert mode(volatile_db=tiers) is None  # a whole table is node-local
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "64MiB", True])
+def test_whole_table_max_bytes_must_be_a_byte_count(tmp_path, value):
+    from triton_rec.errors import ConfigError
+
+    repo = write_repo(tmp_path / "repo", {"g": ""}, whole_table_max_bytes=value)
+    with pytest.raises(ConfigError, match="whole_table_max_bytes"):
+        load_ps_config(str(repo / "ps.json"))
+    default = write_repo(tmp_path / "default", {"g": ""})
+    assert load_ps_config(str(default / "ps.json")).model("g").whole_table_max_bytes == 0

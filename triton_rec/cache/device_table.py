@@ -60,6 +60,10 @@ class DeviceTableCache:
         device: the CUDA device.
     """
 
+    #: it holds every row of its table (:class:`~triton_rec.serving.session.TableSet` makes
+    #: its table exact: a miss is a key no tier holds)
+    whole = True
+
     def __init__(self, table: EmbeddingTable, mode: str, device: int):
         from triton_rec.gpu.kernels import load_kernels
 

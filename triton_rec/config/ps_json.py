@@ -141,6 +141,7 @@ _MODEL_KEYS_USED = {
     "embedding_cache_type",
     "use_static_table",
     "embedding_precision",  # our extension (triton_rec.precision)
+    "whole_table_max_bytes",  # our extension (deployment.device_table_mode)
 }
 _MODEL_KEYS_KNOWN = _MODEL_KEYS_USED | {
     "num_of_worker_buffer_in_pool",
@@ -247,6 +248,10 @@ class ModelParams:
         hit_rate_threshold: below it, misses are fetched synchronously.
         cache_policy: ``lru`` (HPS) or ``tinylfu`` (LRU eviction + TinyLFU admission).
         cache_ways: ways per set of the set-associative cache.
+        whole_table_max_bytes: on a GPU, a table of a ``dynamic`` cache whose whole copy
+            (index and rows) takes at most this many bytes is held whole on the device, as a
+            ``static`` table, instead of in a cache of ``gpucacheper`` of its rows (our
+            extension; 0, the default, never: HPS's behaviour).
         init_ec: fill the cache from the table when it is created; as in HPS only with a
             refresh percentage > 0, or for a non-dynamic ``embedding_cache_type``.
         refresh_interval: seconds between cache refreshes (0 = never).
@@ -275,6 +280,7 @@ class ModelParams:
     hit_rate_threshold: float = 0.9
     cache_policy: CachePolicy = CachePolicy.LRU
     cache_ways: int = 8
+    whole_table_max_bytes: int = 0
     init_ec: bool = True
     refresh_interval: float = 0.0
     refresh_delay: float = 0.0
@@ -485,6 +491,11 @@ def _parse_model(obj: Any, index: int, base_dir: str, source: str) -> ModelParam
         cache_policy=CachePolicy(policy),
         cache_ways=as_int(
             obj.get("cache_ways", dft["cache_ways"]), f"{where}.cache_ways", 1, MAX_CACHE_WAYS
+        ),
+        whole_table_max_bytes=as_int(
+            obj.get("whole_table_max_bytes", dft["whole_table_max_bytes"]),
+            f"{where}.whole_table_max_bytes",
+            0,
         ),
         init_ec=as_bool(obj.get("init_ec", dft["init_ec"]), f"{where}.init_ec"),
         refresh_interval=seconds["refresh_interval"],

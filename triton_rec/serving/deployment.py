@@ -30,7 +30,11 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from triton_rec.cache.device_table import DEVICE_TABLE_MODES, DeviceTableCache
+from triton_rec.cache.device_table import (
+    DEVICE_TABLE_MODES,
+    DeviceTableCache,
+    device_table_bytes,
+)
 from triton_rec.config.model_config import InstanceSettings
 from triton_rec.config.model_files import confine
 from triton_rec.config.ps_json import (
@@ -128,6 +132,27 @@ def cache_rows(params: ModelParams, num_rows: int) -> int:
     if params.embedding_cache_type == EmbeddingCacheType.STATIC:
         return max(1, int(num_rows))
     return max(1, math.ceil(params.gpucacheper * int(num_rows)))
+
+
+def device_table_mode(params: ModelParams, num_rows: int, codec) -> Optional[str]:
+    """How a KIND_GPU instance holds a table whole, or None (a cache of :func:`cache_rows`
+    rows, or no cache): ``static``/``uvm`` when the model's ``embedding_cache_type`` says so;
+    ``static`` for a ``dynamic`` cache's table whose whole copy
+    (:func:`~triton_rec.cache.device_table.device_table_bytes`: index and rows) is at most
+    ps.json's ``whole_table_max_bytes`` (our extension; 0 never), since a small table's
+    cache of ``gpucacheper`` of its rows holds fewer rows than its requests use and misses
+    on every one (benchmarks/history/2026-11-27-criteo-dlrm-on-an-h200.md). Never for a
+    model whose tables live in Redis/RocksDB tiers (a whole table is node-local). The one
+    rule: the caches opened here and the node plan (:mod:`triton_rec.serving.sizing`) use
+    it."""
+    if not caches_enabled(params) or uses_tiers(params):
+        return None
+    if params.embedding_cache_type.value in DEVICE_TABLE_MODES:
+        return params.embedding_cache_type.value
+    limit = params.whole_table_max_bytes
+    if limit > 0 and device_table_bytes(int(num_rows), codec) <= limit:
+        return EmbeddingCacheType.STATIC.value
+    return None
 
 
 def cache_capacity(params: ModelParams, table: EmbeddingTable) -> int:
@@ -349,9 +374,9 @@ def open_tables(params: ModelParams, spec: InstanceSpec = InstanceSpec()) -> Tab
                 directory=directory,
                 namespace=shm_namespace(table, directory),
             )
-        if params.embedding_cache_type.value in DEVICE_TABLE_MODES and not uses_tiers(params):
-            # static / uvm: the whole node-local table on the GPU (device_table.py)
-            return DeviceTableCache(table, params.embedding_cache_type.value, spec.device_id)
+        mode = device_table_mode(params, table.num_rows, table.codec)
+        if mode is not None:  # the whole node-local table on the GPU (device_table.py)
+            return DeviceTableCache(table, mode, spec.device_id)
         from triton_rec.cache.gpu_share import open_shared_cache
 
         shared = open_shared_cache(

@@ -105,7 +105,8 @@ class TableSet:
                     cache,
                     params.hit_rate_threshold,
                     inserter,
-                    exact=exact,
+                    # a table held whole misses only keys that no tier holds: fetched now
+                    exact=exact or getattr(cache, "whole", False),
                 )
                 cached.append(ct)
                 if cache is not None and warm_up_at_load(params) and cache.size() == 0:

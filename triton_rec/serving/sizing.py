@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from triton_rec import _native
-from triton_rec.cache.device_table import DEVICE_TABLE_MODES, device_table_bytes
+from triton_rec.cache.device_table import device_table_bytes
 from triton_rec.cache.gpu_share import device_cache_bytes
 from triton_rec.cache.shm_cache import segment_bytes
 from triton_rec.config.model_config import (
@@ -66,6 +66,7 @@ from triton_rec.precision import RowCodec
 from triton_rec.serving.deployment import (
     cache_rows,
     caches_enabled,
+    device_table_mode,
     undeployed_devices,
     uses_tiers,
 )
@@ -457,7 +458,6 @@ def _plan_tables(
     versions: List[int],
     request_path: str,
 ) -> None:
-    whole = params.embedding_cache_type.value in DEVICE_TABLE_MODES and not uses_tiers(params)
     for tp in params.tables:
         rows, _source_codec = table_shape(tp.sparse_file, tp.vec_size)
         codec = RowCodec(tp.precision, tp.vec_size)
@@ -488,9 +488,9 @@ def _plan_tables(
                     ("shm", plan.name, tp.name),
                 )
             )
+        mode = device_table_mode(params, rows, codec)
         for d in devices:
-            if whole:
-                mode = params.embedding_cache_type.value
+            if mode is not None:
                 size = device_table_bytes(rows, codec)
                 # one copy per GPU in the native backend's process, one per instance
                 # process on the Python request path

@@ -230,3 +230,19 @@ extern "C" __global__ void trec_combine_tables(const xc::CombineTarget* targets,
     c.out[local] = acc;
   }
 }
+
+// The rows the host answered for a cache's misses (their vectors written at their places in
+// the request's answers, in pinned host memory mapped into the device) copied to the same
+// places in device memory: row rows[i] (dim floats, from rows[i] * dim) for i < k. Only
+// those rows cross the bus, where copying the table's whole answer there and back moved
+// every hit too. A warp per row.
+extern "C" __global__ void trec_scatter_rows(float* dst, const float* src, const int64_t* rows,
+                                             int64_t k, int32_t dim) {
+  const int64_t per_block = blockDim.x / kWarp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * per_block;
+  const int lane = static_cast<int>(threadIdx.x % kWarp);
+  for (int64_t i = blockIdx.x * per_block + threadIdx.x / kWarp; i < k; i += stride) {
+    const int64_t base = rows[i] * dim;
+    for (int j = lane; j < dim; j += kWarp) dst[base + j] = src[base + j];
+  }
+}

@@ -181,8 +181,11 @@ const NativePlan::Bucket& bucket_for(const NativePlan& plan, int64_t n) {
 // A hugectr request on the GPU (keys regrouped by table in s.keys, row pointers in s.ptrs,
 // rows rows of them): the lookups of every table in one launch, every table's slots combined
 // into the network's input in one launch, the network's graph for the smallest bucket that
-// holds n samples, one synchronization. When a cache missed, its vectors come to the host
-// for the engine's rules and go back, and the slots and the network run again.
+// holds n samples, one synchronization. When a cache missed, the host answers its misses
+// (settle_tables) into the pinned staging at their places and trec_scatter_rows copies just
+// those rows to the device; then the slots and the network run. The network runs before
+// the statuses are known (one synchronization) while the plan's last request did not miss,
+// and again when this one did; after a request that missed, only once, after the misses.
 void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n_cat, int64_t rows,
                  const float* des, float* answer, bool exact, Defaults* d) {
   const NativePlan& plan = *st.plan;
@@ -225,41 +228,44 @@ void hugectr_gpu(const InstanceState& st, const Scratch& s, int64_t n, int64_t n
     tr::gpu::launch_graph(lane, bucket.graph);
     lane.to_host(h + o[7], bucket.out, ob);
   };
-  dense();
+  const bool early = !plan.last_missed.load(std::memory_order_relaxed);
+  if (early) dense();
   lane.to_host(h + o[6], dv + o[6], static_cast<size_t>(n_cat));
   lane.sync();
   const uint64_t ns = now_ns() - t0;
   auto* status = reinterpret_cast<uint8_t*>(h + o[6]);
   auto* vectors = reinterpret_cast<float*>(h + o[5]);
-  std::vector<char> missed(tables, 0);
+  // The keys' staging is free once they are on the device: each missed cache's rows to copy
+  // (the keys that did not hit, as indices into its answer), from its first key's place.
+  auto* missed_rows = reinterpret_cast<int64_t*>(h);
+  std::vector<int64_t> missed(tables, 0);  // rows to copy of each table
   bool any = false;
-  for (size_t t = 0; t < tables; ++t) {  // a cache that missed: its vectors to the host
-    const uint8_t* first = status + s.key_starts[t];
-    const uint8_t* last = status + s.key_starts[t + 1];
-    if (!plan.tables[t].target.cache ||
-        std::all_of(first, last, [](uint8_t v) { return v == tr::xcache::kHit; })) {
-      continue;
+  for (size_t t = 0; t < tables; ++t) {
+    if (!plan.tables[t].target.cache) continue;  // a whole table: answered on the device
+    const int64_t first = s.key_starts[t], m = s.key_starts[t + 1] - first;
+    int64_t k = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      if (status[first + i] != tr::xcache::kHit) missed_rows[first + k++] = i;
     }
-    missed[t] = 1;
-    any = true;
-    lane.to_host(h + o[5] + voff[t] * 4, dv + o[5] + voff[t] * 4,
-                 static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
+    missed[t] = k;
+    any = any || k > 0;
   }
-  if (any) lane.sync();
+  plan.last_missed.store(any, std::memory_order_relaxed);
+  const tr::cuda::CUdeviceptr mapped = any ? lane.mapped(h) : 0;
   settle_tables(
       st, s.keys.data(), s.key_starts.data(), vectors, voff.data(), status, ns, exact, d,
-      [&](size_t t) {  // a cache that missed: its answered vectors back to the device
-        if (missed[t]) {
-          lane.to_device(dv + o[5] + voff[t] * 4, h + o[5] + voff[t] * 4,
-                         static_cast<size_t>(voff[t + 1] - voff[t]) * 4);
-        }
+      [&](size_t t) {  // the rows the host answered for a cache's misses, to the device
+        const int64_t f = voff[t] * 4;
+        tr::gpu::launch_scatter_rows(lane, dv + o[5] + f, mapped + o[5] + f,
+                                     mapped + s.key_starts[t] * 8, missed[t],
+                                     static_cast<int32_t>(plan.tables[t].dim));
       },
       [&] {
-        // the slots and the network again, on the instance's stream, while the inserts are
-        // written on another (a failure of the write waits for the lane: `entered`)
-        if (any) dense();
+        // the slots and the network (again), on the instance's stream, while the inserts
+        // are written on another (a failure of the write waits for the lane: `entered`)
+        if (any || !early) dense();
       });
-  if (any) lane.sync();
+  if (any || !early) lane.sync();
   std::memcpy(answer, h + o[7], ob);
 }
 

@@ -12,6 +12,7 @@
 
 #include <Python.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -160,6 +161,9 @@ struct NativePlan {
   tr::cuda::CUdeviceptr dense_in = 0;
   std::vector<tr::cuda::CUdeviceptr> emb_in;
   int64_t host_max_batch = 0;  // requests of at most this many samples: `net` on the host
+  // KIND_GPU hugectr: whether the last request's caches missed (hugectr_gpu runs the network
+  // before it knows only while they do not)
+  mutable std::atomic<bool> last_missed{false};
   bool gpu() const { return kernels != nullptr; }
   // The width of table t's vectors (a dense plan has no tables, only their widths).
   int64_t table_dim(size_t t) const { return dense_only ? vec_sizes[t] : tables[t].dim; }
