@@ -87,32 +87,76 @@ inline bool combine_segments(const float* vectors, int64_t rows, int64_t dim, co
 // block of samples * slots[t] + 1 row pointers counted within that table's keys), and the
 // start of each table's keys into key_offsets[0..tables]. False unless every block starts
 // at 0 and never decreases. The caller has checked that rowindex holds
-// sum_t(samples * slots[t] + 1) values.
+// sum_t(samples * slots[t] + 1) values. *one_per_slot (when given): whether every block is
+// 0, 1, 2, ...: each slot of each sample holds exactly one key (one-hot tables, as
+// MLPerf's DLRM has).
 inline bool widen_row_pointers(const int32_t* rowindex, const int64_t* slots, int64_t tables,
-                               int64_t samples, int64_t* key_offsets, int64_t* out_ptrs) {
+                               int64_t samples, int64_t* key_offsets, int64_t* out_ptrs,
+                               bool* one_per_slot = nullptr) {
   int64_t block = 0, total = 0;
+  bool identity = true;
   key_offsets[0] = 0;
   for (int64_t t = 0; t < tables; ++t) {
     const int64_t len = samples * slots[t] + 1;
     const int32_t* rp = rowindex + block;
     if (rp[0] != 0) return false;
-    for (int64_t j = 0; j < len; ++j) {
-      if (j && rp[j] < rp[j - 1]) return false;
-      out_ptrs[block + j] = rp[j];
+    bool ordered = true, same = true;  // no early exit: the loop stays branch-free
+    for (int64_t j = 1; j < len; ++j) {
+      ordered &= rp[j] >= rp[j - 1];
+      same &= rp[j] == j;
     }
+    if (!ordered) return false;
+    identity = identity && same;
+    for (int64_t j = 0; j < len; ++j) out_ptrs[block + j] = rp[j];
     total += rp[len - 1];
     key_offsets[t + 1] = total;
     block += len;
   }
+  if (one_per_slot != nullptr) *one_per_slot = identity;
   return true;
+}
+
+// regroup_hugectr's keys of a request whose every slot holds one key: a transpose of the
+// [samples, sum(slots)] CATCOLUMN into one [samples, slots[t]] block per table, in runs of
+// kRun samples whose source rows stay in the cache while each table takes its columns.
+template <typename Key>
+void regroup_one_per_slot(const Key* cat, const int64_t* slots, int64_t tables, int64_t samples,
+                          const int64_t* key_offsets, int64_t* out_keys) {
+  constexpr int64_t kRun = 256;
+  int64_t width = 0;
+  for (int64_t t = 0; t < tables; ++t) width += slots[t];
+  for (int64_t i0 = 0; i0 < samples; i0 += kRun) {
+    const int64_t i1 = i0 + kRun < samples ? i0 + kRun : samples;
+    int64_t column = 0;
+    for (int64_t t = 0; t < tables; ++t) {
+      const int64_t st = slots[t];
+      const Key* src = cat + i0 * width + column;
+      int64_t* dst = out_keys + key_offsets[t] + i0 * st;
+      if (st == 1) {
+        for (int64_t i = 0; i < i1 - i0; ++i) dst[i] = static_cast<int64_t>(src[i * width]);
+      } else {
+        for (int64_t i = 0; i < i1 - i0; ++i, src += width, dst += st) {
+          for (int64_t j = 0; j < st; ++j) dst[j] = static_cast<int64_t>(src[j]);
+        }
+      }
+      column += st;
+    }
+  }
 }
 
 template <typename Key>
 bool regroup_hugectr(const Key* cat, int64_t keys, const int32_t* rowindex, const int64_t* slots,
                      int64_t tables, int64_t samples, int64_t* out_keys, int64_t* key_offsets,
                      int64_t* out_ptrs) {
-  if (!widen_row_pointers(rowindex, slots, tables, samples, key_offsets, out_ptrs)) return false;
+  bool one_per_slot = false;
+  if (!widen_row_pointers(rowindex, slots, tables, samples, key_offsets, out_ptrs, &one_per_slot)) {
+    return false;
+  }
   if (key_offsets[tables] != keys) return false;
+  if (one_per_slot) {
+    regroup_one_per_slot(cat, slots, tables, samples, key_offsets, out_keys);
+    return true;
+  }
   // Sample i's keys of table t are rp_t[i*s_t] .. rp_t[(i+1)*s_t) within that table.
   int64_t pos = 0;
   for (int64_t i = 0; i < samples; ++i) {

@@ -195,3 +195,34 @@ def test_embeddings_of_a_multi_hot_slot_name_the_sample_that_holds_them():
     embs[2 * 2 + 1] = 3e38
     embs[0] = 1e-45
     parse_embedding_request("m", np.zeros(2, np.float32), embs, rows, (2,), (2,), 1, 8)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint32])
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 700])
+def test_one_key_per_slot_is_regrouped_as_the_samples_say(dtype, n):
+    """Every slot one key (one-hot tables, MLPerf's DLRM): the native regrouping's transpose
+    in runs of 256 samples gives each table its keys in sample order, as the general case
+    does; tables of one and of several slots in one request."""
+    rng = np.random.default_rng(n)
+    slots = [1, 3, 1, 2]
+    hi = 2**32 if dtype == np.uint32 else 2**40
+    samples = [[[[int(rng.integers(0, hi))] for _ in range(s)] for s in slots] for _ in range(n)]
+    des, cat, rows = _build(samples, dtype=dtype)
+    assert all(v == j for t in range(4) for j, v in enumerate(_table_block(rows, slots, n, t)))
+    r = parse_hugectr_request("m", des, cat, rows, slots=slots, dense_dim=3, max_batch_size=1024)
+    for t in range(len(slots)):
+        assert r.keys[t].tolist() == [k for smp in samples for slot in smp[t] for k in slot]
+        assert r.row_ptrs[t].tolist() == list(range(n * slots[t] + 1))
+    # the same key counts, but one slot with two keys and one with none: the general case
+    samples[0][1][0].append(7)
+    samples[-1][1][-1].clear()
+    des, cat, rows = _build(samples, dtype=dtype)
+    r = parse_hugectr_request("m", des, cat, rows, slots=slots, dense_dim=3, max_batch_size=1024)
+    assert r.keys[1].tolist() == [k for smp in samples for slot in smp[1] for k in slot]
+    counts = [len(slot) for smp in samples for slot in smp[1]]
+    assert r.row_ptrs[1].tolist() == np.concatenate([[0], np.cumsum(counts)]).tolist()
+
+
+def _table_block(rows, slots, n, t):
+    start = sum(n * s + 1 for s in slots[:t])
+    return rows[start : start + n * slots[t] + 1].tolist()
