@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import urllib.request
 
 import numpy as np
@@ -71,12 +72,15 @@ def test_small_tables_whole_large_ones_cached_answers_as_numpy(criteo_gpu):
         np.testing.assert_allclose(got.reshape(-1), want, rtol=0, atol=1e-4)
 
     params = load_ps_config(str(repo / "ps.json")).model("criteo")
-    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
-    held = {}
-    for ln in text.splitlines():
-        if ln.startswith("trec_cache_bytes{") and 'model="criteo"' in ln:
-            table = ln.split('table="', 1)[1].split('"', 1)[0]
-            held[table] = float(ln.rsplit(" ", 1)[1])
+    held: dict = {}
+    deadline = time.monotonic() + 10  # the instance publishes its gauges every second
+    while sum(v > 0 for v in held.values()) < len(rows) and time.monotonic() < deadline:
+        text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+        for ln in text.splitlines():
+            if ln.startswith("trec_cache_bytes{") and 'model="criteo"' in ln:
+                table = ln.split('table="', 1)[1].split('"', 1)[0]
+                held[table] = float(ln.rsplit(" ", 1)[1])
+        time.sleep(0.5)
     codec = RowCodec("fp32", 128)
     for t, n in enumerate(rows):
         if device_table_mode(params, n, codec) == "static":
