@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "hash_index.hpp"
+#include "row_parts.hpp"
 
 namespace triton_rec {
 
@@ -118,30 +119,61 @@ inline bool widen_row_pointers(const int32_t* rowindex, const int64_t* slots, in
 
 // regroup_hugectr's keys of a request whose every slot holds one key: a transpose of the
 // [samples, sum(slots)] CATCOLUMN into one [samples, slots[t]] block per table, in runs of
-// kRun samples whose source rows stay in the cache while each table takes its columns.
+// kRun samples whose source rows stay in the cache while each table takes its columns. A
+// request of many samples splits its runs across the cores no other call is using, as the
+// dense executor does (row_parts.hpp: idle cores, TRITON_REC_DENSE_THREADS), one part per
+// kRegroupSamplesPerPart samples at most. 65,536 samples x 26 keys on the development
+// machine (2 cores, memory-bound): 5.1 ms on one core, 4.3 ms over both (the row pointers'
+// widening before it, 2.4 ms, stays on the calling thread).
+constexpr int64_t kRegroupSamplesPerPart = 8192;
+
 template <typename Key>
 void regroup_one_per_slot(const Key* cat, const int64_t* slots, int64_t tables, int64_t samples,
                           const int64_t* key_offsets, int64_t* out_keys) {
   constexpr int64_t kRun = 256;
   int64_t width = 0;
   for (int64_t t = 0; t < tables; ++t) width += slots[t];
-  for (int64_t i0 = 0; i0 < samples; i0 += kRun) {
-    const int64_t i1 = i0 + kRun < samples ? i0 + kRun : samples;
-    int64_t column = 0;
-    for (int64_t t = 0; t < tables; ++t) {
-      const int64_t st = slots[t];
-      const Key* src = cat + i0 * width + column;
-      int64_t* dst = out_keys + key_offsets[t] + i0 * st;
-      if (st == 1) {
-        for (int64_t i = 0; i < i1 - i0; ++i) dst[i] = static_cast<int64_t>(src[i * width]);
-      } else {
-        for (int64_t i = 0; i < i1 - i0; ++i, src += width, dst += st) {
-          for (int64_t j = 0; j < st; ++j) dst[j] = static_cast<int64_t>(src[j]);
+  auto runs = [&](int64_t first, int64_t last) {  // samples [first, last)
+    for (int64_t i0 = first; i0 < last; i0 += kRun) {
+      const int64_t i1 = i0 + kRun < last ? i0 + kRun : last;
+      int64_t column = 0;
+      for (int64_t t = 0; t < tables; ++t) {
+        const int64_t st = slots[t];
+        const Key* src = cat + i0 * width + column;
+        int64_t* dst = out_keys + key_offsets[t] + i0 * st;
+        if (st == 1) {
+          for (int64_t i = 0; i < i1 - i0; ++i) dst[i] = static_cast<int64_t>(src[i * width]);
+        } else {
+          for (int64_t i = 0; i < i1 - i0; ++i, src += width, dst += st) {
+            for (int64_t j = 0; j < st; ++j) dst[j] = static_cast<int64_t>(src[j]);
+          }
         }
+        column += st;
       }
-      column += st;
     }
+  };
+  static const int max_threads = dense_threads_from_env();
+  std::atomic<int>& busy = busy_calls();
+  const int idle = usable_cores() - (busy.fetch_add(1) + 1);
+  int64_t parts = 1 + (idle > 0 ? idle : 0);
+  if (parts > max_threads) parts = max_threads;
+  if (parts > samples / kRegroupSamplesPerPart) parts = samples / kRegroupSamplesPerPart;
+  if (parts < 1) parts = 1;
+  busy.fetch_add(static_cast<int>(parts) - 1);
+  struct Release {
+    std::atomic<int>& busy;
+    int parts;
+    ~Release() { busy.fetch_sub(parts); }
+  } release{busy, static_cast<int>(parts)};
+  if (parts == 1) {
+    runs(0, samples);
+    return;
   }
+  const int64_t per = ((samples + parts - 1) / parts + kRun - 1) / kRun * kRun;  // whole runs
+  RowPool::instance().run(static_cast<int>(parts), [&](int p) {
+    const int64_t first = p * per, last = first + per < samples ? first + per : samples;
+    if (first < last) runs(first, last);
+  });
 }
 
 template <typename Key>

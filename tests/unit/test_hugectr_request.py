@@ -198,18 +198,19 @@ def test_embeddings_of_a_multi_hot_slot_name_the_sample_that_holds_them():
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.uint32])
-@pytest.mark.parametrize("n", [1, 255, 256, 257, 700])
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 700, 2 * 8192 + 37])
 def test_one_key_per_slot_is_regrouped_as_the_samples_say(dtype, n):
     """Every slot one key (one-hot tables, MLPerf's DLRM): the native regrouping's transpose
     in runs of 256 samples gives each table its keys in sample order, as the general case
-    does; tables of one and of several slots in one request."""
+    does; tables of one and of several slots in one request. 16,421 samples split across
+    two cores where the machine has them (kRegroupSamplesPerPart), the last part short."""
     rng = np.random.default_rng(n)
     slots = [1, 3, 1, 2]
     hi = 2**32 if dtype == np.uint32 else 2**40
     samples = [[[[int(rng.integers(0, hi))] for _ in range(s)] for s in slots] for _ in range(n)]
     des, cat, rows = _build(samples, dtype=dtype)
     assert all(v == j for t in range(4) for j, v in enumerate(_table_block(rows, slots, n, t)))
-    r = parse_hugectr_request("m", des, cat, rows, slots=slots, dense_dim=3, max_batch_size=1024)
+    r = parse_hugectr_request("m", des, cat, rows, slots=slots, dense_dim=3, max_batch_size=1 << 15)
     for t in range(len(slots)):
         assert r.keys[t].tolist() == [k for smp in samples for slot in smp[t] for k in slot]
         assert r.row_ptrs[t].tolist() == list(range(n * slots[t] + 1))
@@ -217,7 +218,7 @@ def test_one_key_per_slot_is_regrouped_as_the_samples_say(dtype, n):
     samples[0][1][0].append(7)
     samples[-1][1][-1].clear()
     des, cat, rows = _build(samples, dtype=dtype)
-    r = parse_hugectr_request("m", des, cat, rows, slots=slots, dense_dim=3, max_batch_size=1024)
+    r = parse_hugectr_request("m", des, cat, rows, slots=slots, dense_dim=3, max_batch_size=1 << 15)
     assert r.keys[1].tolist() == [k for smp in samples for slot in smp[1] for k in slot]
     counts = [len(slot) for smp in samples for slot in smp[1]]
     assert r.row_ptrs[1].tolist() == np.concatenate([[0], np.cumsum(counts)]).tolist()
