@@ -151,16 +151,18 @@ gpu-served:
 	set -o pipefail; $(GPU_PY) benchmarks/bench_gpu_served.py $(GPU_SERVED_ARGS) --json $(GPU_OUT)/bench_gpu_served.json 2>&1 | tee $(GPU_OUT)/bench_gpu_served.log
 # Not part of gpu-check (benchmarks/gpu_node.sh runs it after): the generated MLPerf-shaped
 # DLRM at scale 0.05 (4.9 GB of tables, ~10 GB of disk with the node store's copy; generated
-# under the temp dir, not GPU_OUT), KIND_GPU at every batch size and concurrency 1 and 2,
-# then KIND_CPU at batch 1,024 with 4 instances and concurrency up to 8 (the CPU path at its
-# best on every core, for issue 35's KIND_GPU / KIND_CPU ratio), each beside the native floor
-# (benchmarks/bench_criteo.py; needs perf_analyzer: benchmarks/gpu_node.sh).
+# under the temp dir, not GPU_OUT), KIND_GPU with 2 instances (a request's host work, about
+# 10 ms at 65,536 samples, overlaps the other's GPU work at c=2) at every batch size and
+# concurrency 1 and 2, then KIND_CPU at batch 1,024 with 4 instances and concurrency up to 8
+# (the CPU path at its best on every core, for issue 35's KIND_GPU / KIND_CPU ratio), each
+# beside the native floor (benchmarks/bench_criteo.py; needs perf_analyzer:
+# benchmarks/gpu_node.sh).
 gpu-criteo:
 	mkdir -p $(GPU_OUT)
-	set -o pipefail; $(GPU_PY) benchmarks/bench_criteo.py --kind KIND_GPU --scale 0.05 --data-dir $(GPU_OUT) $(GPU_CRITEO_ARGS) 2>&1 | tee $(GPU_OUT)/bench_criteo.log
+	set -o pipefail; $(GPU_PY) benchmarks/bench_criteo.py --kind KIND_GPU --scale 0.05 --instances 2 --data-dir $(GPU_OUT) $(GPU_CRITEO_ARGS) 2>&1 | tee $(GPU_OUT)/bench_criteo.log
 	set -o pipefail; $(GPU_PY) benchmarks/bench_criteo.py --kind KIND_CPU --scale 0.05 --data-dir $(GPU_OUT) --instances 4 --batch-sizes 1024 --concurrency 1,2,4,8 2>&1 | tee $(GPU_OUT)/bench_criteo_cpu.log
 # The same model, KIND_GPU only, its dense layers on tensor cores (dense_math tf32:
 # docs/precision.md); reuses gpu-criteo's generated files.
 gpu-criteo-tf32:
 	mkdir -p $(GPU_OUT)
-	set -o pipefail; $(GPU_PY) benchmarks/bench_criteo.py --kind KIND_GPU --dense-math tf32 --scale 0.05 --data-dir $(GPU_OUT) $(GPU_CRITEO_ARGS) 2>&1 | tee $(GPU_OUT)/bench_criteo_tf32.log
+	set -o pipefail; $(GPU_PY) benchmarks/bench_criteo.py --kind KIND_GPU --dense-math tf32 --scale 0.05 --instances 2 --data-dir $(GPU_OUT) $(GPU_CRITEO_ARGS) 2>&1 | tee $(GPU_OUT)/bench_criteo_tf32.log
