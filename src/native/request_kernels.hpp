@@ -6,9 +6,11 @@
 // So the messages live in one place; tests check that both accept the same inputs.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "hash_index.hpp"
 #include "row_parts.hpp"
@@ -91,27 +93,63 @@ inline bool combine_segments(const float* vectors, int64_t rows, int64_t dim, co
 // sum_t(samples * slots[t] + 1) values. *one_per_slot (when given): whether every block is
 // 0, 1, 2, ...: each slot of each sample holds exactly one key (one-hot tables, as
 // MLPerf's DLRM has).
+// Row pointers a part of widen_row_pointers takes at least (a table of 65,536 one-hot
+// samples is one part's worth).
+constexpr int64_t kWidenPointersPerPart = 65536;
+
 inline bool widen_row_pointers(const int32_t* rowindex, const int64_t* slots, int64_t tables,
                                int64_t samples, int64_t* key_offsets, int64_t* out_ptrs,
                                bool* one_per_slot = nullptr) {
+  // One table's block: widened, and whether it is in order and 0, 1, 2, ... (no early
+  // exit: the loop stays branch-free).
+  auto widen = [&](int64_t block, int64_t len, bool* ordered, bool* same) {
+    const int32_t* rp = rowindex + block;
+    bool in_order = rp[0] == 0, identity = rp[0] == 0;
+    for (int64_t j = 1; j < len; ++j) {
+      in_order &= rp[j] >= rp[j - 1];
+      identity &= rp[j] == j;
+    }
+    for (int64_t j = 0; j < len; ++j) out_ptrs[block + j] = rp[j];
+    *ordered = in_order;
+    *same = identity;
+  };
+  // A request of many row pointers widens its tables on the cores no other call is using
+  // (IdleParts), a run of whole tables a part.
+  int64_t pointers = 0;
+  for (int64_t t = 0; t < tables; ++t) pointers += samples * slots[t] + 1;
+  IdleParts split(pointers, kWidenPointersPerPart);
+  const int parts =
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(split.parts(), tables)));
+  thread_local std::vector<uint8_t> flags;  // per table: in order, identity (the caller's)
+  flags.assign(static_cast<size_t>(2 * tables), 0);
+  uint8_t* flag = flags.data();  // what the parts write: not their own thread's `flags`
+  auto tables_of = [&](int p) {
+    const int64_t first = tables * p / parts, last = tables * (p + 1) / parts;
+    int64_t block = 0;
+    for (int64_t t = 0; t < first; ++t) block += samples * slots[t] + 1;
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t len = samples * slots[t] + 1;
+      bool ordered = false, same = false;
+      widen(block, len, &ordered, &same);
+      flag[2 * t] = ordered;
+      flag[2 * t + 1] = same;
+      block += len;
+    }
+  };
+  if (parts <= 1) {
+    tables_of(0);
+  } else {
+    RowPool::instance().run(parts, tables_of);
+  }
   int64_t block = 0, total = 0;
   bool identity = true;
   key_offsets[0] = 0;
   for (int64_t t = 0; t < tables; ++t) {
-    const int64_t len = samples * slots[t] + 1;
-    const int32_t* rp = rowindex + block;
-    if (rp[0] != 0) return false;
-    bool ordered = true, same = true;  // no early exit: the loop stays branch-free
-    for (int64_t j = 1; j < len; ++j) {
-      ordered &= rp[j] >= rp[j - 1];
-      same &= rp[j] == j;
-    }
-    if (!ordered) return false;
-    identity = identity && same;
-    for (int64_t j = 0; j < len; ++j) out_ptrs[block + j] = rp[j];
-    total += rp[len - 1];
+    if (!flag[2 * t]) return false;
+    identity = identity && flag[2 * t + 1];
+    block += samples * slots[t] + 1;
+    total += out_ptrs[block - 1];
     key_offsets[t + 1] = total;
-    block += len;
   }
   if (one_per_slot != nullptr) *one_per_slot = identity;
   return true;
@@ -123,8 +161,7 @@ inline bool widen_row_pointers(const int32_t* rowindex, const int64_t* slots, in
 // request of many samples splits its runs across the cores no other call is using, as the
 // dense executor does (row_parts.hpp: idle cores, TRITON_REC_DENSE_THREADS), one part per
 // kRegroupSamplesPerPart samples at most. 65,536 samples x 26 keys on the development
-// machine (2 cores, memory-bound): 5.1 ms on one core, 4.3 ms over both (the row pointers'
-// widening before it, 2.4 ms, stays on the calling thread).
+// machine (2 cores, memory-bound): 5.1 ms on one core, 4.3 ms over both.
 constexpr int64_t kRegroupSamplesPerPart = 8192;
 
 template <typename Key>
@@ -152,25 +189,14 @@ void regroup_one_per_slot(const Key* cat, const int64_t* slots, int64_t tables, 
       }
     }
   };
-  static const int max_threads = dense_threads_from_env();
-  std::atomic<int>& busy = busy_calls();
-  const int idle = usable_cores() - (busy.fetch_add(1) + 1);
-  int64_t parts = 1 + (idle > 0 ? idle : 0);
-  if (parts > max_threads) parts = max_threads;
-  if (parts > samples / kRegroupSamplesPerPart) parts = samples / kRegroupSamplesPerPart;
-  if (parts < 1) parts = 1;
-  busy.fetch_add(static_cast<int>(parts) - 1);
-  struct Release {
-    std::atomic<int>& busy;
-    int parts;
-    ~Release() { busy.fetch_sub(parts); }
-  } release{busy, static_cast<int>(parts)};
+  IdleParts split(samples, kRegroupSamplesPerPart);
+  const int parts = split.parts();
   if (parts == 1) {
     runs(0, samples);
     return;
   }
   const int64_t per = ((samples + parts - 1) / parts + kRun - 1) / kRun * kRun;  // whole runs
-  RowPool::instance().run(static_cast<int>(parts), [&](int p) {
+  RowPool::instance().run(parts, [&](int p) {
     const int64_t first = p * per, last = first + per < samples ? first + per : samples;
     if (first < last) runs(first, last);
   });

@@ -71,6 +71,30 @@ inline int row_parts(int64_t rows, int64_t macs_per_row, int max_threads, int bu
   return parts < 1 ? 1 : static_cast<int>(parts);
 }
 
+// The parts of a call over `items` items of work on the cores no other call is using, by
+// row_parts' rule (1 + idle cores, at most TRITON_REC_DENSE_THREADS), at most one per
+// `per_part` items; the call and its other parts count as busy while this lives.
+class IdleParts {
+ public:
+  IdleParts(int64_t items, int64_t per_part) : busy_(busy_calls()) {
+    static const int max_threads = dense_threads_from_env();
+    const int idle = usable_cores() - (busy_.fetch_add(1) + 1);
+    int64_t p = 1 + (idle > 0 ? idle : 0);
+    if (p > max_threads) p = max_threads;
+    if (p > items / per_part) p = items / per_part;
+    parts_ = p < 1 ? 1 : static_cast<int>(p);
+    busy_.fetch_add(parts_ - 1);
+  }
+  ~IdleParts() { busy_.fetch_sub(parts_); }
+  IdleParts(const IdleParts&) = delete;
+  IdleParts& operator=(const IdleParts&) = delete;
+  int parts() const { return parts_; }
+
+ private:
+  std::atomic<int>& busy_;
+  int parts_ = 1;
+};
+
 // The threads that take the other parts: started on first use (usable cores - 1), each
 // waiting for a job; the calling thread takes parts too, so a call never waits for a
 // thread to be free.

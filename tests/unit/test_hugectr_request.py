@@ -198,12 +198,14 @@ def test_embeddings_of_a_multi_hot_slot_name_the_sample_that_holds_them():
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.uint32])
-@pytest.mark.parametrize("n", [1, 255, 256, 257, 700, 2 * 8192 + 37])
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 700, 20_037])
 def test_one_key_per_slot_is_regrouped_as_the_samples_say(dtype, n):
     """Every slot one key (one-hot tables, MLPerf's DLRM): the native regrouping's transpose
     in runs of 256 samples gives each table its keys in sample order, as the general case
-    does; tables of one and of several slots in one request. 16,421 samples split across
-    two cores where the machine has them (kRegroupSamplesPerPart), the last part short."""
+    does; tables of one and of several slots in one request. 20,037 samples split across
+    two cores where the machine has them, the last part short: the transpose's runs
+    (kRegroupSamplesPerPart) and the row pointers' tables (kWidenPointersPerPart), a
+    disordered block in a later part refused as in the first."""
     rng = np.random.default_rng(n)
     slots = [1, 3, 1, 2]
     hi = 2**32 if dtype == np.uint32 else 2**40
@@ -214,6 +216,12 @@ def test_one_key_per_slot_is_regrouped_as_the_samples_say(dtype, n):
     for t in range(len(slots)):
         assert r.keys[t].tolist() == [k for smp in samples for slot in smp[t] for k in slot]
         assert r.row_ptrs[t].tolist() == list(range(n * slots[t] + 1))
+    for t in (0, 3):  # a block out of order, in the first table or the last
+        bad = rows.copy()
+        start = sum(n * sl + 1 for sl in slots[:t])
+        bad[start + n // 2], bad[start + n // 2 + 1] = bad[start + n // 2 + 1], bad[start + n // 2]
+        with pytest.raises(RequestError, match="ROWINDEX"):
+            parse_hugectr_request("m", des, cat, bad, slots, dense_dim=3, max_batch_size=1 << 15)
     # the same key counts, but one slot with two keys and one with none: the general case
     samples[0][1][0].append(7)
     samples[-1][1][-1].clear()
