@@ -152,6 +152,26 @@ RELOAD_CMD = (
 )
 SERVED_KEYS = [Col("model", "model"), Col("samples", "batch")]
 
+
+def criteo_served_columns(setting: Col) -> List[Col]:
+    """bench_criteo's served rows: batch, concurrency, ``setting`` (what differs between the
+    CPU and the GPU runs), the figures, the floor's and NVIDIA's."""
+    return [
+        Col("samples", "batch", "{:,}"),
+        Col("c", "concurrency"),
+        setting,
+        Col("samples/s", "samples_per_s", "{:,.0f}"),
+        Col("p50 us", "p50_us", "{:,.0f}"),
+        Col("p99 us", "p99_us", "{:,.0f}"),
+        Col(
+            "floor samples/s",
+            "^rows[batch={batch},concurrency={concurrency},role=floor]/samples_per_s",
+            "{:,.0f}",
+        ),
+        Col("NVIDIA A100 samples/s (c=1)", "^reference/rows/{batch}", lambda v: f"{v[0]:,}"),
+    ]
+
+
 BENCHMARKS: List[Benchmark] = [
     Benchmark(
         "bench_dense_cpu",
@@ -227,48 +247,14 @@ BENCHMARKS: List[Benchmark] = [
                 "served, KIND_CPU",
                 "criteo_cpu_*.json",
                 "rows",
-                [
-                    Col("samples", "batch", "{:,}"),
-                    Col("c", "concurrency"),
-                    Col("instances", "^instances"),
-                    Col("samples/s", "samples_per_s", "{:,.0f}"),
-                    Col("p50 us", "p50_us", "{:,.0f}"),
-                    Col("p99 us", "p99_us", "{:,.0f}"),
-                    Col(
-                        "floor samples/s",
-                        "^rows[batch={batch},concurrency={concurrency},role=floor]/samples_per_s",
-                        "{:,.0f}",
-                    ),
-                    Col(
-                        "NVIDIA A100 samples/s (c=1)",
-                        "^reference/rows/{batch}",
-                        lambda v: f"{v[0]:,}",
-                    ),
-                ],
+                criteo_served_columns(Col("instances", "^instances")),
                 where={"role": "model"},
             ),
             Table(
                 "served, KIND_GPU",
                 "criteo_gpu_*.json",
                 "rows",
-                [
-                    Col("samples", "batch", "{:,}"),
-                    Col("c", "concurrency"),
-                    Col("dense_math", "^settings/dense_math"),
-                    Col("samples/s", "samples_per_s", "{:,.0f}"),
-                    Col("p50 us", "p50_us", "{:,.0f}"),
-                    Col("p99 us", "p99_us", "{:,.0f}"),
-                    Col(
-                        "floor samples/s",
-                        "^rows[batch={batch},concurrency={concurrency},role=floor]/samples_per_s",
-                        "{:,.0f}",
-                    ),
-                    Col(
-                        "NVIDIA A100 samples/s (c=1)",
-                        "^reference/rows/{batch}",
-                        lambda v: f"{v[0]:,}",
-                    ),
-                ],
+                criteo_served_columns(Col("dense_math", "^settings/dense_math")),
                 where={"role": "model"},
                 note="Measured before the small tables were held whole on the GPU and before a "
                 "request's misses were copied to the device row by row: every table in a cache "

@@ -177,14 +177,8 @@ class DenseNet {
     if (embeddings.size() != table_regs_.size()) {
       throw std::invalid_argument("dense network: wrong number of embedding inputs");
     }
-    std::atomic<int>& busy = busy_calls();
-    const int parts = row_parts(batch, macs_per_row_, max_threads_, busy.fetch_add(1) + 1);
-    busy.fetch_add(parts - 1);  // the cores its other parts take
-    struct Release {
-      std::atomic<int>& busy;
-      int parts;
-      ~Release() { busy.fetch_sub(parts); }
-    } release{busy, parts};
+    const IdleParts split(parts_worth(batch, macs_per_row_), max_threads_);
+    const int parts = split.parts();
     if (parts == 1) {
       predict_rows(0, batch, dense, embeddings, out, ws);
       return;
@@ -201,7 +195,7 @@ class DenseNet {
   }
 
  private:
-  // Multiply-adds of one sample in layer d (what row_parts weighs a batch by).
+  // Multiply-adds of one sample in layer d (what parts_worth weighs a batch by).
   static int64_t macs_per_row(const DenseLayer& d) {
     int64_t macs = 0;
     const int64_t in = d.in_shapes.empty() ? 0 : per_sample(d.in_shapes[0]);

@@ -78,14 +78,10 @@ inline bool combine_segments(const float* vectors, int64_t rows, int64_t dim, co
   return true;
 }
 
-// Regroups a HugeCTR request by table. CATCOLUMN is sample-major (sample 0's keys of
-// table 0, of table 1, ..., then sample 1's); ROWINDEX holds per table t a block of
-// samples * slots[t] + 1 row pointers starting at 0, counted within that table's keys.
-// Writes every key table-major into out_keys (widened to int64), the start of each
-// table's keys into key_offsets[0..tables], and the row pointers as int64 into out_ptrs
-// (same layout as ROWINDEX). False unless every block starts at 0, never decreases, and
-// the blocks' key counts add up to exactly `keys`. The caller has checked the lengths:
-// rowindex holds sum_t(samples * slots[t] + 1) values.
+// Row pointers a part of widen_row_pointers takes at least (a table of 65,536 one-hot
+// samples is one part's worth).
+constexpr int64_t kWidenPointersPerPart = 65536;
+
 // ROWINDEX of a HugeCTR request widened to int64 into out_ptrs (same layout: per table t a
 // block of samples * slots[t] + 1 row pointers counted within that table's keys), and the
 // start of each table's keys into key_offsets[0..tables]. False unless every block starts
@@ -93,10 +89,6 @@ inline bool combine_segments(const float* vectors, int64_t rows, int64_t dim, co
 // sum_t(samples * slots[t] + 1) values. *one_per_slot (when given): whether every block is
 // 0, 1, 2, ...: each slot of each sample holds exactly one key (one-hot tables, as
 // MLPerf's DLRM has).
-// Row pointers a part of widen_row_pointers takes at least (a table of 65,536 one-hot
-// samples is one part's worth).
-constexpr int64_t kWidenPointersPerPart = 65536;
-
 inline bool widen_row_pointers(const int32_t* rowindex, const int64_t* slots, int64_t tables,
                                int64_t samples, int64_t* key_offsets, int64_t* out_ptrs,
                                bool* one_per_slot = nullptr) {
@@ -117,7 +109,7 @@ inline bool widen_row_pointers(const int32_t* rowindex, const int64_t* slots, in
   // (IdleParts), a run of whole tables a part.
   int64_t pointers = 0;
   for (int64_t t = 0; t < tables; ++t) pointers += samples * slots[t] + 1;
-  IdleParts split(pointers, kWidenPointersPerPart);
+  const IdleParts split(pointers / kWidenPointersPerPart);
   const int parts =
       static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(split.parts(), tables)));
   thread_local std::vector<uint8_t> flags;  // per table: in order, identity (the caller's)
@@ -189,7 +181,7 @@ void regroup_one_per_slot(const Key* cat, const int64_t* slots, int64_t tables, 
       }
     }
   };
-  IdleParts split(samples, kRegroupSamplesPerPart);
+  const IdleParts split(samples / kRegroupSamplesPerPart);
   const int parts = split.parts();
   if (parts == 1) {
     runs(0, samples);
@@ -202,6 +194,14 @@ void regroup_one_per_slot(const Key* cat, const int64_t* slots, int64_t tables, 
   });
 }
 
+// Regroups a HugeCTR request by table. CATCOLUMN is sample-major (sample 0's keys of
+// table 0, of table 1, ..., then sample 1's); ROWINDEX holds per table t a block of
+// samples * slots[t] + 1 row pointers starting at 0, counted within that table's keys.
+// Writes every key table-major into out_keys (widened to int64), the start of each
+// table's keys into key_offsets[0..tables], and the row pointers as int64 into out_ptrs
+// (same layout as ROWINDEX). False unless every block starts at 0, never decreases, and
+// the blocks' key counts add up to exactly `keys`. The caller has checked the lengths:
+// rowindex holds sum_t(samples * slots[t] + 1) values.
 template <typename Key>
 bool regroup_hugectr(const Key* cat, int64_t keys, const int32_t* rowindex, const int64_t* slots,
                      int64_t tables, int64_t samples, int64_t* out_keys, int64_t* key_offsets,

@@ -2,7 +2,7 @@
 // dense_net.hpp): a large batch on a node whose Triton instances leave cores idle (one
 // request at a time on a node of N cores) runs on more than one of them.
 //
-// How it decides (row_parts): every predict in the process counts itself busy while it
+// How it decides (idle_parts): every predict in the process counts itself busy while it
 // runs; a call may take 1 + (usable cores - busy calls) parts, at most one per
 // kMinMacsPerPart multiply-adds of work and at most its own thread limit
 // (TRITON_REC_DENSE_THREADS, default: the usable cores; 1 turns it off). So requests
@@ -60,29 +60,36 @@ inline std::atomic<int>& busy_calls() {
   return n;
 }
 
-// How many parts a call of `rows` rows at `macs_per_row` takes (see the top of the file).
-inline int row_parts(int64_t rows, int64_t macs_per_row, int max_threads, int busy) {
+// How many parts a call takes (see the top of the file): 1 + the idle cores (usable cores
+// - `busy` calls, itself included), at most `max_threads` and `most` (what its work is
+// worth), at least 1.
+inline int idle_parts(int64_t most, int max_threads, int busy) {
   const int idle = usable_cores() - busy;
   int64_t parts = 1 + (idle > 0 ? idle : 0);
   if (parts > max_threads) parts = max_threads;
-  const int64_t by_work = rows * macs_per_row / kMinMacsPerPart;
-  if (parts > by_work) parts = by_work;
-  if (parts > rows) parts = rows;
+  if (parts > most) parts = most;
   return parts < 1 ? 1 : static_cast<int>(parts);
 }
 
-// The parts of a call over `items` items of work on the cores no other call is using, by
-// row_parts' rule (1 + idle cores, at most TRITON_REC_DENSE_THREADS), at most one per
-// `per_part` items; the call and its other parts count as busy while this lives.
+// The parts `rows` rows of `macs_per_row` multiply-adds are worth: one per kMinMacsPerPart,
+// at most one a row.
+inline int64_t parts_worth(int64_t rows, int64_t macs_per_row) {
+  const int64_t by_work = rows * macs_per_row / kMinMacsPerPart;
+  return by_work < rows ? by_work : rows;
+}
+
+// TRITON_REC_DENSE_THREADS as the process read it first (dense_threads_from_env).
+inline int default_max_threads() {
+  static const int n = dense_threads_from_env();
+  return n;
+}
+
+// A call's parts (idle_parts of `most` and `max_threads`), counted in busy_calls, the call
+// and its other parts, while this lives.
 class IdleParts {
  public:
-  IdleParts(int64_t items, int64_t per_part) : busy_(busy_calls()) {
-    static const int max_threads = dense_threads_from_env();
-    const int idle = usable_cores() - (busy_.fetch_add(1) + 1);
-    int64_t p = 1 + (idle > 0 ? idle : 0);
-    if (p > max_threads) p = max_threads;
-    if (p > items / per_part) p = items / per_part;
-    parts_ = p < 1 ? 1 : static_cast<int>(p);
+  IdleParts(int64_t most, int max_threads = default_max_threads()) : busy_(busy_calls()) {
+    parts_ = idle_parts(most, max_threads, busy_.fetch_add(1) + 1);
     busy_.fetch_add(parts_ - 1);
   }
   ~IdleParts() { busy_.fetch_sub(parts_); }
