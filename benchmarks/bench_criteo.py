@@ -381,8 +381,7 @@ def run_kind(kind: str, gen: Dict, batches, concs, args) -> Dict:
     logs = Path(args.work).resolve() / "logs" / kind.lower()
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
-    dense_math = args.dense_math if kind == "KIND_GPU" else "fp32"
-    configure(repo, kind, args.instances, args.precision, dense_math)
+    configure(repo, kind, args.instances, args.precision, dense_math_of(args, kind))
     server = TritonServer(
         repo,
         explicit=True,
@@ -597,11 +596,17 @@ def table_md(doc: Dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dense_math_of(args, kind: str) -> str:
+    """The GEMMs' arithmetic of ``kind``'s model: ``--dense-math`` on a GPU, fp32 on the host
+    (config.pbtxt ``dense_math`` is for KIND_GPU instances)."""
+    return args.dense_math if kind == "KIND_GPU" else "fp32"
+
+
 def data_path(args, kind: str, tag: str) -> Path:
     if args.json and args.kind != "both":
         return Path(args.json)
     more = f"_{args.instances}instances" if args.instances != 1 else ""
-    if kind == "KIND_GPU" and args.dense_math != "fp32":
+    if dense_math_of(args, kind) != "fp32":
         more += f"_{args.dense_math}"
     return Path(args.data_dir) / f"criteo_{kind.split('_')[1].lower()}_{tag}{more}.json"
 
@@ -757,7 +762,7 @@ def main(argv=None) -> int:
                 "seed": args.seed,
                 "min_rows": args.min_rows,
                 "request_path": "native",
-                "dense_math": args.dense_math if kind == "KIND_GPU" else "fp32",
+                "dense_math": dense_math_of(args, kind),
             },
             "floor": {"model": FLOOR, "config": floor_config(kind, args.instances)},
             "reference": {**NVIDIA_HPS_TRT, "rows": {str(k): v for k, v in

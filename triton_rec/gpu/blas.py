@@ -93,7 +93,11 @@ class CapturableCupy:
         cupy.cuda.Device(device).use()
         (cupy.ones((2, 2), cupy.float32) @ cupy.ones((2, 2), cupy.float32)).sum()  # loads cuBLAS
         self._blas = _native.Cublas(library_path(), int(device), math)
-        self.math = math
+
+    @property
+    def math(self) -> str:
+        """The handle's ``dense_math``."""
+        return self._blas.math
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cupy, name)
