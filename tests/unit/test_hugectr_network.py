@@ -4,8 +4,10 @@ The references are written here with torch (CPU) from the rules in
 shared/reference/hugectr-layers.md, never with the code under test.
 """
 
+import gc
 import json
 import os
+import weakref
 
 import numpy as np
 import pytest
@@ -1080,3 +1082,43 @@ def test_a_ranking_session_answers_num_samples_rows_of_label_dim(tmp_path):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=ATOL)
     finally:
         session.close()
+
+
+# ---------------------------------------------------------------------------------------
+# one network per process for the instances of a model
+# ---------------------------------------------------------------------------------------
+
+
+def test_shared_loads_the_same_files_once_and_anew_when_a_file_changes(tmp_path):
+    lin = _linear(6, 5, 0)
+    doc = _net([_layer("fc", "InnerProduct", "dense", "fc", fc_param={"num_output": 5})])
+    net = tmp_path / "net.json"
+    net.write_text(json.dumps(doc))
+    dense = _write_floats(tmp_path / "_dense_0.model", _fc_params(lin))
+    a = HugeCTRNetwork.shared(str(net), dense)
+    assert HugeCTRNetwork.shared(os.path.join(str(tmp_path), ".", "net.json"), dense) is a
+    program = a.native_program()
+    assert program is not None and a.native_program() is program  # one program to share
+    _check(a, lambda d, e: lin(d))
+    # the dense file replaced (a retrained model): its new weights, not the held ones
+    other = _linear(6, 5, 3)
+    os.unlink(dense)
+    _write_floats(dense, _fc_params(other))
+    b = HugeCTRNetwork.shared(str(net), dense)
+    assert b is not a
+    _check(b, lambda d, e: other(d))
+    # held weakly: a network goes with its last holder (an unloaded model's weights)
+    gone = weakref.ref(b)
+    del a, b, program
+    gc.collect()
+    assert gone() is None
+    c = HugeCTRNetwork.shared(str(net), dense)
+    _check(c, lambda d, e: other(d))
+
+
+def test_a_missing_dense_file_still_fails_naming_it_when_shared(tmp_path):
+    doc = _net([_layer("fc", "InnerProduct", "dense", "fc", fc_param={"num_output": 5})])
+    net = tmp_path / "net.json"
+    net.write_text(json.dumps(doc))
+    with pytest.raises(ModelFileError, match="nowhere_dense_0.model"):
+        HugeCTRNetwork.shared(str(net), str(tmp_path / "nowhere_dense_0.model"))

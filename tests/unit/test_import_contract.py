@@ -13,7 +13,10 @@ dependencies do not matter), lazy imports inside functions included.
 from __future__ import annotations
 
 import ast
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Sequence, Set, Tuple
 
@@ -253,3 +256,24 @@ def test_the_checker_accepts_a_package_that_keeps_the_contract(tmp_path):
 def test_the_checker_reports_a_forbidden_import(tmp_path, rel, text, expected):
     found = violations(_package(tmp_path, {rel: text}))
     assert len(found) == 1 and expected in found[0], found
+
+
+def test_the_served_engine_imports_no_optional_store_client_it_does_not_use():
+    # What the native backend hosts (inprocess and every backend's model.py) imports
+    # redis-py (12 MB of a server's memory) and rocksdict (6 MB) only when a model's
+    # tiers open them, not for every model.
+    code = (
+        "import importlib.util, sys\n"
+        "import triton_rec.triton.inprocess as ip\n"
+        "sys.modules['triton_python_backend_utils'] = ip\n"
+        "for kind in ('hps', 'hugectr', 'dense'):\n"
+        "    spec = importlib.util.spec_from_file_location('m_' + kind, f'backend/{kind}/model.py')\n"
+        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "print(sorted({n.split('.')[0] for n in sys.modules}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    loaded = set(json.loads(out.replace("'", '"')))
+    assert "triton_rec" in loaded and "numpy" in loaded
+    assert not loaded & {"redis", "rocksdict", "confluent_kafka", "onnxruntime"}, loaded

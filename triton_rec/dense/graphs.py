@@ -93,7 +93,6 @@ class DenseGraphs(DenseModel):
         self.host_network = host_network
         self.host_max_batch = 0
         self._host_net: Any = None  # the native executor of host_network, once calibrated
-        self._program: Any = None
         self.device = int(device)
         self.max_batch_size = max(1, int(max_batch_size))
         self._lock = threading.Lock()
@@ -131,7 +130,7 @@ class DenseGraphs(DenseModel):
 
         from triton_rec.dense.hugectr_network import HugeCTRNetwork
 
-        host = HugeCTRNetwork.load(network_file, dense_file, non_trainable_file)
+        host = HugeCTRNetwork.shared(network_file, dense_file, non_trainable_file)
         with SETUP_LOCK:  # cuBLAS set up, weights copied, graphs captured and timed
             xp = CapturableCupy(cupy, device, math)
             graphs = cls(
@@ -179,11 +178,7 @@ class DenseGraphs(DenseModel):
     def native_program(self):
         """The host network's program for the native executor (the batches of at most
         :attr:`host_max_batch` samples), or None."""
-        if self.host_network is None:
-            return None
-        if self._program is None:  # once: the program points into arrays it keeps alive
-            self._program = self.host_network.native_program()
-        return self._program
+        return None if self.host_network is None else self.host_network.native_program()
 
     def _capture(self, b: int):
         inputs = (self.dense_in[:b], [e[:b] for e in self.emb_in])

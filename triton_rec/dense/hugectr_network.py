@@ -47,6 +47,8 @@ here; CI runs numpy, tests/gpu runs the CuPy executor as CUDA graphs on a GPU.
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -87,6 +89,25 @@ __all__ = [
 # The model
 # --------------------------------------------------------------------------------------
 
+#: HugeCTRNetwork.shared's networks, by their files' identities; held weakly: a network
+#: goes when the last model instance holding it does
+_SHARED: "weakref.WeakValueDictionary[tuple, HugeCTRNetwork]" = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def _file_identity(path) -> Optional[tuple]:
+    """What tells one file from another for :meth:`HugeCTRNetwork.shared` (None: no file);
+    a missing file has none and fails in ``load``, naming it."""
+    if path is None:
+        return None
+    real = os.path.realpath(os.fspath(path))
+    try:
+        st = os.stat(real)
+    except OSError:
+        return (real,)
+    return (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 
 class HugeCTRNetwork(DenseModel):
     """A HugeCTR network with its weights, ready to predict. Build with :meth:`load`.
@@ -117,6 +138,9 @@ class HugeCTRNetwork(DenseModel):
         program: List[list] = []
         self._stats = stats
         self._arrays: List[list] = []  # per layer: its parameter arrays (native_program)
+        self._native: Optional[np.ndarray] = None  # native_program's, made once
+        self._native_made = False
+        self._native_lock = threading.Lock()
         for layer in plan.layers:
             arrays = [
                 xp.asarray(
@@ -202,6 +226,27 @@ class HugeCTRNetwork(DenseModel):
         stats = read_non_trainable(plan, nt_path)
         return cls(plan, weights, stats, xp)
 
+    @classmethod
+    def shared(cls, network_file, dense_file, non_trainable_params_file=None) -> HugeCTRNetwork:
+        """The host (numpy) network of these files, loaded once per process while anyone
+        holds it: every instance of a model (and every model naming the same files) shares
+        its weights, and through :meth:`native_program` the native executor's packed copy
+        (``src/triton_backend/trec/plan.cpp``), instead of one copy of each per instance.
+        Files are the same when their resolved path, device, inode, size and modification
+        time are: a file rewritten or replaced loads anew. A network is immutable once
+        loaded and ``predict`` keeps no state, so instances may run it at once."""
+        paths = [network_file, dense_file, non_trainable_params_file]
+        if not all(p is None or isinstance(p, (str, os.PathLike)) for p in paths):
+            return cls.load(*paths)  # a parsed JSON: nothing to tell it by
+        key = tuple(_file_identity(p) for p in paths)
+        with _SHARED_LOCK:
+            network = _SHARED.get(key)
+            if network is None:
+                network = cls.load(*paths)
+                if key == tuple(_file_identity(p) for p in paths):  # not replaced meanwhile
+                    _SHARED[key] = network
+            return network
+
     @staticmethod
     def parse_tables(network_json) -> Tuple[TableSpec, ...]:
         """The embedding tables of a network (path or already-loaded JSON), in order:
@@ -274,11 +319,13 @@ class HugeCTRNetwork(DenseModel):
         object's weight arrays: it is valid while this object lives."""
         if self.xp is not np:
             return None
-        made = native_program(self.plan, self._arrays, self._stats)
-        if made is None:
-            return None
-        program, self._native_keep = made  # the arrays the program points to
-        return program
+        with self._native_lock:  # once: every instance sharing this network shares its program
+            if not self._native_made:
+                made = native_program(self.plan, self._arrays, self._stats)
+                if made is not None:
+                    self._native, self._native_keep = made  # the arrays it points to
+                self._native_made = True
+        return self._native
 
     def __repr__(self) -> str:
         kinds: Dict[str, int] = {}

@@ -47,8 +47,6 @@ from triton_rec.errors import ConfigError
 from triton_rec.serving.session import LookupSession, TableSet
 from triton_rec.storage import node_store
 from triton_rec.storage.backing_store import BackingStore, LocalTableStore, tier_table_name
-from triton_rec.storage.redis_store import RedisClusterStore
-from triton_rec.storage.rocksdb_store import NodeRocksDBTable, RocksDBStore
 from triton_rec.storage.table import EmbeddingTable
 from triton_rec.storage.tiers import SOURCE_META, Tier, TieredStore, import_table
 from triton_rec.util.procfs import start_time
@@ -271,6 +269,9 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
         if vol.type == "hash_map":
             opened.append(Tier("local", LocalTableStore(table)))
         if per.type == "rocks_db":
+            # imported here, as redis-py below: only a process whose tiers use them pays for them
+            from triton_rec.storage.rocksdb_store import NodeRocksDBTable, RocksDBStore
+
             path = per.path
             store: BackingStore
             if per.read_only:
@@ -298,6 +299,8 @@ def open_tier_store(params: ModelParams, tp: TableParams, table: EmbeddingTable)
             if not per.read_only:
                 imported(store, "persistent")
         if vol.type == "redis_cluster":
+            from triton_rec.storage.redis_store import RedisClusterStore  # redis-py: 12 MB
+
             store = RedisClusterStore(
                 vol.redis.address,
                 name,
@@ -530,9 +533,9 @@ def load_dense_model(
         )
     from triton_rec.dense.hugectr_network import HugeCTRNetwork
 
-    return HugeCTRNetwork.load(
-        network, params.dense_file, params.non_trainable_params_file, xp=np if xp is None else xp
-    )
+    if xp is None or xp is np:  # the host's: one per process, whatever the instances
+        return HugeCTRNetwork.shared(network, params.dense_file, params.non_trainable_params_file)
+    return HugeCTRNetwork.load(network, params.dense_file, params.non_trainable_params_file, xp=xp)
 
 
 def open_ranking_session(

@@ -1,5 +1,9 @@
 // Reading a NativePlan (triton_rec/serving/native_plan.py) into the C++ plan (host.hpp).
+#include <iterator>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "host.hpp"
 #include "plan_fields.hpp"
@@ -281,6 +285,26 @@ NativeTable read_table(PyObject* t, const NativePlan& plan) {
   return nt;
 }
 
+// The executor of `program` (an int64 buffer): the one already made from this very program
+// object while any plan still holds it, else a new one. Every instance of a model gets the
+// same program object (HugeCTRNetwork.shared and its native_program, made once), so they
+// share one packed copy of the weights; a DenseNet is immutable once made (predict is
+// const, its scratch is the caller's). A program object is alive as long as a plan holding
+// its executor is (the plan keeps it), so its address names it while the entry is live.
+std::shared_ptr<const tr::DenseNet> shared_net(PyObject* program, const int64_t* words,
+                                               size_t n) {
+  static std::mutex mu;
+  static std::unordered_map<const PyObject*, std::weak_ptr<const tr::DenseNet>> nets;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = nets.begin(); it != nets.end();) {  // forget the executors no plan holds
+    it = it->second.expired() ? nets.erase(it) : std::next(it);
+  }
+  if (auto net = nets[program].lock()) return net;
+  auto net = std::make_shared<const tr::DenseNet>(words, n);
+  nets[program] = net;
+  return net;
+}
+
 // The dense network as the host runs it: the plan's int64 program (a buffer).
 void read_program(PyObject* program, NativePlan* plan) {
   Py_buffer view;
@@ -291,8 +315,8 @@ void read_program(PyObject* program, NativePlan* plan) {
   }
   try {
     if (view.itemsize != 8) throw std::invalid_argument("dense program is not int64");
-    plan->net = std::make_unique<tr::DenseNet>(static_cast<const int64_t*>(view.buf),
-                                               static_cast<size_t>(view.len / 8));
+    plan->net = shared_net(program, static_cast<const int64_t*>(view.buf),
+                           static_cast<size_t>(view.len / 8));
   } catch (const std::exception& x) {
     PyBuffer_Release(&view);
     throw std::runtime_error(std::string("native plan: ") + x.what());
