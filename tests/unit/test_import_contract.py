@@ -267,7 +267,8 @@ def test_the_served_engine_imports_no_optional_store_client_it_does_not_use():
         "import triton_rec.triton.inprocess as ip\n"
         "sys.modules['triton_python_backend_utils'] = ip\n"
         "for kind in ('hps', 'hugectr', 'dense'):\n"
-        "    spec = importlib.util.spec_from_file_location('m_' + kind, f'backend/{kind}/model.py')\n"
+        "    path = f'backend/{kind}/model.py'\n"
+        "    spec = importlib.util.spec_from_file_location('m_' + kind, path)\n"
         "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
         "print(sorted({n.split('.')[0] for n in sys.modules}))\n"
     )

@@ -91,7 +91,7 @@ __all__ = [
 
 #: HugeCTRNetwork.shared's networks, by their files' identities; held weakly: a network
 #: goes when the last model instance holding it does
-_SHARED: "weakref.WeakValueDictionary[tuple, HugeCTRNetwork]" = weakref.WeakValueDictionary()
+_SHARED: weakref.WeakValueDictionary[tuple, HugeCTRNetwork] = weakref.WeakValueDictionary()
 _SHARED_LOCK = threading.Lock()
 
 
@@ -106,7 +106,6 @@ def _file_identity(path) -> Optional[tuple]:
     except OSError:
         return (real,)
     return (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
 
 
 class HugeCTRNetwork(DenseModel):

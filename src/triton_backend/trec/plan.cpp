@@ -291,8 +291,7 @@ NativeTable read_table(PyObject* t, const NativePlan& plan) {
 // share one packed copy of the weights; a DenseNet is immutable once made (predict is
 // const, its scratch is the caller's). A program object is alive as long as a plan holding
 // its executor is (the plan keeps it), so its address names it while the entry is live.
-std::shared_ptr<const tr::DenseNet> shared_net(PyObject* program, const int64_t* words,
-                                               size_t n) {
+std::shared_ptr<const tr::DenseNet> shared_net(PyObject* program, const int64_t* words, size_t n) {
   static std::mutex mu;
   static std::unordered_map<const PyObject*, std::weak_ptr<const tr::DenseNet>> nets;
   std::lock_guard<std::mutex> lock(mu);
