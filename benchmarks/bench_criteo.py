@@ -22,7 +22,10 @@
    model back to back (which goes first alternates), so each ratio model/floor is taken
    against a floor measured seconds apart in the same server. Windows are time windows
    of ``--window-ms``, lengthened to hold ``--min-requests`` requests at the warm-up's
-   latency (a request of 65,536 samples takes seconds on a few cores);
+   latency (a request of 65,536 samples takes seconds on a few cores). On the host, the
+   model's c=1 windows of at most ``--inprocess-max`` samples have the network itself
+   timed in this process right before and after them (:class:`InProcessNetwork`: the
+   same executor, the server's thread rule), for issue 35's served-batch-64 target;
 4. measures the server's PSS after start, after each batch size (what its requests left
    resident) and after the sweep (``/proc/<pid>/smaps``, by kind of mapping) beside the
    tables' bytes + the dense weights' bytes + 60 MiB (issue 35's target, stated there for
@@ -336,6 +339,56 @@ def warm_up(model, batch, server, repo, args, logs: Path) -> Dict:
     return res
 
 
+class InProcessNetwork:
+    """The served model's network run in this process by the same native executor
+    (``_native.DenseNet`` on :meth:`HugeCTRNetwork.shared`'s program, the server's thread
+    rule: ``TRITON_REC_DENSE_THREADS``, by default every usable core) on inputs of a
+    request's shapes: the baseline of issue 35's "served batch 64 p50 <= the network's
+    in-process time + 150 us", timed right before and after the served window it is
+    compared with."""
+
+    #: each side of a window: calls until this much time or this many calls (at least 3)
+    SECONDS, CALLS = 1.0, 400
+
+    def __init__(self, repo: Path):
+        from triton_rec import _native
+        from triton_rec.dense.hugectr_network import HugeCTRNetwork
+
+        version = repo / MODEL / "1"
+        self.network = HugeCTRNetwork.shared(
+            str(version / f"{MODEL}.json"), str(version / f"{MODEL}_dense_0.model")
+        )
+        self.net = _native.DenseNet(self.network.native_program(), self.network)
+        self.times: Dict[int, List[float]] = {}
+
+    def time(self, batch: int) -> None:
+        """One side of a window: calls of ``batch`` samples, their times kept."""
+        rng = np.random.default_rng(batch)
+        dense = rng.standard_normal((batch, self.network.dense_dim)).astype(np.float32)
+        embs = [
+            rng.standard_normal((batch, int(t.slot_num), int(t.vec_size))).astype(np.float32)
+            for t in self.network.tables
+        ]
+        self.net.predict(dense, embs)  # warm
+        out = self.times.setdefault(batch, [])
+        t_end = time.perf_counter() + self.SECONDS
+        for i in range(self.CALLS):
+            t0 = time.perf_counter()
+            self.net.predict(dense, embs)
+            out.append((time.perf_counter() - t0) * 1e6)
+            if i >= 2 and t0 > t_end:
+                break
+
+    def summary(self, batch: int) -> Dict:
+        t = np.asarray(self.times.get(batch, []))
+        return {
+            "calls": int(t.size),
+            "threads": int(self.net.threads),
+            "p50_us": round(float(np.median(t)), 1),
+            "best_us": round(float(t.min()), 1),
+        }
+
+
 def categorize(path: str, repo: str, store: str) -> str:
     if not path:
         return "anonymous"
@@ -391,6 +444,8 @@ def run_kind(kind: str, gen: Dict, batches, concs, args) -> Dict:
         request_path="native",
     )
     blas = {k: server.environment().get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    # the network in-process beside the served c=1 windows of the host (--inprocess-max)
+    inproc = InProcessNetwork(repo) if kind == "KIND_CPU" and args.inprocess_max else None
     rows: List[Dict] = []
     warm: Dict = {}
     doc: Dict = {"kind": kind, "server_blas_env": blas}
@@ -413,7 +468,20 @@ def run_kind(kind: str, gen: Dict, batches, concs, args) -> Dict:
                 order = (FLOOR, MODEL) if (i + j) % 2 == 0 else (MODEL, FLOOR)
                 for model in order:
                     lat = warm.get(f"{model}/{batch}", {}).get("avg_us") or 0.0
+                    beside = (
+                        inproc is not None and model == MODEL and conc == 1
+                        and batch <= args.inprocess_max
+                    )  # fmt: skip
+                    if beside:
+                        inproc.time(batch)
                     rec = measure(model, batch, conc, server, repo, args, logs, lat)
+                    if beside:
+                        inproc.time(batch)
+                        rec["inprocess_network"] = inproc.summary(batch)
+                        if rec.get("p50_us"):
+                            rec["served_p50_minus_inprocess_us"] = round(
+                                rec["p50_us"] - rec["inprocess_network"]["p50_us"], 1
+                            )
                     rows.append(rec)
                     print(row_line(kind, rec), flush=True)
             m = memory(pid, str(repo), store)  # what this batch size left resident
@@ -703,6 +771,11 @@ def parse_args(argv):
         default=os.path.join(tempfile.gettempdir(), "triton-rec-bench-criteo"),
         help="where the model is generated (and reused), the logs written",
     )
+    p.add_argument(
+        "--inprocess-max", type=int, default=4096,
+        help="KIND_CPU: time the network in this process right before and after each served "
+        "c=1 window of at most this many samples (0: never)",
+    )  # fmt: skip
     p.add_argument("--data-dir", default=str(ROOT / "benchmarks" / "data"))
     p.add_argument("--json", default=None, help="the JSON file (one --kind only)")
     p.add_argument("--note", default=None, help="a remark recorded in the JSON")

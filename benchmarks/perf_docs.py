@@ -262,7 +262,7 @@ BENCHMARKS: List[Benchmark] = [
                 "2026-11-27-criteo-dlrm-on-an-h200.md)).",
             ),
             Table(
-                "served at batch 64, KIND_CPU (beside the network in-process: bench_dense_cpu)",
+                "served at batch 64, KIND_CPU, beside the network in-process in the same run",
                 "criteo_b64_cpu_*.json",
                 "rows",
                 [
@@ -276,6 +276,9 @@ BENCHMARKS: List[Benchmark] = [
                         "^rows[batch={batch},concurrency={concurrency},role=floor]/p50_us",
                         "{:,.0f}",
                     ),
+                    Col("network in-process p50 us", "inprocess_network/p50_us", "{:,.0f}"),
+                    Col("threads", "inprocess_network/threads"),
+                    Col("served - in-process us", "served_p50_minus_inprocess_us", "{:,.0f}"),
                 ],
                 where={"role": "model"},
             ),
