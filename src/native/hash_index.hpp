@@ -21,6 +21,11 @@
 // * keys are unique; rows are exactly 0..N-1, each appearing once.
 // Changing anything above changes the on-disk format.
 // ============================================================================
+//
+// A table whose keys are a range (keys[i] == base + i for every row i, modulo 2^64) needs
+// no index: its row is key - base. Native calls take such a table's *direct index*, an
+// in-memory form that is never persisted: an int64 array of shape (1, 2) holding
+// [base, N] (a capacity of 1, which no hash index has). See index_view().
 #pragma once
 
 #include <algorithm>
@@ -86,9 +91,31 @@ class CorruptIndexError : public std::runtime_error {
 struct IndexView {
   const int64_t* slots;
   uint64_t capacity;
+  // a direct index (a range of keys): rows key - base for base <= key < base + rows
+  bool direct = false;
+  int64_t base = 0;
+  uint64_t rows = 0;
   uint64_t mask() const noexcept { return capacity - 1; }
   const int64_t* slot(uint64_t s) const noexcept { return slots + 2 * s; }
 };
+
+// The view of an index array of `capacity` slots (2 words each): a hash index (capacity
+// a power of two >= 16), or a direct one (capacity 1: [base, rows], rows >= 0). Throws
+// std::invalid_argument for any other capacity or a negative row count.
+inline IndexView index_view(const int64_t* words, uint64_t capacity) {
+  if (capacity == 1) {
+    if (words[1] < 0) {
+      throw std::invalid_argument("direct index with a negative row count " +
+                                  std::to_string(words[1]));
+    }
+    return IndexView{words, 1, true, words[0], static_cast<uint64_t>(words[1])};
+  }
+  if (!is_valid_capacity(capacity)) {
+    throw std::invalid_argument("index capacity " + std::to_string(capacity) +
+                                " is neither a power of two >= 16 nor 1 (a direct index)");
+  }
+  return IndexView{words, capacity};
+}
 
 // Row-major table of `rows` encoded rows (row_codec.hpp) of `fmt.dim` values each.
 struct TableView {
@@ -116,6 +143,14 @@ namespace detail {
 // `num_rows` < 0 disables the upper bound check. A (corrupt) index without any
 // empty slot is scanned at most once, so this always terminates.
 inline int64_t find(const IndexView& ix, int64_t key, uint64_t h, int64_t num_rows) {
+  if (ix.direct) {  // modulo 2^64, as the range is: no overflow, every key answered once
+    const uint64_t row = static_cast<uint64_t>(key) - static_cast<uint64_t>(ix.base);
+    if (row >= ix.rows) return kEmptyRow;
+    if (num_rows >= 0 && row >= static_cast<uint64_t>(num_rows)) {
+      throw_bad_row(0, key, static_cast<int64_t>(row), num_rows);
+    }
+    return static_cast<int64_t>(row);
+  }
   uint64_t slot = 0;
   const int64_t row = index_probe(ix.slots, ix.capacity, key, h, &slot);
   if (row != kEmptyRow && (row < 0 || (num_rows >= 0 && row >= num_rows))) {
@@ -176,7 +211,7 @@ inline int64_t probe(const IndexView& ix, const int64_t* keys, size_t m, int64_t
   const uint64_t mask = ix.mask();
   int64_t missing = 0;
   for (size_t i = 0; i < m; ++i) {
-    if (i + kAhead < m) {
+    if (i + kAhead < m && !ix.direct) {
       TRITON_REC_PREFETCH(ix.slot(mix64(static_cast<uint64_t>(keys[i + kAhead])) & mask));
     }
     const int64_t row = detail::find(ix, keys[i], mix64(static_cast<uint64_t>(keys[i])) & mask, -1);
@@ -204,10 +239,12 @@ inline void probe_pipelined(const IndexView& ix, const TableView& table, const i
 
   const uint64_t mask = ix.mask();
   const size_t row_bytes = table.fmt.row_bytes;
-  uint64_t home[kRing];
+  uint64_t home[kRing] = {};  // (unused by a direct index)
   int64_t rows[kRing];
 
+  const bool direct = ix.direct;  // no slot to hash or to fetch
   auto stage1 = [&](size_t i) {
+    if (direct) return;
     const uint64_t h = mix64(static_cast<uint64_t>(keys[i])) & mask;
     home[i & (kRing - 1)] = h;
     TRITON_REC_PREFETCH(ix.slot(h));

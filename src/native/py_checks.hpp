@@ -127,14 +127,20 @@ inline void require_disjoint(const py::array& out, const char* out_name, const p
   }
 }
 
+// A hash index, or a direct one (hash_index.hpp: [[base, rows]]).
 inline IndexView require_index(const py::handle& obj) {
   py::array a = require_array(obj, "index", kInt64, 2, false);
   const auto cap = static_cast<uint64_t>(a.shape(0));
-  if (a.shape(1) != 2 || !is_valid_capacity(cap)) {
+  if (a.shape(1) != 2 || (cap != 1 && !is_valid_capacity(cap))) {
     throw py::value_error("index has shape " + shape_str(a) +
-                          ", expected (capacity, 2) with capacity a power of two >= 16");
+                          ", expected (capacity, 2) with capacity a power of two >= 16, "
+                          "or (1, 2) for a direct index");
   }
-  return IndexView{static_cast<const int64_t*>(a.data()), cap};
+  try {
+    return index_view(static_cast<const int64_t*>(a.data()), cap);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
 }
 
 }  // namespace pycheck

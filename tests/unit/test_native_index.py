@@ -209,3 +209,76 @@ def test_probe_rejects_bad_index_and_out_rows():
         _native.probe(index.astype(np.float64), keys, np.empty(4, dtype=np.int64))
     with pytest.raises(ValueError, match=r"out_rows must not overlap keys"):
         _native.probe(index, keys, keys)
+
+
+# -- a direct index: keys that are a range --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "base",
+    [0, 7, -1000, I64.max - 99, I64.min],  # the range may wrap past INT64_MAX
+)
+def test_a_direct_index_answers_exactly_as_the_hash_index_of_the_same_keys(base):
+    from triton_rec.storage.table import EmbeddingTable, key_range_base
+
+    n = 200
+    keys = (np.arange(n, dtype=np.uint64) + np.uint64(base % 2**64)).view(np.int64)
+    assert key_range_base(keys) == base
+    vectors = np.random.default_rng(1).standard_normal((n, 4)).astype(np.float32)
+    table = EmbeddingTable("t", keys, vectors, default_value=0.25)
+    assert table.key_base == base and table.native_index.shape == (1, 2)
+    rng = np.random.default_rng(2)
+    queries = np.concatenate(
+        [keys, keys - 1, keys + 1, EXTREMES, random_unique_keys(rng, 300)]
+    ).astype(np.int64)
+    direct, hashed = probe(table.native_index, queries), probe(table.index, queries)
+    np.testing.assert_array_equal(direct[0], hashed[0])
+    np.testing.assert_array_equal(direct[0], dict_rows(keys, queries))
+    assert direct[1] == hashed[1]
+    outs = []
+    for index in (table.native_index, table.index):
+        out = np.empty((len(queries), 4), np.float32)
+        missing = np.empty(len(queries), np.uint8)
+        n_missing = _native.lookup(index, vectors, queries, out, 0.25, missing=missing)
+        outs.append((out, missing, n_missing))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    assert outs[0][2] == outs[1][2]
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [[5, 6, 8], [5, 4, 3], [1, 1], [3, 4, 5, 6, 7, 0]],
+)
+def test_keys_that_are_not_a_range_keep_their_hash_index(keys):
+    from triton_rec.storage.table import EmbeddingTable, key_range_base
+
+    keys = np.array(keys, np.int64)
+    assert key_range_base(keys) is None
+    assert key_range_base(keys[:0]) is None
+    if len(set(keys.tolist())) == len(keys):
+        t = EmbeddingTable("t", keys, np.zeros((len(keys), 2), np.float32))
+        assert t.key_base is None and t.native_index is t.index
+
+
+def test_a_range_is_recognized_across_the_scans_chunks():
+    from triton_rec.storage.table import key_range_base
+
+    keys = np.arange(10, 10 + 5000, dtype=np.int64)
+    assert key_range_base(keys, chunk=64) == 10
+    keys[4097] += 1
+    assert key_range_base(keys, chunk=64) is None
+
+
+def test_a_direct_index_of_more_rows_than_the_vectors_is_refused_as_corrupt():
+    vectors = np.zeros((10, 4), np.float32)
+    out = np.empty((1, 4), np.float32)
+    with pytest.raises(Exception, match="corrupt index"):
+        _native.lookup(np.array([[100, 20]], np.int64), vectors, np.array([115]), out, 0.0)
+    assert _native.lookup(np.array([[100, 20]], np.int64), vectors, np.array([121]), out, 0.0)
+
+
+@pytest.mark.parametrize("index", [np.array([[0, -1]]), np.zeros((2, 2)), np.zeros((8, 2))])
+def test_a_malformed_direct_or_short_index_is_refused_naming_it(index):
+    with pytest.raises(ValueError, match="index"):
+        probe(np.ascontiguousarray(index, dtype=np.int64), np.array([1], np.int64))

@@ -288,12 +288,40 @@ def test_the_arrays_of_a_loaded_table_are_read_only_views_of_one_mapping(tmp_pat
     assert oct(os.stat(t.layout_path).st_mode & 0o777) == "0o444"
 
 
-def test_prefault_touches_every_section_and_changes_nothing(tmp_path):
-    src, keys, vecs = _source(tmp_path)
+def _resident(path: str) -> int:
+    """Bytes of ``path`` mapped and resident in this process (/proc/self/smaps Rss)."""
+    total, mine = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if parts and "-" in parts[0] and not parts[0].endswith(":"):
+                mine = len(parts) > 5 and os.path.realpath(parts[5]) == os.path.realpath(path)
+            elif mine and parts[0] == "Rss:":
+                total += int(parts[1]) * 1024
+    return total
+
+
+@pytest.mark.parametrize("keys_are", ["scattered", "a range"])
+def test_prefault_makes_resident_what_a_lookup_reads_and_changes_nothing(tmp_path, keys_are):
+    # a lookup reads the vectors and, unless the keys are a range, the index; never the
+    # keys section (the index holds the keys), which stays out of the process's memory
+    keys, vecs = _table(n=20_000, d=8)
+    if keys_are == "a range":
+        keys = np.arange(-5_000, 15_000, dtype=np.int64)
+    src = str(tmp_path / "src" / "t0_sparse_0.model")
+    os.makedirs(os.path.dirname(src))
+    write_table(src, keys, vecs)
     mapped = node_store.load_table(_params(src), str(tmp_path / "store"), prefault=True)
-    assert mapped.prefault() == keys.nbytes + vecs.nbytes + mapped.index.nbytes
-    private = EmbeddingTable("p", keys, vecs)
-    assert private.prefault() == keys.nbytes + vecs.nbytes + private.index.nbytes
+    reads = vecs.nbytes + (0 if keys_are == "a range" else mapped.index.nbytes)
+    assert mapped.key_base == (-5_000 if keys_are == "a range" else None)
+    assert mapped.prefault() == reads
+    resident = _resident(mapped.layout_path)
+    page = 4096  # the header's page, and the pages of the 16 index probes of the load
+    assert reads <= resident <= reads + 20 * page, (resident, reads, keys.nbytes)
+    private = EmbeddingTable("p", keys, vecs, default_value=-2.5)
+    assert private.key_base == mapped.key_base and private.prefault() == reads
+    q = _query(keys)
+    np.testing.assert_array_equal(mapped.lookup(q)[0], private.lookup(q)[0])
     np.testing.assert_array_equal(mapped.lookup(keys)[0], vecs)
 
 

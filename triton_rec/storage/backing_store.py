@@ -312,7 +312,7 @@ class LocalTableStore(BackingStore):
         t = self.table
         if out.dtype != np.float32 and t.codec.is_rows(out):  # encoded rows, as stored
             rows = np.empty(keys.shape[0], np.int64)
-            _native.probe(t.index, check_keys(keys), rows)
+            _native.probe(t.native_index, check_keys(keys), rows)
             found = rows >= 0
             if found.all():
                 np.take(t.vectors, rows, axis=0, out=out)
@@ -322,7 +322,7 @@ class LocalTableStore(BackingStore):
             return found
         missing = np.empty(keys.shape[0], dtype=np.uint8) if missing is None else missing
         _native.lookup(
-            t.index,
+            t.native_index,
             t.vectors,
             keys,
             out,
@@ -338,7 +338,9 @@ class LocalTableStore(BackingStore):
 
     def native_table(self) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         """The table's ``(index, vectors)`` as native code reads them (C-contiguous rows
-        of the codec's dtype), or None when they are not laid out that way."""
+        of the codec's dtype; the index a direct one where the keys are a range:
+        :attr:`EmbeddingTable.native_index`), or None when they are not laid out that way.
+        The index array is the table's own: it lives as long as the table."""
         t = self.table
         if not (
             t.index.flags.c_contiguous
@@ -346,7 +348,7 @@ class LocalTableStore(BackingStore):
             and t.vectors.dtype == self.codec.row_dtype
         ):
             return None
-        return t.index, t.vectors
+        return t.native_index, t.vectors
 
     def sample_keys(self, n: int) -> np.ndarray:
         """The first ``n`` keys of the table."""

@@ -1,5 +1,10 @@
 """An embedding table in memory: keys, vectors and the native hash index over the keys.
 
+A table whose keys are a range (``keys[i] == base + i``: the MLPerf DLRM's tables, any
+table of row numbers) is looked up without its index (:attr:`EmbeddingTable.key_base`,
+:attr:`EmbeddingTable.native_index`): a row is ``key - base``, one memory access a key
+instead of two, and neither the index nor the keys are brought into memory.
+
 Two ways to get one:
 
 - ``EmbeddingTable(name, keys, vectors, ...)`` builds a private hash index over ``keys``
@@ -42,6 +47,10 @@ class EmbeddingTable:
     Attributes:
         name, path, keys, vectors, default_value, codec: as given.
         index: int64 ``[capacity, 2]`` hash index (layout: src/native/hash_index.hpp).
+        native_index: what the native calls take: ``index``, or where the keys are a
+            range (:attr:`key_base`) the direct index ``[[base, rows]]``
+            (src/native/hash_index.hpp), which reads no slot; it lives as long as the table
+            (native plans hold its address).
         layout_path: the node-local layout file the arrays map, or None (private arrays).
 
     Raises:
@@ -75,6 +84,7 @@ class EmbeddingTable:
             if "duplicate" in str(e):
                 raise DuplicateKeyError(self.path, str(e)) from e
             raise
+        self._set_native_index()
 
     @classmethod
     def from_layout(
@@ -132,6 +142,13 @@ class EmbeddingTable:
         table.index = index
         table.default_value = float(default_value)
         table.layout_path = layout_path
+        table._set_native_index()
+        # what no lookup reads leaves this process's memory: the keys (read once above;
+        # the index holds them), and the index where they are a range (the load's spot
+        # check touched pages of it, and the kernel mapped their neighbours)
+        _release(keys)
+        if table.key_base is not None:
+            _release(index)
         return table
 
     @property
@@ -144,6 +161,18 @@ class EmbeddingTable:
         """Embedding vector size (values per decoded vector)."""
         return self.codec.dim
 
+    @property
+    def key_base(self) -> Optional[int]:
+        """The first key when the keys are a range (:func:`key_range_base`), else None."""
+        return None if self.native_index is self.index else int(self.native_index[0, 0])
+
+    def _set_native_index(self) -> None:
+        base = key_range_base(self.keys)
+        self.native_index = self.index
+        if base is not None:
+            self.native_index = np.array([[base, self.keys.shape[0]]], dtype=np.int64)
+            self.native_index.flags.writeable = False
+
     def lookup(self, keys: np.ndarray, out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
         """Gather the vectors of ``keys`` (int64 ``[M]``) into ``out`` (float32 ``[M, D]``).
 
@@ -152,12 +181,15 @@ class EmbeddingTable:
         if out is None:
             out = np.empty((keys.shape[0], self.vec_size), dtype=np.float32)
         misses = _native.lookup(
-            self.index, self.vectors, keys, out, self.default_value, precision=self.codec.code
-        )
+            self.native_index, self.vectors, keys, out, self.default_value,
+            precision=self.codec.code,
+        )  # fmt: skip
         return out, int(misses)
 
     def prefault(self) -> int:
-        """Make every page of keys, vectors and index resident and mapped, before serving.
+        """Make every page a lookup reads resident and mapped, before serving: the vectors
+        and the index, only the vectors when the keys are a range (:attr:`key_base`). The
+        keys themselves are never read by a lookup (the index holds them) and stay out.
 
         Why: a memory-mapped table is read lazily. Without this, the first requests
         after a load take a page fault per row they touch (a disk read when the page is
@@ -173,24 +205,24 @@ class EmbeddingTable:
         arrays are touched the same way (harmless, cheap).
 
         Returns:
-            bytes made resident (keys + vectors + index).
+            bytes made resident (vectors, and the index unless the keys are a range).
         """
-        arrays = [a for a in (self.keys, self.vectors, self.index) if a.nbytes]
-        populated = set()
-        for m in {id(m): m for m in filter(None, map(mapping_of, arrays))}.values():
-            try:
-                m.madvise(mmap.MADV_WILLNEED)
-            except (OSError, ValueError):
-                pass
-            try:
-                m.madvise(MADV_POPULATE_READ)
-                populated.add(id(m))
-            except (OSError, ValueError):
-                pass  # old kernel: fall back to touching the pages below
+        wanted = (self.vectors,) if self.key_base is not None else (self.vectors, self.index)
+        arrays = [a for a in wanted if a.nbytes]
         for a in arrays:
-            mapping = mapping_of(a)
-            if mapping is None or id(mapping) not in populated:
-                _touch_pages(a)
+            span = _mapped_span(a)
+            if span is not None:
+                m, start, length = span
+                try:
+                    m.madvise(mmap.MADV_WILLNEED, start, length)
+                except (OSError, ValueError):
+                    pass
+                try:
+                    m.madvise(MADV_POPULATE_READ, start, length)
+                    continue
+                except (OSError, ValueError):
+                    pass  # old kernel: touch the pages below
+            _touch_pages(a)
         return int(sum(a.nbytes for a in arrays))
 
     def __repr__(self) -> str:
@@ -215,12 +247,59 @@ def _bases(a) -> Iterator[object]:
 def mapping_of(a: np.ndarray) -> Optional[mmap.mmap]:
     """The mmap object an array views, if any (np.memmap or np.frombuffer over an mmap)."""
     for b in _bases(a):
+        if isinstance(b, memoryview):  # np.frombuffer(mmap): the memoryview's object
+            b = b.obj
         if isinstance(b, mmap.mmap):
             return b
         m = getattr(b, "_mmap", None)  # np.memmap keeps its mapping here
         if isinstance(m, mmap.mmap):
             return m
     return None
+
+
+def key_range_base(keys: np.ndarray, chunk: int = 1 << 16) -> Optional[int]:
+    """``keys[0]`` when ``keys[i] == keys[0] + i`` for every ``i`` (modulo 2^64, as the
+    direct lookup computes ``key - base``), else None (and for no keys). Reads the keys
+    once, a chunk at a time."""
+    n = int(keys.shape[0])
+    if n == 0:
+        return None
+    base = int(keys[0])
+    steps = np.arange(min(n, chunk), dtype=np.int64)
+    with np.errstate(over="ignore"):
+        for start in range(0, n, chunk):
+            part = np.asarray(keys[start : start + chunk])
+            first = np.int64(base) + np.int64(start)  # wraps as the keys would
+            if not np.array_equal(part - steps[: part.shape[0]], np.full(part.shape, first)):
+                return None
+    return base
+
+
+def _mapped_span(a: np.ndarray) -> Optional[Tuple[mmap.mmap, int, int]]:
+    """(mapping, offset, length) of the pages a C-contiguous array occupies in the mmap it
+    views (offset page-aligned, for madvise), or None for an array in private memory."""
+    m = mapping_of(a)
+    if m is None or a.nbytes == 0:
+        return None
+    base = np.frombuffer(m, dtype=np.uint8).ctypes.data
+    start = a.ctypes.data - base
+    aligned = start - start % PAGE_SIZE
+    return m, aligned, min(len(m), start + a.nbytes) - aligned
+
+
+def _release(a: np.ndarray) -> None:
+    """Unmap the pages a mapped array occupies from this process (MADV_DONTNEED: a file's
+    pages stay in the page cache and come back on the next read); nothing for an array in
+    private memory. For the keys once :func:`key_range_base` has read them: no lookup
+    reads them again, and mapped they would count in the server's memory."""
+    span = _mapped_span(a)
+    if span is None:
+        return
+    m, start, length = span
+    try:
+        m.madvise(mmap.MADV_DONTNEED, start, length)
+    except (OSError, ValueError):
+        pass  # an mmap that refuses: the pages simply stay
 
 
 def _touch_pages(a: np.ndarray) -> int:

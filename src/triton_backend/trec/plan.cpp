@@ -261,7 +261,11 @@ NativeTable read_table(PyObject* t, const NativePlan& plan) {
     if (!span(t, T, tp::index, &addr, &n)) {
       throw std::runtime_error("native plan: a host table without its index");
     }
-    nt.index = tr::IndexView{reinterpret_cast<const int64_t*>(addr), static_cast<uint64_t>(n)};
+    try {  // a hash index, or a direct one (a range of keys: hash_index.hpp)
+      nt.index = tr::index_view(reinterpret_cast<const int64_t*>(addr), static_cast<uint64_t>(n));
+    } catch (const std::invalid_argument& x) {
+      throw std::runtime_error(std::string("native plan: ") + x.what());
+    }
     if (!span(t, T, tp::vectors, &addr, &n)) {
       throw std::runtime_error("native plan: a host table without its vectors");
     }
