@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import mmap
 import os
 import secrets
 from typing import Iterator, Optional, Tuple
@@ -27,7 +26,7 @@ from triton_rec.storage.layout_file import (
     pack_header,
     read_header,
 )
-from triton_rec.storage.table import MADV_POPULATE_READ, mapping_of
+from triton_rec.storage.table import MADV_POPULATE_READ, mapping_of, page_span
 from triton_rec.util.procfs import flock_exclusive
 
 log = logging.getLogger("triton_rec.storage.node_store")  # the node store logs as one
@@ -167,17 +166,13 @@ class _Populator:
 
     def __init__(self, a: np.ndarray):
         self.mm = mapping_of(a)
-        if self.mm is not None:
-            self.base = np.frombuffer(self.mm, np.uint8).ctypes.data
 
     def __call__(self, chunk: memoryview) -> None:
         if self.mm is None:
             return
-        start = np.frombuffer(chunk, np.uint8).ctypes.data - self.base
-        lo = start - start % mmap.PAGESIZE
-        hi = min(start + chunk.nbytes, len(self.mm))
+        start, length = page_span(self.mm, np.frombuffer(chunk, np.uint8).ctypes.data, chunk.nbytes)
         try:
-            self.mm.madvise(MADV_POPULATE_READ, lo, hi - lo)
+            self.mm.madvise(MADV_POPULATE_READ, start, length)
         except (OSError, ValueError):
             self.mm = None  # not supported here: plain writes, still correct
 

@@ -270,21 +270,26 @@ def key_range_base(keys: np.ndarray, chunk: int = 1 << 16) -> Optional[int]:
         for start in range(0, n, chunk):
             part = np.asarray(keys[start : start + chunk])
             first = np.int64(base) + np.int64(start)  # wraps as the keys would
-            if not np.array_equal(part - steps[: part.shape[0]], np.full(part.shape, first)):
+            if not (part - steps[: part.shape[0]] == first).all():
                 return None
     return base
 
 
+def page_span(m: mmap.mmap, address: int, nbytes: int) -> Tuple[int, int]:
+    """(offset, length) in ``m`` of the pages that ``nbytes`` bytes at ``address`` (inside
+    ``m``) occupy: the offset page-aligned, the length within ``m``, as madvise takes them."""
+    start = address - np.frombuffer(m, dtype=np.uint8).ctypes.data
+    aligned = start - start % PAGE_SIZE
+    return aligned, min(len(m), start + nbytes) - aligned
+
+
 def _mapped_span(a: np.ndarray) -> Optional[Tuple[mmap.mmap, int, int]]:
     """(mapping, offset, length) of the pages a C-contiguous array occupies in the mmap it
-    views (offset page-aligned, for madvise), or None for an array in private memory."""
+    views (:func:`page_span`), or None for an array in private memory."""
     m = mapping_of(a)
     if m is None or a.nbytes == 0:
         return None
-    base = np.frombuffer(m, dtype=np.uint8).ctypes.data
-    start = a.ctypes.data - base
-    aligned = start - start % PAGE_SIZE
-    return m, aligned, min(len(m), start + a.nbytes) - aligned
+    return (m, *page_span(m, a.ctypes.data, a.nbytes))
 
 
 def _release(a: np.ndarray) -> None:
