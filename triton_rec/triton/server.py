@@ -330,10 +330,34 @@ class TritonServer:
         raise TimeoutError(f"tritonserver not ready after {timeout} s:\n{self.log_tail()}")
 
     def is_ready(self) -> bool:
-        """Whether the server answers ready on ``/v2/health/ready``."""
+        """Whether the server answers ready on ``/v2/health/ready`` and every endpoint it
+        opens listens. tritonserver opens gRPC, then HTTP, then metrics (``StartEndpoints``
+        in its src/main.cc), so HTTP answers ready a moment before the metrics port
+        accepts a connection."""
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
+                if r.status != 200:
+                    return False
+        except OSError:
+            return False
+        return not self.metrics_enabled() or self._metrics_listens()
+
+    def metrics_enabled(self) -> bool:
+        """Whether this server opens its metrics port: :meth:`command` allows metrics, and
+        a later ``--allow-metrics`` in ``extra_args`` wins, as on tritonserver's own
+        command line."""
+        flags = [a for a in self.extra_args if a.startswith("--allow-metrics")]
+        return not flags or flags[-1].partition("=")[2].lower() not in ("false", "0")
+
+    def _metrics_listens(self) -> bool:
+        addresses = [a for a in self.extra_args if a.startswith("--metrics-address=")]
+        host = addresses[-1].partition("=")[2] if addresses else ""
+        try:
+            with socket.create_connection(
+                (host if host not in ("", "0.0.0.0") else "127.0.0.1", self.metrics_port),
+                timeout=2,
+            ):
+                return True
         except OSError:
             return False
 
