@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,9 +21,12 @@ using namespace triton_rec::pycheck;  // NOLINT: the argument checks
 // ============================================================================
 namespace {
 
+// The executor holds all it reads once made (dense_net.hpp), so the arrays the program
+// points to are needed only by the constructor. Held by a shared_ptr that the native
+// Triton backend shares through capsule() (src/triton_backend/trec/plan.cpp).
 struct PyDenseNet {
-  py::object owner;  // holds the weight arrays the program points to
-  tr::DenseNet net;
+  std::shared_ptr<const tr::DenseNet> ptr;
+  const tr::DenseNet& net() const { return *ptr; }
 };
 
 // The HugeCTR layer type each op code of the program runs (DenseOp: the codes are defined
@@ -62,34 +66,53 @@ void register_dense_net(py::module_& m) {
   m.attr("DENSE_OP_COUNT") = static_cast<int64_t>(tr::DenseOp::kCount);
   m.attr("DENSE_PROGRAM_MAGIC") = tr::kDenseProgramMagic;
   py::class_<PyDenseNet>(m, "DenseNet",
-                         "DenseNet(program: int64[N], owner, gemm='auto', threads=0) -- the native "
-                         "executor of a HugeCTRNetwork.native_program(); `owner` keeps its "
-                         "weights alive; `gemm` names the matrix-product kernel "
-                         "(gemm_kernels()); `threads` caps the threads one call splits its rows "
-                         "across (0: TRITON_REC_DENSE_THREADS, by default the usable cores)")
-      .def(py::init([](py::array_t<int64_t, py::array::c_style> program, py::object owner,
+                         "DenseNet(program: int64[N], owner=None, gemm='auto', threads=0) -- the "
+                         "native executor of a HugeCTRNetwork.native_program(); `owner`, the "
+                         "object holding the arrays the program points to, must live while it "
+                         "is made (it keeps what it reads: packed matrices, copied parameters); "
+                         "`gemm` names the matrix-product kernel (gemm_kernels()); `threads` "
+                         "caps the threads one call splits its rows across (0: "
+                         "TRITON_REC_DENSE_THREADS, by default the usable cores)")
+      .def(py::init([](py::array_t<int64_t, py::array::c_style> program, const py::object& owner,
                        const std::string& gemm, int threads) {
+             (void)owner;  // alive for the call: the constructor reads its arrays
              try {
-               return new PyDenseNet{
-                   std::move(owner),
-                   tr::DenseNet(program.data(), static_cast<size_t>(program.size()),
-                                tr::gemm_kernel(gemm), threads)};
+               return new PyDenseNet{std::make_shared<const tr::DenseNet>(
+                   program.data(), static_cast<size_t>(program.size()), tr::gemm_kernel(gemm),
+                   threads)};
              } catch (const std::invalid_argument& e) {
                throw py::value_error(e.what());
              }
            }),
-           py::arg("program"), py::arg("owner"), py::arg("gemm") = "auto", py::arg("threads") = 0)
+           py::arg("program"), py::arg("owner") = py::none(), py::arg("gemm") = "auto",
+           py::arg("threads") = 0)
+      .def(
+          "capsule",
+          [](const PyDenseNet& self) {
+            auto* held = new std::shared_ptr<const tr::DenseNet>(self.ptr);
+            PyObject* c = PyCapsule_New(held, tr::kDenseNetCapsule, [](PyObject* c) {
+              delete static_cast<std::shared_ptr<const tr::DenseNet>*>(
+                  PyCapsule_GetPointer(c, tr::kDenseNetCapsule));
+            });
+            if (c == nullptr) {
+              delete held;
+              throw py::error_already_set();
+            }
+            return py::reinterpret_steal<py::object>(c);
+          },
+          "A PyCapsule named triton_rec.DenseNet holding a std::shared_ptr<const DenseNet> "
+          "of this executor: how the native Triton backend runs this very one.")
       .def_property_readonly(
-          "threads", [](const PyDenseNet& self) { return self.net.max_threads(); },
+          "threads", [](const PyDenseNet& self) { return self.net().max_threads(); },
           "The most threads one call splits its rows across.")
       .def_property_readonly(
-          "gemm", [](const PyDenseNet& self) { return std::string(self.net.kernel().name); },
+          "gemm", [](const PyDenseNet& self) { return std::string(self.net().kernel().name); },
           "The kernel its matrix products run on.")
       .def_property_readonly(
           "steps",
           [](const PyDenseNet& self) {
             py::list ops;
-            for (int64_t op : self.net.steps()) ops.append(op);
+            for (int64_t op : self.net().steps()) ops.append(op);
             return ops;
           },
           "The op code of each step it runs (a ReLU or Concat folded into the step that "
@@ -98,7 +121,7 @@ void register_dense_net(py::module_& m) {
           "predict",
           [](const PyDenseNet& self, py::array_t<float, py::array::c_style> dense,
              const py::list& embeddings) {
-            const tr::DenseNet& net = self.net;
+            const tr::DenseNet& net = self.net();
             if (dense.ndim() != 2 || dense.shape(1) != net.dense_dim()) {
               throw py::value_error("dense must be [batch, dense_dim]");
             }

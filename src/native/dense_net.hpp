@@ -2,8 +2,10 @@
 // arithmetic as the numpy executor (triton_rec/dense/hugectr_network.py, the reference),
 // in float32, one thread. The network arrives as a flat int64 program that the Python
 // side encodes (HugeCTRNetwork.native_program: the single definition of the format);
-// the weights stay in the Python object's arrays, whose addresses the program holds, and
-// every matrix a product reads is packed once, here, for the CPU's kernel (gemm.hpp).
+// the program holds the addresses of the Python object's weight arrays, read only while
+// the executor is made: every matrix a product reads is packed, here, for the CPU's kernel
+// (gemm.hpp), and every other parameter copied, so a DenseNet holds all it reads and
+// outlives the arrays it was made from (HugeCTRNetwork.native_net lets them go).
 //
 // Every tensor is a buffer of batch x (floats per sample), row-major, as numpy holds it.
 // The products sum in float32 over k in order, so the results agree with numpy's within
@@ -15,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -24,6 +27,10 @@
 #include "row_parts.hpp"
 
 namespace triton_rec {
+
+// The name of the PyCapsule that hands a std::shared_ptr<const DenseNet> from the Python
+// module (bindings_dense_net.cpp, DenseNet.capsule) to the native Triton backend (plan.cpp).
+inline constexpr const char* kDenseNetCapsule = "triton_rec.DenseNet";
 
 // Op codes: the position of each type in NATIVE_LAYER_TYPES (hugectr_network.py).
 enum class DenseOp : int64_t {
@@ -70,9 +77,10 @@ struct DenseLayer {
   std::vector<const float*> params;
   std::vector<std::vector<int64_t>> param_shapes;
   std::vector<int64_t> attrs;
-  std::vector<PackedMatrix> packed;  // the matrices its products read (pack_layer)
-  bool relu = false;                 // an InnerProduct with the next ReLU in it (fuse_relus)
-  bool concat_in = false;            // an Interaction reading a Concat's inputs (fuse_concat)
+  std::vector<PackedMatrix> packed;   // the matrices its products read (pack_layer)
+  std::vector<size_t> packed_params;  // the index in params of each
+  bool relu = false;                  // an InnerProduct with the next ReLU in it (fuse_relus)
+  bool concat_in = false;             // an Interaction reading a Concat's inputs (fuse_concat)
 };
 
 inline int64_t per_sample(const std::vector<int64_t>& shape) {
@@ -130,6 +138,7 @@ class DenseNet {
       for (int64_t r : d.ins) check_reg(r);
       for (int64_t r : d.outs) check_reg(r);
       pack_layer(&d);
+      own_params(&d);
       layers_.push_back(std::move(d));
     }
     check_reg(dense_reg_);
@@ -359,6 +368,7 @@ class DenseNet {
       const auto& s = d->param_shapes.at(w);
       if (s.size() != 2) throw std::invalid_argument("dense program: a matrix is not 2-D");
       d->packed.emplace_back(d->params[w], bias, s[0], s[1], *kernel_);
+      d->packed_params.push_back(w);
     };
     switch (d->op) {
       case DenseOp::kInnerProduct:
@@ -383,6 +393,23 @@ class DenseNet {
         break;
       default:
         break;
+    }
+  }
+
+  // After pack_layer: the parameters run() reads itself (all but the packed matrices,
+  // whose packed copy holds their bias too) copied into the executor; the packed ones are
+  // never read again (nullptr). Nothing of the program's arrays is read after this.
+  void own_params(DenseLayer* d) {
+    for (size_t i = 0; i < d->params.size(); ++i) {
+      if (std::find(d->packed_params.begin(), d->packed_params.end(), i) !=
+          d->packed_params.end()) {
+        d->params[i] = nullptr;
+        continue;
+      }
+      const int64_t count = per_sample(d->param_shapes[i]);
+      if (count < 0) throw std::invalid_argument("dense program: a negative parameter shape");
+      owned_.emplace_back(d->params[i], d->params[i] + count);
+      d->params[i] = owned_.back().data();
     }
   }
 
@@ -584,6 +611,7 @@ class DenseNet {
   int64_t num_regs_ = 0, dense_reg_ = 0, label_dim_ = 0;
   std::vector<int64_t> widths_, table_regs_, out_regs_;
   std::vector<DenseLayer> layers_;
+  std::vector<std::vector<float>> owned_;  // the parameters run() reads (own_params)
 };
 
 }  // namespace triton_rec

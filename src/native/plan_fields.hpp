@@ -32,16 +32,16 @@ enum : int {
   dense_dim,
   label_dim,
   limits,
-  program,
+  dense_net,
   key_type,
   dense_gpu,
   vec_sizes,
   kCount
 };
 inline constexpr const char* kNames[kCount] = {
-    "kind",   "tables",  "max_batch_size", "output",    "info_outputs", "device_id",
-    "gpu",    "maxnum",  "slots",          "mean",      "dense_dim",    "label_dim",
-    "limits", "program", "key_type",       "dense_gpu", "vec_sizes"};
+    "kind",   "tables",    "max_batch_size", "output",    "info_outputs", "device_id",
+    "gpu",    "maxnum",    "slots",          "mean",      "dense_dim",    "label_dim",
+    "limits", "dense_net", "key_type",       "dense_gpu", "vec_sizes"};
 }  // namespace native_plan
 
 // TablePlan: how the native path reads one table.

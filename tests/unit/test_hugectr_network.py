@@ -134,6 +134,8 @@ def check_native(model, dense, embs, expected):
     """The native executor (issue 14) gives the numpy executor's answer, within fp32
     rounding, on every network it takes; a network it does not take names a layer type
     without a native implementation."""
+    if model._net is not None:  # native_net made: predict already runs it
+        return
     program = model.native_program()
     if program is None:
         assert any(layer.native is None for layer in model.plan.layers), model
@@ -141,6 +143,17 @@ def check_native(model, dense, embs, expected):
     net = _native.DenseNet(program, model)
     got = net.predict(dense, embs)
     np.testing.assert_allclose(got, expected, atol=ATOL, rtol=1e-5)
+    # once made, it reads none of the arrays the program points to (native_net lets them
+    # go): NaN in every one of them meanwhile changes nothing
+    keep = model._native_keep
+    saved = [a.copy() for a in keep]
+    try:
+        for a in keep:
+            a.fill(np.nan)
+        np.testing.assert_array_equal(net.predict(dense, embs), got)
+    finally:
+        for a, b in zip(keep, saved):
+            a[...] = b
     # Issue 24: on overflowing, infinite, NaN and denormal inputs as well.
     for x_dense, x_embs in extreme_inputs(dense, embs):
         with np.errstate(all="ignore"):  # numpy's overflow warnings: the point of the test
@@ -1097,8 +1110,8 @@ def test_shared_loads_the_same_files_once_and_anew_when_a_file_changes(tmp_path)
     dense = _write_floats(tmp_path / "_dense_0.model", _fc_params(lin))
     a = HugeCTRNetwork.shared(str(net), dense)
     assert HugeCTRNetwork.shared(os.path.join(str(tmp_path), ".", "net.json"), dense) is a
-    program = a.native_program()
-    assert program is not None and a.native_program() is program  # one program to share
+    net_a = a.native_net()
+    assert net_a is not None and a.native_net() is net_a  # one executor to share
     _check(a, lambda d, e: lin(d))
     # the dense file replaced (a retrained model): its new weights, not the held ones
     other = _linear(6, 5, 3)
@@ -1109,11 +1122,38 @@ def test_shared_loads_the_same_files_once_and_anew_when_a_file_changes(tmp_path)
     _check(b, lambda d, e: other(d))
     # held weakly: a network goes with its last holder (an unloaded model's weights)
     gone = weakref.ref(b)
-    del a, b, program
+    del a, b, net_a
     gc.collect()
     assert gone() is None
     c = HugeCTRNetwork.shared(str(net), dense)
     _check(c, lambda d, e: other(d))
+
+
+def test_native_net_runs_predict_and_lets_the_numpy_weights_go(tmp_path):
+    lin = _linear(6, 5, 1)
+    doc = _net([_layer("fc", "InnerProduct", "dense", "fc", fc_param={"num_output": 5})])
+    net = tmp_path / "net.json"
+    net.write_text(json.dumps(doc))
+    model = HugeCTRNetwork.load(
+        str(net), _write_floats(tmp_path / "_dense_0.model", _fc_params(lin))
+    )
+    dense, embs = _inputs(model, 0, 1.0)
+    before = model.predict(dense, embs)
+    root = model._arrays[0][0]
+    while root.base is not None:  # the array read from the dense file
+        root = root.base
+    weights = weakref.ref(root)
+    del root
+    executor = model.native_net()
+    gc.collect()
+    assert weights() is None  # numpy's copy is gone: the executor holds its own
+    after = model.predict(dense, embs)
+    np.testing.assert_array_equal(after, executor.predict(dense, embs))  # predict runs it
+    np.testing.assert_allclose(after, before, atol=ATOL, rtol=1e-5)
+    np.testing.assert_allclose(after, lin(_t(dense)).numpy(), atol=ATOL, rtol=1e-5)
+    assert model.native_net() is executor
+    with pytest.raises(RuntimeError, match="native_net"):
+        model.native_program()  # its addresses would be of freed arrays
 
 
 def test_a_missing_dense_file_still_fails_naming_it_when_shared(tmp_path):

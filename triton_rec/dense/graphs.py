@@ -88,8 +88,8 @@ class DenseGraphs(DenseModel):
         if not isinstance(network.xp, CapturableCupy):
             raise TypeError("DenseGraphs needs a network built with CapturableCupy (load())")
         self.network = network
-        #: the same network with numpy (host weights): its native program runs the batches
-        #: of at most host_max_batch samples (calibrate); None: every batch on the GPU
+        #: the same network on the host: its native executor runs the batches of at most
+        #: host_max_batch samples (calibrate); None: every batch on the GPU
         self.host_network = host_network
         self.host_max_batch = 0
         self._host_net: Any = None  # the native executor of host_network, once calibrated
@@ -149,11 +149,10 @@ class DenseGraphs(DenseModel):
         program). Returns it."""
         import time
 
-        program = self.native_program()
+        net = self.native_net()
         self.host_max_batch = 0
-        if program is None:
+        if net is None:
             return 0
-        net = _native.DenseNet(program, self.host_network)
         self._host_net = None  # time the graphs themselves
         rng = np.random.default_rng(0)
         for b in sorted(self._graphs):
@@ -175,10 +174,12 @@ class DenseGraphs(DenseModel):
         self._host_net = net if self.host_max_batch else None
         return self.host_max_batch
 
-    def native_program(self):
-        """The host network's program for the native executor (the batches of at most
-        :attr:`host_max_batch` samples), or None."""
-        return None if self.host_network is None else self.host_network.native_program()
+    def native_net(self):
+        """The host network's native executor (the batches of at most
+        :attr:`host_max_batch` samples: :meth:`HugeCTRNetwork.native_net
+        <triton_rec.dense.hugectr_network.HugeCTRNetwork.native_net>`, one per process
+        for every instance sharing the network), or None."""
+        return None if self.host_network is None else self.host_network.native_net()
 
     def _capture(self, b: int):
         inputs = (self.dense_in[:b], [e[:b] for e in self.emb_in])

@@ -53,6 +53,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from triton_rec import _native
 from triton_rec.dense import DenseModel, TableSpec
 from triton_rec.dense.hugectr.layers import NEW_OUTPUT, SUPPORTED_LAYER_TYPES, then
 from triton_rec.dense.hugectr.native_program import (
@@ -140,6 +141,7 @@ class HugeCTRNetwork(DenseModel):
         self._native: Optional[np.ndarray] = None  # native_program's, made once
         self._native_made = False
         self._native_lock = threading.Lock()
+        self._net: Any = None  # native_net's: once made, predict runs it
         for layer in plan.layers:
             arrays = [
                 xp.asarray(
@@ -290,6 +292,8 @@ class HugeCTRNetwork(DenseModel):
         """Run the network on a batch; returns predictions of shape (B, label_dim)."""
         xp = self.xp
         batch, dense, embeddings = self._check_inputs(dense, embeddings, xp)
+        if self._net is not None:  # native_net made: the weights are its own
+            return self._net.predict(dense, list(embeddings))
         regs: List[Any] = [None] * self._num_regs
         regs[self._dense_reg] = dense
         for r, emb in zip(self._table_regs, embeddings):
@@ -315,16 +319,43 @@ class HugeCTRNetwork(DenseModel):
         format's only other reader; its layout: :func:`~triton_rec.dense.hugectr.
         native_program.native_program`), or None when a layer has no native implementation
         or the weights are not host arrays. The program holds the addresses of this
-        object's weight arrays: it is valid while this object lives."""
+        object's weight arrays: it is valid while this object lives and until
+        :meth:`native_net` lets them go (then this raises)."""
+        with self._native_lock:
+            return self._native_program()
+
+    def _native_program(self) -> Optional[np.ndarray]:
         if self.xp is not np:
             return None
-        with self._native_lock:  # once: every instance sharing this network shares its program
-            if not self._native_made:
-                made = native_program(self.plan, self._arrays, self._stats)
-                if made is not None:
-                    self._native, self._native_keep = made  # the arrays it points to
-                self._native_made = True
+        if self._net is not None:
+            raise RuntimeError(
+                f"{self.plan.source}: the weights went to the native executor (native_net)"
+            )
+        if not self._native_made:  # once: every instance sharing this network shares it
+            made = native_program(self.plan, self._arrays, self._stats)
+            if made is not None:
+                self._native, self._native_keep = made  # the arrays it points to
+            self._native_made = True
         return self._native
+
+    def native_net(self) -> Any:
+        """The native executor of this network (``triton_rec._native.DenseNet`` of
+        :meth:`native_program`, every thread rule its default), made once; None when the
+        network has no native program. It holds its own copy of everything it reads (the
+        packed matrices), so from then on :meth:`predict` runs it and the numpy weights
+        are let go: one copy of the weights per process for every model instance sharing
+        this network (:meth:`shared`; the native Triton backend runs this very executor,
+        ``src/triton_backend/trec/plan.cpp``)."""
+        with self._native_lock:
+            if self._net is None:
+                program = self._native_program()
+                if program is None:
+                    return None
+                self._net = _native.DenseNet(program, self._native_keep)
+                # what pointed into the weights: the arrays, the numpy program's closures
+                self._arrays, self._program = [], []
+                self._native, self._native_keep = None, []
+            return self._net
 
     def __repr__(self) -> str:
         kinds: Dict[str, int] = {}

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from triton_rec.cache.cached_table import CachedTable
 from triton_rec.cache.device_plans import DeviceCachePlan, DevicePlacement, DeviceTablePlan
@@ -104,13 +102,14 @@ class NativePlan:
     #: hps: the most keys per sample of each table
     maxnum: List[int] = field(default_factory=list)
     #: hugectr and dense: per table its slots and combiner (mean), the network's shape,
-    #: the most elements of each input, the network as a native program
+    #: the most elements of each input, the network's native executor (a
+    #: ``triton_rec._native.DenseNet``: HugeCTRNetwork.native_net)
     slots: List[int] = field(default_factory=list)
     mean: List[bool] = field(default_factory=list)
     dense_dim: int = 0
     label_dim: int = 1
     limits: Optional[PlanLimits] = None
-    program: Optional[np.ndarray] = None
+    dense_net: Any = None
     #: hugectr: CATCOLUMN's type (INT64 or UINT32); the network as CUDA graphs on a GPU
     key_type: str = "INT64"
     dense_gpu: Optional[DenseGpuPlan] = None

@@ -155,17 +155,18 @@ class RankingSession:
         no native program): the tables
         (:func:`~triton_rec.serving.native_plan.table_plans`), slots and combiner
         (``mean``) per table, ``dense_dim``, ``max_batch_size``, ``label_dim``, the most
-        elements of each input (``limits``), CATCOLUMN's type and the dense ``program``
-        (:meth:`~triton_rec.dense.hugectr_network.HugeCTRNetwork.native_program`)."""
+        elements of each input (``limits``), CATCOLUMN's type and the network's native
+        executor ``dense_net``
+        (:meth:`~triton_rec.dense.hugectr_network.HugeCTRNetwork.native_net`)."""
         tables = table_plans(self.cached_tables)
         if tables is None:
             return None
         gpu = gpu_plan(tables)
-        make_program = getattr(self.dense, "native_program", None)
-        program = make_program() if make_program is not None else None
-        # on a GPU: the network as CUDA graphs (DenseGraphs); on the host: its program
+        make_net = getattr(self.dense, "native_net", None)
+        net = make_net() if make_net is not None else None
+        # on a GPU: the network as CUDA graphs (DenseGraphs); on the host: its executor
         dense_gpu = self.dense.native_plan() if isinstance(self.dense, DenseGraphs) else None
-        if (gpu is None and program is None) or (gpu is not None and dense_gpu is None):
+        if (gpu is None and net is None) or (gpu is not None and dense_gpu is None):
             return None
         return NativePlan(
             kind="hugectr",
@@ -178,7 +179,7 @@ class RankingSession:
             dense_dim=int(self.dense.dense_dim),
             label_dim=int(self.dense.label_dim),
             limits=plan_limits(self.input_limits(key_itemsize), "CATCOLUMN"),
-            program=program,
+            dense_net=net,
             key_type="UINT32" if key_itemsize == 4 else "INT64",
         )
 
@@ -312,15 +313,16 @@ class DenseSession:
         """What the native backend needs to answer this session's requests without Python
         (``kind`` ``dense``: no tables; per table its slots, combiner and vector width,
         ``dense_dim``, ``label_dim``, ``max_batch_size``, the most elements of each input
-        and the network's ``program``), or None when the network has no native program
+        and the network's native executor ``dense_net``), or None when the network has no
+        native program
         (ONNX): then Python answers. A network on a GPU (:class:`DenseGraphs`) adds the
         ``gpu`` entry and its graphs (``dense_gpu``): the native path combines the slots
         and runs the graph of a batch on the GPU, and a batch of at most its
-        ``host_max_batch`` samples on the host with ``program``, as ``hugectr``'s does."""
-        make_program = getattr(self.dense, "native_program", None)
-        program = make_program() if make_program is not None else None
+        ``host_max_batch`` samples on the host with ``dense_net``, as ``hugectr``'s does."""
+        make_net = getattr(self.dense, "native_net", None)
+        net = make_net() if make_net is not None else None
         graphs = self.dense if isinstance(self.dense, DenseGraphs) else None
-        if program is None and graphs is None:
+        if net is None and graphs is None:
             return None
         return NativePlan(
             kind="dense",
@@ -332,7 +334,7 @@ class DenseSession:
             dense_dim=int(self.dense.dense_dim),
             label_dim=int(self.dense.label_dim),
             limits=plan_limits(self.input_limits(), "EMBEDDINGS"),
-            program=program,
+            dense_net=net,
             gpu=gpu_entry(graphs.device) if graphs is not None else None,
             dense_gpu=graphs.native_plan() if graphs is not None else None,
         )

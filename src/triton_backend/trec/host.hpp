@@ -139,9 +139,8 @@ struct NativePlan {
   bool uint32_keys = false;
   int64_t limit_des = 0, limit_cat = 0, limit_rows = 0;  // elements of the largest valid request
   std::vector<int64_t> vec_sizes;  // dense: the width of each table's vectors in EMBEDDINGS
-  // the host's executor, shared by every plan made from the same program (plan.cpp)
+  // the host's executor: the plan's dense_net, shared with every plan holding it (plan.cpp)
   std::shared_ptr<const tr::DenseNet> net;
-  Ref program;  // the int64 program array the net was decoded from (kept alive)
   // KIND_GPU: the kernels and this instance's stream with its staging; a hugectr model's
   // dense network as CUDA graphs (DenseGraphs.native_plan): inputs, and per batch bucket
   // (ascending) its size, graph and output

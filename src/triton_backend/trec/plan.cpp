@@ -1,9 +1,6 @@
 // Reading a NativePlan (triton_rec/serving/native_plan.py) into the C++ plan (host.hpp).
-#include <iterator>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
-#include <unordered_map>
 
 #include "host.hpp"
 #include "plan_fields.hpp"
@@ -289,47 +286,24 @@ NativeTable read_table(PyObject* t, const NativePlan& plan) {
   return nt;
 }
 
-// The executor of `program` (an int64 buffer): the one already made from this very program
-// object while any plan still holds it, else a new one. Every instance of a model gets the
-// same program object (HugeCTRNetwork.shared and its native_program, made once), so they
-// share one packed copy of the weights; a DenseNet is immutable once made (predict is
-// const, its scratch is the caller's). A program object is alive as long as a plan holding
-// its executor is (the plan keeps it), so its address names it while the entry is live.
-std::shared_ptr<const tr::DenseNet> shared_net(PyObject* program, const int64_t* words, size_t n) {
-  static std::mutex mu;
-  static std::unordered_map<const PyObject*, std::weak_ptr<const tr::DenseNet>> nets;
-  std::lock_guard<std::mutex> lock(mu);
-  for (auto it = nets.begin(); it != nets.end();) {  // forget the executors no plan holds
-    it = it->second.expired() ? nets.erase(it) : std::next(it);
-  }
-  if (auto net = nets[program].lock()) return net;
-  auto net = std::make_shared<const tr::DenseNet>(words, n);
-  nets[program] = net;
-  return net;
-}
-
-// The dense network as the host runs it: the plan's int64 program (a buffer).
-void read_program(PyObject* program, NativePlan* plan) {
-  Py_buffer view;
-  if (PyObject_GetBuffer(program, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+// The dense network as the host runs it: the plan's `dense_net`, a triton_rec._native
+// DenseNet, whose capsule() hands over its std::shared_ptr (dense_net.hpp,
+// kDenseNetCapsule). Every instance of a model gets the same DenseNet (HugeCTRNetwork.shared
+// and its native_net, made once), so they run one packed copy of the weights; a DenseNet is
+// immutable once made (predict is const, its scratch is the caller's) and holds all it reads.
+void read_dense_net(PyObject* net, NativePlan* plan) {
+  Ref capsule(PyObject_CallMethod(net, "capsule", nullptr));
+  void* held =
+      capsule.p != nullptr ? PyCapsule_GetPointer(capsule.p, tr::kDenseNetCapsule) : nullptr;
+  if (held == nullptr) {
     PyErr_Clear();
-    bad_field(pf::kNativePlan, pf::native_plan::program,
-              "must be an int64 array, got " + type_name(program));
+    bad_field(pf::kNativePlan, pf::native_plan::dense_net,
+              "must be a triton_rec._native.DenseNet, got " + type_name(net));
   }
-  try {
-    if (view.itemsize != 8) throw std::invalid_argument("dense program is not int64");
-    plan->net = shared_net(program, static_cast<const int64_t*>(view.buf),
-                           static_cast<size_t>(view.len / 8));
-  } catch (const std::exception& x) {
-    PyBuffer_Release(&view);
-    throw std::runtime_error(std::string("native plan: ") + x.what());
-  }
-  PyBuffer_Release(&view);
-  Py_INCREF(program);
-  plan->program.p = program;
+  plan->net = *static_cast<std::shared_ptr<const tr::DenseNet>*>(held);
   if (plan->net->dense_dim() != plan->dense_dim || plan->net->label_dim() != plan->label_dim ||
       plan->net->num_tables() != plan->slots.size()) {
-    throw std::runtime_error("native plan: the dense program disagrees with the model");
+    throw std::runtime_error("native plan: the dense network disagrees with the model");
   }
 }
 
@@ -394,10 +368,10 @@ std::unique_ptr<NativePlan> read_plan(PyObject* d) {
   if (plan->hugectr && plan->gpu() && plan->buckets.empty()) {
     throw std::runtime_error("native plan: GPU tables need the network on the GPU too");
   }
-  PyObject* program = field(d, P, np::program);
-  const bool host_dense = plan->host_max_batch > 0 && program != nullptr;
+  PyObject* net = field(d, P, np::dense_net);
+  const bool host_dense = plan->host_max_batch > 0 && net != nullptr;
   if (plan->hugectr && (plan->buckets.empty() || host_dense)) {
-    read_program(required(d, P, np::program), plan.get());
+    read_dense_net(required(d, P, np::dense_net), plan.get());
   } else if (!plan->hugectr) {
     plan->maxnum = ints(d, P, np::maxnum);
     int64_t per_sample = 0;
