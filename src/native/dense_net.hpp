@@ -153,6 +153,10 @@ class DenseNet {
   }
 
   int64_t label_dim() const { return label_dim_; }
+  // The rows of a call that give each of its threads a whole pass (kRowsPerPass): what a
+  // caller that holds its inputs a chunk at a time feeds it at once (the native backend's
+  // combine_and_predict), so its chunks cost no more than one call over the whole batch.
+  int64_t chunk_rows() const { return kRowsPerPass * max_threads_; }
   const GemmKernel& kernel() const { return *kernel_; }
   int max_threads() const { return max_threads_; }
   // The op of each step it runs, after fuse_relus and fuse_concat.

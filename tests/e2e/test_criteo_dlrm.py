@@ -160,7 +160,7 @@ def test_a_models_instances_share_one_copy_of_its_dense_network(
 ):
     # The MLPerf network's weights are 9.5 MB whatever the scale: held once per instance
     # (numpy's copy and the native executor's packed one), 4 instances took 55 MB more than
-    # one. Shared (HugeCTRNetwork.shared, plan.cpp's shared_net), they take next to nothing.
+    # one. Shared (HugeCTRNetwork.shared and its one native_net), they take next to nothing.
     src = criteo_repo[0]
     repo = tmp_path / "repo"
     shutil.copytree(src / "criteo", repo / "criteo")
@@ -187,3 +187,44 @@ def test_a_models_instances_share_one_copy_of_its_dense_network(
         np.testing.assert_allclose(_infer(srv, "grpc", "criteo", des[:BATCH], cat[:BATCH]),
                                    want, atol=1e-4, rtol=0)  # fmt: skip
     assert grown < dense_bytes, (grown, dense_bytes)
+
+
+def _peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
+
+
+def test_a_large_request_holds_one_chunk_of_vectors_at_a_time(
+    criteo_repo, tmp_path, store_dir, nothing_left_in_dev_shm
+):
+    # A request's 26 tables' vectors are 13 KB a sample: a batch of 16,384 held 218 MB of
+    # them at once (872 MB at 65,536, per instance). The native path looks them up, combines
+    # and runs a chunk of samples at a time (combine_and_predict; 288 with one dense thread),
+    # so the server's peak memory grows by a few chunks' worth, and the answers across the
+    # chunks' boundaries are the reference's.
+    src = criteo_repo[0]
+    repo = tmp_path / "repo"
+    shutil.copytree(src / "criteo", repo / "criteo")
+    shutil.copy(src / "ps.json", repo / "ps.json")
+    des, cat = _samples(criteo_repo[2])
+    want = predict(*criteo_repo[1], des, cat)
+    copies = 16
+    with TritonServer(
+        repo, explicit=True, load_models=["criteo"], log_path=tmp_path / "server.log",
+        env={"TRITON_REC_STORE": str(store_dir), "TRITON_REC_DENSE_THREADS": "1"},
+        request_path="native",
+    ) as srv:  # fmt: skip
+        pid = srv.process.pid
+        np.testing.assert_allclose(_infer(srv, "grpc", "criteo", des, cat), want,
+                                   atol=1e-4, rtol=0)  # fmt: skip
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")  # the peak resident set restarts from the current one
+        before = _peak_rss(pid)
+        big_des, big_cat = np.tile(des, (copies, 1)), np.tile(cat, (copies, 1))
+        got = _infer(srv, "grpc", "criteo", big_des, big_cat)
+        grown = _peak_rss(pid) - before
+    assert got.shape == (copies * des.shape[0],)
+    np.testing.assert_allclose(got, np.tile(want, copies), atol=1e-4, rtol=0)
+    all_vectors = big_cat.size * 128 * 4
+    assert all_vectors > 200_000_000
+    assert grown < all_vectors // 4, (grown, all_vectors)

@@ -123,18 +123,6 @@ void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const
   std::memcpy(answer, r.out, static_cast<size_t>(floats) * 4);
 }
 
-// Where each table's vectors lie for the keys of a regrouped hugectr request, or in a
-// dense request's EMBEDDINGS (s.key_starts: each table's keys): offsets in floats, one past
-// the last table's end.
-std::vector<int64_t> vector_offsets(const NativePlan& plan, const Scratch& s) {
-  const size_t tables = plan.slots.size();
-  std::vector<int64_t> voff(tables + 1, 0);
-  for (size_t t = 0; t < tables; ++t) {
-    voff[t + 1] = voff[t] + (s.key_starts[t + 1] - s.key_starts[t]) * plan.table_dim(t);
-  }
-  return voff;
-}
-
 // A hugectr request of few samples (at most host_max_batch) on a GPU instance: the lookups
 // on the GPU (the cache), then the slots combined and the network run on the host, where
 // such a batch is fastest (DenseGraphs.calibrate).
@@ -149,7 +137,9 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
   const Looked r = lookup_tables(plan, s.keys.data(), s.key_starts.data(), voff.data());
   settle_tables(st, s.keys.data(), s.key_starts.data(), r.out, voff.data(), r.status, r.ns, exact,
                 d);
-  combine_and_predict(plan, s, n, des, answer, [&](size_t t, int64_t) { return r.out + voff[t]; });
+  combine_and_predict(plan, s, n, des, answer, [&](size_t t, int64_t first, int64_t) {
+    return r.out + voff[t] + first * plan.table_dim(t);
+  });
 }
 
 // Where the combiner of a request of n samples works (trec_combine_tables' spans): each

@@ -262,7 +262,7 @@ Native native_path(const InstanceState& st, TRITONBACKEND_Request* request);
 // -- what the hot paths and the GPU paths share (hot_paths.cpp) ---------------------------
 
 struct Scratch {  // per thread: reused buffers of the hot path
-  std::vector<int64_t> keys, key_starts, ptrs;
+  std::vector<int64_t> keys, key_starts, ptrs, chunk_ptrs;
   std::vector<int32_t> counts;
   std::vector<uint8_t> hit;
   std::vector<char> copy[3];                  // split inputs, made contiguous
@@ -271,9 +271,10 @@ struct Scratch {  // per thread: reused buffers of the hot path
   std::vector<const float*> embeddings;  // the combined blocks, as the network takes them
   tr::DenseNet::Workspace dense;
 
-  // The vectors of a request are given back once it is answered when they grew past this:
-  // a batch of 65,536 samples of the MLPerf DLRM (26 tables of 128 floats) left 872 MB in
-  // every instance that had served one. Below it they are kept for the next request.
+  // The vectors of a request are given back once it is answered when they grew past this
+  // (a chunk of combine_and_predict is 288 samples a dense thread: 3.8 MB of the MLPerf
+  // DLRM's 26 tables of 128 floats a thread, so a node of many cores may pass it). Below it
+  // they are kept for the next request.
   static constexpr size_t kKeepBytes = size_t{64} << 20;
   void trim() {
     size_t bytes = 0;
@@ -300,28 +301,54 @@ struct DenseRequest {
 bool read_dense_request(const NativePlan& plan, Scratch& s, TRITONBACKEND_Request* request,
                         const char* middle, TRITONSERVER_DataType type, int64_t size,
                         DenseRequest* r);
-// Table t's slots combined into the network's input; returns the next table's block. A
+// Table t's slots of n samples combined into the network's input (s.embeddings), from its
+// `count` vectors and its segment pointers ptr[0..n * slots] (CSR offsets into `vectors`). A
 // one-hot table's `vectors` are the input themselves: they must live until the network ran.
-int64_t combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, const float* vectors,
-                      int64_t count, int64_t block);
+void combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, const float* vectors,
+                   int64_t count, const int64_t* ptr);
 
-// A hugectr or dense request of n samples answered on the host (`out`): every table's slots
-// combined into the network's input (combine_table), then the network. vectors(t, count)
-// gives table t's `count` vectors (s.key_starts counts each table's keys): looked up, or
-// where they lie already; they must live until the network ran. What the hugectr and dense
+// Where each table's vectors lie for the keys of a regrouped hugectr request, or in a dense
+// request's EMBEDDINGS (s.key_starts: each table's keys): offsets in floats, one past the
+// last table's end.
+std::vector<int64_t> vector_offsets(const NativePlan& plan, const Scratch& s);
+
+// A hugectr or dense request of n samples answered on the host (`out`), a chunk of samples
+// at a time (DenseNet::chunk_rows: every thread of the network's call a whole pass): each
+// table's vectors of the chunk's keys, its slots combined (combine_table), then the network
+// on the chunk. vectors(t, first, count) gives table t's vectors of its keys [first, first +
+// count) (s.key_starts counts each table's keys; s.ptrs holds, table after table, the
+// n * slots + 1 segment pointers into them): looked up, or where they lie already; they must
+// live until the chunk's network ran. So what a request holds besides its inputs and answer
+// is one chunk's vectors, whatever its batch (a batch of 65,536 samples of the MLPerf DLRM
+// held 872 MB of them before), and they are read back from cache. What the hugectr and dense
 // paths and a GPU instance's small batches share.
 template <typename Vectors>
 void combine_and_predict(const NativePlan& plan, Scratch& s, int64_t n, const float* des,
                          float* out, Vectors&& vectors) {
   const size_t tables = plan.slots.size();
+  const int64_t chunk = plan.net->chunk_rows();
   s.combined.resize(tables);
-  s.embeddings.clear();
-  int64_t block = 0;
-  for (size_t t = 0; t < tables; ++t) {
-    const int64_t count = s.key_starts[t + 1] - s.key_starts[t];
-    block = combine_table(plan, s, t, n, vectors(t, count), count, block);
+  for (int64_t a = 0; a < n; a += chunk) {
+    const int64_t c = std::min(chunk, n - a);
+    s.embeddings.clear();
+    int64_t block = 0;  // where table t's segment pointers start in s.ptrs
+    for (size_t t = 0; t < tables; ++t) {
+      const int64_t segments = c * plan.slots[t];
+      const int64_t* p = s.ptrs.data() + block + a * plan.slots[t];
+      const int64_t first = p[0], count = p[segments] - first;
+      if (first < 0 || count < 0) throw std::runtime_error("row pointers out of order");
+      const int64_t* ptr = p;
+      if (first != 0) {  // the chunk's pointers, counted from its first key
+        s.chunk_ptrs.resize(static_cast<size_t>(segments + 1));
+        for (int64_t i = 0; i <= segments; ++i) s.chunk_ptrs[i] = p[i] - first;
+        ptr = s.chunk_ptrs.data();
+      }
+      combine_table(plan, s, t, c, vectors(t, first, count), count, ptr);
+      block += n * plan.slots[t] + 1;
+    }
+    plan.net->predict(c, des + a * plan.dense_dim, s.embeddings, out + a * plan.label_dim,
+                      &s.dense);
   }
-  plan.net->predict(n, des, s.embeddings, out, &s.dense);
   s.trim();
 }
 

@@ -285,12 +285,13 @@ Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       return;
     }
     s.looked_up.resize(static_cast<size_t>(tables));
-    combine_and_predict(plan, s, n, des, out, [&](size_t t, int64_t count) {
+    combine_and_predict(plan, s, n, des, out, [&](size_t t, int64_t first, int64_t count) {
       // the table's own buffer: a one-hot table's vectors are the network's input as they
-      // are (combine_table), so they must live until the network has run
+      // are (combine_table), so they must live until the chunk's network has run
       auto& buf = s.looked_up[t];
       buf.resize(static_cast<size_t>(std::max<int64_t>(count * plan.tables[t].dim, 1)));
-      lookup_table(st, t, s.keys.data() + s.key_starts[t], count, buf.data(), &s, exact == 1, d);
+      lookup_table(st, t, s.keys.data() + s.key_starts[t] + first, count, buf.data(), &s,
+                   exact == 1, d);
       return buf.data();
     });
   });
@@ -331,11 +332,9 @@ Native dense_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       dense_gpu(st, s, n, emb, n_emb, n_rows, des, out);
       return;
     }
-    const float* next = emb;  // the tables' vectors, one after the other
-    combine_and_predict(plan, s, n, des, out, [&](size_t t, int64_t count) {
-      const float* vectors = next;
-      next += count * plan.vec_sizes[t];
-      return vectors;
+    const std::vector<int64_t> voff = vector_offsets(plan, s);  // the tables' vectors
+    combine_and_predict(plan, s, n, des, out, [&](size_t t, int64_t first, int64_t) {
+      return emb + voff[t] + first * plan.vec_sizes[t];
     });
   });
 }
