@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from datetime import datetime, timezone
 
 import numpy as np
 
@@ -82,6 +83,24 @@ class ServeLoad(threading.Thread):
         c.close()
 
 
+def wait_unloaded(srv: TritonServer, model: str, timeout: float = 60.0) -> None:
+    """Until the repository index no longer has ``model`` loaded or unloading. Triton's
+    unload request is answered as soon as the unload starts (tritonserver.h:
+    TRITONSERVER_ServerUnloadModel "does not wait for the requested model to be fully
+    unload"; src/http_server.cc replies right after calling it), and a load of the same
+    model while its instances still finalize is the overlap Triton's own tracker has
+    crashes for (triton-inference-server/server issues 4924, 6223): a cycle is an unload
+    that finished, then a load."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = {e.get("state") for e in srv.model_index() if e.get("name") == model}
+        if not states & {"READY", "UNLOADING", "LOADING"}:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{model} still {sorted(states)} {timeout:.0f} s after its unload")
+        time.sleep(0.002)
+
+
 def cycle(srv: TritonServer, models, cycles: int, every: int) -> dict:
     """``cycles`` unload/load cycles of ``models``; RssAnon samples {cycle: kB}."""
     samples = {}
@@ -93,6 +112,7 @@ def cycle(srv: TritonServer, models, cycles: int, every: int) -> dict:
         for m in models:
             base = f"http://{srv.http_url}/v2/repository/models/{m}"
             _post(base + "/unload")
+            wait_unloaded(srv, m)
             _post(base + "/load")
     return samples
 
@@ -125,6 +145,7 @@ def main(argv=None) -> int:
     with open(os.path.join(repo, "floor_cycle", "config.pbtxt"), "w") as f:
         f.write(FLOOR_CONFIG)
     report = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),
         "command": "python benchmarks/bench_reload.py " + " ".join(argv or sys.argv[1:]),
         "settings": vars(args),

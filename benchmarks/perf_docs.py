@@ -728,7 +728,6 @@ UNDATED: Dict[str, str] = {
     "misses_rounds2_nov26.json": "2026-11-26",
     "cache_ways.json": "2026-11-26",
     "group_writes.json": "2026-11-26",
-    "reload_1000.json": "2026-11-26",
     "big_requests_4x400mb.json": "2026-11-26",
     "gpu/run4_bench_gpu.json": "2026-11-26",
     "gpu/run13_bench_gpu.json": "2026-11-26",
