@@ -155,16 +155,21 @@ def _anonymous_pss(pid: int) -> int:
     return pss_by_mapping(pid).get("", 0)  # heap, stacks, anonymous mappings
 
 
+def _own_repository(criteo_repo, tmp_path):
+    """A repository of the fp32 model alone, for a server of the test's own."""
+    src, repo = criteo_repo[0], tmp_path / "repo"
+    shutil.copytree(src / "criteo", repo / "criteo")
+    shutil.copy(src / "ps.json", repo / "ps.json")
+    return repo
+
+
 def test_a_models_instances_share_one_copy_of_its_dense_network(
     criteo_repo, tmp_path, store_dir, nothing_left_in_dev_shm
 ):
     # The MLPerf network's weights are 9.5 MB whatever the scale: held once per instance
     # (numpy's copy and the native executor's packed one), 4 instances took 55 MB more than
     # one. Shared (HugeCTRNetwork.shared and its one native_net), they take next to nothing.
-    src = criteo_repo[0]
-    repo = tmp_path / "repo"
-    shutil.copytree(src / "criteo", repo / "criteo")
-    shutil.copy(src / "ps.json", repo / "ps.json")
+    repo = _own_repository(criteo_repo, tmp_path)
     config = repo / "criteo" / "config.pbtxt"
     one = config.read_text()
     assert "count: 1 kind: KIND_CPU" in one
@@ -202,10 +207,7 @@ def test_a_large_request_holds_one_chunk_of_vectors_at_a_time(
     # and runs a chunk of samples at a time (combine_and_predict; 288 with one dense thread),
     # so the server's peak memory grows by a few chunks' worth, and the answers across the
     # chunks' boundaries are the reference's.
-    src = criteo_repo[0]
-    repo = tmp_path / "repo"
-    shutil.copytree(src / "criteo", repo / "criteo")
-    shutil.copy(src / "ps.json", repo / "ps.json")
+    repo = _own_repository(criteo_repo, tmp_path)
     des, cat = _samples(criteo_repo[2])
     want = predict(*criteo_repo[1], des, cat)
     copies = 16
