@@ -341,8 +341,9 @@ def warm_up(model, batch, server, repo, args, logs: Path) -> Dict:
 
 class InProcessNetwork:
     """The served model's network run in this process by the same native executor
-    (``_native.DenseNet`` on :meth:`HugeCTRNetwork.shared`'s program, the server's thread
-    rule: ``TRITON_REC_DENSE_THREADS``, by default every usable core) on inputs of a
+    (:meth:`HugeCTRNetwork.native_net` of :meth:`HugeCTRNetwork.shared`'s network, as the
+    server makes it, with the server's thread rule: ``TRITON_REC_DENSE_THREADS``, by
+    default every usable core) on inputs of a
     request's shapes: the baseline of issue 35's "served batch 64 p50 <= the network's
     in-process time + 150 us", timed right before and after the served window it is
     compared with."""
@@ -351,14 +352,13 @@ class InProcessNetwork:
     SECONDS, CALLS = 1.0, 400
 
     def __init__(self, repo: Path):
-        from triton_rec import _native
         from triton_rec.dense.hugectr_network import HugeCTRNetwork
 
         version = repo / MODEL / "1"
         self.network = HugeCTRNetwork.shared(
             str(version / f"{MODEL}.json"), str(version / f"{MODEL}_dense_0.model")
         )
-        self.net = _native.DenseNet(self.network.native_program(), self.network)
+        self.net = self.network.native_net()
         self.times: Dict[int, List[float]] = {}
         self.inputs: Dict[int, tuple] = {}  # per batch: the same inputs on both sides
 
