@@ -27,7 +27,7 @@ import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.e2e.conftest import hps_config
-from triton_rec.triton.runtime import free_port
+from triton_rec.triton.runtime import free_ports
 from triton_rec.util.procfs import children
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def test_the_installed_launcher_serves_a_model_from_outside_the_checkout(venv, t
     where = _run([python, "-c", code], env=env, cwd=cwd)
     assert Path(where.stdout.strip()) == installed / "triton_rec" / "triton" / "backend"
 
-    http = free_port()
+    http, grpc, metrics = free_ports(3)
     cmd = [
         python,
         "-m",
@@ -115,8 +115,8 @@ def test_the_installed_launcher_serves_a_model_from_outside_the_checkout(venv, t
         f"--model-repository={repo}",
         f"--backend-directory={backends}",
         f"--http-port={http}",
-        f"--grpc-port={free_port()}",
-        f"--metrics-port={free_port()}",
+        f"--grpc-port={grpc}",
+        f"--metrics-port={metrics}",
     ]
     log = open(tmp_path / "server.log", "wb")
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)

@@ -22,7 +22,7 @@ import pytest
 
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.e2e.conftest import hps_config
-from triton_rec.triton.runtime import EXIT_TIMEOUT_S, TritonServer, free_port
+from triton_rec.triton.runtime import EXIT_TIMEOUT_S, TritonServer, free_ports
 
 SEED = 61
 TABLES = [SyntheticTable("t", rows=2000, vec_size=8, max_keys_per_sample=4)]
@@ -43,7 +43,7 @@ def _repo(tmp_path):
 
 
 def _launch(tmp_path, store_dir, *extra):
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     repo, missing = _repo(tmp_path)
     log = open(tmp_path / "launcher.log", "wb")
     proc = subprocess.Popen(

@@ -22,7 +22,7 @@ import pytest
 from ps_loader.synthetic import SyntheticTable, expected_vectors, table_keys, write_model
 from tests.e2e.conftest import hps_config, make_client
 from tests.e2e.test_instance_lifecycle import NO_ORPHAN_S, remove_server_shm
-from triton_rec.triton.runtime import REQUEST_PATHS, TritonServer, free_port
+from triton_rec.triton.runtime import REQUEST_PATHS, TritonServer, free_ports
 from triton_rec.util.procfs import children, cmdline, group_members
 
 SEED = 47
@@ -179,7 +179,7 @@ def test_a_killed_instance_is_replaced_under_load(tmp_path, store_dir):
 
 
 def _launcher(tmp_path, store_dir, path="python"):
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     log = open(tmp_path / "launcher.log", "wb")
     proc = subprocess.Popen(
         [

@@ -1,4 +1,5 @@
-"""When :class:`TritonServer` calls a server ready (triton_rec/triton/server.py).
+"""When :class:`TritonServer` calls a server ready, and the ports it picks
+(triton_rec/triton/server.py).
 
 tritonserver opens gRPC, then HTTP, then its metrics port (``StartEndpoints`` in its
 src/main.cc), so ``/v2/health/ready`` answers 200 a moment before the metrics port
@@ -15,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from triton_rec.triton.server import TritonServer, free_port
+from triton_rec.triton.server import TritonServer, free_port, free_ports
 
 
 class _Ready(BaseHTTPRequestHandler):
@@ -65,3 +66,15 @@ def test_no_http_answer_is_not_ready_whatever_the_metrics_port(tmp_path):
     server = _server(tmp_path, free_port())
     with socket.create_server(("127.0.0.1", server.metrics_port)):
         assert not server.is_ready()
+
+
+def test_a_servers_ports_are_distinct(tmp_path):
+    # picked one at a time, two of them were once the same port, and tritonserver refused
+    # to start ("cannot listen to HTTP requests and metrics requests at the same address
+    # and port"): they are picked while each is held
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+    assert ports[0] not in free_ports(8, taken=ports[:1])
+    for _ in range(20):
+        s = TritonServer(tmp_path, grpc_port=ports[0])
+        assert len({s.http_port, s.grpc_port, s.metrics_port}) == 3 and s.grpc_port == ports[0]

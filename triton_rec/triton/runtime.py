@@ -76,6 +76,7 @@ from triton_rec.triton.server import (
     SERVER_LIMIT_FLAGS,
     TritonServer,
     free_port,
+    free_ports,
     python_library_dir,
     server_allocator,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "check_python_request_path",
     "default_backend_dir",
     "free_port",
+    "free_ports",
     "main",
     "native_backend_library",
     "prepare_backend_dir",

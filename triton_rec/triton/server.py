@@ -40,9 +40,28 @@ if TYPE_CHECKING:
 
 def free_port() -> int:
     """A TCP port that is free on the loopback interface right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int, taken: Sequence[int] = ()) -> List[int]:
+    """``count`` distinct TCP ports free on the loopback interface right now, none of them
+    in ``taken``. The sockets are held until all are picked: ports picked one at a time
+    may repeat (tritonserver then refuses to start: "cannot listen to HTTP requests and
+    metrics requests at the same address and port")."""
+    held: List[socket.socket] = []
+    ports: List[int] = []
+    try:
+        while len(ports) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if port not in taken:
+                ports.append(port)
+    finally:
+        for s in held:
+            s.close()
+    return ports
 
 
 def python_library_dir() -> str:
@@ -179,9 +198,11 @@ class TritonServer:
         self.model_repository = Path(model_repository).resolve()
         self.strict_startup = strict_startup
         self.exit_timeout_s = int(exit_timeout_s)
-        self.http_port = http_port or free_port()
-        self.grpc_port = grpc_port or free_port()
-        self.metrics_port = metrics_port or free_port()
+        given = [p for p in (http_port, grpc_port, metrics_port) if p]
+        picked = iter(free_ports(3 - len(given), taken=given))
+        self.http_port = http_port or next(picked)
+        self.grpc_port = grpc_port or next(picked)
+        self.metrics_port = metrics_port or next(picked)
         self.explicit = explicit
         self.load_models = list(load_models)
         self.log_path = Path(log_path) if log_path else None
