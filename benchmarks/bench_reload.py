@@ -133,6 +133,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cycles", type=int, default=1000)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--every", type=int, default=50)
+    ap.add_argument(
+        "--floor-cycles",
+        type=int,
+        default=None,
+        help="the floor model's cycles (default: --cycles)",
+    )
     ap.add_argument("--cycle", default="hps_demo,dlrm", help="models to unload and load")
     ap.add_argument("--serve", default="hps_wdl", help="model served meanwhile")
     ap.add_argument("--json", default=None)
@@ -164,14 +170,16 @@ def main(argv=None) -> int:
         load.start()
         try:
             t0 = time.monotonic()
-            floor = cycle(srv, ["floor_cycle"], args.cycles, args.every)
+            floor_cycles = args.cycles if args.floor_cycles is None else args.floor_cycles
+            floor = cycle(srv, ["floor_cycle"], floor_cycles, args.every)
             t1 = time.monotonic()
             ours = cycle(srv, models, args.cycles, args.every)
             t2 = time.monotonic()
         finally:  # also when a cycle fails: else the load runs on against a stopped server
             load.done.set()
             load.join(30)
-    report["floor"] = dict(summarize(floor, args.warmup), seconds=round(t1 - t0, 1))
+    floor_warmup = min(args.warmup, max(floor) // 2)
+    report["floor"] = dict(summarize(floor, floor_warmup), seconds=round(t1 - t0, 1))
     report["models"] = dict(summarize(ours, args.warmup), seconds=round(t2 - t1, 1))
     report["served"] = {"model": args.serve, "answered": load.answered, "errors": load.errors[:20]}
     for k in ("floor", "models"):
