@@ -288,6 +288,13 @@ def test_updates_published_during_lookups_are_served_untorn(env):
             break
         time.sleep(0.2)
     assert vectors >= want_vectors, f"{vectors} update vectors counted, {want_vectors} published"
+    # the two instances share the process's consumer: its counts are published once (an
+    # update applied twice after a failure would be counted twice: none here)
+    time.sleep(2.5)  # two more metrics_interval
+    with urllib.request.urlopen(srv.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    assert metric(text, "trec_updates_errors_total", model="tier_a") == 0
+    assert metric(text, "trec_updates_vectors_total", model="tier_a") == want_vectors
     assert metric(text, "trec_updates_malformed_total", model="tier_a") == 0
     assert metric(text, "trec_tier_keys_total", model="tier_a", tier="volatile") > 0
 

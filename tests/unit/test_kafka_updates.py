@@ -331,7 +331,7 @@ def test_a_sessions_consumer_writes_rocksdb_and_the_cache_and_resumes_after_a_re
 
     session = open_session(params, spec)
     try:
-        (consumer,) = session.services
+        consumer = session.services[0].consumer
         assert consumer.group == group
         looked_up(session, keys)  # cached now: the update must reach the cache too
         new = np.full((3, 8), 4.5, np.float32)
@@ -359,7 +359,7 @@ def test_a_sessions_consumer_writes_rocksdb_and_the_cache_and_resumes_after_a_re
         p.publish(model, "a", keys[3:5], newer)
     session = open_session(params, spec)
     try:
-        (consumer,) = session.services
+        consumer = session.services[0].consumer
         want[3:5] = newer
         deadline = time.monotonic() + 20
         while not np.array_equal(looked_up(session, keys), want.reshape(-1)):

@@ -480,6 +480,86 @@ def test_online_updates_reach_the_tiers_and_the_cache_only_through_matching_filt
 
 
 @pytest.mark.redis
+def updates_running() -> int:
+    import threading
+
+    return sum(t.name == "trec-updates" for t in threading.enumerate())
+
+
+def test_the_instances_of_a_model_in_a_process_share_one_consumer_that_applies_in_order(
+    tmp_path,
+    spec,
+    redis_cluster,  # noqa: F811
+):
+    """Two consumers of one group split a stream's entries: the later of two updates of a
+    key could be applied first and stay. The instances of a process share one consumer,
+    which writes the tiers once and every instance's cache."""
+    import time
+
+    from triton_rec.updates import UpdateProducer
+
+    model = f"tier{next(_counter)}"
+    entry = write_model(str(tmp_path / "repo"), model, TABLES, SEED)
+    entry.update(gpucache=True, gpucacheper=0.3, hit_rate_threshold=2.0)
+    doc = {
+        "supportlonglong": True,
+        "models": [entry],
+        "volatile_db": redis(redis_cluster, update_filters=[".+"]),
+        "update_source": {
+            "type": "redis_stream",
+            "address": redis_cluster.address,
+            "group": f"g-{model}",
+            "poll_timeout_ms": 50,
+            "max_commit_interval": 1,  # one entry per read: the most interleaving
+        },
+    }
+    params = parse_ps_config(doc, base_dir=str(tmp_path / "repo")).models[0]
+    k = table_keys(SEED, 0, TABLES[0].rows)[:6]
+    kb = table_keys(SEED, 1, TABLES[1].rows)[:1]
+    counts = np.array([len(k), len(kb)], np.int32)
+
+    def served(session):
+        out = session.lookup(session.parse_request(np.concatenate([k, kb]), counts))
+        return out[: k.size * 8].reshape(-1, 8)
+
+    def stored(session):
+        out = np.empty((k.size, 8), np.float32)
+        session.cached_tables[0].store.fetch(k, out)
+        return out
+
+    def wait_for(v, sessions):
+        deadline = time.monotonic() + 30
+        while not all(np.all(served(s) == v) and np.all(stored(s) == v) for s in sessions):
+            assert time.monotonic() < deadline, [served(s)[:, 0] for s in sessions]
+            time.sleep(0.05)
+
+    before = updates_running()
+    a = open_session(params, spec)
+    b = open_session(params, spec)
+    try:
+        assert a.services[0].consumer is b.services[0].consumer
+        assert updates_running() == before + 1
+        served(a), served(b)  # the keys are cached now: updates overwrite them there
+        with UpdateProducer(redis_cluster.address) as producer:
+            for v in range(1, 41):
+                producer.publish(model, "a", k, np.full((k.size, 8), float(v), np.float32))
+            wait_for(40.0, [a, b])
+            time.sleep(0.5)  # nothing older lands afterwards
+            wait_for(40.0, [a, b])
+            a.close()
+            producer.publish(model, "a", k, np.full((k.size, 8), 41.0, np.float32))
+            wait_for(41.0, [b])
+            assert updates_running() == before + 1
+            assert b.services[0].stats()["apply_errors"] == 0
+    finally:
+        a.close()
+        b.close()
+    deadline = time.monotonic() + 5
+    while updates_running() != before:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 def test_ps_json_tls_settings_reach_the_redis_tier(make, spec):
     from tests.storage_fixtures import start_tls_redis_cluster
 

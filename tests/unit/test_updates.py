@@ -210,6 +210,116 @@ def test_entries_not_applied_are_retried_and_taken_over_after_a_crash(redis_clus
         again.close()
 
 
+class Landed:
+    """Records the value of every applied row in the order the applies end (shared by
+    consumers); each apply takes ``delay`` s, so two concurrent ones would overlap."""
+
+    def __init__(self, order, lock, delay=0.01, fail_times=0):
+        self.order, self.lock, self.delay, self.fail_times = order, lock, delay, fail_times
+
+    def __call__(self, model, table, keys, vectors):
+        if self.fail_times:
+            self.fail_times -= 1
+            raise RuntimeError("tier down")
+        time.sleep(self.delay)
+        with self.lock:
+            self.order.extend(vectors[:, 0].tolist())
+
+
+def publish_versions(address, model, table, versions):
+    key = np.array([7], np.int64)
+    with UpdateProducer(address) as p:
+        for v in versions:
+            p.publish(model, table, key, np.full((1, 2), float(v), np.float32))
+
+
+def test_one_consumer_of_a_group_reads_a_topic_at_a_time_so_updates_land_in_order(
+    redis_cluster,  # noqa: F811
+    names,
+):
+    """Two consumers of one group (two processes of a node) would split the stream's
+    entries and apply them side by side, so a key's later update could land first."""
+    import threading
+
+    model, table, topic = names
+    order, lock = [], threading.Lock()
+    a, b = (
+        UpdateConsumer(
+            redis_cluster.address, "g", name, {topic: 2}, Landed(order, lock), read_count=1
+        )
+        for name in ("a", "b")
+    )
+    a.start()
+    b.start()
+    try:
+        time.sleep(0.3)  # both wait for entries now
+        publish_versions(redis_cluster.address, model, table, range(1, 31))
+        deadline = time.monotonic() + 20
+        while len(order) < 30:
+            assert time.monotonic() < deadline, (a.stats(), b.stats())
+            time.sleep(0.02)
+        assert order == list(range(1, 31))
+        done = {c.consumer: c.stats()["messages"] for c in (a, b)}
+        assert sorted(done.values()) == [0, 30], done
+        holder, other = (a, b) if done[b"a"] else (b, a)
+        # the holder gives the lease back when it closes: the other reads on at once
+        holder.close()
+        publish_versions(redis_cluster.address, model, table, range(31, 41))
+        while len(order) < 40:
+            assert time.monotonic() < deadline, other.stats()
+            time.sleep(0.02)
+        assert order == list(range(1, 41))
+        assert other.stats()["messages"] == 10
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("end", ["crashed", "closed"])
+def test_a_new_holder_applies_what_an_earlier_one_left_pending_before_newer_entries(
+    redis_cluster,  # noqa: F811
+    names,
+    end,
+):
+    """Crashed: the lease expires. Closed: it is given back at once, before the entries
+    it left are idle long enough to be claimed; the new holder waits for them."""
+    import threading
+
+    model, table, topic = names
+    publish_versions(redis_cluster.address, model, table, range(1, 4))
+    order, lock = [], threading.Lock()
+    # it reads the three entries, its tier is down, and it ends
+    dead = UpdateConsumer(
+        redis_cluster.address,
+        "g",
+        "dead",
+        {topic: 2},
+        Landed(order, lock, fail_times=99),
+        claim_idle_ms=400,
+        backoff_ms=1,
+    )
+    dead.poll_once(50)
+    assert dead.stats()["apply_errors"] == 1
+    if end == "crashed":
+        dead._redis.close()  # no close(): the lease stays until it expires
+    else:
+        dead.close()
+    publish_versions(redis_cluster.address, model, table, [4])
+    nxt = UpdateConsumer(
+        redis_cluster.address, "g", "next", {topic: 2}, Landed(order, lock), claim_idle_ms=400
+    )
+    try:
+        t0 = time.monotonic()
+        consume_until(nxt, lambda: nxt.stats()["messages"] == 4)
+        # the three claimed entries are applied in one call, the key's last version kept
+        assert order == [3.0, 4.0]
+        assert time.monotonic() - t0 >= 0.2  # it waited for the lease to expire
+        assert nxt.stats()["claimed"] == 3
+    finally:
+        nxt.close()
+    assert stream_info(redis_cluster.address, model, table)["groups"][0]["pending"] == 0
+
+
 def test_consumers_of_ended_processes_are_removed_from_the_group_unless_entries_wait(
     redis_cluster, names
 ):  # noqa: F811

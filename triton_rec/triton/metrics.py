@@ -287,13 +287,14 @@ class CacheMetrics:
         services = getattr(session, "services", None)
         if services is None:
             services = getattr(getattr(session, "table_set", None), "services", [])
-        self._consumers = [s for s in services if hasattr(s, "stats")]
+        # the online-update consumer (:class:`~triton_rec.updates.online.SharedUpdateConsumer`,
+        # shared by the model's instances in the process: each change is taken once)
+        self._consumers = [s for s in services if hasattr(s, "counts_since_taken")]
         self._update_metrics = (
             {k: f.Metric(labels={"model": model}) for k, f in self._update_families.items()}
             if self._consumers
             else {}
         )
-        self._update_last = {k: 0 for k in _UPDATE_COUNTERS}
         # Triton deletes a family's metrics when the family object goes away: keep them.
         self._families = [
             *fam.values(),
@@ -382,21 +383,19 @@ class CacheMetrics:
             if counters is not None:
                 self._update_tiers(entry, counters())
         if self._consumers:
-            totals = {k: 0 for k in _UPDATE_COUNTERS}
+            grown = {k: 0 for k in _UPDATE_COUNTERS}
             for c in self._consumers:
-                st = c.stats()
-                totals["vectors"] += st["vectors"]
-                totals["messages"] += st["messages"]
-                totals["malformed"] += st["malformed"]
+                st = c.counts_since_taken()
+                grown["vectors"] += st["vectors"]
+                grown["messages"] += st["messages"]
+                grown["malformed"] += st["malformed"]
                 # the transport's own errors: redis_errors (Redis Streams), kafka_errors
-                totals["errors"] += (
+                grown["errors"] += (
                     st["apply_errors"] + st.get("redis_errors", 0) + st.get("kafka_errors", 0)
                 )
             for key, metric in self._update_metrics.items():
-                delta = totals[key] - self._update_last[key]
-                if delta:
-                    metric.increment(delta)
-            self._update_last = totals
+                if grown[key]:
+                    metric.increment(grown[key])
 
     def _update_tiers(self, entry: Dict, now: Dict[str, int]) -> None:
         for key, value in now.items():

@@ -33,6 +33,25 @@ MAX_BACKOFF = 5.0  # seconds: longest wait before retrying a topic after failure
 LOG_EVERY = 30.0  # seconds between two log lines about the same ongoing failure
 PRUNE_EVERY = 60.0  # seconds between two looks for idle consumers of a topic's group
 
+#: a topic's lease in its group (``KEYS[1]``) for ``ARGV[1]``: taken if free, renewed if
+#: held (``ARGV[2]`` ms); 1 if held afterwards, else 0
+LEASE_TAKE = """
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0
+"""
+#: give a topic's lease back if ``ARGV[1]`` holds it
+LEASE_GIVE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def lease_key(topic: str, group: bytes) -> bytes:
+    """The Redis key of a topic's lease in a consumer group (in the stream's hash slot)."""
+    return b"trec-updates-lease:{" + topic.encode() + b"}:" + group
+
 
 #: ``apply(model, table, keys, vectors)``; raising leaves the entries pending (retried).
 ApplyFn = Callable[[str, str, np.ndarray, np.ndarray], None]
@@ -262,7 +281,8 @@ class UpdateConsumer(ConsumerCore):
             entry holds up to the producer's ``max_batch_size`` rows).
         block_ms: longest wait for new entries in one :meth:`poll_once`.
         claim_idle_ms: entries pending this long on another consumer of the group (a
-            dead instance) are taken over.
+            dead instance) are taken over; also how long a topic's lease lasts after
+            its holder last renewed it (see below).
         backoff_ms: first wait after a failure (``apply`` raised, Redis unreachable).
         prune_idle_ms: other consumers of the group idle this long with nothing pending
             (processes that ended; a name is ``<host>-<pid>``) are removed from the
@@ -272,6 +292,16 @@ class UpdateConsumer(ConsumerCore):
             Kafka consumers) or ``"latest"`` (only what is added later).
         user_name, password, **kwargs: connection settings as for :class:`UpdateProducer`.
             A blocking read is kept shorter than ``socket_timeout``.
+
+    **One reader per topic and group.** Two consumers of a group split a stream's entries
+    between them, so the later of two updates of a key could be applied first and stay.
+    A consumer therefore reads a topic only while it holds the topic's lease in the group
+    (the Redis key :func:`lease_key`, renewed at every read, expiring ``claim_idle_ms``
+    after the last renewal, given back by :meth:`close`); the others look again every
+    :attr:`lease_check` s. A new holder first applies the entries a previous holder left
+    pending (its own at once, another's once idle ``claim_idle_ms``, in stream order)
+    and reads new ones only after them. The topics of a model still spread over the
+    processes of a node, one holder each.
 
     A malformed message (or an entry trimmed away while pending) is logged, counted
     (``malformed``) and acknowledged, so it never blocks the stream. Redis failures are
@@ -336,6 +366,13 @@ class UpdateConsumer(ConsumerCore):
         self._max_block_ms = max(1, int(socket_timeout * 1000 * 0.8))
         # XAUTOCLAIM at most this often per topic (seconds)
         self._claim_every = min(5.0, max(0.05, self.claim_idle_ms / 2000.0))
+        # a topic's lease: renewed after a third of it, blocking reads shorter than that
+        self._lease_ms = max(1, self.claim_idle_ms)
+        self._max_block_ms = max(1, min(self._max_block_ms, self._lease_ms // 3))
+        #: seconds between two looks at a lease another consumer holds
+        self.lease_check = min(1.0, max(0.02, self._lease_ms / 4000.0))
+        self._leased: Dict[str, float] = {}  # topic -> monotonic time of the last renewal
+        self._settled: set = set()  # topics held whose earlier holders' entries are done
         self.prune_idle_ms = int(prune_idle_ms)
         self._next_prune: Dict[str, float] = {}
         self._redis = StreamConnection(
@@ -458,9 +495,58 @@ class UpdateConsumer(ConsumerCore):
         )[0]
         return reply[0][1] if reply else []
 
+    def _hold_lease(self, topic: str) -> bool:
+        """Take or renew ``topic``'s lease; whether this consumer holds it."""
+        now = time.monotonic()
+        last = self._leased.get(topic)
+        if last is not None and now - last < self._lease_ms / 3000.0:
+            return True
+        key = lease_key(topic, self.group)
+        held = self._redis.run(
+            "lease",
+            lambda p: p.execute_command("EVAL", LEASE_TAKE, 1, key, self.consumer, self._lease_ms),
+        )[0]
+        if int(held):
+            if last is None:  # newly held: what earlier holders left pending, in order
+                log.info("updates from %s: this consumer reads them now", topic)
+                self._claim_cursor.pop(topic, None)
+                self._own_pending_done.discard(topic)
+            self._leased[topic] = now
+            return True
+        if last is not None:
+            log.warning("updates from %s: lease lost to another consumer of the group", topic)
+        self._leased.pop(topic, None)
+        self._settled.discard(topic)
+        return False
+
+    def _others_pending(self, topic: str) -> int:
+        """Entries of ``topic`` pending on other consumers of the group."""
+        summary = self._redis.run("XPENDING", lambda p: p.xpending(topic.encode(), self.group))[0]
+        return sum(
+            int(c["pending"]) for c in summary.get("consumers") or () if c["name"] != self.consumer
+        )
+
+    def _give_back_leases(self) -> None:
+        """Give back the leases this consumer holds (at close); failures only logged (the
+        leases then expire)."""
+        for topic in list(self._leased):
+            key = lease_key(topic, self.group)
+            try:
+                self._redis.run(
+                    "lease",
+                    lambda p, key=key: p.execute_command("EVAL", LEASE_GIVE, 1, key, self.consumer),
+                )
+            except Exception as e:  # it expires by itself
+                log.info("updates from %s: lease not given back (%s); it expires", topic, e)
+        self._leased.clear()
+        self._settled.clear()
+
     def _poll_topic(self, topic: str, block: Optional[int]) -> Tuple[int, int]:
         """``(entries handled, vectors applied)`` of one read of ``topic``."""
         self._ensure_group(topic)
+        if not self._hold_lease(topic):
+            self._retry_at[topic] = time.monotonic() + self.lease_check
+            return 0, 0
         stream = topic.encode()
         entries = []
         if topic not in self._own_pending_done:
@@ -470,7 +556,8 @@ class UpdateConsumer(ConsumerCore):
             if not entries:
                 self._own_pending_done.add(topic)
         now = time.monotonic()
-        if not entries and now >= self._next_claim.get(topic, 0.0):
+        settling = topic not in self._settled
+        if not entries and (settling or now >= self._next_claim.get(topic, 0.0)):
             self._next_claim[topic] = now + self._claim_every
             reply = self._redis.run(
                 "XAUTOCLAIM",
@@ -498,6 +585,12 @@ class UpdateConsumer(ConsumerCore):
             elif self.prune_idle_ms and now >= self._next_prune.get(topic, 0.0):
                 self._next_prune[topic] = now + PRUNE_EVERY
                 self._prune_consumers(topic)
+            if not entries and settling:
+                if self._others_pending(topic):
+                    # entries an earlier holder left go first: claimed once idle
+                    self._retry_at[topic] = now + self._claim_every
+                    return 0, 0
+                self._settled.add(topic)
         if not entries:
             entries = self._read(stream, b">", block)
         return len(entries), self._apply_entries(topic, entries)
@@ -556,6 +649,7 @@ class UpdateConsumer(ConsumerCore):
 
     def _polling_ended(self) -> None:
         if self._stop.is_set():
+            self._give_back_leases()
             self._redis.close()
 
     def close(self) -> None:
@@ -575,6 +669,8 @@ class UpdateConsumer(ConsumerCore):
                     self.consumer.decode(),
                 )
                 return
+        if t is None:  # polled by hand: the thread did not give the leases back
+            self._give_back_leases()
         self._redis.close()
 
     def __enter__(self) -> UpdateConsumer:

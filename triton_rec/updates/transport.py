@@ -2,12 +2,13 @@
 
 HPS used Kafka topics; here each topic is a Redis Stream, one entry per message (field
 ``v``). Consumers read in **consumer groups** (``XREADGROUP``): each inference node uses
-its own group, so every node sees every update; the instances of a node share the work.
-An entry is acknowledged (``XACK``) only after it was applied, so delivery is at least
-once (an update may be applied twice, which upserts make harmless): a consumer that dies
-leaves its entries pending and another consumer of the group takes them over
-(``XAUTOCLAIM`` after ``claim_idle_ms``); a consumer restarted under the same name first
-re-reads its own pending entries.
+its own group, so every node sees every update; one consumer of a group reads a topic at
+a time (its lease: :class:`triton_rec.updates.consumer.UpdateConsumer`), so a topic's
+entries are applied in order. An entry is acknowledged (``XACK``) only after it was
+applied, so delivery is at least once (an update may be applied twice, which upserts make
+harmless): a consumer that dies leaves its entries pending and the next holder of the
+topic takes them over (``XAUTOCLAIM`` after ``claim_idle_ms``) before it reads newer ones;
+a consumer restarted under the same name first re-reads its own pending entries.
 
 Each stream key lives in one hash slot, so a consumer reads its topics one
 ``XREADGROUP`` per stream (a multi-stream read would be refused with CROSSSLOT).
