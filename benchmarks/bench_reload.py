@@ -101,8 +101,20 @@ def wait_unloaded(srv: TritonServer, model: str, timeout: float = 60.0) -> None:
         time.sleep(0.002)
 
 
+#: how long a cycle leaves a model loaded before it unloads it. Triton 2.51 crashes
+#: (SIGSEGV in TritonBackendThread::StopBackendThread, seen here about once in 20,000
+#: immediate cycles, core dump in benchmarks/history/2026-11-28-reload-cycles.md) when an
+#: instance is destroyed while its backend thread still pushes the instance back onto its
+#: list after the warm-up payload that ended the load: core src/backend_model_instance.cc,
+#: BackendThread's ``model_instances_.push_back`` after ``payload->Execute`` against
+#: StopBackendThread's unlocked ``model_instances_.back()``. Any model, any backend; the
+#: wait leaves the thread the time to finish.
+SETTLE_S = 0.01
+
+
 def cycle(srv: TritonServer, models, cycles: int, every: int) -> dict:
-    """``cycles`` unload/load cycles of ``models``; RssAnon samples {cycle: kB}."""
+    """``cycles`` unload/load cycles of ``models``; RssAnon samples {cycle: kB}. Each
+    load is left :data:`SETTLE_S` before the next unload."""
     samples = {}
     for i in range(cycles + 1):
         if i % every == 0:
@@ -114,6 +126,7 @@ def cycle(srv: TritonServer, models, cycles: int, every: int) -> dict:
             _post(base + "/unload")
             wait_unloaded(srv, m)
             _post(base + "/load")
+        time.sleep(SETTLE_S)
     return samples
 
 
