@@ -109,6 +109,9 @@ void register_dense_net(py::module_& m) {
           "gemm", [](const PyDenseNet& self) { return std::string(self.net().kernel().name); },
           "The kernel its matrix products run on.")
       .def_property_readonly(
+          "workspace_floats", [](const PyDenseNet& self) { return self.net().workspace_floats(); },
+          "Floats a sample of a thread's activation buffers: the activations alive together.")
+      .def_property_readonly(
           "steps",
           [](const PyDenseNet& self) {
             py::list ops;

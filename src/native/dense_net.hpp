@@ -149,6 +149,7 @@ class DenseNet {
     }
     fuse_relus();
     fuse_concat();
+    assign_slots();
     for (const DenseLayer& d : layers_) macs_per_row_ += macs_per_row(d);
   }
 
@@ -166,6 +167,12 @@ class DenseNet {
     return ops;
   }
   int64_t dense_dim() const { return widths_[static_cast<size_t>(dense_reg_)]; }
+  // Floats a sample of a workspace's activation buffers (assign_slots).
+  int64_t workspace_floats() const {
+    int64_t n = 0;
+    for (int64_t w : slot_widths_) n += w;
+    return n;
+  }
   size_t num_tables() const { return table_regs_.size(); }
   // Floats per sample of table t's combined embeddings (slots x vec_size).
   int64_t table_width(size_t t) const { return widths_[static_cast<size_t>(table_regs_[t])]; }
@@ -173,7 +180,7 @@ class DenseNet {
   // Registers and temporaries of one thread, reused from call to call (no allocation
   // per request once they have grown to the batch size).
   struct Workspace {
-    std::vector<std::vector<float>> regs;
+    std::vector<std::vector<float>> regs;  // one buffer a slot (assign_slots)
     std::vector<const float*> ptr;
     std::vector<const float*> in;   // the inputs of the layer being run
     std::vector<float*> out;        // its outputs
@@ -222,9 +229,9 @@ class DenseNet {
     return macs;
   }
 
-  // At most kRowsPerPass rows at a time: a workspace holds one pass's activations (17 KB
-  // a sample for the MLPerf DLRM: 4.8 MB, not 1.1 GB for a batch of 65,536, kept by each
-  // instance), and a pass's activations stay in L2 between layers. Rows do not depend on
+  // At most kRowsPerPass rows at a time: a workspace holds one pass's activations (those
+  // alive together, assign_slots: 8 KB a sample for the MLPerf DLRM, 2.4 MB, not 0.5 GB
+  // for a batch of 65,536, kept by each instance), and they stay in L2 between layers. Rows do not depend on
   // their pass (every row is computed alike).
   static constexpr int64_t kRowsPerPass = 288;  // two of gemm.hpp's blocks of rows
 
@@ -244,15 +251,16 @@ class DenseNet {
 
   void predict_pass(int64_t batch, const float* dense, const std::vector<const float*>& embeddings,
                     float* out, Workspace* ws) const {
-    ws->regs.resize(static_cast<size_t>(num_regs_));
+    ws->regs.resize(slot_widths_.size());
     ws->ptr.assign(static_cast<size_t>(num_regs_), nullptr);
     ws->ptr[dense_reg_] = dense;
     for (size_t t = 0; t < table_regs_.size(); ++t) ws->ptr[table_regs_[t]] = embeddings[t];
     for (const DenseLayer& d : layers_) {
       ws->out.clear();
       for (int64_t r : d.outs) {
-        auto& buf = ws->regs[r];
-        buf.resize(static_cast<size_t>(batch * widths_[r]));
+        const size_t slot = slot_of_[static_cast<size_t>(r)];
+        auto& buf = ws->regs[slot];
+        buf.resize(static_cast<size_t>(batch * slot_widths_[slot]));
         ws->ptr[r] = buf.data();
         ws->out.push_back(buf.data());
       }
@@ -362,6 +370,46 @@ class DenseNet {
       if (!dropped[l]) kept.push_back(std::move(layers_[l]));
     }
     layers_ = std::move(kept);
+  }
+
+  // Which buffer of a workspace holds each register a step writes: a register's buffer
+  // is free again after the last step that reads it (the network's outputs are read at
+  // the end), and a step's outputs never share a buffer with its inputs. So a pass holds
+  // the activations that are alive together, not all of them (the MLPerf DLRM: two
+  // 1,024-wide ones at most, 8 KB a sample instead of 17 KB).
+  void assign_slots() {
+    const size_t n = static_cast<size_t>(num_regs_);
+    const int64_t steps = static_cast<int64_t>(layers_.size());
+    std::vector<int64_t> first(n, -1), last(n, -1);
+    for (int64_t l = 0; l < steps; ++l) {
+      const DenseLayer& d = layers_[static_cast<size_t>(l)];
+      for (int64_t r : d.ins) last[static_cast<size_t>(r)] = l;
+      for (int64_t r : d.outs) {
+        if (first[static_cast<size_t>(r)] < 0) first[static_cast<size_t>(r)] = l;
+      }
+    }
+    for (int64_t r : out_regs_) last[static_cast<size_t>(r)] = steps;
+    for (size_t r = 0; r < n; ++r) last[r] = std::max(last[r], first[r]);  // written, unread
+    slot_of_.assign(n, 0);
+    slot_widths_.clear();
+    std::vector<int64_t> holder;  // the register each slot holds now (-1: free)
+    for (int64_t l = 0; l < steps; ++l) {
+      for (int64_t& h : holder) {
+        if (h >= 0 && last[static_cast<size_t>(h)] < l) h = -1;  // read for the last time
+      }
+      for (int64_t r : layers_[static_cast<size_t>(l)].outs) {
+        if (first[static_cast<size_t>(r)] != l) continue;  // written before: keeps its slot
+        size_t s = 0;
+        while (s < holder.size() && holder[s] >= 0) ++s;
+        if (s == holder.size()) {
+          holder.push_back(-1);
+          slot_widths_.push_back(0);
+        }
+        holder[s] = r;
+        slot_of_[static_cast<size_t>(r)] = s;
+        slot_widths_[s] = std::max(slot_widths_[s], widths_[static_cast<size_t>(r)]);
+      }
+    }
   }
 
   // The matrices of a layer's products, packed in the order run() reads them: an
@@ -614,6 +662,8 @@ class DenseNet {
   int64_t macs_per_row_ = 0;
   int64_t num_regs_ = 0, dense_reg_ = 0, label_dim_ = 0;
   std::vector<int64_t> widths_, table_regs_, out_regs_;
+  std::vector<size_t> slot_of_;        // each register's workspace buffer (assign_slots)
+  std::vector<int64_t> slot_widths_;   // floats a sample of each buffer
   std::vector<DenseLayer> layers_;
   std::vector<std::vector<float>> owned_;  // the parameters run() reads (own_params)
 };

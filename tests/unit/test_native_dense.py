@@ -206,7 +206,10 @@ def test_the_mlperf_dlrm_runs_without_its_relu_and_concat_steps(tmp_path):
     ops = {name: code for name, code in NATIVE_OPS.items()}
     assert ops["ReLU"] not in net.steps and ops["Concat"] not in net.steps, net.steps
     assert net.steps.count(ops["InnerProduct"]) == 8 and ops["Interaction"] in net.steps
-    for batch in (1, 7, 64):
+    # a thread's buffers hold the activations alive together: at most the top MLP's two
+    # 1,024-wide ones (all of them side by side: 4,194 floats a sample)
+    assert net.workspace_floats == 1024 + 1024
+    for batch in (1, 7, 64, 600):  # 600: passes of 288 rows through the same buffers
         dense_in, embs = _network_inputs(model, batch, seed=batch)
         embs = [0.25 * e for e in embs]
         np.testing.assert_allclose(
