@@ -231,8 +231,8 @@ class DenseNet {
 
   // At most kRowsPerPass rows at a time: a workspace holds one pass's activations (those
   // alive together, assign_slots: 8 KB a sample for the MLPerf DLRM, 2.4 MB, not 0.5 GB
-  // for a batch of 65,536, kept by each instance), and they stay in L2 between layers. Rows do not depend on
-  // their pass (every row is computed alike).
+  // for a batch of 65,536, kept by each instance), and they stay in L2 between layers. Rows do not
+  // depend on their pass (every row is computed alike).
   static constexpr int64_t kRowsPerPass = 288;  // two of gemm.hpp's blocks of rows
 
   // Rows [r_begin, r_end) of the batch's inputs and output, a pass at a time.
@@ -662,8 +662,8 @@ class DenseNet {
   int64_t macs_per_row_ = 0;
   int64_t num_regs_ = 0, dense_reg_ = 0, label_dim_ = 0;
   std::vector<int64_t> widths_, table_regs_, out_regs_;
-  std::vector<size_t> slot_of_;        // each register's workspace buffer (assign_slots)
-  std::vector<int64_t> slot_widths_;   // floats a sample of each buffer
+  std::vector<size_t> slot_of_;       // each register's workspace buffer (assign_slots)
+  std::vector<int64_t> slot_widths_;  // floats a sample of each buffer
   std::vector<DenseLayer> layers_;
   std::vector<std::vector<float>> owned_;  // the parameters run() reads (own_params)
 };
