@@ -194,7 +194,7 @@ class SharedUpdateConsumer:
                 return
             if _SHARED.get(self._key) is self._fan_out:
                 del _SHARED[self._key]
-            _CONSUMERS.pop(self._key, None)
+                del _CONSUMERS[self._key]
         self.consumer.close()
 
 
