@@ -192,15 +192,13 @@ class SharedUpdateConsumer:
             left = self._fan_out.detach(self._applier)
             if left:
                 return
-            if _SHARED.get(self._key) is self._fan_out:
+            if _SHARED.get(self._key, (None,))[0] is self._fan_out:
                 del _SHARED[self._key]
-                del _CONSUMERS[self._key]
         self.consumer.close()
 
 
-#: the process's consumers, by (model, update_source, topics): their fan-out and consumer
-_SHARED: Dict[Tuple, InstanceFanOut] = {}
-_CONSUMERS: Dict[Tuple, Any] = {}
+#: the process's consumers, by (model, update_source, topics): (fan-out, consumer)
+_SHARED: Dict[Tuple, Tuple[InstanceFanOut, Any]] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -243,14 +241,14 @@ def start_update_consumer(
     applier = UpdateApplier(params.model, tables, [tp.tier_name for tp in params.tables])
     key = (params.model, repr(src), tuple(sorted(topics.items())))
     with _SHARED_LOCK:
-        fan_out = _SHARED.get(key)
-        if fan_out is not None:
+        if key in _SHARED:
+            fan_out, consumer = _SHARED[key]
             fan_out.attach(applier)
-            return SharedUpdateConsumer(key, _CONSUMERS[key], fan_out, applier)
+            return SharedUpdateConsumer(key, consumer, fan_out, applier)
         fan_out = InstanceFanOut()
         fan_out.attach(applier)
         consumer = _new_consumer(params, topics, fan_out)
-        _SHARED[key], _CONSUMERS[key] = fan_out, consumer
+        _SHARED[key] = (fan_out, consumer)
     try:
         consumer.start()
     except BaseException:
