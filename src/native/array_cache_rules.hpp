@@ -9,9 +9,13 @@
 //   meta    int64 [kMetaLen]                      sketch uint8 [4, width] (tinylfu only)
 //
 // A key lives in set fastrange(mix64(key), S). Readers take no lock: seq even and
-// unchanged around the probe and the copy, else retry once, else report a miss. Writers
-// (serialized by the caller's process-shared lock) make a set's seq odd, heal it first
-// if a dead writer left it odd (drop its ways), write, and make it even again.
+// unchanged around the probe and the copy, else retry once, else report a miss. A writer
+// takes a set by making its seq odd (compare-and-swap from even: the set's lock), writes,
+// and makes it even again. Writers hold the cache's process-shared writer lock
+// (writer_lock.hpp): shared, they lock set by set and give up on a set another writer
+// holds past kSetWaitTries (busy: the caller writes its keys again holding the lock
+// exclusively); exclusive, they are the only writer, so a set found odd was left so by a
+// dead writer and is healed (its ways dropped) and taken.
 //
 // A "group" runs a rule: SerialGroup (one thread: the CPU twin) or, in the kernels, a
 // warp whose lanes probe the ways and copy the row together. Writes of a set are decided
@@ -19,6 +23,10 @@
 #pragma once
 
 #include "hd.hpp"
+
+#if !defined(__CUDACC_RTC__)
+#include <sched.h>
+#endif
 
 namespace triton_rec {
 namespace xcache {
@@ -73,6 +81,16 @@ enum WriteCount : int {
   kWRecovered,
   kWriteCounts
 };
+// A write launch's result: the counts above, then the keys it left in busy sets (not
+// written: the caller writes them again under the exclusive lock).
+constexpr int kWBusy = kWriteCounts;
+constexpr int kWriteResults = kWriteCounts + 1;
+// The target of a key in a busy set.
+constexpr int32_t kBusyTarget = -2;
+// How many times a writer under the shared lock tries a set another writer holds (a short
+// sleep between tries) before it gives up on it: a set's write is a few microseconds; a
+// writer that stays longer was preempted, or died.
+constexpr int kSetWaitTries = 2048;
 
 // What write_set does to each of its keys.
 enum WriteMode : int32_t { kModeInsert = 0, kModeUpdate = 1, kModeErase = 2 };
@@ -165,6 +183,38 @@ TREC_HD void store_volatile(int64_t* p, int64_t v) noexcept {
   *const_cast<volatile int64_t*>(p) = v;
 }
 
+// Atomic adds and compare-and-swap on the shared state (meta counters, set locks), which
+// writers in other threads, processes and launches change at the same time.
+TREC_HD int64_t add_fetch(int64_t* p, int64_t v) noexcept {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int64_t>(atomicAdd(reinterpret_cast<unsigned long long*>(p),
+                                        static_cast<unsigned long long>(v))) +
+         v;
+#else
+  return __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL);
+#endif
+}
+
+TREC_HD bool compare_swap(int64_t* p, int64_t expected, int64_t desired) noexcept {
+#if defined(__CUDA_ARCH__)
+  return atomicCAS(
+             reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(expected),
+             static_cast<unsigned long long>(desired)) == static_cast<unsigned long long>(expected);
+#else
+  return __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE);
+#endif
+}
+
+// A pause between tries of a set another writer holds.
+TREC_HD void pause_briefly() noexcept {
+#if defined(__CUDA_ARCH__)
+  __nanosleep(500);
+#else
+  sched_yield();
+#endif
+}
+
 // -- groups -----------------------------------------------------------------------------
 
 // One thread does everything (the CPU twin).
@@ -248,27 +298,13 @@ TREC_HD int64_t sketch_estimate(const View& c, int64_t key) noexcept {
 
 // The clock advances by one per query and per insert (ArrayEmbeddingCache._tick): every
 // key of the call was stamped with the clock's value + 1.
-TREC_HD void advance_clock(const View& c) noexcept {
-#if defined(__CUDA_ARCH__)
-  atomicAdd(reinterpret_cast<unsigned long long*>(c.meta + kClock), 1ull);
-#else
-  c.meta[kClock] += 1;
-#endif
-}
+TREC_HD void advance_clock(const View& c) noexcept { add_fetch(c.meta + kClock, 1); }
 
 // Counts `n` looked-up keys toward the sketch's aging (tinylfu); true when the sketch is
 // due to be halved (then: halve_sketch by every thread, then sketch_aged by one).
 TREC_HD bool count_keys(const View& c, int64_t n) noexcept {
   if (c.policy != kPolicyTinyLfu || n <= 0) return false;
-#if defined(__CUDA_ARCH__)
-  const int64_t incs =
-      static_cast<int64_t>(atomicAdd(reinterpret_cast<unsigned long long*>(c.meta + kIncs),
-                                     static_cast<unsigned long long>(n))) +
-      n;
-#else
-  const int64_t incs = c.meta[kIncs] += n;
-#endif
-  return incs >= kAgingFactor * c.slots;
+  return add_fetch(c.meta + kIncs, n) >= kAgingFactor * c.slots;
 }
 
 // Halves the sketch's counters [first, ...) stepping by `step` words (4 counters a word).
@@ -280,11 +316,7 @@ TREC_HD void halve_sketch(const View& c, int64_t first, int64_t step) noexcept {
 
 TREC_HD void sketch_aged(const View& c) noexcept {
   store_volatile(c.meta + kIncs, 0);
-#if defined(__CUDA_ARCH__)
-  atomicAdd(reinterpret_cast<unsigned long long*>(c.meta + kAgings), 1ull);
-#else
-  c.meta[kAgings] += 1;
-#endif
+  add_fetch(c.meta + kAgings, 1);
 }
 
 // -- reads ------------------------------------------------------------------------------
@@ -362,16 +394,31 @@ TREC_HD int table_of(const int64_t* first, int tables, int64_t i) noexcept {
 
 // -- writes -----------------------------------------------------------------------------
 
-// Under the writer lock, by the set's leader: a set a dead writer left odd loses its ways
-// (their data may be torn; counted in `recovered`); the set is made odd.
-TREC_HD void begin_write(const View& c, int64_t s, int64_t* recovered) noexcept {
-  const int64_t q = load_fresh(c.seq + s);
-  if (q & 1) {
-    for (int64_t w = 0; w < c.ways; ++w) c.valid[s * c.ways + w] = 0;
-    *recovered += 1;
+// By the set's leader: takes set s for writing (its seq made odd). `exclusive`: the caller
+// holds the cache's writer lock exclusively, so a set found odd was left so by a dead
+// writer: it loses its ways (their data may be torn; counted in `recovered`) and is
+// taken. Shared: a set found odd is another live writer's, or a dead one's; waits for it
+// up to kSetWaitTries, then gives up (false: the set is busy, left as it is).
+TREC_HD bool begin_write(const View& c, int64_t s, bool exclusive, int64_t* recovered) noexcept {
+  if (exclusive) {
+    const int64_t q = load_fresh(c.seq + s);
+    if (q & 1) {
+      for (int64_t w = 0; w < c.ways; ++w) c.valid[s * c.ways + w] = 0;
+      *recovered += 1;
+    }
+    store_volatile(c.seq + s, q | 1);
+    fence();
+    return true;
   }
-  store_volatile(c.seq + s, q | 1);
-  fence();
+  for (int tries = 0; tries < kSetWaitTries; ++tries) {
+    const int64_t q = load_fresh(c.seq + s);
+    if ((q & 1) == 0 && compare_swap(c.seq + s, q, q + 1)) {
+      fence();
+      return true;
+    }
+    pause_briefly();
+  }
+  return false;
 }
 
 TREC_HD void end_write(const View& c, int64_t s) noexcept {
@@ -469,6 +516,11 @@ TREC_HD void plan_set(const View& c, int32_t mode, int64_t s, const int64_t* key
     counts[kWInserted] += 1;
     counts[kWEvicted] += victim;
   }
+}
+
+// The keys of a busy set (begin_write gave up on it): no target, marked for the retry.
+TREC_HD void mark_busy(int32_t* target, int64_t count) noexcept {
+  for (int64_t i = 0; i < count; ++i) target[i] = kBusyTarget;
 }
 
 // The group copies the rows decided by plan_set: rows[src[i]] -> the set's way target[i].

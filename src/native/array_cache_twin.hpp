@@ -168,27 +168,32 @@ inline void twin_query(const View& c, const int64_t* keys, int64_t n, float* out
 }
 
 // trec_cache_write on host memory, with the kernel's arguments (the caller holds the
-// writer lock): sets[0..touched), set t's keys keys[starts[t]..starts[t+1]) with rows
-// rows[src[i]], target [starts[touched]] scratch; adds the call's counts to
-// counts[kWriteCounts] and to meta.
-inline void twin_write(const View& c, int32_t mode, const int64_t* keys, const int64_t* src,
-                       const int64_t* sets, const int64_t* starts, int64_t touched,
-                       const uint8_t* rows, int32_t* target, int64_t* counts) {
+// writer lock, `exclusive`ly or shared, as begin_write says): sets[0..touched), set t's
+// keys keys[starts[t]..starts[t+1]) with rows rows[src[i]], target [starts[touched]]
+// scratch; adds the call's counts to counts[kWriteResults] (the busy keys last) and to
+// meta.
+inline void twin_write(const View& c, int32_t mode, bool exclusive, const int64_t* keys,
+                       const int64_t* src, const int64_t* sets, const int64_t* starts,
+                       int64_t touched, const uint8_t* rows, int32_t* target, int64_t* counts) {
   if (touched == 0) return;
-  const int64_t tick = c.meta[kClock] + 1;
+  const int64_t tick = load_fresh(c.meta + kClock) + 1;
   const SerialGroup g;
   const int kMetaOf[kWriteCounts] = {kInserts,  kUpdates, kEvictions, kRejected,
                                      kOverflow, kErased,  kRecovered};
   for (int64_t t = 0; t < touched; ++t) {
     const int64_t s = sets[t], b = starts[t], count = starts[t + 1] - b;
     int64_t local[kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
-    begin_write(c, s, &local[kWRecovered]);
+    if (!begin_write(c, s, exclusive, &local[kWRecovered])) {
+      mark_busy(target + b, count);
+      counts[kWBusy] += count;
+      continue;
+    }
     plan_set(c, mode, s, keys + b, count, target + b, tick, local);
     copy_rows(g, c, s, src + b, count, target + b, rows);
     end_write(c, s);
     for (int k = 0; k < kWriteCounts; ++k) {
       counts[k] += local[k];
-      c.meta[kMetaOf[k]] += local[k];
+      if (local[k] != 0) add_fetch(c.meta + kMetaOf[k], local[k]);
     }
   }
   if (mode == kModeInsert) advance_clock(c);
@@ -203,11 +208,22 @@ struct WritePart {
   const uint8_t* rows = nullptr;  // [n, view.row_bytes]; null for erase
 };
 
+// The keys that a write under the shared lock left in busy sets, with their rows, by part
+// of the write: written again under the exclusive lock (ArrayMissCache).
+struct BusyWrites {
+  struct Part {
+    size_t part = 0;
+    std::vector<int64_t> keys;
+    std::vector<uint8_t> rows;  // empty for erase
+  };
+  std::vector<Part> parts;
+};
+
 // Several caches' writes in one staging buffer, as gpu::write_many copies it to the device
 // in one copy and launches trec_cache_write once per write, and twin_write_staged runs the
 // twin on it: part p's grouped keys, sources, sets, starts (touched + 1) and rows, one part
-// after the other, then every part's row targets (the kernel's scratch) and counts
-// (kWriteCounts each), which are not uploaded. Offsets are 256-byte aligned.
+// after the other, then every part's row targets (the kernel's scratch) and results
+// (kWriteResults each), which are not uploaded. Offsets are 256-byte aligned.
 class StagedWrites {
  public:
   enum Field { kKeys, kSrc, kSets, kStarts, kRows, kTarget, kCounts, kFields };
@@ -239,7 +255,7 @@ class StagedWrites {
       offsets_[p * kFields + kTarget] = take(static_cast<size_t>(grouped_[p].size()) * 4);
     }
     counts_ = at;
-    for (size_t p = 0; p < n; ++p) offsets_[p * kFields + kCounts] = take(8 * kWriteCounts);
+    for (size_t p = 0; p < n; ++p) offsets_[p * kFields + kCounts] = take(8 * kWriteResults);
     total_ = at;
   }
   // Writes every part's fields into h (total() bytes) and zeroes the counts.
@@ -259,8 +275,26 @@ class StagedWrites {
     }
     std::memset(h + counts_, 0, total_ - counts_);
   }
+  // Adds the keys of `part` (written as parts[p]) whose targets say busy to `busy`.
+  void collect_busy(size_t p, const int32_t* target, const WritePart& part,
+                    BusyWrites* busy) const {
+    const GroupedWrites& g = grouped_[p];
+    BusyWrites::Part left;
+    left.part = p;
+    const size_t rb = static_cast<size_t>(part.view.row_bytes);
+    for (int64_t i = 0; i < g.size(); ++i) {
+      if (target[i] != kBusyTarget) continue;
+      left.keys.push_back(g.keys[i]);
+      if (part.rows != nullptr) {
+        const uint8_t* row = part.rows + static_cast<size_t>(g.src[i]) * rb;
+        left.rows.insert(left.rows.end(), row, row + rb);
+      }
+    }
+    if (!left.keys.empty()) busy->parts.push_back(std::move(left));
+  }
   size_t at(size_t part, Field f) const { return offsets_[part * kFields + f]; }
   int64_t touched(size_t part) const { return grouped_[part].touched(); }
+  int64_t distinct(size_t part) const { return grouped_[part].size(); }  // its keys, grouped
   size_t upload() const { return upload_; }  // the bytes before the first target
   size_t counts() const { return counts_; }  // where the counts start
   size_t total() const { return total_; }
@@ -273,8 +307,10 @@ class StagedWrites {
 
 // The writes of parts[0..n) as gpu::write_many runs them, on host memory: staged into one
 // buffer by StagedWrites, then twin_write of each part on the staged fields (the caller
-// holds every cache's writer lock); adds part p's counts to counts[p * kWriteCounts ...].
-inline void twin_write_staged(const WritePart* parts, size_t n, int64_t* counts) {
+// holds every cache's writer lock, `exclusive`ly or shared); adds part p's counts to
+// counts[p * kWriteCounts ...] and the keys left in busy sets to `busy` (shared only).
+inline void twin_write_staged(const WritePart* parts, size_t n, int64_t* counts, bool exclusive,
+                              BusyWrites* busy) {
   thread_local StagedWrites staged;
   thread_local std::vector<char> h;
   staged.plan(parts, n);
@@ -283,31 +319,38 @@ inline void twin_write_staged(const WritePart* parts, size_t n, int64_t* counts)
   for (size_t p = 0; p < n; ++p) {
     auto field = [&](StagedWrites::Field f) { return h.data() + staged.at(p, f); };
     auto* got = reinterpret_cast<int64_t*>(field(StagedWrites::kCounts));
-    twin_write(
-        parts[p].view, parts[p].mode, reinterpret_cast<const int64_t*>(field(StagedWrites::kKeys)),
-        reinterpret_cast<const int64_t*>(field(StagedWrites::kSrc)),
-        reinterpret_cast<const int64_t*>(field(StagedWrites::kSets)),
-        reinterpret_cast<const int64_t*>(field(StagedWrites::kStarts)), staged.touched(p),
-        parts[p].rows != nullptr ? reinterpret_cast<const uint8_t*>(field(StagedWrites::kRows))
-                                 : nullptr,
-        reinterpret_cast<int32_t*>(field(StagedWrites::kTarget)), got);
+    auto* target = reinterpret_cast<int32_t*>(field(StagedWrites::kTarget));
+    twin_write(parts[p].view, parts[p].mode, exclusive,
+               reinterpret_cast<const int64_t*>(field(StagedWrites::kKeys)),
+               reinterpret_cast<const int64_t*>(field(StagedWrites::kSrc)),
+               reinterpret_cast<const int64_t*>(field(StagedWrites::kSets)),
+               reinterpret_cast<const int64_t*>(field(StagedWrites::kStarts)), staged.touched(p),
+               parts[p].rows != nullptr
+                   ? reinterpret_cast<const uint8_t*>(field(StagedWrites::kRows))
+                   : nullptr,
+               target, got);
     for (int k = 0; k < kWriteCounts; ++k) counts[p * kWriteCounts + k] += got[k];
+    if (got[kWBusy] != 0) {
+      if (busy == nullptr)
+        throw std::logic_error("a write under the exclusive lock found a busy set");
+      staged.collect_busy(p, target, parts[p], busy);
+    }
   }
 }
 
-// A whole write on host memory, as gpu::write_host is on the device: keys[0..n) staged
-// as one part (twin_write_staged; the caller holds the writer lock).
+// A whole write on host memory under the exclusive lock, as gpu::write_host is on the
+// device: keys[0..n) staged as one part (twin_write_staged).
 inline void twin_write_keys(const View& c, int32_t mode, const int64_t* keys, int64_t n,
                             const uint8_t* rows, int64_t* counts) {
   const WritePart part{c, mode, keys, n, rows};
-  twin_write_staged(&part, 1, counts);
+  twin_write_staged(&part, 1, counts, true, nullptr);
 }
 
-// trec_cache_clear on host memory; returns the sets healed.
+// trec_cache_clear on host memory (the exclusive lock held); returns the sets healed.
 inline int64_t twin_clear(const View& c) {
   int64_t recovered = 0;
   for (int64_t s = 0; s < c.num_sets; ++s) {
-    begin_write(c, s, &recovered);
+    begin_write(c, s, true, &recovered);
     for (int64_t w = 0; w < c.ways; ++w) c.valid[s * c.ways + w] = 0;
     end_write(c, s);
   }
@@ -317,12 +360,12 @@ inline int64_t twin_clear(const View& c) {
   return recovered;
 }
 
-// trec_cache_repair on host memory; returns the sets healed.
+// trec_cache_repair on host memory (the exclusive lock held); returns the sets healed.
 inline int64_t twin_repair(const View& c) {
   int64_t recovered = 0;
   for (int64_t s = 0; s < c.num_sets; ++s) {
     if (c.seq[s] & 1) {
-      begin_write(c, s, &recovered);
+      begin_write(c, s, true, &recovered);
       end_write(c, s);
     }
   }

@@ -28,12 +28,9 @@ namespace {
 // The same inserts by the kernel's CPU twin (array_cache_twin.hpp), on host memory, through
 // the same staging as gpu::write_many (twin_write_staged).
 struct TwinInsert {
-  void operator()(const xc::View& v, const int64_t* keys, int64_t n, const uint8_t* rows) const {
-    int64_t counts[xc::kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
-    xc::twin_write_keys(v, xc::kModeInsert, keys, n, rows, counts);
-  }
-  void many(const xc::WritePart* parts, size_t n, int64_t* counts) const {
-    xc::twin_write_staged(parts, n, counts);
+  void many(const xc::WritePart* parts, size_t n, int64_t* counts, bool exclusive,
+            xc::BusyWrites* busy) const {
+    xc::twin_write_staged(parts, n, counts, exclusive, busy);
   }
   const void* kind() const {
     static const char tag = 0;
@@ -70,10 +67,14 @@ void register_array_cache(py::module_& m) {
       m, "WriterLock",
       "WriterLock(fd: int) -- the writer lock of a cache that processes share "
       "(writer_lock.hpp): flock on the lock file fd (duplicated; -1: this process's threads "
-      "only) plus a mutex. Python's writers and the native ones take the same lock.")
+      "only) plus a mutex. Python's writers and the native ones take the same lock: "
+      "exclusively (acquire), or shared (acquire_shared: the native miss writes, which "
+      "lock each set they write).")
       .def(py::init<int>(), py::arg("fd"))
       .def("acquire", &tr::WriterLock::lock, py::call_guard<py::gil_scoped_release>())
       .def("release", &tr::WriterLock::unlock)
+      .def("acquire_shared", &tr::WriterLock::lock_shared, py::call_guard<py::gil_scoped_release>())
+      .def("release_shared", &tr::WriterLock::unlock_shared)
       .def(
           "__enter__",
           [](tr::WriterLock& l) -> tr::WriterLock& {

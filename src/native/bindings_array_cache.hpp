@@ -183,10 +183,14 @@ inline std::shared_ptr<T> one_per(const void* key, Args&&... args) {
 }
 
 // A cache of array_cache_rules.hpp's layout as LocalMisses inserts into it
-// (local_misses.hpp): the instances' inserts gathered by the cache's InsertBatcher, each
-// write under the cache's writer lock, by `Writer` (the write kernel on a lane of the pool,
-// or the kernel's CPU twin). So a GPU instance's misses are answered by the same C++ as a
-// CPU instance's, and CI runs it in front of the twin.
+// (local_misses.hpp): the instances' inserts gathered by the cache's InsertBatcher (a
+// request's tables by the PartsBatcher of its kind), each write by `Writer` (the write
+// kernel on a lane of the pool, or the kernel's CPU twin): under the caches' writer locks
+// held shared, the kernel locking each set it writes, so writers of other threads and
+// processes write beside it; the keys of sets it found held past the wait are written
+// again under the lock held exclusively, which heals a set a dead writer left. So a GPU
+// instance's misses are answered by the same C++ as a CPU instance's, and CI runs it in
+// front of the twin.
 template <class Writer>
 class ArrayMissCache final : public tr::MissCache {
  public:
@@ -208,23 +212,31 @@ class ArrayMissCache final : public tr::MissCache {
   }
 
  private:
-  // One write of parts[0..n) (each of a cache of this kind): every cache's writer lock,
-  // each once and in WriterLock::order, then Writer::many.
   static void write_parts(const void* self, const tr::PendingInsert* parts, size_t n) {
-    static_cast<const ArrayMissCache*>(self)->write_locked(parts, n);
-  }
-  void write_locked(const tr::PendingInsert* parts, size_t n) const {
     std::vector<xc::WritePart> writes(n);
-    std::vector<tr::WriterLock*> locks;
+    std::vector<const ArrayMissCache*> caches(n);
     for (size_t i = 0; i < n; ++i) {
-      const auto* c = static_cast<const ArrayMissCache*>(parts[i].cache);
-      writes[i].view = c->v_;
-      writes[i].mode = xc::kModeInsert;
-      writes[i].keys = parts[i].keys;
-      writes[i].n = static_cast<int64_t>(parts[i].n);
-      writes[i].rows = parts[i].rows;
-      locks.push_back(c->lock_.get());
+      caches[i] = static_cast<const ArrayMissCache*>(parts[i].cache);
+      writes[i] = xc::WritePart{caches[i]->v_, xc::kModeInsert, parts[i].keys,
+                                static_cast<int64_t>(parts[i].n), parts[i].rows};
     }
+    static_cast<const ArrayMissCache*>(self)->write_shared(writes, caches);
+  }
+
+  static void write(void* self, const int64_t* keys, size_t n, const uint8_t* rows) {
+    auto* c = static_cast<const ArrayMissCache*>(self);
+    std::vector<xc::WritePart> writes{
+        xc::WritePart{c->v_, xc::kModeInsert, keys, static_cast<int64_t>(n), rows}};
+    c->write_shared(writes, {c});
+  }
+
+  // One write of writes[i] (to caches[i]'s cache) under every cache's writer lock held
+  // shared, each lock file once and in WriterLock::order; then the keys left in busy sets,
+  // a cache at a time under its lock held exclusively.
+  void write_shared(const std::vector<xc::WritePart>& writes,
+                    const std::vector<const ArrayMissCache*>& caches) const {
+    std::vector<tr::WriterLock*> locks;
+    for (const ArrayMissCache* c : caches) locks.push_back(c->lock_.get());
     std::sort(locks.begin(), locks.end(), [](const tr::WriterLock* a, const tr::WriterLock* b) {
       return a->order() < b->order();
     });
@@ -236,25 +248,29 @@ class ArrayMissCache final : public tr::MissCache {
                               return a->order() == b->order();
                             }),
                 locks.end());
-    struct Held {  // unlocks what it locked, in reverse, also when a write throws
-      std::vector<tr::WriterLock*> locked;
-      ~Held() {
-        for (auto it = locked.rbegin(); it != locked.rend(); ++it) (*it)->unlock();
+    std::vector<int64_t> counts(writes.size() * xc::kWriteCounts, 0);
+    xc::BusyWrites busy;
+    {
+      struct Held {  // unlocks what it locked, in reverse, also when a write throws
+        std::vector<tr::WriterLock*> locked;
+        ~Held() {
+          for (auto it = locked.rbegin(); it != locked.rend(); ++it) (*it)->unlock_shared();
+        }
+      } held;
+      held.locked.reserve(locks.size());  // no allocation between a lock and its record
+      for (tr::WriterLock* l : locks) {
+        l->lock_shared();
+        held.locked.push_back(l);
       }
-    } held;
-    held.locked.reserve(locks.size());  // no allocation between a lock and its record
-    for (tr::WriterLock* l : locks) {
-      l->lock();
-      held.locked.push_back(l);
+      writer_.many(writes.data(), writes.size(), counts.data(), false, &busy);
     }
-    std::vector<int64_t> counts(n * xc::kWriteCounts, 0);
-    writer_.many(writes.data(), n, counts.data());
-  }
-
-  static void write(void* self, const int64_t* keys, size_t n, const uint8_t* rows) {
-    auto* c = static_cast<ArrayMissCache*>(self);
-    std::lock_guard<tr::WriterLock> hold(*c->lock_);
-    c->writer_(c->v_, keys, static_cast<int64_t>(n), rows);
+    for (const xc::BusyWrites::Part& left : busy.parts) {
+      const xc::WritePart again{writes[left.part].view, writes[left.part].mode, left.keys.data(),
+                                static_cast<int64_t>(left.keys.size()),
+                                left.rows.empty() ? nullptr : left.rows.data()};
+      std::lock_guard<tr::WriterLock> hold(*caches[left.part]->lock_);
+      writer_.many(&again, 1, counts.data() + left.part * xc::kWriteCounts, true, nullptr);
+    }
   }
 
   Writer writer_;

@@ -160,14 +160,10 @@ class DeviceCache {
 // go (gpu::write_many). Caches whose kernels are the same (one device) are of one kind.
 struct KernelInsert {
   std::shared_ptr<GpuKernels> k;
-  void operator()(const xc::View& v, const int64_t* keys, int64_t n, const uint8_t* rows) const {
-    int64_t counts[xc::kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
+  void many(const xc::WritePart* parts, size_t n, int64_t* counts, bool exclusive,
+            xc::BusyWrites* busy) const {
     auto lease = k->take();
-    gpu::write_host(*lease.lane, v, xc::kModeInsert, keys, n, rows, counts);
-  }
-  void many(const xc::WritePart* parts, size_t n, int64_t* counts) const {
-    auto lease = k->take();
-    gpu::write_many(*lease.lane, parts, n, counts);
+    gpu::write_many(*lease.lane, parts, n, counts, exclusive, busy);
   }
   const void* kind() const { return k.get(); }
 };

@@ -563,12 +563,15 @@ inline void lookup_device(Lane& lane, const LookupTarget& t, CUdeviceptr keys, i
   lane.sync();
 }
 
-// The writes of several device caches (the caller holds every one's writer lock):
-// parts[0..n) grouped on the host and staged together (xcache::StagedWrites: the twin runs
-// the same staging, twin_write_staged), one copy to the device, one trec_cache_write
-// launch per part on the lane's stream, the counts back in one copy, one synchronization.
-// Adds part p's counts (xcache::WriteCount order) to counts[p * kWriteCounts ...].
-inline void write_many(Lane& lane, const xcache::WritePart* parts, size_t n, int64_t* counts) {
+// The writes of several device caches (the caller holds every one's writer lock,
+// `exclusive`ly or shared: xcache::begin_write): parts[0..n) grouped on the host and
+// staged together (xcache::StagedWrites: the twin runs the same staging,
+// twin_write_staged), one copy to the device, one trec_cache_write launch per part on the
+// lane's stream, the results back in one copy, one synchronization. Adds part p's counts
+// (xcache::WriteCount order) to counts[p * kWriteCounts ...]; the keys left in busy sets
+// (shared only; their targets fetched in a second copy) go to `busy`.
+inline void write_many(Lane& lane, const xcache::WritePart* parts, size_t n, int64_t* counts,
+                       bool exclusive, xcache::BusyWrites* busy) {
   size_t live = 0;
   for (size_t p = 0; p < n; ++p) live += parts[p].n > 0;
   if (live == 0) return;
@@ -583,36 +586,49 @@ inline void write_many(Lane& lane, const xcache::WritePart* parts, size_t n, int
   lane.to_device(d, h, staged.upload());
   lane.to_device(d + staged.counts(), h + staged.counts(), staged.total() - staged.counts());
   const Kernels& k = lane.kernels();
+  using F = xcache::StagedWrites;
   for (size_t p = 0; p < n; ++p) {
     int64_t t = staged.touched(p);
     if (t == 0) continue;
-    using F = xcache::StagedWrites;
     xcache::View v = parts[p].view;
-    int32_t md = parts[p].mode;
+    int32_t md = parts[p].mode, ex = exclusive ? 1 : 0;
     CUdeviceptr a0 = d + staged.at(p, F::kKeys), a1 = d + staged.at(p, F::kSrc),
                 a2 = d + staged.at(p, F::kSets), a3 = d + staged.at(p, F::kStarts),
                 a4 = parts[p].rows != nullptr ? d + staged.at(p, F::kRows) : 0,
                 a5 = d + staged.at(p, F::kTarget), a6 = d + staged.at(p, F::kCounts),
                 done = lane.done();
-    void* args[] = {&v, &md, &a0, &a1, &a2, &a3, &t, &a4, &a5, &a6, &done};
+    void* args[] = {&v, &md, &ex, &a0, &a1, &a2, &a3, &t, &a4, &a5, &a6, &done};
     launch(k.write, k.grid(t, kWarpsPerBlock), lane.stream(), args, "trec_cache_write");
   }
   lane.to_host(h + staged.counts(), d + staged.counts(), staged.total() - staged.counts());
   lane.sync();
+  std::vector<size_t> left;
   for (size_t p = 0; p < n; ++p) {
-    const auto* got =
-        reinterpret_cast<const int64_t*>(h + staged.at(p, xcache::StagedWrites::kCounts));
+    const auto* got = reinterpret_cast<const int64_t*>(h + staged.at(p, F::kCounts));
     for (int i = 0; i < xcache::kWriteCounts; ++i) counts[p * xcache::kWriteCounts + i] += got[i];
+    if (got[xcache::kWBusy] != 0) left.push_back(p);
+  }
+  if (left.empty()) return;
+  if (busy == nullptr) throw std::logic_error("a write under the exclusive lock found a busy set");
+  for (size_t p : left) {
+    lane.to_host(h + staged.at(p, F::kTarget), d + staged.at(p, F::kTarget),
+                 static_cast<size_t>(staged.distinct(p)) * 4);
+  }
+  lane.sync();
+  for (size_t p : left) {
+    staged.collect_busy(p, reinterpret_cast<const int32_t*>(h + staged.at(p, F::kTarget)), parts[p],
+                        busy);
   }
 }
 
-// A write of the device cache (the caller holds its writer lock): keys[0..n) with rows
-// [n, row_bytes] (insert, update; null for erase), grouped on the host, one kernel. Adds
-// the call's counts (xcache::WriteCount order) to counts.
+// A write of the device cache under its writer lock held exclusively (DeviceCache.write:
+// Python's writers): keys[0..n) with rows [n, row_bytes] (insert, update; null for
+// erase), grouped on the host, one kernel. Adds the call's counts (xcache::WriteCount
+// order) to counts.
 inline void write_host(Lane& lane, const xcache::View& view, int32_t mode, const int64_t* keys,
                        int64_t n, const uint8_t* rows, int64_t* counts) {
   const xcache::WritePart part{view, mode, keys, n, rows};
-  write_many(lane, &part, 1, counts);
+  write_many(lane, &part, 1, counts, true, nullptr);
 }
 
 // clear (or repair) of the device cache; returns the sets healed.

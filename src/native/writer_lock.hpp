@@ -3,6 +3,12 @@
 // excludes the other processes, plus a mutex, which excludes this process's other threads
 // (`flock` does not: they share one open file). One object for both languages: Python's
 // writers (FileLock) and the native ones (a device cache's MissCache) take the same lock.
+//
+// Two modes. Exclusive (lock/unlock): the only writer of the cache; Python's writers, the
+// clear and repair, a write that heals sets a dead writer left half-written. Shared
+// (lock_shared/unlock_shared): the native miss writes, which lock each set they write in
+// the write kernel (array_cache_rules.hpp begin_write), so they run side by side across
+// threads and processes; a set they find held past the wait is left to an exclusive retry.
 #pragma once
 
 #include <errno.h>
@@ -12,6 +18,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <shared_mutex>
 #include <system_error>
 #include <tuple>
 
@@ -42,16 +49,38 @@ class WriterLock {
 
   void lock() {
     mutex_.lock();
-    while (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
+    try {
+      take_flock(LOCK_EX);
+    } catch (...) {
       mutex_.unlock();
-      throw std::system_error(e, std::generic_category(), "flock on the cache's writer lock");
+      throw;
     }
   }
   void unlock() {
     if (fd_ >= 0) ::flock(fd_, LOCK_UN);
     mutex_.unlock();
+  }
+  // The process holds the file's lock shared while any of its threads does: the first
+  // takes it, the last gives it back (one open file: a second flock would convert it).
+  void lock_shared() {
+    mutex_.lock_shared();
+    std::lock_guard<std::mutex> count(count_mutex_);
+    if (shared_ == 0) {
+      try {
+        take_flock(LOCK_SH);
+      } catch (...) {
+        mutex_.unlock_shared();
+        throw;
+      }
+    }
+    ++shared_;
+  }
+  void unlock_shared() {
+    {
+      std::lock_guard<std::mutex> count(count_mutex_);
+      if (--shared_ == 0 && fd_ >= 0) ::flock(fd_, LOCK_UN);
+    }
+    mutex_.unlock_shared();
   }
 
   // The order in which a thread takes several writer locks: the same in every process
@@ -61,9 +90,19 @@ class WriterLock {
   const Order& order() const { return order_; }
 
  private:
+  void take_flock(int how) {
+    while (fd_ >= 0 && ::flock(fd_, how) != 0) {
+      if (errno != EINTR) {
+        throw std::system_error(errno, std::generic_category(), "flock on the cache's writer lock");
+      }
+    }
+  }
+
   const int fd_;
   Order order_;
-  std::mutex mutex_;
+  std::shared_mutex mutex_;  // this process's threads: shared or exclusive
+  std::mutex count_mutex_;   // shared_, and the file's lock taken or given back with it
+  int shared_ = 0;           // threads holding the lock shared
 };
 
 }  // namespace triton_rec

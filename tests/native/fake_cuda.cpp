@@ -477,14 +477,15 @@ CUresult cuLaunchKernel(void* f, unsigned, unsigned, unsigned, unsigned, unsigne
   } else if (name == "trec_cache_write") {
     auto v = arg<xc::View>(args, 0);
     auto md = arg<int32_t>(args, 1);
-    auto keys = arg<const int64_t*>(args, 2);
-    auto src = arg<const int64_t*>(args, 3);
-    auto sets = arg<const int64_t*>(args, 4);
-    auto starts = arg<const int64_t*>(args, 5);
-    auto t = arg<int64_t>(args, 6);
-    auto rows = arg<const uint8_t*>(args, 7);
-    auto target = arg<int32_t*>(args, 8);
-    auto counts = arg<int64_t*>(args, 9);
+    auto ex = arg<int32_t>(args, 2);
+    auto keys = arg<const int64_t*>(args, 3);
+    auto src = arg<const int64_t*>(args, 4);
+    auto sets = arg<const int64_t*>(args, 5);
+    auto starts = arg<const int64_t*>(args, 6);
+    auto t = arg<int64_t>(args, 7);
+    auto rows = arg<const uint8_t*>(args, 8);
+    auto target = arg<int32_t*>(args, 9);
+    auto counts = arg<int64_t*>(args, 10);
     op.run = [=] {
       check(sets, t * 8, "write sets", 0, dev);
       check(starts, (t + 1) * 8, "write starts", 0, dev);
@@ -492,10 +493,10 @@ CUresult cuLaunchKernel(void* f, unsigned, unsigned, unsigned, unsigned, unsigne
       check(keys, m * 8, "write keys", 0, dev);
       check(src, m * 8, "write src", 0, dev);
       check(target, m * 4, "write target", 0, dev);
-      check(counts, 8 * xc::kWriteCounts, "write counts", 0, dev);
+      check(counts, 8 * xc::kWriteResults, "write counts", 0, dev);
       if (rows) check(rows, 1, "write rows", 0, dev);
       check_view(v, "write cache", dev);
-      xc::twin_write(v, md, keys, src, sets, starts, t, rows, target, counts);
+      xc::twin_write(v, md, ex != 0, keys, src, sets, starts, t, rows, target, counts);
     };
   } else {
     report("unknown kernel " + name);

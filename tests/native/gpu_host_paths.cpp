@@ -240,7 +240,7 @@ struct FakeMissCache : tr::MissCache {
       w[i].rows = parts[i].rows;
     }
     std::vector<int64_t> counts(n * xc::kWriteCounts);
-    gpu::write_many(*lane, w.data(), n, counts.data());
+    gpu::write_many(*lane, w.data(), n, counts.data(), true, nullptr);
     inserted += n;
   }
   mutable size_t inserted = 0;
@@ -601,6 +601,53 @@ static void test_two_devices(std::mt19937& rng) {
   EXPECT(fake_device_work(0) > 0 && fake_device_work(1) > 0, "two devices: a device did nothing");
 }
 
+// write_many under the shared lock (ArrayMissCache's first pass): a set another writer
+// holds (its seq odd) is left as it is and its keys come back with their rows, the other
+// keys are written; under the exclusive lock the same keys go in, and a set still odd then
+// (its writer died) is healed.
+static void test_busy_sets(gpu::Lane* lane) {
+  Cache c(8, 8, 4);
+  c.register_on(0);
+  std::vector<int64_t> keys;
+  for (int64_t k = 1; keys.size() < 12; ++k) keys.push_back(k);
+  const int64_t held = xc::set_of(c.v, keys[0]);
+  std::vector<float> rows;
+  for (int64_t k : keys)
+    for (int64_t d = 0; d < c.v.dim; ++d) rows.push_back(vec(k, d));
+  c.seq[held] = 7;  // a writer is in the set
+  const xc::WritePart part{c.v, xc::kModeInsert, keys.data(), (int64_t)keys.size(),
+                           reinterpret_cast<const uint8_t*>(rows.data())};
+  std::vector<int64_t> counts(xc::kWriteCounts, 0);
+  xc::BusyWrites busy;
+  gpu::write_many(*lane, &part, 1, counts.data(), false, &busy);
+  std::vector<int64_t> expect_busy;
+  for (int64_t k : keys)
+    if (xc::set_of(c.v, k) == held) expect_busy.push_back(k);
+  EXPECT(busy.parts.size() == 1 && busy.parts[0].part == 0 && busy.parts[0].keys == expect_busy,
+         "busy: the held set's keys come back");
+  EXPECT(c.seq[held] == 7, "busy: the held set is left as it is");
+  bool rows_back = busy.parts.size() == 1;
+  for (size_t i = 0; rows_back && i < busy.parts[0].keys.size(); ++i) {
+    const float* r = reinterpret_cast<const float*>(busy.parts[0].rows.data()) + i * c.v.dim;
+    for (int64_t d = 0; d < c.v.dim; ++d) rows_back = rows_back && r[d] == vec(expect_busy[i], d);
+  }
+  EXPECT(rows_back, "busy: the keys' rows come back with them");
+  for (int64_t k : keys) {
+    if (xc::set_of(c.v, k) != held) {
+      EXPECT(c.holds(k), "busy: a key of a free set was written");
+    }
+  }
+  if (busy.parts.size() != 1) return;
+  const xc::BusyWrites::Part& left = busy.parts[0];
+  const xc::WritePart again{c.v, xc::kModeInsert, left.keys.data(), (int64_t)left.keys.size(),
+                            left.rows.data()};
+  std::vector<int64_t> healed(xc::kWriteCounts, 0);
+  gpu::write_many(*lane, &again, 1, healed.data(), true, nullptr);
+  EXPECT(healed[xc::kWRecovered] == 1 && c.seq[held] == 8,
+         "busy: the exclusive write heals the set");
+  for (int64_t k : expect_busy) EXPECT(c.holds(k), "busy: the retried keys are written");
+}
+
 int main() {
   std::mt19937 rng(7);
   auto dev = std::make_shared<triton_rec::cuda::Device>(0);
@@ -611,6 +658,7 @@ int main() {
   test_hps(rng, &pool);
   test_lookup_host(rng, &other);
   test_two_devices(rng);
+  test_busy_sets(&other);
   printf("failures %d, driver reports %d\n", g_fail, fake_errors());
   return g_fail + fake_errors() ? 1 : 0;
 }

@@ -32,16 +32,21 @@ Concurrency (several processes sharing the arrays):
   vectors, reads ``seq`` again; a key whose set's ``seq`` was odd or changed is retried
   once and then reported as a miss. A concurrent writer can therefore never make a
   reader return a torn or foreign vector; at worst the reader misses.
-- Writers (insert, update, erase, clear) are serialized by the ``lock`` passed at
-  construction and bump ``seq`` of every set they touch to odd before writing and to
-  even after (on a GPU these are kernels on one stream, hence ordered; the stream is
-  synchronized before the lock is released).
+- Writers (insert, update, erase, clear) here are serialized by the ``lock`` passed at
+  construction, held exclusively, and bump ``seq`` of every set they touch to odd before
+  writing and to even after (on a GPU these are kernels on one stream, hence ordered; the
+  stream is synchronized before the lock is released). The native miss writes (the write
+  kernel and its CPU twin, ``array_cache_rules.hpp`` ``begin_write``) hold the lock
+  *shared* instead and take each set by a compare-and-swap of its ``seq`` from even to
+  odd, so they write beside each other; a set another writer holds past a short wait is
+  written again under the lock held exclusively.
 - Readers also write: ``ticks`` of hits and the TinyLFU sketch, without a lock. Racing
   readers may lose a tick or a sketch increment (both are approximate by nature), never
   cached data.
 - A writer that dies mid-write leaves its sets odd: readers miss on them, and the next
-  write touching such a set first invalidates all its ways (its data may be torn) and
-  makes its ``seq`` even again (:meth:`ArrayEmbeddingCache.repair` does it for all sets).
+  write touching such a set under the lock held exclusively (no live writer is then in
+  any set) first invalidates all its ways (its data may be torn) and makes its ``seq``
+  even again (:meth:`ArrayEmbeddingCache.repair` does it for all sets).
 """
 
 from __future__ import annotations

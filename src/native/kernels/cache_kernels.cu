@@ -69,13 +69,15 @@ __device__ void finish_launch(const xc::View& c, int64_t counted, bool tick, uns
 
 // Writes the sets sets[0..touched): set t gets keys[starts[t]..starts[t+1]) (distinct, in
 // batch order) with rows rows[src[i]] (insert, update) by the rules of plan_set. A warp
-// per set: its lane 0 decides, the warp copies. Counts go to result[kWriteCounts] and to
-// the node-wide counters in meta. The caller holds the writer lock.
-extern "C" __global__ void trec_cache_write(xc::View c, int32_t mode, const int64_t* keys,
-                                            const int64_t* src, const int64_t* sets,
-                                            const int64_t* starts, int64_t touched,
-                                            const uint8_t* rows, int32_t* target, int64_t* result,
-                                            unsigned* done) {
+// per set: its lane 0 takes the set (begin_write: its lock; `exclusive`: the caller holds
+// the writer lock exclusively and heals what dead writers left) and decides, the warp
+// copies. Counts go to result[kWriteCounts] and to the node-wide counters in meta; the
+// keys of sets given up on (busy) to result[kWBusy], their targets kBusyTarget.
+extern "C" __global__ void trec_cache_write(xc::View c, int32_t mode, int32_t exclusive,
+                                            const int64_t* keys, const int64_t* src,
+                                            const int64_t* sets, const int64_t* starts,
+                                            int64_t touched, const uint8_t* rows, int32_t* target,
+                                            int64_t* result, unsigned* done) {
   const int64_t tick = block_tick(c.meta);
   const xc::WarpGroup g;
   const int64_t per_block = blockDim.x / kWarp;
@@ -83,11 +85,18 @@ extern "C" __global__ void trec_cache_write(xc::View c, int32_t mode, const int6
   for (int64_t t = blockIdx.x * per_block + threadIdx.x / kWarp; t < touched; t += stride) {
     const int64_t s = sets[t], b = starts[t], count = starts[t + 1] - b;
     int64_t counts[xc::kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
+    int64_t taken = 1;
     if (g.leader()) {
-      xc::begin_write(c, s, &counts[xc::kWRecovered]);
-      xc::plan_set(c, mode, s, keys + b, count, target + b, tick, counts);
+      taken = xc::begin_write(c, s, exclusive != 0, &counts[xc::kWRecovered]);
+      if (taken) {
+        xc::plan_set(c, mode, s, keys + b, count, target + b, tick, counts);
+      } else {
+        xc::mark_busy(target + b, count);
+        add64(result + xc::kWBusy, count);
+      }
     }
-    g.sync();
+    if (!g.broadcast(taken)) continue;  // the same in every lane
+    g.sync();                           // lane 0's targets seen by every lane
     xc::copy_rows(g, c, s, src + b, count, target + b, rows);
     xc::fence();
     g.sync();
@@ -107,14 +116,15 @@ extern "C" __global__ void trec_cache_write(xc::View c, int32_t mode, const int6
   if (last_block(done)) finish_launch(c, 0, mode == xc::kModeInsert, done);
 }
 
-// Empties the cache (ArrayEmbeddingCache.clear): every set healed, emptied and made even;
+// Empties the cache (ArrayEmbeddingCache.clear; the caller holds the writer lock
+// exclusively): every set healed, emptied and made even;
 // the sketch zeroed and its count reset. A thread per set.
 extern "C" __global__ void trec_cache_clear(xc::View c, int64_t* result) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t recovered = 0;
   for (int64_t s = first; s < c.num_sets; s += stride) {
-    xc::begin_write(c, s, &recovered);
+    xc::begin_write(c, s, true, &recovered);
     for (int64_t w = 0; w < c.ways; ++w) c.valid[s * c.ways + w] = 0;
     xc::end_write(c, s);
   }
@@ -130,14 +140,15 @@ extern "C" __global__ void trec_cache_clear(xc::View c, int64_t* result) {
 }
 
 // Every set a dead writer left odd loses its ways and is made even
-// (ArrayEmbeddingCache.repair). A thread per set; result[kWRecovered] counts them.
+// (ArrayEmbeddingCache.repair; the caller holds the writer lock exclusively). A thread per set;
+// result[kWRecovered] counts them.
 extern "C" __global__ void trec_cache_repair(xc::View c, int64_t* result) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   int64_t recovered = 0;
   for (int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; s < c.num_sets;
        s += stride) {
     if (xc::load_fresh(c.seq + s) & 1) {
-      xc::begin_write(c, s, &recovered);
+      xc::begin_write(c, s, true, &recovered);
       xc::end_write(c, s);
     }
   }
