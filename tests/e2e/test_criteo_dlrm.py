@@ -230,3 +230,41 @@ def test_a_large_request_holds_one_chunk_of_vectors_at_a_time(
     all_vectors = big_cat.size * 128 * 4
     assert all_vectors > 200_000_000
     assert grown < all_vectors // 4, (grown, all_vectors)
+
+
+def test_instances_answering_one_request_at_a_time_share_one_requests_buffers(
+    criteo_repo, tmp_path, store_dir, nothing_left_in_dev_shm
+):
+    # What a request of 2,048 samples holds while it runs (its keys and row pointers, one
+    # chunk's vectors, the network's activations: about 7 MB with one dense thread) comes
+    # from one pool of the server (ScratchLease), not from each instance's thread: four
+    # instances answering one request at a time (Triton hands them round) hold one set,
+    # where each kept its own before (grown 4x as much).
+    repo = _own_repository(criteo_repo, tmp_path)
+    config = repo / "criteo" / "config.pbtxt"
+    one = config.read_text()
+    config.write_text(one.replace("count: 1 kind: KIND_CPU", "count: 4 kind: KIND_CPU"))
+    des, cat = _samples(criteo_repo[2])
+    copies = 2
+    big_des, big_cat = np.tile(des, (copies, 1)), np.tile(cat, (copies, 1))
+    want = np.tile(predict(*criteo_repo[1], des, cat), copies)
+    with TritonServer(
+        repo, explicit=True, load_models=["criteo"], log_path=tmp_path / "server.log",
+        env={"TRITON_REC_STORE": str(store_dir), "TRITON_REC_DENSE_THREADS": "1"},
+        request_path="native",
+    ) as srv:  # fmt: skip
+        pid = srv.process.pid
+        small = _infer(srv, "grpc", "criteo", des[:8], cat[:8])  # every path warmed up once
+        np.testing.assert_allclose(small, want[:8], atol=1e-4, rtol=0)
+        before = _anonymous_pss(pid)
+        np.testing.assert_allclose(_infer(srv, "grpc", "criteo", big_des, big_cat), want,
+                                   atol=1e-4, rtol=0)  # fmt: skip
+        one_request = _anonymous_pss(pid) - before
+        for _ in range(7):
+            np.testing.assert_allclose(_infer(srv, "grpc", "criteo", big_des, big_cat), want,
+                                       atol=1e-4, rtol=0)  # fmt: skip
+        eight_requests = _anonymous_pss(pid) - before
+        served = (tmp_path / "server.log").read_text()
+    assert one_request > 4_000_000, one_request  # the request's buffers were counted
+    assert eight_requests < 2 * one_request, (one_request, eight_requests)
+    assert "criteo_0_3: request path native" in served

@@ -286,6 +286,22 @@ struct Scratch {  // per thread: reused buffers of the hot path
     embeddings.clear();
   }
 };
+// The Scratch of one request, leased from one pool of the process rather than kept by each
+// instance's thread: a server holds as many as it runs requests at once, whatever its
+// instance count (the MLPerf DLRM's 576-sample chunks: about 12 MB each), and a request
+// takes the one given back last, still warm in cache.
+class ScratchLease {
+ public:
+  ScratchLease();
+  ~ScratchLease();
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  Scratch& operator*() const { return *s_; }
+
+ private:
+  std::unique_ptr<Scratch> s_;
+};
+
 // A hosted call on the native path failed: the request's error (as run_requests words it).
 struct Failed {
   std::string why;

@@ -3,13 +3,39 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "host.hpp"
 #include "request_kernels.hpp"
 
 namespace trec_host {
 
-thread_local Scratch t_scratch;
+namespace {
+std::mutex g_scratch_mutex;
+std::vector<std::unique_ptr<Scratch>> g_scratch_free;  // last given back last
+}  // namespace
+
+ScratchLease::ScratchLease() {
+  {
+    std::lock_guard<std::mutex> lock(g_scratch_mutex);
+    if (!g_scratch_free.empty()) {
+      s_ = std::move(g_scratch_free.back());
+      g_scratch_free.pop_back();
+      return;
+    }
+  }
+  s_ = std::make_unique<Scratch>();
+}
+
+ScratchLease::~ScratchLease() {
+  std::lock_guard<std::mutex> lock(g_scratch_mutex);
+  try {
+    g_scratch_free.push_back(std::move(s_));
+  } catch (const std::bad_alloc&) {  // not kept: the next request makes another
+  }
+}
 
 // The misses of table `t`'s cache query (hit[i] == 0; `hits` hit, in query_ns): by the
 // table's handler, which answers them into `out` by HPS's rules and adds the keys it
@@ -195,7 +221,8 @@ bool read_dense_request(const NativePlan& plan, Scratch& s, TRITONBACKEND_Reques
 // kHandedOver (nothing sent): the Python path answers, naming what is wrong.
 Native hps_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   const NativePlan& plan = *st.plan;
-  Scratch& s = t_scratch;
+  const ScratchLease lease;
+  Scratch& s = *lease;
   In keys_in, counts_in;
   if (!find(request, "KEYS", &keys_in) || !find(request, "NUMKEYS", &counts_in))
     return Native::kHandedOver;
@@ -248,7 +275,8 @@ Native hps_path(const InstanceState& st, TRITONBACKEND_Request* request) {
 // the slot combiner, and the dense network, all here.
 Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   const NativePlan& plan = *st.plan;
-  Scratch& s = t_scratch;
+  const ScratchLease lease;
+  Scratch& s = *lease;
   const auto key_type = plan.uint32_keys ? TRITONSERVER_TYPE_UINT32 : TRITONSERVER_TYPE_INT64;
   DenseRequest r;
   if (!read_dense_request(plan, s, request, "CATCOLUMN", key_type, plan.uint32_keys ? 4 : 8, &r)) {
@@ -304,7 +332,8 @@ Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
 // table the slot combiner and the dense network, as hugectr_path after its lookups.
 Native dense_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   const NativePlan& plan = *st.plan;
-  Scratch& s = t_scratch;
+  const ScratchLease lease;
+  Scratch& s = *lease;
   DenseRequest r;
   if (!read_dense_request(plan, s, request, "EMBEDDINGS", TRITONSERVER_TYPE_FP32, 4, &r)) {
     return Native::kHandedOver;
