@@ -194,6 +194,15 @@ def test_a_models_instances_share_one_copy_of_its_dense_network(
     assert grown < dense_bytes, (grown, dense_bytes)
 
 
+def _one_thread_server(repo, tmp_path, store_dir) -> TritonServer:
+    """A server of ``repo``'s criteo model alone, native path, one dense thread."""
+    return TritonServer(
+        repo, explicit=True, load_models=["criteo"], log_path=tmp_path / "server.log",
+        env={"TRITON_REC_STORE": str(store_dir), "TRITON_REC_DENSE_THREADS": "1"},
+        request_path="native",
+    )  # fmt: skip
+
+
 def _peak_rss(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
@@ -211,11 +220,7 @@ def test_a_large_request_holds_one_chunk_of_vectors_at_a_time(
     des, cat = _samples(criteo_repo[2])
     want = predict(*criteo_repo[1], des, cat)
     copies = 16
-    with TritonServer(
-        repo, explicit=True, load_models=["criteo"], log_path=tmp_path / "server.log",
-        env={"TRITON_REC_STORE": str(store_dir), "TRITON_REC_DENSE_THREADS": "1"},
-        request_path="native",
-    ) as srv:  # fmt: skip
+    with _one_thread_server(repo, tmp_path, store_dir) as srv:
         pid = srv.process.pid
         np.testing.assert_allclose(_infer(srv, "grpc", "criteo", des, cat), want,
                                    atol=1e-4, rtol=0)  # fmt: skip
@@ -248,11 +253,7 @@ def test_instances_answering_one_request_at_a_time_share_one_requests_buffers(
     copies = 2
     big_des, big_cat = np.tile(des, (copies, 1)), np.tile(cat, (copies, 1))
     want = np.tile(predict(*criteo_repo[1], des, cat), copies)
-    with TritonServer(
-        repo, explicit=True, load_models=["criteo"], log_path=tmp_path / "server.log",
-        env={"TRITON_REC_STORE": str(store_dir), "TRITON_REC_DENSE_THREADS": "1"},
-        request_path="native",
-    ) as srv:  # fmt: skip
+    with _one_thread_server(repo, tmp_path, store_dir) as srv:
         pid = srv.process.pid
         small = _infer(srv, "grpc", "criteo", des[:8], cat[:8])  # every path warmed up once
         np.testing.assert_allclose(small, want[:8], atol=1e-4, rtol=0)
