@@ -206,10 +206,13 @@ TREC_HD bool compare_swap(int64_t* p, int64_t expected, int64_t desired) noexcep
 #endif
 }
 
-// A pause between tries of a set another writer holds.
+// A pause between tries of a set another writer holds (a GPU before Volta has no sleep:
+// it tries again at once).
 TREC_HD void pause_briefly() noexcept {
 #if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 700
   __nanosleep(500);
+#endif
 #else
   sched_yield();
 #endif
