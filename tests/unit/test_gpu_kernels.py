@@ -35,6 +35,16 @@ def test_kernels_compile_to_ptx_for_each_architecture(arch):
         assert re.search(rf"\.entry {name}\(", ptx), name
 
 
+def test_kernels_compile_for_the_oldest_architecture_nvrtc_offers():
+    # what a device older than CI_ARCHS loads: an intrinsic of newer devices only (such as
+    # __nanosleep, Volta on) must stay behind a __CUDA_ARCH__ check
+    oldest = min(nvrtc.supported_archs())
+    ptx = kernels.ptx(oldest)
+    assert re.search(rf"\.target sm_{oldest}\b", ptx), ptx[:400]
+    for name in KERNELS:
+        assert re.search(rf"\.entry {name}\(", ptx), name
+
+
 @pytest.mark.parametrize("cc", kernels.CI_ARCHS)
 def test_a_device_gets_machine_code_for_its_own_architecture(cc):
     # cubin (an ELF image) loads on any driver that knows the architecture; PTX only on
