@@ -521,9 +521,41 @@ TREC_HD void plan_set(const View& c, int32_t mode, int64_t s, const int64_t* key
   }
 }
 
-// The keys of a busy set (begin_write gave up on it): no target, marked for the retry.
-TREC_HD void mark_busy(int32_t* target, int64_t count) noexcept {
+// The keys of a busy set (begin_write gave up on it): no target, marked for the retry, and
+// counted in the call's result[kWBusy].
+TREC_HD void give_up_set(int32_t* target, int64_t count, int64_t* result) noexcept {
   for (int64_t i = 0; i < count; ++i) target[i] = kBusyTarget;
+  add_fetch(result + kWBusy, count);
+}
+
+// The node-wide counter in meta of each write count (WriteCount order).
+TREC_HD int meta_of_count(int k) noexcept {
+  switch (k) {
+    case kWInserted:
+      return kInserts;
+    case kWUpdated:
+      return kUpdates;
+    case kWEvicted:
+      return kEvictions;
+    case kWRejected:
+      return kRejected;
+    case kWOverflow:
+      return kOverflow;
+    case kWErased:
+      return kErased;
+    default:
+      return kRecovered;
+  }
+}
+
+// A set's write counts added to the call's result and to the node-wide counters in meta.
+TREC_HD void add_write_counts(const View& c, const int64_t* counts, int64_t* result) noexcept {
+  for (int k = 0; k < kWriteCounts; ++k) {
+    if (counts[k] != 0) {
+      add_fetch(result + k, counts[k]);
+      add_fetch(c.meta + meta_of_count(k), counts[k]);
+    }
+  }
 }
 
 // The group copies the rows decided by plan_set: rows[src[i]] -> the set's way target[i].

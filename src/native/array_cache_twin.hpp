@@ -178,23 +178,17 @@ inline void twin_write(const View& c, int32_t mode, bool exclusive, const int64_
   if (touched == 0) return;
   const int64_t tick = load_fresh(c.meta + kClock) + 1;
   const SerialGroup g;
-  const int kMetaOf[kWriteCounts] = {kInserts,  kUpdates, kEvictions, kRejected,
-                                     kOverflow, kErased,  kRecovered};
   for (int64_t t = 0; t < touched; ++t) {
     const int64_t s = sets[t], b = starts[t], count = starts[t + 1] - b;
     int64_t local[kWriteCounts] = {0, 0, 0, 0, 0, 0, 0};
     if (!begin_write(c, s, exclusive, &local[kWRecovered])) {
-      mark_busy(target + b, count);
-      counts[kWBusy] += count;
+      give_up_set(target + b, count, counts);
       continue;
     }
     plan_set(c, mode, s, keys + b, count, target + b, tick, local);
     copy_rows(g, c, s, src + b, count, target + b, rows);
     end_write(c, s);
-    for (int k = 0; k < kWriteCounts; ++k) {
-      counts[k] += local[k];
-      if (local[k] != 0) add_fetch(c.meta + kMetaOf[k], local[k]);
-    }
+    add_write_counts(c, local, counts);
   }
   if (mode == kModeInsert) advance_clock(c);
 }
@@ -275,9 +269,12 @@ class StagedWrites {
     }
     std::memset(h + counts_, 0, total_ - counts_);
   }
-  // Adds the keys of `part` (written as parts[p]) whose targets say busy to `busy`.
+  // Adds the keys of `part` (written as parts[p]) whose targets say busy to `busy` (null:
+  // the write held the exclusive lock, where no set is busy).
   void collect_busy(size_t p, const int32_t* target, const WritePart& part,
                     BusyWrites* busy) const {
+    if (busy == nullptr)
+      throw std::logic_error("a write under the exclusive lock found a busy set");
     const GroupedWrites& g = grouped_[p];
     BusyWrites::Part left;
     left.part = p;
@@ -330,11 +327,7 @@ inline void twin_write_staged(const WritePart* parts, size_t n, int64_t* counts,
                    : nullptr,
                target, got);
     for (int k = 0; k < kWriteCounts; ++k) counts[p * kWriteCounts + k] += got[k];
-    if (got[kWBusy] != 0) {
-      if (busy == nullptr)
-        throw std::logic_error("a write under the exclusive lock found a busy set");
-      staged.collect_busy(p, target, parts[p], busy);
-    }
+    if (got[kWBusy] != 0) staged.collect_busy(p, target, parts[p], busy);
   }
 }
 

@@ -38,10 +38,6 @@ __device__ bool last_block(unsigned* done) {
   return last;
 }
 
-__device__ void add64(int64_t* p, int64_t v) {
-  atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
-}
-
 // In the last block: advance the clock (a query or an insert), count the keys toward
 // the TinyLFU aging and halve the sketch when due. Every thread of the block calls it.
 __device__ void finish_table(const xc::View& c, int64_t counted, bool tick) {
@@ -91,8 +87,7 @@ extern "C" __global__ void trec_cache_write(xc::View c, int32_t mode, int32_t ex
       if (taken) {
         xc::plan_set(c, mode, s, keys + b, count, target + b, tick, counts);
       } else {
-        xc::mark_busy(target + b, count);
-        add64(result + xc::kWBusy, count);
+        xc::give_up_set(target + b, count, result);
       }
     }
     if (!g.broadcast(taken)) continue;  // the same in every lane
@@ -102,15 +97,7 @@ extern "C" __global__ void trec_cache_write(xc::View c, int32_t mode, int32_t ex
     g.sync();
     if (g.leader()) {
       xc::end_write(c, s);
-      constexpr int kMetaOf[xc::kWriteCounts] = {xc::kInserts,  xc::kUpdates,  xc::kEvictions,
-                                                 xc::kRejected, xc::kOverflow, xc::kErased,
-                                                 xc::kRecovered};
-      for (int k = 0; k < xc::kWriteCounts; ++k) {
-        if (counts[k] != 0) {
-          add64(result + k, counts[k]);
-          add64(c.meta + kMetaOf[k], counts[k]);
-        }
-      }
+      xc::add_write_counts(c, counts, result);
     }
   }
   if (last_block(done)) finish_launch(c, 0, mode == xc::kModeInsert, done);
@@ -134,8 +121,8 @@ extern "C" __global__ void trec_cache_clear(xc::View c, int64_t* result) {
   }
   if (first == 0) xc::store_volatile(c.meta + xc::kIncs, 0);
   if (recovered != 0) {
-    add64(result + xc::kWRecovered, recovered);
-    add64(c.meta + xc::kRecovered, recovered);
+    xc::add_fetch(result + xc::kWRecovered, recovered);
+    xc::add_fetch(c.meta + xc::kRecovered, recovered);
   }
 }
 
@@ -153,8 +140,8 @@ extern "C" __global__ void trec_cache_repair(xc::View c, int64_t* result) {
     }
   }
   if (recovered != 0) {
-    add64(result + xc::kWRecovered, recovered);
-    add64(c.meta + xc::kRecovered, recovered);
+    xc::add_fetch(result + xc::kWRecovered, recovered);
+    xc::add_fetch(c.meta + xc::kRecovered, recovered);
   }
 }
 
