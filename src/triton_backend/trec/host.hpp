@@ -261,7 +261,7 @@ Native native_path(const InstanceState& st, TRITONBACKEND_Request* request);
 
 // -- what the hot paths and the GPU paths share (hot_paths.cpp) ---------------------------
 
-struct Scratch {  // per thread: reused buffers of the hot path
+struct Scratch {  // reused buffers of the hot path, a request's at a time (ScratchLease)
   std::vector<int64_t> keys, key_starts, ptrs, chunk_ptrs;
   std::vector<int32_t> counts;
   std::vector<uint8_t> hit;
