@@ -147,9 +147,9 @@ void register_dense_net(py::module_& m) {
             const float* d = dense.data();
             {
               py::gil_scoped_release release;
-              // reused from call to call, as an instance's is on the request path
-              thread_local tr::DenseNet::Workspace ws;
-              net.predict(batch, d, emb, o, &ws);
+              // reused from call to call and given back once idle, as on the request path
+              const tr::IdleLease<tr::DenseNet::Workspace> ws;
+              net.predict(batch, d, emb, o, ws.get());
             }
             return out;
           },

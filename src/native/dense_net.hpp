@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gemm.hpp"
+#include "idle_pool.hpp"
 #include "interaction.hpp"
 #include "row_parts.hpp"
 
@@ -208,9 +209,12 @@ class DenseNet {
     RowPool::instance().run(parts, [&](int p) {
       const int64_t r0 = p * per, r1 = std::min(r0 + per, batch);
       if (r1 <= r0) return;
-      thread_local Workspace own;  // a pool thread's
-      predict_rows(r0, r1, dense, embeddings, out,
-                   std::this_thread::get_id() == caller ? ws : &own);
+      if (std::this_thread::get_id() == caller) {
+        predict_rows(r0, r1, dense, embeddings, out, ws);
+        return;
+      }
+      const IdleLease<Workspace> own;  // a pool thread's part: a workspace of the process's
+      predict_rows(r0, r1, dense, embeddings, out, own.get());
     });
   }
 

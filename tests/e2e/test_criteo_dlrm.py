@@ -15,6 +15,7 @@ import base64
 import json
 import shutil
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -244,7 +245,9 @@ def test_instances_answering_one_request_at_a_time_share_one_requests_buffers(
     # chunk's vectors, the network's activations: about 7 MB with one dense thread) comes
     # from one pool of the server (ScratchLease), not from each instance's thread: four
     # instances answering one request at a time (Triton hands them round) hold one set,
-    # where each kept its own before (grown 4x as much).
+    # where each kept its own before (grown 4x as much). Once no request has used them for
+    # a second (idle_pool.hpp) they are given back: the server, idle, holds them no more
+    # (kept for good before).
     repo = _own_repository(criteo_repo, tmp_path)
     config = repo / "criteo" / "config.pbtxt"
     one = config.read_text()
@@ -265,7 +268,12 @@ def test_instances_answering_one_request_at_a_time_share_one_requests_buffers(
             np.testing.assert_allclose(_infer(srv, "grpc", "criteo", big_des, big_cat), want,
                                        atol=1e-4, rtol=0)  # fmt: skip
         eight_requests = _anonymous_pss(pid) - before
+        deadline, idle = time.monotonic() + 20, eight_requests
+        while idle >= one_request / 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            idle = _anonymous_pss(pid) - before
         served = (tmp_path / "server.log").read_text()
     assert one_request > 4_000_000, one_request  # the request's buffers were counted
     assert eight_requests < 2 * one_request, (one_request, eight_requests)
+    assert idle < one_request / 2, (one_request, eight_requests, idle)
     assert "criteo_0_3: request path native" in served

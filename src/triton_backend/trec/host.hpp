@@ -24,6 +24,7 @@
 #include "dense_net.hpp"
 #include "gpu_ops.hpp"
 #include "hash_index.hpp"
+#include "idle_pool.hpp"
 #include "local_misses.hpp"
 #include "shm_cache.hpp"
 #include "triton_api.h"
@@ -286,21 +287,12 @@ struct Scratch {  // reused buffers of the hot path, a request's at a time (Scra
     embeddings.clear();
   }
 };
-// The Scratch of one request, leased from one pool of the process rather than kept by each
-// instance's thread: a server holds as many as it runs requests at once, whatever its
-// instance count (the MLPerf DLRM's 576-sample chunks: about 12 MB each), and a request
-// takes the one given back last, still warm in cache.
-class ScratchLease {
- public:
-  ScratchLease();
-  ~ScratchLease();
-  ScratchLease(const ScratchLease&) = delete;
-  ScratchLease& operator=(const ScratchLease&) = delete;
-  Scratch& operator*() const { return *s_; }
-
- private:
-  std::unique_ptr<Scratch> s_;
-};
+// The Scratch of one request, leased from one pool of the process (idle_pool.hpp) rather than
+// kept by each instance's thread: a server holds as many as it runs requests at once,
+// whatever its instance count (the MLPerf DLRM's 576-sample chunks: about 12 MB each), a
+// request takes the one given back last, still warm in cache, and a second after a burst
+// they are given back.
+using ScratchLease = tr::IdleLease<Scratch>;
 
 // A hosted call on the native path failed: the request's error (as run_requests words it).
 struct Failed {

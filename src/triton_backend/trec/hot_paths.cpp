@@ -4,38 +4,12 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "host.hpp"
 #include "request_kernels.hpp"
 
 namespace trec_host {
-
-namespace {
-std::mutex g_scratch_mutex;
-std::vector<std::unique_ptr<Scratch>> g_scratch_free;  // last given back last
-}  // namespace
-
-ScratchLease::ScratchLease() {
-  {
-    std::lock_guard<std::mutex> lock(g_scratch_mutex);
-    if (!g_scratch_free.empty()) {
-      s_ = std::move(g_scratch_free.back());
-      g_scratch_free.pop_back();
-      return;
-    }
-  }
-  s_ = std::make_unique<Scratch>();
-}
-
-ScratchLease::~ScratchLease() {
-  std::lock_guard<std::mutex> lock(g_scratch_mutex);
-  try {
-    g_scratch_free.push_back(std::move(s_));
-  } catch (const std::bad_alloc&) {  // not kept: the next request makes another
-  }
-}
 
 // The misses of table `t`'s cache query (hit[i] == 0; `hits` hit, in query_ns): by the
 // table's handler, which answers them into `out` by HPS's rules and adds the keys it
