@@ -70,6 +70,11 @@ def criteo_server(criteo_repo, tmp_path_factory, nothing_left_in_dev_shm, store_
 
 def _infer(server, protocol, model, des, cat):
     """Predictions of ``des [B, 13]`` and ``cat [B, 26]`` (one key per slot)."""
+    return _infer_result(server, protocol, model, des, cat).as_numpy("OUTPUT0")
+
+
+def _infer_result(server, protocol, model, des, cat):
+    """The response (tritonclient's InferResult) to ``des [B, 13]`` and ``cat [B, 26]``."""
     b = des.shape[0]
     arrays = {
         "DES": des.reshape(1, -1).astype(np.float32),
@@ -83,7 +88,14 @@ def _infer(server, protocol, model, des, cat):
             i = tc.InferInput(name, list(a.shape), TYPES[name][1])
             i.set_data_from_numpy(a)
             inputs.append(i)
-        return client.infer(model, inputs, parameters={"exact": True}).as_numpy("OUTPUT0")
+        return client.infer(model, inputs, parameters={"exact": True})
+
+
+def _default_not_found(result, protocol) -> int:
+    """The response parameter DefaultNotFound (the native request path sends it)."""
+    if protocol == "http":
+        return int(result.get_response()["parameters"]["DefaultNotFound"])
+    return int(result.get_response().parameters["DefaultNotFound"].int64_param)
 
 
 def _samples(requests):
@@ -96,16 +108,24 @@ def _samples(requests):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_served_predictions_equal_a_numpy_reference(criteo_server, criteo_repo, protocol):
+def test_served_predictions_equal_a_numpy_reference(
+    criteo_server, criteo_repo, protocol, request_path
+):
+    # 255 and 1,024 samples: the native path looks their tables up on every idle core
+    # (each_table, host.hpp), so each part's defaults must reach the response's count
     srv, _ = criteo_server
     _, net, requests = criteo_repo
     des, cat = _samples(requests)
     assert 0.003 < (cat >= 2**31).mean() < 0.03  # the perf inputs' unseen keys are in it
     want = predict(*net, des, cat)
     for a, b in ((0, 1), (1, BATCH), (BATCH, des.shape[0])):  # 1, 255 and 1,024 samples
-        got = _infer(srv, protocol, "criteo", des[a:b], cat[a:b])
+        result = _infer_result(srv, protocol, "criteo", des[a:b], cat[a:b])
+        got = result.as_numpy("OUTPUT0")
         assert got.shape == (b - a,)
         np.testing.assert_allclose(got, want[a:b], atol=1e-4, rtol=0)
+        if request_path == "native":  # exact: every key no table holds, and only those
+            unseen = int((cat[a:b] >= 2**31).sum())
+            assert _default_not_found(result, protocol) == unseen, (a, b, unseen)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])

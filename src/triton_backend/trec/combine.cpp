@@ -10,14 +10,14 @@
 namespace trec_host {
 
 // Table t's slots of n samples combined (HugeCTR's combiner) from its `count` vectors with
-// the segment pointers ptr[0..n * slots], into s.combined[t], appended to s.embeddings (the
+// the segment pointers ptr[0..n * slots], into s.combined[t], set as s.embeddings[t] (the
 // network's input).
 void combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, const float* vectors,
                    int64_t count, const int64_t* ptr) {
   const int64_t dim = plan.table_dim(t);
   const int64_t segments = n * plan.slots[t];
   if (tr::one_row_per_segment(ptr, segments, count)) {
-    s.embeddings.push_back(vectors);  // one-hot: already the network's input, not copied
+    s.embeddings[t] = vectors;  // one-hot: already the network's input, not copied
     return;
   }
   auto& combined = s.combined[t];
@@ -25,7 +25,7 @@ void combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, cons
   if (!tr::combine_segments(vectors, count, dim, ptr, segments, plan.mean[t], combined.data())) {
     throw std::runtime_error("row pointers outside the table's keys");
   }
-  s.embeddings.push_back(combined.data());
+  s.embeddings[t] = combined.data();
 }
 
 // Where each table's vectors lie for the keys of a regrouped hugectr request, or in a

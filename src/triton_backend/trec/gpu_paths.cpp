@@ -137,9 +137,10 @@ void hugectr_gpu_host_dense(const InstanceState& st, Scratch& s, int64_t n, int6
   const Looked r = lookup_tables(plan, s.keys.data(), s.key_starts.data(), voff.data());
   settle_tables(st, s.keys.data(), s.key_starts.data(), r.out, voff.data(), r.status, r.ns, exact,
                 d);
-  combine_and_predict(plan, s, n, des, answer, [&](size_t t, int64_t first, int64_t) {
-    return r.out + voff[t] + first * plan.table_dim(t);
-  });
+  combine_and_predict(plan, s, n, des, answer, d, false,
+                      [&](size_t t, int64_t first, int64_t, TablePart&) {
+                        return r.out + voff[t] + first * plan.table_dim(t);
+                      });
 }
 
 // Where the combiner of a request of n samples works (trec_combine_tables' spans): each

@@ -262,10 +262,18 @@ Native native_path(const InstanceState& st, TRITONBACKEND_Request* request);
 
 // -- what the hot paths and the GPU paths share (hot_paths.cpp) ---------------------------
 
-struct Scratch {  // reused buffers of the hot path, a request's at a time (ScratchLease)
-  std::vector<int64_t> keys, key_starts, ptrs, chunk_ptrs;
-  std::vector<int32_t> counts;
+// What one part of a request's tables holds (each_table): a table's cache hits, its chunk's
+// segment pointers, and the keys it answered with the default value.
+struct TablePart {
   std::vector<uint8_t> hit;
+  std::vector<int64_t> chunk_ptrs;
+  Defaults defaults;
+};
+
+struct Scratch {  // reused buffers of the hot path, a request's at a time (ScratchLease)
+  std::vector<int64_t> keys, key_starts, ptrs, blocks, out_starts;
+  std::vector<int32_t> counts;
+  std::vector<TablePart> parts;               // each_table's, one a part
   std::vector<char> copy[3];                  // split inputs, made contiguous
   std::vector<std::vector<float>> looked_up;  // per table: its keys' vectors
   std::vector<std::vector<float>> combined;
@@ -309,11 +317,46 @@ struct DenseRequest {
 bool read_dense_request(const NativePlan& plan, Scratch& s, TRITONBACKEND_Request* request,
                         const char* middle, TRITONSERVER_DataType type, int64_t size,
                         DenseRequest* r);
-// Table t's slots of n samples combined into the network's input (s.embeddings), from its
+// Table t's slots of n samples combined into the network's input (s.embeddings[t]), from its
 // `count` vectors and its segment pointers ptr[0..n * slots] (CSR offsets into `vectors`). A
 // one-hot table's `vectors` are the input themselves: they must live until the network ran.
+// Touches table t's buffers alone (each_table's parts run it for other tables at once).
 void combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, const float* vectors,
                    int64_t count, const int64_t* ptr);
+
+// A part of each_table: about 30 us of lookups from the mapped tables (80 ns a key on the
+// 2-core development machine, benchmarks/history/2026-12-07-idle-buffers-and-parallel-lookups.md),
+// what handing it to another thread costs.
+constexpr int64_t kMinKeysPerPart = 384;
+
+// fn(t, part) for every table t of a request (its lookups, its slots combined), split across
+// the cores no other call of the process is using (row_parts.hpp's rule, one part per
+// kMinKeysPerPart of its `keys`, at most TRITON_REC_DENSE_THREADS): each part takes the next
+// table not taken yet, with a TablePart of its own (s.parts[p]); the keys they answered with
+// the default value are added to *d. So a request alone on a node of idle cores looks up its
+// tables on several of them, as its network runs.
+template <typename Fn>
+void each_table(const NativePlan& plan, Scratch& s, int64_t keys, Defaults* d, Fn&& fn) {
+  const size_t tables = plan.slots.empty() ? plan.tables.size() : plan.slots.size();
+  const tr::IdleParts split(keys / kMinKeysPerPart);
+  const int parts = split.parts();
+  if (s.parts.size() < static_cast<size_t>(parts)) s.parts.resize(static_cast<size_t>(parts));
+  if (parts == 1) {
+    for (size_t t = 0; t < tables; ++t) fn(t, s.parts[0]);
+  } else {
+    std::atomic<size_t> next{0};
+    tr::RowPool::instance().run(parts, [&](int p) {
+      for (size_t t; (t = next.fetch_add(1)) < tables;) fn(t, s.parts[static_cast<size_t>(p)]);
+    });
+  }
+  for (int p = 0; p < parts; ++p) {
+    Defaults& part = s.parts[static_cast<size_t>(p)].defaults;
+    for (int c = 0; c < tr::kNumDefaultCauses; ++c) {
+      if (d != nullptr) d->by_cause[c] += part.by_cause[c];
+      part.by_cause[c] = 0;
+    }
+  }
+}
 
 // Where each table's vectors lie for the keys of a regrouped hugectr request, or in a dense
 // request's EMBEDDINGS (s.key_starts: each table's keys): offsets in floats, one past the
@@ -323,37 +366,46 @@ std::vector<int64_t> vector_offsets(const NativePlan& plan, const Scratch& s);
 // A hugectr or dense request of n samples answered on the host (`out`), a chunk of samples
 // at a time (DenseNet::chunk_rows: every thread of the network's call a whole pass): each
 // table's vectors of the chunk's keys, its slots combined (combine_table), then the network
-// on the chunk. vectors(t, first, count) gives table t's vectors of its keys [first, first +
-// count) (s.key_starts counts each table's keys; s.ptrs holds, table after table, the
-// n * slots + 1 segment pointers into them): looked up, or where they lie already; they must
-// live until the chunk's network ran. So what a request holds besides its inputs and answer
-// is one chunk's vectors, whatever its batch (a batch of 65,536 samples of the MLPerf DLRM
-// held 872 MB of them before), and they are read back from cache. What the hugectr and dense
-// paths and a GPU instance's small batches share.
+// on the chunk. vectors(t, first, count, part) gives table t's vectors of its keys [first,
+// first + count) (s.key_starts counts each table's keys; s.ptrs holds, table after table, the
+// n * slots + 1 segment pointers into them): looked up (`looks_up`: the tables split across
+// idle cores, each_table, the defaults it answered counted in `part` and then added to *d),
+// or where they lie already; they must live until the chunk's network ran. So what a request
+// holds besides its inputs and answer is one chunk's vectors, whatever its batch (a batch of
+// 65,536 samples of the MLPerf DLRM held 872 MB of them before), and they are read back from
+// cache. What the hugectr and dense paths and a GPU instance's small batches share.
 template <typename Vectors>
 void combine_and_predict(const NativePlan& plan, Scratch& s, int64_t n, const float* des,
-                         float* out, Vectors&& vectors) {
+                         float* out, Defaults* d, bool looks_up, Vectors&& vectors) {
   const size_t tables = plan.slots.size();
   const int64_t chunk = plan.net->chunk_rows();
   s.combined.resize(tables);
+  s.embeddings.resize(tables);
+  s.blocks.resize(tables);
+  for (size_t t = 0, block = 0; t < tables; ++t) {  // where table t's segment pointers start
+    s.blocks[t] = static_cast<int64_t>(block);
+    block += static_cast<size_t>(n * plan.slots[t] + 1);
+  }
   for (int64_t a = 0; a < n; a += chunk) {
     const int64_t c = std::min(chunk, n - a);
-    s.embeddings.clear();
-    int64_t block = 0;  // where table t's segment pointers start in s.ptrs
-    for (size_t t = 0; t < tables; ++t) {
+    int64_t keys = 0;  // the chunk's (the lookups' work)
+    for (size_t t = 0; looks_up && t < tables; ++t) {
+      const int64_t* p = s.ptrs.data() + s.blocks[t] + a * plan.slots[t];
+      keys += p[c * plan.slots[t]] - p[0];
+    }
+    each_table(plan, s, keys, d, [&](size_t t, TablePart& part) {
       const int64_t segments = c * plan.slots[t];
-      const int64_t* p = s.ptrs.data() + block + a * plan.slots[t];
+      const int64_t* p = s.ptrs.data() + s.blocks[t] + a * plan.slots[t];
       const int64_t first = p[0], count = p[segments] - first;
       if (first < 0 || count < 0) throw std::runtime_error("row pointers out of order");
       const int64_t* ptr = p;
       if (first != 0) {  // the chunk's pointers, counted from its first key
-        s.chunk_ptrs.resize(static_cast<size_t>(segments + 1));
-        for (int64_t i = 0; i <= segments; ++i) s.chunk_ptrs[i] = p[i] - first;
-        ptr = s.chunk_ptrs.data();
+        part.chunk_ptrs.resize(static_cast<size_t>(segments + 1));
+        for (int64_t i = 0; i <= segments; ++i) part.chunk_ptrs[i] = p[i] - first;
+        ptr = part.chunk_ptrs.data();
       }
-      combine_table(plan, s, t, c, vectors(t, first, count), count, ptr);
-      block += n * plan.slots[t] + 1;
-    }
+      combine_table(plan, s, t, c, vectors(t, first, count, part), count, ptr);
+    });
     plan.net->predict(c, des + a * plan.dense_dim, s.embeddings, out + a * plan.label_dim,
                       &s.dense);
   }

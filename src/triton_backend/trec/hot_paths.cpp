@@ -41,18 +41,19 @@ void finish_query(const InstanceState& st, size_t t, const int64_t* keys, int64_
 // The vectors of keys[0..n) of table t into out [n, dim]: the shared cache (its misses by
 // the table's handler) or the mapped table. What CachedTable.lookup does.
 void lookup_table(const InstanceState& st, size_t t, const int64_t* keys, int64_t n, float* out,
-                  Scratch* s, bool exact, Defaults* d) {
+                  TablePart* part, bool exact) {
   if (n == 0) return;
   const NativeTable& nt = st.plan->tables[t];
+  Defaults* d = &part->defaults;
   if (nt.cache) {
-    s->hit.resize(static_cast<size_t>(n));
+    part->hit.resize(static_cast<size_t>(n));
     const uint64_t t0 = now_ns();
-    const int64_t hits = nt.cache->query(keys, static_cast<size_t>(n), out, s->hit.data());
+    const int64_t hits = nt.cache->query(keys, static_cast<size_t>(n), out, part->hit.data());
     const uint64_t q = now_ns() - t0;
     if (hits == n) {
       nt.count_cache_hits(n, q);
     } else {
-      finish_query(st, t, keys, n, out, s->hit.data(), hits, q, exact, d);
+      finish_query(st, t, keys, n, out, part->hit.data(), hits, q, exact, d);
     }
     return;
   }
@@ -235,11 +236,16 @@ Native hps_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       hps_gpu(st, keys, n_keys, s.counts.data(), floats, out, exact == 1, d);
       return;
     }
-    for (int64_t t = 0; t < tables; ++t) {  // straight into the response buffer
-      lookup_table(st, static_cast<size_t>(t), keys, s.counts[t], out, &s, exact == 1, d);
-      keys += s.counts[t];
-      out += s.counts[t] * plan.tables[t].dim;
+    s.key_starts.assign(static_cast<size_t>(tables) + 1, 0);
+    s.out_starts.assign(static_cast<size_t>(tables) + 1, 0);
+    for (int64_t t = 0; t < tables; ++t) {  // where each table's keys and answer lie
+      s.key_starts[t + 1] = s.key_starts[t] + s.counts[t];
+      s.out_starts[t + 1] = s.out_starts[t] + s.counts[t] * plan.tables[t].dim;
     }
+    each_table(plan, s, n_keys, d, [&](size_t t, TablePart& part) {  // into the response
+      lookup_table(st, t, keys + s.key_starts[t], s.counts[t], out + s.out_starts[t], &part,
+                   exact == 1);
+    });
   });
 }
 
@@ -287,15 +293,18 @@ Native hugectr_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       return;
     }
     s.looked_up.resize(static_cast<size_t>(tables));
-    combine_and_predict(plan, s, n, des, out, [&](size_t t, int64_t first, int64_t count) {
-      // the table's own buffer: a one-hot table's vectors are the network's input as they
-      // are (combine_table), so they must live until the chunk's network has run
-      auto& buf = s.looked_up[t];
-      buf.resize(static_cast<size_t>(std::max<int64_t>(count * plan.tables[t].dim, 1)));
-      lookup_table(st, t, s.keys.data() + s.key_starts[t] + first, count, buf.data(), &s,
-                   exact == 1, d);
-      return buf.data();
-    });
+    combine_and_predict(
+        plan, s, n, des, out, d, true,
+        [&](size_t t, int64_t first, int64_t count, TablePart& part) {
+          // the table's own buffer: a one-hot table's vectors are the
+          // network's input as they are (combine_table), so they must live
+          // until the chunk's network has run
+          auto& buf = s.looked_up[t];
+          buf.resize(static_cast<size_t>(std::max<int64_t>(count * plan.tables[t].dim, 1)));
+          lookup_table(st, t, s.keys.data() + s.key_starts[t] + first, count, buf.data(), &part,
+                       exact == 1);
+          return buf.data();
+        });
   });
 }
 
@@ -330,15 +339,16 @@ Native dense_path(const InstanceState& st, TRITONBACKEND_Request* request) {
   if (!tr::all_finite(emb, n_emb)) return Native::kHandedOver;
 
   // Checked: from here on the request is answered here.
-  return respond(st, request, {n * plan.label_dim}, n, [&](float* out, Defaults*) {
+  return respond(st, request, {n * plan.label_dim}, n, [&](float* out, Defaults* d) {
     if (!plan.dense_on_host(n)) {
       dense_gpu(st, s, n, emb, n_emb, n_rows, des, out);
       return;
     }
     const std::vector<int64_t> voff = vector_offsets(plan, s);  // the tables' vectors
-    combine_and_predict(plan, s, n, des, out, [&](size_t t, int64_t first, int64_t) {
-      return emb + voff[t] + first * plan.vec_sizes[t];
-    });
+    combine_and_predict(plan, s, n, des, out, d, false,
+                        [&](size_t t, int64_t first, int64_t, TablePart&) {
+                          return emb + voff[t] + first * plan.vec_sizes[t];
+                        });
   });
 }
 
