@@ -235,8 +235,8 @@ class DenseNet {
 
   // At most kRowsPerPass rows at a time: a workspace holds one pass's activations (those
   // alive together, assign_slots: 8 KB a sample for the MLPerf DLRM, 2.4 MB, not 0.5 GB
-  // for a batch of 65,536, kept by each request run at once and each pool thread), and they
-  // stay in L2 between layers. Rows do not depend on their pass (every row is computed alike).
+  // for a batch of 65,536, held by each part run at once: idle_pool.hpp), and they stay in
+  // L2 between layers. Rows do not depend on their pass (every row is computed alike).
   static constexpr int64_t kRowsPerPass = 288;  // two of gemm.hpp's blocks of rows
 
   // Rows [r_begin, r_end) of the batch's inputs and output, a pass at a time.
