@@ -341,6 +341,7 @@ void each_table(const NativePlan& plan, Scratch& s, int64_t keys, Defaults* d, F
   const tr::IdleParts split(keys / kMinKeysPerPart);
   const int parts = split.parts();
   if (s.parts.size() < static_cast<size_t>(parts)) s.parts.resize(static_cast<size_t>(parts));
+  for (int p = 0; p < parts; ++p) s.parts[static_cast<size_t>(p)].defaults = Defaults{};
   if (parts == 1) {
     for (size_t t = 0; t < tables; ++t) fn(t, s.parts[0]);
   } else {
@@ -349,12 +350,9 @@ void each_table(const NativePlan& plan, Scratch& s, int64_t keys, Defaults* d, F
       for (size_t t; (t = next.fetch_add(1)) < tables;) fn(t, s.parts[static_cast<size_t>(p)]);
     });
   }
-  for (int p = 0; p < parts; ++p) {
-    Defaults& part = s.parts[static_cast<size_t>(p)].defaults;
-    for (int c = 0; c < tr::kNumDefaultCauses; ++c) {
-      if (d != nullptr) d->by_cause[c] += part.by_cause[c];
-      part.by_cause[c] = 0;
-    }
+  for (int p = 0; d != nullptr && p < parts; ++p) {
+    const Defaults& part = s.parts[static_cast<size_t>(p)].defaults;
+    for (int c = 0; c < tr::kNumDefaultCauses; ++c) d->by_cause[c] += part.by_cause[c];
   }
 }
 
