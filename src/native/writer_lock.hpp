@@ -9,9 +9,19 @@
 // (lock_shared/unlock_shared): the native miss writes, which lock each set they write in
 // the write kernel (array_cache_rules.hpp begin_write), so they run side by side across
 // threads and processes; a set they find held past the wait is left to an exclusive retry.
+//
+// Writers first. Neither flock nor glibc's shared mutex keeps new shared holders out while
+// a writer waits, and a process holds the file's lock shared while any of its threads
+// does: shared holders that overlap (instances inserting misses under load) would keep a
+// writer (an online update, a heal) waiting for as long as they overlap. So a writer, while
+// it waits, holds a gate that every shared holder passes on its way in: a mutex for the
+// threads of this object, and a write lock on byte 0 of the lock file (an open file
+// description lock, fcntl F_OFD_SETLKW: independent of flock) for every other holder. The
+// holders already in finish; the writer then gets the lock and opens the gate.
 #pragma once
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -48,6 +58,8 @@ class WriterLock {
   WriterLock& operator=(const WriterLock&) = delete;
 
   void lock() {
+    const std::lock_guard<std::mutex> gate(gate_);  // closed until the lock is ours
+    const FileGate file_gate(fd_);
     mutex_.lock();
     try {
       take_flock(LOCK_EX);
@@ -63,6 +75,10 @@ class WriterLock {
   // The process holds the file's lock shared while any of its threads does: the first
   // takes it, the last gives it back (one open file: a second flock would convert it).
   void lock_shared() {
+    {  // through the gates: a writer waiting holds them
+      const std::lock_guard<std::mutex> gate(gate_);
+      const FileGate file_gate(fd_);
+    }
     mutex_.lock_shared();
     std::lock_guard<std::mutex> count(count_mutex_);
     if (shared_ == 0) {
@@ -90,6 +106,37 @@ class WriterLock {
   const Order& order() const { return order_; }
 
  private:
+  // Byte 0 of the lock file, write-locked for its scope (an open file description lock:
+  // per open file, as flock, so every WriterLock's descriptor is its own holder).
+  class FileGate {
+   public:
+    explicit FileGate(int fd) : fd_(fd) {
+      if (fd_ >= 0) set(F_WRLCK);
+    }
+    ~FileGate() {
+      if (fd_ >= 0) set(F_UNLCK);
+    }
+    FileGate(const FileGate&) = delete;
+    FileGate& operator=(const FileGate&) = delete;
+
+   private:
+    void set(short type) const {
+      struct flock f{};
+      f.l_type = type;
+      f.l_whence = SEEK_SET;
+      f.l_start = 0;
+      f.l_len = 1;
+      while (::fcntl(fd_, F_OFD_SETLKW, &f) != 0) {
+        if (errno != EINTR) {
+          if (type == F_UNLCK) return;  // (a destructor's: not on an open descriptor)
+          throw std::system_error(errno, std::generic_category(),
+                                  "fcntl lock on the cache's writer lock file");
+        }
+      }
+    }
+    const int fd_;
+  };
+
   void take_flock(int how) {
     while (fd_ >= 0 && ::flock(fd_, how) != 0) {
       if (errno != EINTR) {
@@ -100,6 +147,7 @@ class WriterLock {
 
   const int fd_;
   Order order_;
+  std::mutex gate_;          // held by a writer of this object until it has the lock
   std::shared_mutex mutex_;  // this process's threads: shared or exclusive
   std::mutex count_mutex_;   // shared_, and the file's lock taken or given back with it
   int shared_ = 0;           // threads holding the lock shared
