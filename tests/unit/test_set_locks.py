@@ -264,10 +264,10 @@ def test_a_writer_is_not_starved_by_shared_holders_that_overlap(tmp_path, where)
     # writer waits, and a process holds the file's lock shared while any of its threads
     # does: the writer (an online update, a heal) waited for as long as the load lasted
     # (writer_lock.hpp: the writer's gate). Checked to fail (the writer still waiting after
-    # the 6 s of holders) without the gates.
+    # the holders' turns ended) without the gates.
     path = str(tmp_path / "lock")
     os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-    seconds = 6.0
+    seconds = 3.0
     writer = _lock_of(path)  # an open file of its own: another holder of the flock
     shared = writer if where == "same lock" else path  # or the threads' own WriterLock
     if where == "process":
