@@ -14,6 +14,7 @@
 #include <sched.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -123,13 +124,16 @@ class RowPool {
     Job job;
     job.fn = &fn;
     job.parts = parts;
+    job.left.store(parts);
     {
       std::lock_guard<std::mutex> lock(mu_);
       job.inside = 1;  // this thread
       jobs_.push_back(&job);
+      queued_.store(static_cast<int>(jobs_.size()), std::memory_order_release);
     }
     wake_.notify_all();
     work(&job);
+    spin_until([&] { return job.left.load(std::memory_order_acquire) == 0; });
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [&] { return job.finished == job.parts && job.inside == 0; });
     drop(&job);
@@ -137,9 +141,26 @@ class RowPool {
   }
 
  private:
+  // A thread that ran a part, or a caller whose parts other threads still run, waits this
+  // long before it sleeps (a request's next call, or the part's end, is most often that
+  // close: a sleeping thread is woken by the kernel, tens of us on a VM).
+  static constexpr std::chrono::microseconds kSpin{100};
+  template <typename Ready>
+  static bool spin_until(Ready&& ready) {
+    const auto end = std::chrono::steady_clock::now() + kSpin;
+    for (int i = 0;; ++i) {
+      if (ready()) return true;
+      if ((i & 63) == 63 && std::chrono::steady_clock::now() >= end) return false;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+
   struct Job {
     const std::function<void(int)>* fn = nullptr;
     int parts = 0;
+    std::atomic<int> left{0};  // parts not yet finished (what the caller's spin reads)
     std::atomic<int> next{0};
     int finished = 0;  // parts run; under mu_
     int inside = 0;    // threads in work(); under mu_
@@ -156,6 +177,7 @@ class RowPool {
     for (size_t i = 0; i < jobs_.size(); ++i) {
       if (jobs_[i] == job) {
         jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
+        queued_.store(static_cast<int>(jobs_.size()), std::memory_order_release);
         return;
       }
     }
@@ -173,6 +195,7 @@ class RowPool {
       std::lock_guard<std::mutex> lock(mu_);
       if (error && !job->error) job->error = error;
       ++job->finished;
+      job->left.fetch_sub(1, std::memory_order_release);
     }
     std::lock_guard<std::mutex> lock(mu_);
     drop(job);  // nothing left to take
@@ -182,6 +205,7 @@ class RowPool {
   void serve() {
     for (;;) {
       Job* job = nullptr;
+      spin_until([&] { return queued_.load(std::memory_order_acquire) > 0; });
       {
         std::unique_lock<std::mutex> lock(mu_);
         wake_.wait(lock, [&] { return !jobs_.empty(); });
@@ -199,6 +223,7 @@ class RowPool {
   std::mutex mu_;
   std::condition_variable wake_, done_;
   std::vector<Job*> jobs_;
+  std::atomic<int> queued_{0};  // jobs_.size() (what an idle thread's spin reads)
 };
 
 }  // namespace triton_rec
