@@ -115,8 +115,10 @@ class RowPool {
 
   // fn(part) for every part in [0, parts), on this thread and the pool's; returns when
   // all have run and no pool thread holds the job any more, rethrowing the first
-  // exception.
-  void run(int parts, const std::function<void(int)>& fn) {
+  // exception. then_more: the caller runs another job right after this one (a chunk's
+  // network after its lookups), so the pool threads that took a part wait for it
+  // awake (kSpin) rather than go to sleep.
+  void run(int parts, const std::function<void(int)>& fn, bool then_more = false) {
     if (parts <= 1) {
       fn(0);
       return;
@@ -124,6 +126,7 @@ class RowPool {
     Job job;
     job.fn = &fn;
     job.parts = parts;
+    job.then_more = then_more;
     job.left.store(parts);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -141,9 +144,12 @@ class RowPool {
   }
 
  private:
-  // A thread that ran a part, or a caller whose parts other threads still run, waits this
-  // long before it sleeps (a request's next call, or the part's end, is most often that
-  // close: a sleeping thread is woken by the kernel, tens of us on a VM).
+  // A caller whose parts other threads still run, or a pool thread after a part of a job
+  // that another follows (then_more), waits this long before it sleeps (the parts' end, or
+  // the next job, is most often that close: a sleeping thread is woken by the kernel, tens
+  // of us on a VM). Not after every part: a thread spinning for a job that does not come
+  // takes a core from the server's other threads (measured: benchmarks/history/
+  // 2026-12-07-idle-buffers-and-parallel-lookups.md).
   static constexpr std::chrono::microseconds kSpin{100};
   template <typename Ready>
   static bool spin_until(Ready&& ready) {
@@ -160,6 +166,7 @@ class RowPool {
   struct Job {
     const std::function<void(int)>* fn = nullptr;
     int parts = 0;
+    bool then_more = false;
     std::atomic<int> left{0};  // parts not yet finished (what the caller's spin reads)
     std::atomic<int> next{0};
     int finished = 0;  // parts run; under mu_
@@ -203,9 +210,10 @@ class RowPool {
   }
 
   void serve() {
+    bool next_soon = false;  // the last job taken said another follows
     for (;;) {
       Job* job = nullptr;
-      spin_until([&] { return queued_.load(std::memory_order_acquire) > 0; });
+      if (next_soon) spin_until([&] { return queued_.load(std::memory_order_acquire) > 0; });
       {
         std::unique_lock<std::mutex> lock(mu_);
         wake_.wait(lock, [&] { return !jobs_.empty(); });
@@ -215,6 +223,7 @@ class RowPool {
           continue;
         }
         ++job->inside;
+        next_soon = job->then_more;
       }
       work(job);
     }

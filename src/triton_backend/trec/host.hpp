@@ -324,21 +324,29 @@ bool read_dense_request(const NativePlan& plan, Scratch& s, TRITONBACKEND_Reques
 void combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, const float* vectors,
                    int64_t count, const int64_t* ptr);
 
-// A part of each_table: about 30 us of lookups from the mapped tables (80 ns a key on the
-// 2-core development machine, benchmarks/history/2026-12-07-idle-buffers-and-parallel-lookups.md),
-// what handing it to another thread costs.
-constexpr int64_t kMinKeysPerPart = 384;
+// What looking up `keys` keys of table t costs, roughly, for each_table's split: a key from
+// the table's shared cache (a hit) about 10 ns, from a mapped table about 80 ns (random rows
+// of a large table; 2-core development VM, benchmarks/history/
+// 2026-12-07-idle-buffers-and-parallel-lookups.md). A part is worth kPartNs, what handing
+// it to another thread costs: 1,664 keys of a mapped table split, the same keys answered
+// from a cache do not (16 us in one thread, and the other core is often Triton's).
+constexpr int64_t kCachedKeyNs = 10, kMappedKeyNs = 80, kPartNs = 30'000;
+inline int64_t lookup_ns(const NativePlan& plan, size_t t, int64_t keys) {
+  return keys * (plan.tables[t].cache ? kCachedKeyNs : kMappedKeyNs);
+}
 
 // fn(t, part) for every table t of a request (its lookups, its slots combined), split across
 // the cores no other call of the process is using (row_parts.hpp's rule, one part per
-// kMinKeysPerPart of its `keys`, at most TRITON_REC_DENSE_THREADS): each part takes the next
+// kPartNs of its work, `work_ns`, at most TRITON_REC_DENSE_THREADS): each part takes the next
 // table not taken yet, with a TablePart of its own (s.parts[p]); the keys they answered with
 // the default value are added to *d. So a request alone on a node of idle cores looks up its
-// tables on several of them, as its network runs.
+// tables on several of them, as its network runs. then_more: RowPool::run's (the network
+// follows).
 template <typename Fn>
-void each_table(const NativePlan& plan, Scratch& s, int64_t keys, Defaults* d, Fn&& fn) {
+void each_table(const NativePlan& plan, Scratch& s, int64_t work_ns, Defaults* d, bool then_more,
+                Fn&& fn) {
   const size_t tables = plan.slots.empty() ? plan.tables.size() : plan.slots.size();
-  const tr::IdleParts split(keys / kMinKeysPerPart);
+  const tr::IdleParts split(work_ns / kPartNs);
   const int parts = split.parts();
   if (s.parts.size() < static_cast<size_t>(parts)) s.parts.resize(static_cast<size_t>(parts));
   for (int p = 0; p < parts; ++p) s.parts[static_cast<size_t>(p)].defaults = Defaults{};
@@ -346,9 +354,12 @@ void each_table(const NativePlan& plan, Scratch& s, int64_t keys, Defaults* d, F
     for (size_t t = 0; t < tables; ++t) fn(t, s.parts[0]);
   } else {
     std::atomic<size_t> next{0};
-    tr::RowPool::instance().run(parts, [&](int p) {
-      for (size_t t; (t = next.fetch_add(1)) < tables;) fn(t, s.parts[static_cast<size_t>(p)]);
-    });
+    tr::RowPool::instance().run(
+        parts,
+        [&](int p) {
+          for (size_t t; (t = next.fetch_add(1)) < tables;) fn(t, s.parts[static_cast<size_t>(p)]);
+        },
+        then_more);
   }
   for (int p = 0; d != nullptr && p < parts; ++p) {
     const Defaults& part = s.parts[static_cast<size_t>(p)].defaults;
@@ -386,12 +397,12 @@ void combine_and_predict(const NativePlan& plan, Scratch& s, int64_t n, const fl
   }
   for (int64_t a = 0; a < n; a += chunk) {
     const int64_t c = std::min(chunk, n - a);
-    int64_t keys = 0;  // the chunk's (the lookups' work)
+    int64_t work_ns = 0;  // the chunk's lookups'
     for (size_t t = 0; looks_up && t < tables; ++t) {
       const int64_t* p = s.ptrs.data() + s.blocks[t] + a * plan.slots[t];
-      keys += p[c * plan.slots[t]] - p[0];
+      work_ns += lookup_ns(plan, t, p[c * plan.slots[t]] - p[0]);
     }
-    each_table(plan, s, keys, d, [&](size_t t, TablePart& part) {
+    each_table(plan, s, work_ns, d, true, [&](size_t t, TablePart& part) {  // the network next
       const int64_t segments = c * plan.slots[t];
       const int64_t* p = s.ptrs.data() + s.blocks[t] + a * plan.slots[t];
       const int64_t first = p[0], count = p[segments] - first;
