@@ -152,11 +152,11 @@ class RowPool {
   // 2026-12-07-idle-buffers-and-parallel-lookups.md).
   static constexpr std::chrono::microseconds kSpin{100};
   template <typename Ready>
-  static bool spin_until(Ready&& ready) {
+  static void spin_until(Ready&& ready) {
     const auto end = std::chrono::steady_clock::now() + kSpin;
     for (int i = 0;; ++i) {
-      if (ready()) return true;
-      if ((i & 63) == 63 && std::chrono::steady_clock::now() >= end) return false;
+      if (ready()) return;
+      if ((i & 63) == 63 && std::chrono::steady_clock::now() >= end) return;
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #endif

@@ -40,4 +40,15 @@ std::vector<int64_t> vector_offsets(const NativePlan& plan, const Scratch& s) {
   return voff;
 }
 
+void hps_starts(const NativePlan& plan, const int32_t* counts, std::vector<int64_t>* key_starts,
+                std::vector<int64_t>* out_starts) {
+  const size_t tables = plan.tables.size();
+  key_starts->assign(tables + 1, 0);
+  out_starts->assign(tables + 1, 0);
+  for (size_t t = 0; t < tables; ++t) {
+    (*key_starts)[t + 1] = (*key_starts)[t] + counts[t];
+    (*out_starts)[t + 1] = (*out_starts)[t] + counts[t] * plan.tables[t].dim;
+  }
+}
+
 }  // namespace trec_host

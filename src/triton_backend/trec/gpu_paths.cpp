@@ -109,12 +109,7 @@ void hps_gpu(const InstanceState& st, const int64_t* keys, int64_t n_keys, const
   const NativePlan& plan = *st.plan;
   const size_t tables = plan.tables.size();
   thread_local std::vector<int64_t> key_starts, out_starts;
-  key_starts.assign(tables + 1, 0);
-  out_starts.assign(tables + 1, 0);
-  for (size_t t = 0; t < tables; ++t) {
-    key_starts[t + 1] = key_starts[t] + counts[t];
-    out_starts[t + 1] = out_starts[t] + counts[t] * plan.tables[t].dim;
-  }
+  hps_starts(plan, counts, &key_starts, &out_starts);
   if (key_starts[tables] != n_keys || out_starts[tables] != floats) {
     throw std::logic_error("hps_gpu: the counts disagree with the request's sizes");
   }

@@ -372,6 +372,11 @@ void each_table(const NativePlan& plan, Scratch& s, int64_t work_ns, Defaults* d
 // last table's end.
 std::vector<int64_t> vector_offsets(const NativePlan& plan, const Scratch& s);
 
+// Where each table's keys and answer start in an hps request (KEYS table-major, counts[t]
+// keys of table t): prefix sums of the counts and of counts x dim, tables + 1 each.
+void hps_starts(const NativePlan& plan, const int32_t* counts, std::vector<int64_t>* key_starts,
+                std::vector<int64_t>* out_starts);
+
 // A hugectr or dense request of n samples answered on the host (`out`), a chunk of samples
 // at a time (DenseNet::chunk_rows: every thread of the network's call a whole pass): each
 // table's vectors of the chunk's keys, its slots combined (combine_table), then the network

@@ -236,14 +236,10 @@ Native hps_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       hps_gpu(st, keys, n_keys, s.counts.data(), floats, out, exact == 1, d);
       return;
     }
-    s.key_starts.assign(static_cast<size_t>(tables) + 1, 0);
-    s.out_starts.assign(static_cast<size_t>(tables) + 1, 0);
+    hps_starts(plan, s.counts.data(), &s.key_starts, &s.out_starts);  // each table's keys, answer
     int64_t work_ns = 0;
-    for (int64_t t = 0; t < tables; ++t) {  // where each table's keys and answer lie
-      s.key_starts[t + 1] = s.key_starts[t] + s.counts[t];
-      s.out_starts[t + 1] = s.out_starts[t] + s.counts[t] * plan.tables[t].dim;
+    for (int64_t t = 0; t < tables; ++t)
       work_ns += lookup_ns(plan, static_cast<size_t>(t), s.counts[t]);
-    }
     each_table(plan, s, work_ns, d, false, [&](size_t t, TablePart& part) {  // into the response
       lookup_table(st, t, keys + s.key_starts[t], s.counts[t], out + s.out_starts[t], &part,
                    exact == 1);
