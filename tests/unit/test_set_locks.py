@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import threading
 import time
 import uuid
@@ -235,26 +236,40 @@ def _lock_of(path: str):
         os.close(fd)
 
 
-def _overlapping_shared_holders(lock, seconds: float, ready) -> None:
-    """Two threads holding ``lock`` (a WriterLock, or the path of its file) shared in turns
-    that overlap, so that it is never let go of for ``seconds`` unless a writer's gate holds
-    them off."""
-    lock = _lock_of(lock) if isinstance(lock, str) else lock
-    end = time.monotonic() + seconds
+#: how long the holders go on if no writer gets in (the test's bound when it fails)
+HOLDERS_GIVE_UP_S = 60.0
 
-    def hold(offset: float) -> None:
-        time.sleep(offset)
-        while time.monotonic() < end:
+
+def _overlapping_shared_holders(lock, stop, ready, outcome) -> None:
+    """Two threads holding ``lock`` (a WriterLock, or the path of its file) shared in turns
+    that overlap: each lets go only once the other has come in after it (or after 0.5 s
+    without that), so it is never let go of unless a writer's gate holds one of them off;
+    until ``stop`` is set (or HOLDERS_GIVE_UP_S pass). ``outcome``: "stopped" or "gave up"."""
+    lock = _lock_of(lock) if isinstance(lock, str) else lock
+    end = time.monotonic() + HOLDERS_GIVE_UP_S
+    turn = threading.Condition()
+    entries, gave_up = [0], []
+
+    def hold() -> None:
+        while not stop.is_set():
+            if time.monotonic() >= end:  # decided before the writer can be in
+                gave_up.append(True)
+                break
             lock.acquire_shared()
-            time.sleep(0.02)
+            with turn:
+                entries[0] += 1
+                mine = entries[0]
+                turn.notify_all()
+                turn.wait_for(lambda m=mine: entries[0] > m or stop.is_set(), timeout=0.5)
             lock.release_shared()
 
-    threads = [threading.Thread(target=hold, args=(o,)) for o in (0.0, 0.01)]
+    threads = [threading.Thread(target=hold) for _ in range(2)]
     for t in threads:
         t.start()
     ready.set()
     for t in threads:
         t.join()
+    outcome.put("gave up" if gave_up else "stopped")
 
 
 @pytest.mark.parametrize("where", ["same lock", "thread", "process"])
@@ -263,32 +278,31 @@ def test_a_writer_is_not_starved_by_shared_holders_that_overlap(tmp_path, where)
     # overlap. Neither flock nor glibc's shared mutex keeps new shared holders out while a
     # writer waits, and a process holds the file's lock shared while any of its threads
     # does: the writer (an online update, a heal) waited for as long as the load lasted
-    # (writer_lock.hpp: the writer's gate). Checked to fail (the writer still waiting after
-    # the holders' turns ended) without the gates.
+    # (writer_lock.hpp: the writer's gate). Here the holders go on until the writer has
+    # been in: it must get in while they do, not after they give up on their own. Checked
+    # to fail (the holders gave up first) without the gates.
     path = str(tmp_path / "lock")
     os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-    seconds = 3.0
     writer = _lock_of(path)  # an open file of its own: another holder of the flock
     shared = writer if where == "same lock" else path  # or the threads' own WriterLock
     if where == "process":
         ctx = multiprocessing.get_context("spawn")
-        ready = ctx.Event()
-        holders = ctx.Process(target=_overlapping_shared_holders, args=(shared, seconds, ready))
+        stop, ready, outcome = ctx.Event(), ctx.Event(), ctx.Queue()
+        holders = ctx.Process(
+            target=_overlapping_shared_holders, args=(shared, stop, ready, outcome)
+        )
     else:
-        ready = threading.Event()
+        stop, ready, outcome = threading.Event(), threading.Event(), queue.Queue()
         holders = threading.Thread(
-            target=_overlapping_shared_holders, args=(shared, seconds, ready)
+            target=_overlapping_shared_holders, args=(shared, stop, ready, outcome)
         )
     holders.start()
     try:
         assert ready.wait(60)
         time.sleep(0.3)  # the holders' turns overlap by now
-        t0 = time.monotonic()
         writer.acquire()
-        waited = time.monotonic() - t0
         writer.release()
-        holders_running = holders.is_alive()
     finally:
-        holders.join(60)
-    # the writer got in while the holders were still at it (their turns are 20 ms)
-    assert holders_running and waited < seconds / 2, waited
+        stop.set()
+        holders.join(HOLDERS_GIVE_UP_S + 30)
+    assert outcome.get(timeout=30) == "stopped"  # the writer got in while they went on
