@@ -28,6 +28,11 @@ TWO_TABLES = [
     SyntheticTable("item", rows=5000, vec_size=32, max_keys_per_sample=3, default_value=-1.5),
     SyntheticTable("user", rows=1000, vec_size=8, max_keys_per_sample=1, default_value=2.0),
 ]
+# hps_mapped: one table and no cache (its rows from the mapped node-store table): the
+# native path looks up a large request's keys of it in ranges, on every idle core.
+MAPPED_TABLE = [
+    SyntheticTable("big", rows=50_000, vec_size=16, max_keys_per_sample=26, default_value=-3.0)
+]
 HPS_IO = """
 input [
   { name: "KEYS" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true },
@@ -101,6 +106,17 @@ def model_repo(tmp_path_factory) -> Path:
         ),
     )
 
+    mapped = dict(write_model(str(repo), "hps_mapped", MAPPED_TABLE, seed=SEED + 2), gpucache=False)
+    _write(
+        repo / "hps_mapped" / "config.pbtxt",
+        hps_config(
+            "hps_mapped",
+            1,
+            '{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },'
+            '{ name: "DefaultNotFound" data_type: TYPE_INT32 dims: [ 1 ] }',
+        ),
+    )
+
     # Broken models, loaded on demand by the tests.
     missing = dict(
         wdl, model="bad_missing", sparse_files=[wdl["sparse_files"][0], "nowhere/t1_sparse_0.model"]
@@ -124,7 +140,7 @@ def model_repo(tmp_path_factory) -> Path:
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
     _write(
         repo / "ps.json",
-        json.dumps({"supportlonglong": True, "models": [wdl, flat, missing, trunc]}, indent=1),
+        json.dumps({"supportlonglong": True, "models": [wdl, flat, mapped, missing, trunc]}, indent=1),
     )
     return repo
 
@@ -148,7 +164,7 @@ def server(model_repo, tmp_path_factory, nothing_left_in_dev_shm, store_dir, req
     srv = TritonServer(
         model_repo,
         explicit=True,
-        load_models=["hps_wdl", "hps_two", "hps_flat"],
+        load_models=["hps_wdl", "hps_two", "hps_flat", "hps_mapped"],
         log_path=log,
         env={"TRITON_REC_STORE": str(store_dir)},
         request_path=request_path,

@@ -18,7 +18,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import TWO_TABLES, client_module, make_client
+from tests.e2e.conftest import MAPPED_TABLE, TWO_TABLES, client_module, make_client
 
 OUTPUTS = ("OUTPUT0", "DefaultNotFound", "DefaultAsync")
 
@@ -188,3 +188,33 @@ def test_no_well_formed_request_enters_python_misses_included(server, two_tables
             _infer(server, "http", keys_per_table)
     after = _python_calls(server, "hps_two")
     assert after == {"request": before["request"] + 2, "misses": before["misses"]}
+
+
+def test_a_large_request_to_a_mapped_table_is_answered_in_place_with_its_defaults_counted(
+    server, protocol, model_repo, request_path
+):
+    # hps_mapped's one table has no cache: a request's 4,000 keys are looked up in the
+    # mapped node-store table (worth several parts of each_table's split, which gives a
+    # model of one table one). Every key's row lands at its own place, and every unknown
+    # key is answered with the default and counted once.
+    table = MAPPED_TABLE[0]
+    sparse = model_repo / "hps_mapped" / "1" / "hps_mapped0_sparse_0.model"
+    stored = np.fromfile(sparse / "key", dtype="<i8")
+    vecs = np.fromfile(sparse / "emb_vector", dtype="<f4").reshape(-1, table.vec_size)
+    rng = np.random.default_rng(303 + (protocol == "grpc"))
+    keys = rng.choice(stored, 4_000)  # repeats included
+    unknown = rng.choice(len(keys), 37, replace=False)
+    keys[unknown] = rng.integers(2**62 + 1, 2**63 - 1, len(unknown))
+    row = {int(k): i for i, k in enumerate(stored)}
+    want = np.stack([vecs[row[int(k)]] if int(k) in row else np.full(table.vec_size,
+                     table.default_value, np.float32) for k in keys])  # fmt: skip
+    tc = client_module(protocol)
+    ins = [tc.InferInput("KEYS", [1, len(keys)], "INT64"), tc.InferInput("NUMKEYS", [1, 1], "INT32")]
+    ins[0].set_data_from_numpy(keys[None, :].astype(np.int64))
+    ins[1].set_data_from_numpy(np.array([[len(keys)]], np.int32))
+    outs = [tc.InferRequestedOutput(o) for o in ("OUTPUT0", "DefaultNotFound")]
+    with make_client(server, protocol) as client:
+        for _ in range(3):
+            r = client.infer("hps_mapped", ins, outputs=outs)
+            np.testing.assert_array_equal(r.as_numpy("OUTPUT0").reshape(want.shape), want)
+            assert int(r.as_numpy("DefaultNotFound")[0]) == len(unknown)

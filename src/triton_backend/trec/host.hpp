@@ -337,7 +337,8 @@ inline int64_t lookup_ns(const NativePlan& plan, size_t t, int64_t keys) {
 
 // fn(t, part) for every table t of a request (its lookups, its slots combined), split across
 // the cores no other call of the process is using (row_parts.hpp's rule, one part per
-// kPartNs of its work, `work_ns`, at most TRITON_REC_DENSE_THREADS): each part takes the next
+// kPartNs of its work, `work_ns`, at most one a table and TRITON_REC_DENSE_THREADS; a model
+// of one table is looked up on the request's thread alone): each part takes the next
 // table not taken yet, with a TablePart of its own (s.parts[p]); the keys they answered with
 // the default value are added to *d. So a request alone on a node of idle cores looks up its
 // tables on several of them, as its network runs. then_more: RowPool::run's (the network
@@ -346,7 +347,7 @@ template <typename Fn>
 void each_table(const NativePlan& plan, Scratch& s, int64_t work_ns, Defaults* d, bool then_more,
                 Fn&& fn) {
   const size_t tables = plan.slots.empty() ? plan.tables.size() : plan.slots.size();
-  const tr::IdleParts split(work_ns / kPartNs);
+  const tr::IdleParts split(std::min(work_ns / kPartNs, static_cast<int64_t>(tables)));
   const int parts = split.parts();
   if (s.parts.size() < static_cast<size_t>(parts)) s.parts.resize(static_cast<size_t>(parts));
   for (int p = 0; p < parts; ++p) s.parts[static_cast<size_t>(p)].defaults = Defaults{};
