@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +189,7 @@ def main(argv=None) -> int:
     replay = write_bodies(str(tmp / "replay.bin"), bodies(replay_keys))
     feed = {"floor": replay, "allhit": replay, "misses": stream, "nocache": stream}
     report = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),
         "command": "python benchmarks/bench_misses.py " + " ".join(argv or sys.argv[1:]),
         "settings": vars(args),
