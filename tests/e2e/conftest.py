@@ -140,7 +140,9 @@ def model_repo(tmp_path_factory) -> Path:
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
     _write(
         repo / "ps.json",
-        json.dumps({"supportlonglong": True, "models": [wdl, flat, mapped, missing, trunc]}, indent=1),
+        json.dumps(
+            {"supportlonglong": True, "models": [wdl, flat, mapped, missing, trunc]}, indent=1
+        ),
     )
     return repo
 

@@ -193,23 +193,27 @@ def test_no_well_formed_request_enters_python_misses_included(server, two_tables
 def test_a_large_request_to_a_mapped_table_is_answered_in_place_with_its_defaults_counted(
     server, protocol, model_repo, request_path
 ):
-    # hps_mapped's one table has no cache: a request's 4,000 keys are looked up in the
-    # mapped node-store table (worth several parts of each_table's split, which gives a
-    # model of one table one). Every key's row lands at its own place, and every unknown
-    # key is answered with the default and counted once.
+    # hps_mapped's one table has no cache: the native path looks up a large request's keys
+    # of it in ranges (hps_path: 10,000 keys, three ranges of kRangeNs or more), each range
+    # on the next idle core with its own default count. Every key's row lands at its own
+    # place, and every unknown key, in whichever range, is answered with the default and
+    # counted once.
     table = MAPPED_TABLE[0]
     sparse = model_repo / "hps_mapped" / "1" / "hps_mapped0_sparse_0.model"
     stored = np.fromfile(sparse / "key", dtype="<i8")
     vecs = np.fromfile(sparse / "emb_vector", dtype="<f4").reshape(-1, table.vec_size)
     rng = np.random.default_rng(303 + (protocol == "grpc"))
-    keys = rng.choice(stored, 4_000)  # repeats included
+    keys = rng.choice(stored, 10_000)  # repeats included
     unknown = rng.choice(len(keys), 37, replace=False)
     keys[unknown] = rng.integers(2**62 + 1, 2**63 - 1, len(unknown))
     row = {int(k): i for i, k in enumerate(stored)}
     want = np.stack([vecs[row[int(k)]] if int(k) in row else np.full(table.vec_size,
                      table.default_value, np.float32) for k in keys])  # fmt: skip
     tc = client_module(protocol)
-    ins = [tc.InferInput("KEYS", [1, len(keys)], "INT64"), tc.InferInput("NUMKEYS", [1, 1], "INT32")]
+    ins = [
+        tc.InferInput("KEYS", [1, len(keys)], "INT64"),
+        tc.InferInput("NUMKEYS", [1, 1], "INT32"),
+    ]
     ins[0].set_data_from_numpy(keys[None, :].astype(np.int64))
     ins[1].set_data_from_numpy(np.array([[len(keys)]], np.int32))
     outs = [tc.InferRequestedOutput(o) for o in ("OUTPUT0", "DefaultNotFound")]

@@ -270,10 +270,18 @@ struct TablePart {
   Defaults defaults;
 };
 
+// Keys [first, first + count) of one table: what one part of an hps request looks up
+// (hps_path: a mapped table's keys in ranges of kRangeNs of work or more).
+struct KeyRange {
+  size_t table;
+  int64_t first, count;
+};
+
 struct Scratch {  // reused buffers of the hot path, a request's at a time (ScratchLease)
   std::vector<int64_t> keys, key_starts, ptrs, blocks, out_starts;
   std::vector<int32_t> counts;
-  std::vector<TablePart> parts;               // each_table's, one a part
+  std::vector<TablePart> parts;               // each_unit's, one a part
+  std::vector<KeyRange> ranges;               // hps_path's units
   std::vector<char> copy[3];                  // split inputs, made contiguous
   std::vector<std::vector<float>> looked_up;  // per table: its keys' vectors
   std::vector<std::vector<float>> combined;
@@ -330,35 +338,33 @@ void combine_table(const NativePlan& plan, Scratch& s, size_t t, int64_t n, cons
 // 2026-12-07-idle-buffers-and-parallel-lookups.md). A part is worth kPartNs, what handing
 // it to another thread costs: 1,664 keys of a mapped table split, the same keys answered
 // from a cache do not (16 us in one thread, and the other core is often Triton's).
-constexpr int64_t kCachedKeyNs = 10, kMappedKeyNs = 80, kPartNs = 30'000;
+// A mapped table's keys are split in ranges only where each is worth kRangeNs or more (an hps
+// request of 1,664 keys of one table, 133 us, lost more to the hand-over on this VM's two
+// shared cores than it gained; 26,624 keys, 2.1 ms, gain).
+constexpr int64_t kCachedKeyNs = 10, kMappedKeyNs = 80, kPartNs = 30'000, kRangeNs = 250'000;
 inline int64_t lookup_ns(const NativePlan& plan, size_t t, int64_t keys) {
   return keys * (plan.tables[t].cache ? kCachedKeyNs : kMappedKeyNs);
 }
 
-// fn(t, part) for every table t of a request (its lookups, its slots combined), split across
-// the cores no other call of the process is using (row_parts.hpp's rule, one part per
-// kPartNs of its work, `work_ns`, at most one a table and TRITON_REC_DENSE_THREADS; a model
-// of one table is looked up on the request's thread alone): each part takes the next
-// table not taken yet, with a TablePart of its own (s.parts[p]); the keys they answered with
-// the default value are added to *d. So a request alone on a node of idle cores looks up its
-// tables on several of them, as its network runs. then_more: RowPool::run's (the network
-// follows).
+// fn(u, part) for every unit u in [0, units) of a request's lookups, on the parts `split`
+// took (row_parts.hpp's rule: the cores no other call of the process is using, at most
+// TRITON_REC_DENSE_THREADS): each part takes the next unit not taken yet, with a TablePart
+// of its own (s.parts[p]); the keys they answered with the default value are added to *d.
+// then_more: RowPool::run's (the network follows).
 template <typename Fn>
-void each_table(const NativePlan& plan, Scratch& s, int64_t work_ns, Defaults* d, bool then_more,
-                Fn&& fn) {
-  const size_t tables = plan.slots.empty() ? plan.tables.size() : plan.slots.size();
-  const tr::IdleParts split(std::min(work_ns / kPartNs, static_cast<int64_t>(tables)));
+void each_unit(Scratch& s, const tr::IdleParts& split, size_t units, Defaults* d, bool then_more,
+               Fn&& fn) {
   const int parts = split.parts();
   if (s.parts.size() < static_cast<size_t>(parts)) s.parts.resize(static_cast<size_t>(parts));
   for (int p = 0; p < parts; ++p) s.parts[static_cast<size_t>(p)].defaults = Defaults{};
   if (parts == 1) {
-    for (size_t t = 0; t < tables; ++t) fn(t, s.parts[0]);
+    for (size_t u = 0; u < units; ++u) fn(u, s.parts[0]);
   } else {
     std::atomic<size_t> next{0};
     tr::RowPool::instance().run(
         parts,
         [&](int p) {
-          for (size_t t; (t = next.fetch_add(1)) < tables;) fn(t, s.parts[static_cast<size_t>(p)]);
+          for (size_t u; (u = next.fetch_add(1)) < units;) fn(u, s.parts[static_cast<size_t>(p)]);
         },
         then_more);
   }
@@ -366,6 +372,18 @@ void each_table(const NativePlan& plan, Scratch& s, int64_t work_ns, Defaults* d
     const Defaults& part = s.parts[static_cast<size_t>(p)].defaults;
     for (int c = 0; c < tr::kNumDefaultCauses; ++c) d->by_cause[c] += part.by_cause[c];
   }
+}
+
+// fn(t, part) for every table t of a request (its lookups, its slots combined), split by
+// each_unit, one part per kPartNs of its work (`work_ns`) and at most one a table. So a
+// request alone on a node of idle cores looks up its tables on several of them, as its
+// network runs.
+template <typename Fn>
+void each_table(const NativePlan& plan, Scratch& s, int64_t work_ns, Defaults* d, bool then_more,
+                Fn&& fn) {
+  const size_t tables = plan.slots.empty() ? plan.tables.size() : plan.slots.size();
+  const tr::IdleParts split(std::min(work_ns / kPartNs, static_cast<int64_t>(tables)));
+  each_unit(s, split, tables, d, then_more, std::forward<Fn>(fn));
 }
 
 // Where each table's vectors lie for the keys of a regrouped hugectr request, or in a dense

@@ -237,11 +237,27 @@ Native hps_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       return;
     }
     hps_starts(plan, s.counts.data(), &s.key_starts, &s.out_starts);  // each table's keys, answer
+    // The units split across idle cores (each_unit): a table with a cache whole (HPS's
+    // hit-rate rules weigh a request's keys of a table together), a mapped table's keys in
+    // ranges of kRangeNs of work or more (a model of one large table looks a large request
+    // up on every idle core).
+    s.ranges.clear();
     int64_t work_ns = 0;
-    for (int64_t t = 0; t < tables; ++t)
-      work_ns += lookup_ns(plan, static_cast<size_t>(t), s.counts[t]);
-    each_table(plan, s, work_ns, d, false, [&](size_t t, TablePart& part) {  // into the response
-      lookup_table(st, t, keys + s.key_starts[t], s.counts[t], out + s.out_starts[t], &part,
+    for (int64_t t = 0; t < tables; ++t) {
+      const size_t table = static_cast<size_t>(t);
+      const int64_t n = s.counts[t], ns = lookup_ns(plan, table, n);
+      const int64_t pieces = plan.tables[table].cache ? 1 : std::max<int64_t>(1, ns / kRangeNs);
+      for (int64_t i = 0; i < pieces; ++i) {
+        const int64_t first = n * i / pieces;
+        s.ranges.push_back({table, first, n * (i + 1) / pieces - first});
+      }
+      work_ns += ns;
+    }
+    const tr::IdleParts split(std::min(work_ns / kPartNs, static_cast<int64_t>(s.ranges.size())));
+    each_unit(s, split, s.ranges.size(), d, false, [&](size_t u, TablePart& part) {
+      const KeyRange& r = s.ranges[u];  // into the response
+      lookup_table(st, r.table, keys + s.key_starts[r.table] + r.first, r.count,
+                   out + s.out_starts[r.table] + r.first * plan.tables[r.table].dim, &part,
                    exact == 1);
     });
   });
