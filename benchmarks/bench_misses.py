@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Served lookups with cache misses against the same table served all-hit (issue 25).
 
-One server, one table (``--rows`` x 16 fp32; 64 samples x 26 keys per request, the
+One server, one table (``--rows`` x 16 fp32; 64 samples (``--samples``) x 26 keys per request, the
 issue's workload), four models with its inputs and outputs, measured in alternating
 rounds at each concurrency with ``benchmarks/loadgen.cpp`` (HTTP keep-alive, binary
 tensors; what the server spends per request read from /proc):
@@ -78,13 +78,13 @@ def build_repository(repo: Path, rows: int, cache: float) -> None:
         (repo / name / "config.pbtxt").write_text(cfg)
 
 
-def key_stream(pool: np.ndarray, n: int, rng) -> list:
-    """n requests' keys: SAMPLES x KEYS_PER_SAMPLE Zipf(ZIPF) draws over the table each."""
+def key_stream(pool: np.ndarray, n: int, rng, samples: int = SAMPLES) -> list:
+    """n requests' keys: samples x KEYS_PER_SAMPLE Zipf(ZIPF) draws over the table each."""
     ranks = np.arange(1, len(pool) + 1, dtype=np.float64)
     p = ranks**-ZIPF
     p /= p.sum()
     return [
-        pool[rng.choice(len(pool), SAMPLES * KEYS_PER_SAMPLE, p=p)].astype(np.int64)
+        pool[rng.choice(len(pool), samples * KEYS_PER_SAMPLE, p=p)].astype(np.int64)
         for _ in range(n)
     ]
 
@@ -136,8 +136,8 @@ def in_process_lookup_us(repo: Path, capacity_of: float, replay: list, stream: l
                 inserter.drain()
             times = []
             measured = requests * 20 if name == "allhit" else requests[len(requests) // 4 :]
-            hit = np.empty(SAMPLES * KEYS_PER_SAMPLE, np.uint8)
-            buf = np.empty((SAMPLES * KEYS_PER_SAMPLE, VEC), np.float32)
+            hit = np.empty(len(requests[0]), np.uint8)
+            buf = np.empty((len(requests[0]), VEC), np.float32)
             for k in measured:
                 t0 = time.perf_counter_ns()
                 if name == "allhit":
@@ -174,6 +174,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--cache", type=float, default=0.05, help="gpucacheper of the cached models")
     ap.add_argument("--requests", type=int, default=2000, help="distinct requests of the stream")
+    ap.add_argument(
+        "--samples",
+        type=int,
+        default=SAMPLES,
+        help=f"samples a request ({KEYS_PER_SAMPLE} keys each)",
+    )
     ap.add_argument("--concurrency", default="1,2,8")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -184,7 +190,8 @@ def main(argv=None) -> int:
     build_repository(tmp / "repo", args.rows, args.cache)
     rng = np.random.default_rng(SEED)
     pool = table_keys(0, 0, args.rows)
-    stream_keys, replay_keys = key_stream(pool, args.requests, rng), key_stream(pool, 16, rng)
+    stream_keys = key_stream(pool, args.requests, rng, args.samples)
+    replay_keys = key_stream(pool, 16, rng, args.samples)
     stream = write_bodies(str(tmp / "stream.bin"), bodies(stream_keys))
     replay = write_bodies(str(tmp / "replay.bin"), bodies(replay_keys))
     feed = {"floor": replay, "allhit": replay, "misses": stream, "nocache": stream}
