@@ -387,7 +387,7 @@ BENCHMARKS: List[Benchmark] = [
         [
             Table(
                 "Served, infer/s",
-                "misses_rounds2_nov26.json",
+                "misses_rounds3_dec07.json",
                 "by_concurrency/*",
                 [
                     Col("c", "_key"),
@@ -406,7 +406,7 @@ BENCHMARKS: List[Benchmark] = [
             ),
             Table(
                 "In-process, the same requests without Triton (us per request)",
-                "misses_rounds2_nov26.json",
+                "misses_rounds3_dec07.json",
                 None,
                 [
                     Col("all-hit query", "in_process_lookup_us/allhit", "{:.1f}"),
@@ -823,7 +823,7 @@ HEADLINES: List[Headline] = [
     Headline(
         "Native `hps` lookups (64 samples x 26 keys, all cached) served at **{v}** the "
         "throughput of a C++ backend that does no work",
-        "misses_rounds2_nov26.json",
+        "misses_rounds3_dec07.json",
         [f"by_concurrency/{c}/allhit_over_floor" for c in (1, 2, 8)],
         "{:.2f}",
         "x",
@@ -832,7 +832,7 @@ HEADLINES: List[Headline] = [
     Headline(
         "The same lookups with cache misses (hit rate 0.9, HPS's hit-rate rules) at **{v}** "
         "the all-hit throughput",
-        "misses_rounds2_nov26.json",
+        "misses_rounds3_dec07.json",
         [f"by_concurrency/{c}/misses_over_allhit" for c in (1, 2, 8)],
         "{:.2f}",
         "x",
