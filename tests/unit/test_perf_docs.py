@@ -42,6 +42,21 @@ def test_every_unmet_target_says_why_and_every_target_names_a_section(perf_docs)
     assert perf_docs.render_targets(targets)
 
 
+def test_targets_and_headlines_read_the_data_their_sections_show(perf_docs):
+    # A data file is named by a target (targets.json), by its section's tables and by the
+    # README's headlines (perf_docs.py): one of them moved to a newer run alone left the
+    # others showing the older one (the hps headlines read 2026-11-26's run for a day).
+    targets = json.loads((REPO / "benchmarks" / "targets.json").read_text())["targets"]
+    shown = {
+        b.key: {f for t in b.tables for f in perf_docs.data_files(t.data)}
+        for b in perf_docs.BENCHMARKS
+    }
+    for t in targets:
+        assert t["data"] in shown[t["section"]], (t["target"], t["data"])
+    for h in perf_docs.HEADLINES:
+        assert h.data in shown[h.anchor], (h.text, h.data)
+
+
 def test_paths_select_one_element_and_refuse_ambiguity(perf_docs):
     doc = {"summary": [{"model": "a", "c": 1, "v": 2.0}, {"model": "a", "c": 8, "v": 3.0}]}
     assert perf_docs.get(doc, "summary[model=a,c=8]/v") == 3.0
