@@ -119,12 +119,13 @@ class IdleReaper {
   // After the reaper dropped something. jemalloc (the server's allocator, preloaded): what
   // it freed small enough for its own thread's cache goes back to the arenas, whose decay
   // gives the pages back. glibc's malloc (TRITON_REC_MALLOC=system) gives freed pages
-  // back only at the top of a heap, past a threshold it raises to twice the largest block
-  // it mapped and unmapped: the arenas' free pages inside are given back now (4 instances
-  // of the MLPerf DLRM after batches up to 4,096: +28 to +40 MiB idle without, +8 to +16
-  // MiB with: a thread's arena's top it cannot shrink; +0.7 MiB where the server also
-  // runs with glibc's trim threshold fixed, as triton_rec's launcher starts it:
-  // GLIBC_MALLOC_ENV in triton_rec/triton/server.py).
+  // back only at the top of its main heap, past a threshold it raises to twice the
+  // largest block it mapped and unmapped: the arenas' free pages are given back now (4
+  // instances of the MLPerf DLRM after batches up to 4,096: +28 to +40 MiB idle without,
+  // +8 to +16 MiB with). A thread's arena's top it cannot shrink: holding glibc's trim
+  // threshold low would, but then every large request maps and faults its buffers anew
+  // (the floor at 1,024 samples served at half its rate: benchmarks/history/
+  // 2026-12-07-allocator-trim-and-mapped-ranges.md).
   static void release_freed() {
     using Mallctl = int (*)(const char*, void*, size_t*, void*, size_t);
     static const auto mallctl = reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl"));

@@ -341,10 +341,6 @@ def test_the_server_allocator_follows_the_environment(monkeypatch):
     from triton_rec.triton.runtime import MALLOC_ENV, server_allocator
 
     assert server_allocator({MALLOC_ENV: "system"}) == ""
-    monkeypatch.setenv(MALLOC_ENV, "system")  # glibc held to its default trim threshold
-    env = TritonServer(".", env={}).environment()
-    assert env["MALLOC_TRIM_THRESHOLD_"] == "131072"
-    monkeypatch.delenv(MALLOC_ENV)
     with pytest.raises(ValueError, match=MALLOC_ENV):
         server_allocator({MALLOC_ENV: "tcmalloc"})
     found = server_allocator({})

@@ -118,15 +118,6 @@ JEMALLOC_LIBRARY = "libjemalloc.so.2"
 #: (by default jemalloc purges only on later allocations: 94 MiB of refused 64 MiB
 #: requests stayed resident, where glibc gave them back; docs/operations.md).
 JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
-#: glibc's malloc (``system``, or no jemalloc installed), unless set already: its trim
-#: threshold given at its default, 128 KiB, which glibc then keeps (and its mmap threshold
-#: with it). Left to itself glibc raises both once it frees a large mapped block (to twice
-#: and once its size), and a burst of large requests' buffers, freed, stayed in its arenas:
-#: 4 instances of the MLPerf-shaped DLRM after batches up to 4,096, +28 to +40 MiB of
-#: anonymous memory idle; +8 to +16 with the reaper's malloc_trim alone (idle_pool.hpp:
-#: it cannot shrink a thread's arena's top); +0.7 MiB so (benchmarks/history/
-#: 2026-12-07-allocator-trim-and-mapped-ranges.md).
-GLIBC_MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
 def server_allocator(env: Mapping[str, str]) -> str:
@@ -293,9 +284,6 @@ class TritonServer:
         if allocator:
             env["LD_PRELOAD"] = " ".join(p for p in (allocator, env.get("LD_PRELOAD", "")) if p)
             env.setdefault("MALLOC_CONF", JEMALLOC_CONF)
-        else:
-            for name, setting in GLIBC_MALLOC_ENV.items():
-                env.setdefault(name, setting)
         return env
 
     def check_request_path(self) -> None:
