@@ -138,7 +138,8 @@ class RowPool {
     work(&job);
     spin_until([&] { return job.left.load(std::memory_order_acquire) == 0; });
     std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return job.finished == job.parts && job.inside == 0; });
+    done_.wait(lock,
+               [&] { return job.left.load(std::memory_order_relaxed) == 0 && job.inside == 0; });
     drop(&job);
     if (job.error) std::rethrow_exception(job.error);
   }
@@ -167,10 +168,10 @@ class RowPool {
     const std::function<void(int)>* fn = nullptr;
     int parts = 0;
     bool then_more = false;
-    std::atomic<int> left{0};  // parts not yet finished (what the caller's spin reads)
+    std::atomic<int> left{0};  // parts not yet finished: counted down under mu_, read by
+                               // the caller's spin without it
     std::atomic<int> next{0};
-    int finished = 0;  // parts run; under mu_
-    int inside = 0;    // threads in work(); under mu_
+    int inside = 0;  // threads in work(); under mu_
     std::exception_ptr error;
   };
 
@@ -201,7 +202,6 @@ class RowPool {
       }
       std::lock_guard<std::mutex> lock(mu_);
       if (error && !job->error) job->error = error;
-      ++job->finished;
       job->left.fetch_sub(1, std::memory_order_release);
     }
     std::lock_guard<std::mutex> lock(mu_);
