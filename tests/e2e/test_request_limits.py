@@ -114,8 +114,8 @@ def test_requests_above_the_model_limit_are_refused_naming_input_size_and_limit(
 
 def test_memory_returns_to_baseline_after_oversized_requests(limits_server):
     """Six 64 MiB requests and four just above the limit, over HTTP and gRPC: the server
-    and the instance end within 48 MiB of where they started (measured: see
-    docs/operations.md)."""
+    and the instance come back within 48 MiB of where they started, read for up to 10 s
+    (measured: see docs/operations.md)."""
     srv = limits_server
     stubs = srv.backend_pids("hps_wdl")
     # the Python path has an instance process; the native one only the server
@@ -133,9 +133,16 @@ def test_memory_returns_to_baseline_after_oversized_requests(limits_server):
         assert "more than" in str(e.value), str(e.value)
     for protocol in ("http", "grpc"):
         infer_raw(srv, protocol, "hps_wdl", _valid_request())
-    time.sleep(1.0)
-    after = {pid: _rss(pid) for pid in before}
-    grown = {pid: (after[pid] - before[pid]) / MiB for pid in before}
+    # jemalloc gives freed pages back over its decay time (dirty_decay_ms:1000) from a
+    # background thread; on a loaded 2-core CI runner that can take longer than the second
+    # itself, so read until the memory is back or 10 s have passed.
+    deadline = time.monotonic() + 10.0
+    while True:
+        time.sleep(0.5)
+        after = {pid: _rss(pid) for pid in before}
+        grown = {pid: (after[pid] - before[pid]) / MiB for pid in before}
+        if all(g < 48 for g in grown.values()) or time.monotonic() > deadline:
+            break
     shm = {pid: round(_rss(pid, "RssShmem") / MiB) for pid in before}
     print(
         f"\nRssShmem MiB after {shm}; RSS MiB before {[round(v / MiB) for v in before.values()]} "
