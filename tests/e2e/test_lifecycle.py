@@ -353,6 +353,49 @@ def test_the_server_allocator_follows_the_environment(monkeypatch):
             server_allocator({MALLOC_ENV: "jemalloc"})
 
 
+def test_the_jemalloc_settings_follow_its_version(tmp_path):
+    from triton_rec.triton.runtime import (
+        JEMALLOC_CONF,
+        JEMALLOC_CONF_5_3,
+        jemalloc_conf,
+        jemalloc_version,
+    )
+
+    lib = tmp_path / "libjemalloc.so.2"
+    lib.write_bytes(b"\0ELF..." + b"5.2.1-0-g" + b"ab12" * 10 + b"\0more")
+    assert jemalloc_version(str(lib)) == (5, 2)
+    lib.write_bytes(b"\0" + b"5.3.0-0-g" + b"54eaed1d" * 5 + b"\0")
+    assert jemalloc_version(str(lib)) == (5, 3)
+    lib.write_bytes(b"5.3.0 but no commit")
+    assert jemalloc_version(str(lib)) == (0, 0)
+    assert jemalloc_version(str(tmp_path / "absent.so")) == (0, 0)
+    # 5.2 does not know the 5.3 setting (it would warn at every start)
+    assert jemalloc_conf((5, 2), cpus=3) == f"{JEMALLOC_CONF},narenas:3"
+    assert jemalloc_conf((5, 3), cpus=16) == f"{JEMALLOC_CONF},narenas:16,{JEMALLOC_CONF_5_3}"
+    assert jemalloc_conf((6, 0), cpus=1).endswith(JEMALLOC_CONF_5_3)
+
+
+def test_the_server_runs_with_settings_its_jemalloc_accepts(server):
+    """tritonserver runs with the launcher's MALLOC_CONF for the installed jemalloc, and
+    jemalloc takes every setting of it: it names each one it does not know on stderr
+    ('<jemalloc>: Invalid conf pair: ...'), which the server's log receives."""
+    from triton_rec.triton.runtime import jemalloc_conf, jemalloc_version, server_allocator
+
+    environ = dict(
+        e.split("=", 1)
+        for e in Path(f"/proc/{server.process.pid}/environ").read_text().split("\0")
+        if "=" in e
+    )
+    found = server_allocator({})
+    if found:
+        assert found in environ.get("LD_PRELOAD", "").split(), environ.get("LD_PRELOAD")
+        assert environ.get("MALLOC_CONF") == jemalloc_conf(jemalloc_version(found))
+    else:  # glibc's malloc: nothing preloaded, nothing set
+        assert "MALLOC_CONF" not in environ and "jemalloc" not in environ.get("LD_PRELOAD", "")
+    log = server.log_path.read_text(errors="replace")
+    assert "<jemalloc>" not in log, [line for line in log.splitlines() if "<jemalloc>" in line]
+
+
 def test_concurrent_oversized_requests_are_refused_and_the_server_stays_up():
     """benchmarks/bench_big_requests.py, smaller: 4 requests of 40 MB at once on gRPC and
     HTTP are each refused naming KEYS, the server stays ready, a good request is answered

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,7 +17,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Callable, List, Mapping, Optional, Sequence, Union
+from typing import IO, TYPE_CHECKING, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from triton_rec.errors import TritonRecError
 from triton_rec.triton.backend_dir import (
@@ -113,11 +114,38 @@ EXIT_TIMEOUT_S = 30
 #: recommends jemalloc or tcmalloc for the same reason (model_management.md).
 MALLOC_ENV = "TRITON_REC_MALLOC"
 JEMALLOC_LIBRARY = "libjemalloc.so.2"
-#: jemalloc's settings (``MALLOC_CONF``, unless set already): freed memory goes back to the
-#: system within about a second, by a background thread, also when the server is idle
-#: (by default jemalloc purges only on later allocations: 94 MiB of refused 64 MiB
-#: requests stayed resident, where glibc gave them back; docs/operations.md).
-JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
+#: jemalloc's settings (``MALLOC_CONF``, unless set already; :func:`jemalloc_conf` adds the
+#: rest): freed memory goes back to the system within about a second, by a background
+#: thread, also when the server is idle (by default jemalloc purges only on later
+#: allocations: 94 MiB of refused 64 MiB requests stayed resident, where glibc gave them
+#: back; docs/operations.md); each thread caches blocks of at most 4 KiB (jemalloc: 32 KiB):
+#: Triton's ~40 threads, mostly idle, kept their caches' blocks after a burst of large
+#: requests, while a served request makes 75-140 allocations, 1.4-3.6 of them above 4 KiB
+#: (benchmarks/history/2026-12-08-allocator-caches.md). ``lg_tcache_max``: jemalloc 5.2's
+#: name, which 5.3 still reads (src/jemalloc.c, ``CONF_MATCH("lg_tcache_max")``).
+JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,lg_tcache_max:12"
+#: From jemalloc 5.3 (its opt.tcache_nslots_small_max; 5.2 warns of an unknown setting):
+#: at most 40 blocks of a small size a thread (jemalloc: 200).
+JEMALLOC_CONF_5_3 = "tcache_nslots_small_max:40"
+
+
+def jemalloc_version(library: str) -> Tuple[int, int]:
+    """(major, minor) of the jemalloc in ``library``, read from the version string it embeds
+    (``5.3.0-0-g<commit>``, its ``JEMALLOC_VERSION``), or (0, 0) where there is none."""
+    try:
+        with open(library, "rb") as f:
+            found = re.search(rb"(\d+)\.(\d+)\.\d+-\d+-g[0-9a-f]{40}", f.read())
+    except OSError:
+        return (0, 0)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def jemalloc_conf(version: Tuple[int, int], cpus: Optional[int] = None) -> str:
+    """The ``MALLOC_CONF`` for a jemalloc of ``version``: :data:`JEMALLOC_CONF`, one arena
+    per CPU (``os.cpu_count()``; jemalloc's default is four, each with its own partly used
+    pages), and from 5.3 :data:`JEMALLOC_CONF_5_3`."""
+    conf = f"{JEMALLOC_CONF},narenas:{max(1, cpus or os.cpu_count() or 1)}"
+    return f"{conf},{JEMALLOC_CONF_5_3}" if version >= (5, 3) else conf
 
 
 def server_allocator(env: Mapping[str, str]) -> str:
@@ -283,7 +311,7 @@ class TritonServer:
         allocator = server_allocator(env)
         if allocator:
             env["LD_PRELOAD"] = " ".join(p for p in (allocator, env.get("LD_PRELOAD", "")) if p)
-            env.setdefault("MALLOC_CONF", JEMALLOC_CONF)
+            env.setdefault("MALLOC_CONF", jemalloc_conf(jemalloc_version(allocator)))
         return env
 
     def check_request_path(self) -> None:
