@@ -347,7 +347,7 @@ BENCHMARKS: List[Benchmark] = [
             Table(
                 "Native request path against Triton's Python backend (`hps_py`, `dlrm_py`: "
                 "the same `model.py`), infer/s",
-                "bench_overhead_issue14.json",
+                "bench_overhead_dec08.json",
                 "summary",
                 where={
                     "model": (
@@ -849,7 +849,7 @@ HEADLINES: List[Headline] = [
     Headline(
         "The native request path at **{v}** the throughput of the same `hps` model on "
         "Triton's Python backend",
-        "bench_overhead_issue14.json",
+        "bench_overhead_dec08.json",
         [
             (
                 f"summary[model=hps,concurrency={c}]/infer_per_s",
