@@ -346,14 +346,14 @@ inline int64_t lookup_ns(const NativePlan& plan, size_t t, int64_t keys) {
   return keys * (plan.tables[t].cache ? kCachedKeyNs : kMappedKeyNs);
 }
 
-// fn(u, part) for every unit u in [0, units) of a request's lookups, on the parts `split`
-// took (row_parts.hpp's rule: the cores no other call of the process is using, at most
-// TRITON_REC_DENSE_THREADS): each part takes the next unit not taken yet, with a TablePart
-// of its own (s.parts[p]); the keys they answered with the default value are added to *d.
-// then_more: RowPool::run's (the network follows).
+// fn(u, part) for every unit u in [0, units) of a request's lookups, split across the cores
+// no other call of the process is using (row_parts.hpp's rule, one part per kPartNs of their
+// work, `work_ns`, at most one a unit and TRITON_REC_DENSE_THREADS): each part takes the
+// next unit not taken yet, with a TablePart of its own (s.parts[p]); the keys they answered
+// with the default value are added to *d. then_more: RowPool::run's (the network follows).
 template <typename Fn>
-void each_unit(Scratch& s, const tr::IdleParts& split, size_t units, Defaults* d, bool then_more,
-               Fn&& fn) {
+void each_unit(Scratch& s, int64_t work_ns, size_t units, Defaults* d, bool then_more, Fn&& fn) {
+  const tr::IdleParts split(std::min(work_ns / kPartNs, static_cast<int64_t>(units)));
   const int parts = split.parts();
   if (s.parts.size() < static_cast<size_t>(parts)) s.parts.resize(static_cast<size_t>(parts));
   for (int p = 0; p < parts; ++p) s.parts[static_cast<size_t>(p)].defaults = Defaults{};
@@ -374,16 +374,14 @@ void each_unit(Scratch& s, const tr::IdleParts& split, size_t units, Defaults* d
   }
 }
 
-// fn(t, part) for every table t of a request (its lookups, its slots combined), split by
-// each_unit, one part per kPartNs of its work (`work_ns`) and at most one a table. So a
-// request alone on a node of idle cores looks up its tables on several of them, as its
-// network runs.
+// fn(t, part) for every table t of a request (its lookups, its slots combined), a table a
+// unit of each_unit. So a request alone on a node of idle cores looks up its tables on
+// several of them, as its network runs.
 template <typename Fn>
 void each_table(const NativePlan& plan, Scratch& s, int64_t work_ns, Defaults* d, bool then_more,
                 Fn&& fn) {
   const size_t tables = plan.slots.empty() ? plan.tables.size() : plan.slots.size();
-  const tr::IdleParts split(std::min(work_ns / kPartNs, static_cast<int64_t>(tables)));
-  each_unit(s, split, tables, d, then_more, std::forward<Fn>(fn));
+  each_unit(s, work_ns, tables, d, then_more, std::forward<Fn>(fn));
 }
 
 // Where each table's vectors lie for the keys of a regrouped hugectr request, or in a dense

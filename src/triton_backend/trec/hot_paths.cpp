@@ -253,8 +253,7 @@ Native hps_path(const InstanceState& st, TRITONBACKEND_Request* request) {
       }
       work_ns += ns;
     }
-    const tr::IdleParts split(std::min(work_ns / kPartNs, static_cast<int64_t>(s.ranges.size())));
-    each_unit(s, split, s.ranges.size(), d, false, [&](size_t u, TablePart& part) {
+    each_unit(s, work_ns, s.ranges.size(), d, false, [&](size_t u, TablePart& part) {
       const KeyRange& r = s.ranges[u];  // into the response
       lookup_table(st, r.table, keys + s.key_starts[r.table] + r.first, r.count,
                    out + s.out_starts[r.table] + r.first * plan.tables[r.table].dim, &part,
